@@ -1,0 +1,13 @@
+//! outbox-cdc: a transactional-outbox relay from PostgreSQL logical replication
+//! (`pgoutput`) to Kafka, with the last acknowledged LSN kept locally in sled.
+//!
+//! Data flow (DESIGN.md §3): `pg` (replication transport, control SQL) →
+//! `pgoutput` (decoder, relation cache) → `outbox` (mapping, routing) → `sink`
+//! (Kafka) → `checkpoint` (ack tracker, offset store) → back to `pg` as the
+//! flushed LSN in standby status updates.
+
+pub mod checkpoint;
+pub mod outbox;
+pub mod pg;
+pub mod pgoutput;
+pub mod sink;

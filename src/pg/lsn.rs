@@ -1,0 +1,117 @@
+//! Log sequence numbers.
+//!
+//! A PostgreSQL LSN is a 64-bit byte position in the write-ahead log, shown as
+//! two hexadecimal halves `X/Y` (high 32 bits / low 32 bits). Ordering is plain
+//! numeric ordering; the distance between two LSNs is a number of WAL bytes.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A position in the PostgreSQL write-ahead log.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Lsn(u64);
+
+impl Lsn {
+    /// `0/0`: "no position" on the wire (e.g. START_REPLICATION from the slot's own position).
+    pub const ZERO: Lsn = Lsn(0);
+
+    pub const fn new(raw: u64) -> Lsn {
+        Lsn(raw)
+    }
+
+    pub const fn as_u64(self) -> u64 {
+        self.0
+    }
+
+    pub fn is_zero(self) -> bool {
+        self.0 == 0
+    }
+
+    /// WAL bytes from `older` up to `self`; zero when `older` is ahead.
+    pub fn bytes_since(self, older: Lsn) -> u64 {
+        self.0.saturating_sub(older.0)
+    }
+}
+
+impl fmt::Display for Lsn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:X}/{:X}", self.0 >> 32, self.0 & 0xFFFF_FFFF)
+    }
+}
+
+/// Why a text LSN was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid LSN {input:?}: expected two hexadecimal halves of at most 8 digits, like 16/B374D848")]
+pub struct ParseLsnError {
+    input: String,
+}
+
+impl FromStr for Lsn {
+    type Err = ParseLsnError;
+
+    fn from_str(s: &str) -> Result<Lsn, ParseLsnError> {
+        let err = || ParseLsnError { input: s.to_owned() };
+        let (hi, lo) = s.split_once('/').ok_or_else(err)?;
+        let half = |h: &str| {
+            if h.is_empty() || h.len() > 8 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(err());
+            }
+            u32::from_str_radix(h, 16).map_err(|_| err())
+        };
+        Ok(Lsn((u64::from(half(hi)?) << 32) | u64::from(half(lo)?)))
+    }
+}
+
+impl serde::Serialize for Lsn {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Lsn {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Lsn, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn displays_as_two_hex_halves() {
+        assert_eq!(Lsn::new(0x16_B374_D848).to_string(), "16/B374D848");
+        assert_eq!(Lsn::ZERO.to_string(), "0/0");
+        assert_eq!(Lsn::new(u64::MAX).to_string(), "FFFFFFFF/FFFFFFFF");
+    }
+
+    #[test]
+    fn parses_what_postgres_prints() {
+        assert_eq!("16/B374D848".parse::<Lsn>().unwrap(), Lsn::new(0x16_B374_D848));
+        assert_eq!("0/0".parse::<Lsn>().unwrap(), Lsn::ZERO);
+        assert_eq!("a/1".parse::<Lsn>().unwrap(), Lsn::new(0xA_0000_0001));
+    }
+
+    #[test]
+    fn rejects_malformed_text() {
+        for bad in ["", "/", "1/", "/1", "1", "x/1", "1/2/3", "123456789/0", "-1/0", " 1/0"] {
+            assert!(bad.parse::<Lsn>().is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn round_trips_and_orders() {
+        for raw in [0u64, 1, 0xFFFF_FFFF, 0x1_0000_0000, u64::MAX] {
+            let lsn = Lsn::new(raw);
+            assert_eq!(lsn.to_string().parse::<Lsn>().unwrap(), lsn);
+        }
+        assert!(Lsn::new(0x1_0000_0000) > Lsn::new(0xFFFF_FFFF));
+    }
+
+    #[test]
+    fn byte_distance_saturates() {
+        assert_eq!(Lsn::new(100).bytes_since(Lsn::new(40)), 60);
+        assert_eq!(Lsn::new(40).bytes_since(Lsn::new(100)), 0);
+    }
+}

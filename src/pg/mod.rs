@@ -1,0 +1,2 @@
+pub mod lsn;
+pub use lsn::Lsn;
