@@ -1,0 +1,564 @@
+//! The offset store: the acked LSN per slot and the parked aggregates, in sled.
+//!
+//! Every write is followed by `flush()` (sled's fsync of its log) before the
+//! call returns, so whatever a method reports as written survives a crash.
+//! Values are JSON objects with a version field `v`, readable with any sled
+//! dump and decodable across upgrades; an unreadable value is an error naming
+//! its key, never a panic.
+//!
+//! sled 0.34 takes an exclusive `flock` on `<path>/db` when opening; a second
+//! open of the same path fails, from another process and from this one alike
+//! (flock locks belong to the open file, not the process).
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{PoisonError, RwLock};
+
+use serde::{Deserialize, Serialize};
+
+use crate::pg::{Lsn, PgTimestamp};
+
+const OFFSETS_TREE: &str = "offsets";
+const PARKED_TREE: &str = "parked";
+const ENCODING_VERSION: u32 = 1;
+/// sled's page cache bound; the store holds a handful of small keys.
+const CACHE_CAPACITY_BYTES: u64 = 8 * 1024 * 1024;
+
+/// An LSN that is durable in the offset store: flushed to disk by a
+/// successful [`OffsetStore::persist`], or read back by
+/// [`OffsetStore::durable_lsn`] and then flushed.
+///
+/// This is the only type the pipeline feeds to PostgreSQL as the flush
+/// position. It has no public constructor, so reporting an LSN beyond what is
+/// durable locally is impossible by construction:
+///
+/// ```compile_fail
+/// let forged = outbox_cdc::checkpoint::DurableLsn(outbox_cdc::pg::Lsn::new(1));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DurableLsn(Lsn);
+
+impl DurableLsn {
+    pub fn lsn(&self) -> Lsn {
+        self.0
+    }
+}
+
+impl fmt::Display for DurableLsn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What is stored for one replication slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredOffset {
+    pub lsn: Lsn,
+    /// The database cluster's system identifier (IDENTIFY_SYSTEM `systemid`).
+    pub system_id: String,
+    pub updated_at_unix_ms: i64,
+}
+
+/// An aggregate whose events go to the dead-letter topic until released,
+/// because one of its events was poison (DESIGN.md §7).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParkedAggregate {
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub reason: String,
+    /// Commit LSN of the transaction holding the first poison event.
+    pub lsn: Lsn,
+    pub parked_at_unix_ms: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(
+        "offset store {path}: the lock on its files is held by another process \
+         (or another open store in this process); stop the other connector or \
+         give this one its own state directory"
+    )]
+    Locked { path: PathBuf, source: sled::Error },
+    #[error("offset store {path}: cannot open: {source}")]
+    Open { path: PathBuf, source: sled::Error },
+    #[error("offset store {path}: {op} of {key} failed: {source}")]
+    Write {
+        path: PathBuf,
+        op: &'static str,
+        key: String,
+        source: sled::Error,
+    },
+    #[error("offset store {path}: reading {key} failed: {source}")]
+    Read {
+        path: PathBuf,
+        key: String,
+        source: sled::Error,
+    },
+    #[error(
+        "offset store {path}: flush after {op} of {key} failed, so it is not \
+         durable: {source}"
+    )]
+    Flush {
+        path: PathBuf,
+        op: &'static str,
+        key: String,
+        source: sled::Error,
+    },
+    #[error("offset store {path}: cannot encode the value of {key}: {source}")]
+    Encode {
+        path: PathBuf,
+        key: String,
+        source: serde_json::Error,
+    },
+    #[error("offset store {path}: tree {tree:?} key {key} holds an unreadable value: {reason}")]
+    Corrupt {
+        path: PathBuf,
+        tree: &'static str,
+        key: String,
+        reason: String,
+    },
+    #[error(
+        "offset store {path}: slot {slot:?} has offset {stored_lsn} from database \
+         system {stored}, not from {given}; refusing to overwrite it (remove the \
+         offset explicitly to start over against the new cluster)"
+    )]
+    SystemIdMismatch {
+        path: PathBuf,
+        slot: String,
+        stored_lsn: Lsn,
+        stored: String,
+        given: String,
+    },
+}
+
+impl StoreError {
+    /// Only a lock held by another instance may go away by itself (an HA peer
+    /// exiting); disk and data errors need a person.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Locked { .. })
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Version {
+    v: u32,
+}
+
+#[derive(Serialize, Deserialize)]
+struct OffsetRecordV1 {
+    v: u32,
+    lsn: Lsn,
+    system_id: String,
+    updated_at_unix_ms: i64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ParkedRecordV1 {
+    v: u32,
+    aggregate_type: String,
+    aggregate_id: String,
+    reason: String,
+    lsn: Lsn,
+    parked_at_unix_ms: i64,
+}
+
+/// Persistent acked LSNs (tree `offsets`, keyed by slot name) and parked
+/// aggregates (tree `parked`), flushed on every write.
+pub struct OffsetStore {
+    path: PathBuf,
+    db: sled::Db,
+    offsets: sled::Tree,
+    parked: sled::Tree,
+    /// aggregate_type → aggregate ids; mirrors the `parked` tree. Writers
+    /// hold the write lock across the sled write and flush.
+    parked_cache: RwLock<HashMap<String, HashSet<String>>>,
+    /// Number of parked aggregates; lets `is_parked` skip the lock when zero.
+    parked_count: AtomicUsize,
+}
+
+impl fmt::Debug for OffsetStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OffsetStore")
+            .field("path", &self.path)
+            .field("parked", &self.parked_count.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl OffsetStore {
+    /// Opens (creating if needed) the store in directory `path`, and loads the
+    /// parked aggregates into memory.
+    pub fn open(path: &Path) -> Result<OffsetStore, StoreError> {
+        let path = path.to_path_buf();
+        let db = sled::Config::new()
+            .path(&path)
+            .cache_capacity(CACHE_CAPACITY_BYTES)
+            .open()
+            .map_err(|source| {
+                if is_lock_conflict(&source) {
+                    StoreError::Locked {
+                        path: path.clone(),
+                        source,
+                    }
+                } else {
+                    StoreError::Open {
+                        path: path.clone(),
+                        source,
+                    }
+                }
+            })?;
+        let open_tree = |name: &str| {
+            db.open_tree(name).map_err(|source| StoreError::Open {
+                path: path.clone(),
+                source,
+            })
+        };
+        let offsets = open_tree(OFFSETS_TREE)?;
+        let parked = open_tree(PARKED_TREE)?;
+        let store = OffsetStore {
+            path,
+            db,
+            offsets,
+            parked,
+            parked_cache: RwLock::new(HashMap::new()),
+            parked_count: AtomicUsize::new(0),
+        };
+        let mut cache = HashMap::<String, HashSet<String>>::new();
+        let mut count = 0;
+        for p in store.parked()? {
+            if cache
+                .entry(p.aggregate_type)
+                .or_default()
+                .insert(p.aggregate_id)
+            {
+                count += 1;
+            }
+        }
+        *store
+            .parked_cache
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = cache;
+        store.parked_count.store(count, Ordering::Release);
+        Ok(store)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The stored offset of `slot`, if any.
+    pub fn load(&self, slot: &str) -> Result<Option<StoredOffset>, StoreError> {
+        let raw = self.offsets.get(slot).map_err(|source| StoreError::Read {
+            path: self.path.clone(),
+            key: slot_key(slot),
+            source,
+        })?;
+        raw.map(|raw| self.decode_offset(slot, &raw)).transpose()
+    }
+
+    /// The stored LSN of `slot` as a [`DurableLsn`]: read, then flushed, so
+    /// even a value whose own flush failed earlier is durable when returned.
+    pub fn durable_lsn(&self, slot: &str) -> Result<Option<DurableLsn>, StoreError> {
+        let Some(stored) = self.load(slot)? else {
+            return Ok(None);
+        };
+        self.flush("read", slot_key(slot))?;
+        Ok(Some(DurableLsn(stored.lsn)))
+    }
+
+    /// Stores `lsn` for `slot` and flushes it. The stored LSN never goes
+    /// back: when the stored one is at or beyond `lsn`, nothing is written and
+    /// the stored one is returned (flushed). An offset stored for another
+    /// `system_id` is never overwritten; [`Self::remove`] it first.
+    pub fn persist(&self, slot: &str, lsn: Lsn, system_id: &str) -> Result<DurableLsn, StoreError> {
+        loop {
+            let current = self.offsets.get(slot).map_err(|source| StoreError::Read {
+                path: self.path.clone(),
+                key: slot_key(slot),
+                source,
+            })?;
+            if let Some(raw) = &current {
+                let stored = self.decode_offset(slot, raw)?;
+                if stored.system_id != system_id {
+                    return Err(StoreError::SystemIdMismatch {
+                        path: self.path.clone(),
+                        slot: slot.to_owned(),
+                        stored_lsn: stored.lsn,
+                        stored: stored.system_id,
+                        given: system_id.to_owned(),
+                    });
+                }
+                if stored.lsn >= lsn {
+                    self.flush("persist", slot_key(slot))?;
+                    return Ok(DurableLsn(stored.lsn));
+                }
+            }
+            let record = OffsetRecordV1 {
+                v: ENCODING_VERSION,
+                lsn,
+                system_id: system_id.to_owned(),
+                updated_at_unix_ms: PgTimestamp::now().unix_millis(),
+            };
+            let swapped = self
+                .offsets
+                .compare_and_swap(
+                    slot,
+                    current,
+                    Some(encode(&self.path, slot_key(slot), &record)?),
+                )
+                .map_err(|source| StoreError::Write {
+                    path: self.path.clone(),
+                    op: "persist",
+                    key: slot_key(slot),
+                    source,
+                })?;
+            // A concurrent persist won the race: re-read and compare again.
+            if swapped.is_ok() {
+                break;
+            }
+        }
+        self.flush("persist", slot_key(slot))?;
+        Ok(DurableLsn(lsn))
+    }
+
+    /// Forgets the offset of `slot` (the explicit recreate-slot path).
+    /// Returns whether one was stored.
+    pub fn remove(&self, slot: &str) -> Result<bool, StoreError> {
+        let removed = self
+            .offsets
+            .remove(slot)
+            .map_err(|source| StoreError::Write {
+                path: self.path.clone(),
+                op: "remove",
+                key: slot_key(slot),
+                source,
+            })?;
+        self.flush("remove", slot_key(slot))?;
+        Ok(removed.is_some())
+    }
+
+    /// Parks an aggregate: its later events go to the dead-letter topic until
+    /// [`Self::release`]. Returns false (and keeps the first reason and LSN)
+    /// when it was already parked.
+    pub fn park(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        reason: &str,
+        lsn: Lsn,
+    ) -> Result<bool, StoreError> {
+        let mut cache = self
+            .parked_cache
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if cache
+            .get(aggregate_type)
+            .is_some_and(|ids| ids.contains(aggregate_id))
+        {
+            return Ok(false);
+        }
+        let record = ParkedRecordV1 {
+            v: ENCODING_VERSION,
+            aggregate_type: aggregate_type.to_owned(),
+            aggregate_id: aggregate_id.to_owned(),
+            reason: reason.to_owned(),
+            lsn,
+            parked_at_unix_ms: PgTimestamp::now().unix_millis(),
+        };
+        let key = parked_key(aggregate_type, aggregate_id);
+        let value = encode(
+            &self.path,
+            aggregate_key(aggregate_type, aggregate_id),
+            &record,
+        )?;
+        self.parked
+            .insert(key, value)
+            .map_err(|source| StoreError::Write {
+                path: self.path.clone(),
+                op: "park",
+                key: aggregate_key(aggregate_type, aggregate_id),
+                source,
+            })?;
+        self.flush("park", aggregate_key(aggregate_type, aggregate_id))?;
+        cache
+            .entry(aggregate_type.to_owned())
+            .or_default()
+            .insert(aggregate_id.to_owned());
+        self.parked_count.fetch_add(1, Ordering::Release);
+        Ok(true)
+    }
+
+    /// Whether the aggregate is parked. Answered from memory; lock-free while
+    /// nothing is parked. The `Result` leaves room for a disk fallback.
+    pub fn is_parked(&self, aggregate_type: &str, aggregate_id: &str) -> Result<bool, StoreError> {
+        if self.parked_count.load(Ordering::Acquire) == 0 {
+            return Ok(false);
+        }
+        let cache = self
+            .parked_cache
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        Ok(cache
+            .get(aggregate_type)
+            .is_some_and(|ids| ids.contains(aggregate_id)))
+    }
+
+    /// Releases a parked aggregate. Returns whether it was parked.
+    pub fn release(&self, aggregate_type: &str, aggregate_id: &str) -> Result<bool, StoreError> {
+        let mut cache = self
+            .parked_cache
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let removed = self
+            .parked
+            .remove(parked_key(aggregate_type, aggregate_id))
+            .map_err(|source| StoreError::Write {
+                path: self.path.clone(),
+                op: "release",
+                key: aggregate_key(aggregate_type, aggregate_id),
+                source,
+            })?;
+        if removed.is_none() {
+            return Ok(false);
+        }
+        self.flush("release", aggregate_key(aggregate_type, aggregate_id))?;
+        if let Some(ids) = cache.get_mut(aggregate_type) {
+            if ids.remove(aggregate_id) {
+                self.parked_count.fetch_sub(1, Ordering::Release);
+            }
+            if ids.is_empty() {
+                cache.remove(aggregate_type);
+            }
+        }
+        Ok(true)
+    }
+
+    /// All parked aggregates, read from disk, ordered by type then id bytes.
+    pub fn parked(&self) -> Result<Vec<ParkedAggregate>, StoreError> {
+        let mut out = Vec::new();
+        for entry in self.parked.iter() {
+            let (key, value) = entry.map_err(|source| StoreError::Read {
+                path: self.path.clone(),
+                key: format!("tree {PARKED_TREE:?}"),
+                source,
+            })?;
+            out.push(self.decode_parked(&key, &value)?);
+        }
+        Ok(out)
+    }
+
+    fn flush(&self, op: &'static str, key: String) -> Result<(), StoreError> {
+        self.db.flush().map_err(|source| StoreError::Flush {
+            path: self.path.clone(),
+            op,
+            key,
+            source,
+        })?;
+        Ok(())
+    }
+
+    fn decode_offset(&self, slot: &str, raw: &[u8]) -> Result<StoredOffset, StoreError> {
+        let corrupt = |reason: String| StoreError::Corrupt {
+            path: self.path.clone(),
+            tree: OFFSETS_TREE,
+            key: slot_key(slot),
+            reason,
+        };
+        check_version(raw).map_err(corrupt)?;
+        let record: OffsetRecordV1 =
+            serde_json::from_slice(raw).map_err(|e| corrupt(e.to_string()))?;
+        Ok(StoredOffset {
+            lsn: record.lsn,
+            system_id: record.system_id,
+            updated_at_unix_ms: record.updated_at_unix_ms,
+        })
+    }
+
+    fn decode_parked(&self, key: &[u8], raw: &[u8]) -> Result<ParkedAggregate, StoreError> {
+        let corrupt = |reason: String| StoreError::Corrupt {
+            path: self.path.clone(),
+            tree: PARKED_TREE,
+            key: parked_key_display(key),
+            reason,
+        };
+        check_version(raw).map_err(corrupt)?;
+        let record: ParkedRecordV1 =
+            serde_json::from_slice(raw).map_err(|e| corrupt(e.to_string()))?;
+        if parked_key(&record.aggregate_type, &record.aggregate_id) != key {
+            return Err(corrupt(format!(
+                "value names aggregate {}, not the key's",
+                aggregate_key(&record.aggregate_type, &record.aggregate_id)
+            )));
+        }
+        Ok(ParkedAggregate {
+            aggregate_type: record.aggregate_type,
+            aggregate_id: record.aggregate_id,
+            reason: record.reason,
+            lsn: record.lsn,
+            parked_at_unix_ms: record.parked_at_unix_ms,
+        })
+    }
+}
+
+/// sled 0.34 reports a held lock only as an `io::ErrorKind::Other` whose text
+/// starts with "could not acquire lock" (config.rs `try_lock`); the test
+/// `second_open_of_same_path_is_locked` pins this for upgrades.
+fn is_lock_conflict(err: &sled::Error) -> bool {
+    match err {
+        sled::Error::Io(io) => {
+            io.kind() == std::io::ErrorKind::Other
+                && io.to_string().starts_with("could not acquire lock")
+        }
+        _ => false,
+    }
+}
+
+fn check_version(raw: &[u8]) -> Result<(), String> {
+    let version: Version =
+        serde_json::from_slice(raw).map_err(|e| format!("not a versioned JSON record: {e}"))?;
+    if version.v != ENCODING_VERSION {
+        return Err(format!(
+            "encoding version {} is not supported (this build reads version {ENCODING_VERSION})",
+            version.v
+        ));
+    }
+    Ok(())
+}
+
+fn encode<T: Serialize>(path: &Path, key: String, record: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(record).map_err(|source| StoreError::Encode {
+        path: path.to_path_buf(),
+        key,
+        source,
+    })
+}
+
+fn slot_key(slot: &str) -> String {
+    format!("slot {slot:?}")
+}
+
+fn aggregate_key(aggregate_type: &str, aggregate_id: &str) -> String {
+    format!("aggregate {aggregate_type:?}/{aggregate_id:?}")
+}
+
+/// `u32` big-endian length of the type, the type, then the id: unambiguous
+/// for any strings, and ordered by type first.
+fn parked_key(aggregate_type: &str, aggregate_id: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(4 + aggregate_type.len() + aggregate_id.len());
+    key.extend_from_slice(&(aggregate_type.len() as u32).to_be_bytes());
+    key.extend_from_slice(aggregate_type.as_bytes());
+    key.extend_from_slice(aggregate_id.as_bytes());
+    key
+}
+
+fn parked_key_display(key: &[u8]) -> String {
+    let split = key.split_first_chunk::<4>().and_then(|(len, rest)| {
+        let len = u32::from_be_bytes(*len) as usize;
+        let t = std::str::from_utf8(rest.get(..len)?).ok()?;
+        let id = std::str::from_utf8(rest.get(len..)?).ok()?;
+        Some(aggregate_key(t, id))
+    });
+    split.unwrap_or_else(|| format!("{key:02x?}"))
+}
