@@ -33,6 +33,10 @@ impl OutboxEvent {
         self.topic.len()
             + self.key.len()
             + self.payload.len()
-            + self.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
     }
 }
