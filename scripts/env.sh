@@ -1,0 +1,675 @@
+#!/usr/bin/env bash
+# Test environment of outbox-cdc: a throwaway PostgreSQL 15 cluster and a
+# single-node Apache Kafka 4.x broker (KRaft), both on loopback only.
+#
+#   scripts/env.sh up           install what is missing, start both, wait until ready,
+#                               write target/env/test.env (a second `up` is a no-op)
+#   scripts/env.sh down         stop both and remove target/env/
+#   scripts/env.sh status       say what runs (exit 0 if both run, 3 otherwise)
+#   scripts/env.sh kafka-stop | kafka-start | pg-stop | pg-start | pg-restart
+#                               for chaos tests; the other server is left alone
+#
+# Everything lives under target/env/ of this checkout (PostgreSQL's data falls
+# back to /tmp/outbox-cdc-env-<hash> when the `postgres` OS user cannot reach the
+# checkout). Kafka's jars are resolved by Maven into
+# ${OUTBOX_CDC_CACHE:-$HOME/.cache/outbox-cdc}/kafka-<version>/.
+#
+# Tunables (environment): OUTBOX_CDC_CACHE, OUTBOX_CDC_KAFKA_VERSION,
+# OUTBOX_CDC_ENV_TIMEOUT (seconds each server may take to become ready).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+ENV_DIR="$ROOT/target/env"
+LOCK_FILE="$ROOT/target/.env.lock"
+REPO_HASH="$(printf '%s' "$ROOT" | sha256sum | cut -c1-12)"
+TIMEOUT="${OUTBOX_CDC_ENV_TIMEOUT:-90}"
+
+PG_BIN=/usr/lib/postgresql/15/bin
+PG_PORT=54329
+PG_ADMIN_URL="postgres://postgres:postgres@127.0.0.1:$PG_PORT/app"
+PG_OUTBOX_URL="postgres://outbox:outbox@127.0.0.1:$PG_PORT/app"
+
+KAFKA_VERSION="${OUTBOX_CDC_KAFKA_VERSION:-4.1.1}"
+KAFKA_PORT=19092
+KAFKA_CONTROLLER_PORT=19093
+KAFKA_BOOTSTRAP="127.0.0.1:$KAFKA_PORT"
+CACHE_ROOT="${OUTBOX_CDC_CACHE:-${HOME:-/root}/.cache/outbox-cdc}"
+KAFKA_JARS="$CACHE_ROOT/kafka-$KAFKA_VERSION"
+KAFKA_CP="$KAFKA_JARS/*"
+KAFKA_DIR="$ENV_DIR/kafka"
+KAFKA_DATA="$ENV_DIR/kafka-data"
+KAFKA_PID_FILE="$ENV_DIR/kafka.pid"
+KAFKA_LOG="$ENV_DIR/kafka.log"
+KAFKA_OUT="$ENV_DIR/kafka.out"
+KAFKA_PROPS="$KAFKA_DIR/server.properties"
+
+JAVA="${JAVA_HOME:+$JAVA_HOME/bin/}java"
+
+log() { printf 'env.sh: %s\n' "$*" >&2; }
+# One line saying what is wrong and how to fix it, then exit non-zero.
+die() { printf 'env.sh: error: %s\n' "$*" >&2; exit 1; }
+
+# ---------------------------------------------------------------- helpers
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# Who listens on a loopback TCP port, for error messages.
+port_owner() {
+    local port="$1" line pid=""
+    if command -v ss >/dev/null 2>&1; then
+        line="$(ss -Hltnp "sport = :$port" 2>/dev/null | head -n1 || true)"
+        pid="$(printf '%s' "$line" | sed -n 's/.*pid=\([0-9]*\).*/\1/p')"
+    fi
+    if [[ -n "$pid" && -r "/proc/$pid/cmdline" ]]; then
+        printf 'pid %s: %s' "$pid" "$(tr '\0' ' ' <"/proc/$pid/cmdline" | cut -c1-160)"
+    else
+        printf 'an unknown process'
+    fi
+}
+
+tail_log() {
+    local f="$1"
+    if [[ -e "$f" ]]; then
+        printf -- '--- last 30 lines of %s ---\n' "$f" >&2
+        tail -n 30 "$f" >&2 || true
+        printf -- '--- end of %s ---\n' "$f" >&2
+    else
+        printf -- '(no log at %s)\n' "$f" >&2
+    fi
+}
+
+# Runs a command as the postgres OS user from a directory it can enter.
+as_postgres() { (cd / && runuser -u postgres -- "$@"); }
+
+apt_updated=0
+apt_install() {
+    command -v apt-get >/dev/null 2>&1 ||
+        die "need to install $* but apt-get is not available; install them by hand and rerun \`scripts/env.sh up\`"
+    [[ "$(id -u)" == 0 ]] ||
+        die "need to install $* but not running as root; run \`sudo apt-get install $*\` and rerun"
+    if [[ "$apt_updated" == 0 ]]; then
+        log "apt-get update"
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq ||
+            die "apt-get update failed; check the package sources, then rerun \`scripts/env.sh up\`"
+        apt_updated=1
+    fi
+    log "installing $*"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null ||
+        die "apt-get install $* failed; install them by hand and rerun \`scripts/env.sh up\`"
+}
+
+# ---------------------------------------------------------------- prerequisites
+
+java_major() {
+    local v
+    v="$("$JAVA" -version 2>&1 | sed -n 's/.*version "\([^"]*\)".*/\1/p' | head -n1)"
+    case "$v" in
+        1.*) v="${v#1.}"; printf '%s' "${v%%.*}" ;;
+        *) v="${v%%[.+-]*}"; printf '%s' "${v:-0}" ;;
+    esac
+}
+
+ensure_prerequisites() {
+    local missing=()
+    [[ "$(id -u)" == 0 ]] ||
+        die "scripts/env.sh must run as root (it runs PostgreSQL as the postgres OS user); rerun it as root"
+    if [[ ! -x "$PG_BIN/initdb" ]]; then missing+=(postgresql-15); fi
+    if [[ ! -x "$PG_BIN/psql" ]]; then missing+=(postgresql-client-15); fi
+    if ! command -v "$JAVA" >/dev/null 2>&1 && [[ -z "${JAVA_HOME:-}" ]]; then
+        missing+=(openjdk-17-jre-headless)
+    fi
+    if ! command -v mvn >/dev/null 2>&1; then missing+=(maven); fi
+    # Build dependencies of rdkafka's bundled librdkafka (cmake-build, ssl).
+    command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+    command -v make >/dev/null 2>&1 || missing+=(make)
+    command -v g++ >/dev/null 2>&1 || missing+=(g++)
+    command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+    if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openssl; }; then missing+=(libssl-dev); fi
+    if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists zlib; }; then missing+=(zlib1g-dev); fi
+    if ((${#missing[@]})); then apt_install "${missing[@]}"; fi
+
+    id postgres >/dev/null 2>&1 ||
+        die "the postgres OS user does not exist; reinstall postgresql-15 (\`apt-get install --reinstall postgresql-15\`)"
+    command -v "$JAVA" >/dev/null 2>&1 ||
+        die "no Java found ($JAVA); install Java 17+ (\`apt-get install openjdk-17-jre-headless\`) or set JAVA_HOME"
+    local major
+    major="$(java_major)"
+    [[ "$major" =~ ^[0-9]+$ ]] && ((major >= 17)) ||
+        die "Kafka $KAFKA_VERSION needs Java 17+, found '$major' ($JAVA); install openjdk-17-jre-headless and set JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64"
+}
+
+# ---------------------------------------------------------------- PostgreSQL
+
+# PostgreSQL's files live in PG_HOME: target/env when the postgres OS user can
+# reach it, otherwise a directory under /tmp (recorded in target/env/pg.home and
+# symlinked as target/env/pg and target/env/pg.log).
+pg_home() {
+    if [[ -r "$ENV_DIR/pg.home" ]]; then cat "$ENV_DIR/pg.home"; else printf '%s' "$ENV_DIR"; fi
+}
+PG_FALLBACK_HOME="/tmp/outbox-cdc-env-$REPO_HASH"
+
+pg_paths() {
+    PG_HOME="$(pg_home)"
+    PG_DATA="$PG_HOME/pg"
+    PG_LOG="$PG_HOME/pg.log"
+    # A unix socket path must stay under ~100 bytes.
+    if ((${#PG_HOME} + 24 < 100)); then PG_SOCK="$PG_HOME/sock"; else PG_SOCK="/tmp/outbox-cdc-sock-$REPO_HASH"; fi
+}
+
+# The pid of the postmaster running on PG_DATA, or nothing.
+pg_pid() {
+    local pid
+    [[ -r "$PG_DATA/postmaster.pid" ]] || return 0
+    pid="$(head -n1 "$PG_DATA/postmaster.pid" 2>/dev/null || true)"
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 0
+    # A pid file left by a killed run may name a pid that now belongs to
+    # another process: it is ours only if that process is a postgres whose
+    # working directory is the data directory.
+    if [[ -r "/proc/$pid/comm" ]] && grep -q '^postgres' "/proc/$pid/comm" 2>/dev/null &&
+        [[ "$(readlink -f "/proc/$pid/cwd" 2>/dev/null)" == "$(readlink -f "$PG_DATA")" ]]; then
+        printf '%s' "$pid"
+    fi
+}
+
+pg_running() { [[ -n "$(pg_pid)" ]]; }
+
+pg_psql() { # pg_psql DB [psql args...]: as postgres over the unix socket
+    local db="$1"
+    shift
+    "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$PG_SOCK" -p "$PG_PORT" -U postgres -d "$db" "$@"
+}
+
+pg_prepare_home() {
+    mkdir -p "$ENV_DIR"
+    if [[ -r "$ENV_DIR/pg.home" ]]; then return 0; fi
+    local home="$ENV_DIR"
+    mkdir -p "$home/pg"
+    chown postgres: "$home/pg"
+    if ! as_postgres test -w "$home/pg"; then
+        rmdir "$home/pg"
+        home="$PG_FALLBACK_HOME"
+        log "the postgres OS user cannot reach $ENV_DIR (a parent directory is not traversable);" \
+            "PostgreSQL's data and log go to $home (symlinked from target/env)"
+        rm -rf "$home"
+        mkdir -p "$home/pg"
+        chmod 755 "$home"
+        chown postgres: "$home/pg"
+        ln -sfn "$home/pg" "$ENV_DIR/pg"
+        ln -sfn "$home/pg.log" "$ENV_DIR/pg.log"
+    fi
+    printf '%s' "$home" >"$ENV_DIR/pg.home"
+}
+
+pg_init() {
+    pg_paths
+    # A data directory without the marker is a half-made cluster of a killed run.
+    if [[ -e "$ENV_DIR/pg.initialized" && -s "$PG_DATA/PG_VERSION" ]]; then return 0; fi
+    local pid
+    pid="$(pg_pid)"
+    if [[ -n "$pid" ]]; then
+        log "stopping a half-initialised cluster left by an interrupted run (pid $pid)"
+        kill -9 "$pid" 2>/dev/null || true
+        sleep 1
+    fi
+    find "$PG_DATA" -mindepth 1 -delete 2>/dev/null || true
+    rm -f "$ENV_DIR/pg.initialized"
+    mkdir -p "$PG_DATA" "$PG_SOCK"
+    chown postgres: "$PG_DATA" "$PG_SOCK"
+    chmod 700 "$PG_DATA"
+    log "initdb $PG_DATA"
+    local initdb_log="$PG_HOME/initdb.log"
+    : >"$initdb_log"
+    chown postgres: "$initdb_log"
+    if ! as_postgres "$PG_BIN/initdb" -D "$PG_DATA" -U postgres -E UTF8 --locale=C \
+        --auth-local=trust --auth-host=scram-sha-256 >"$initdb_log" 2>&1; then
+        tail_log "$initdb_log"
+        die "initdb failed (see above); run \`scripts/env.sh down\` and retry"
+    fi
+    cat >>"$PG_DATA/postgresql.conf" <<EOF
+
+# ---- outbox-cdc test environment (scripts/env.sh) ----
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+unix_socket_directories = '$PG_SOCK'
+max_connections = 200
+wal_level = logical
+max_replication_slots = 32
+max_wal_senders = 32
+wal_sender_timeout = 60s
+password_encryption = 'scram-sha-256'
+fsync = on
+log_line_prefix = '%m [%p] %q%u@%d '
+log_replication_commands = on
+EOF
+    cat >"$PG_DATA/pg_hba.conf" <<'EOF'
+# outbox-cdc test environment (scripts/env.sh)
+# TYPE  DATABASE     USER      ADDRESS        METHOD
+local   all          postgres                 trust
+local   replication  postgres                 trust
+host    all          all       127.0.0.1/32   scram-sha-256
+host    replication  all       127.0.0.1/32   scram-sha-256
+EOF
+    chown postgres: "$PG_DATA/postgresql.conf" "$PG_DATA/pg_hba.conf"
+    : >"$PG_LOG"
+    chown postgres: "$PG_LOG"
+}
+
+# Removes pid/lock files of a postmaster that no longer runs (killed run).
+pg_clear_stale() {
+    if [[ -e "$PG_DATA/postmaster.pid" ]] && ! pg_running; then
+        log "removing stale $PG_DATA/postmaster.pid left by a killed run"
+        rm -f "$PG_DATA/postmaster.pid"
+    fi
+    local lock="$PG_SOCK/.s.PGSQL.$PG_PORT.lock"
+    if [[ -e "$lock" ]] && ! pg_running; then
+        rm -f "$lock" "$PG_SOCK/.s.PGSQL.$PG_PORT"
+    fi
+}
+
+pg_start() {
+    pg_paths
+    if pg_running; then return 0; fi
+    pg_clear_stale
+    if port_open "$PG_PORT"; then
+        die "port $PG_PORT is taken by $(port_owner "$PG_PORT"), not this checkout's test PostgreSQL; stop it (or run \`scripts/env.sh down\` in the checkout that started it) and rerun"
+    fi
+    mkdir -p "$PG_SOCK"
+    chown postgres: "$PG_SOCK"
+    [[ -e "$PG_LOG" ]] || { : >"$PG_LOG" && chown postgres: "$PG_LOG"; }
+    log "starting PostgreSQL 15 on 127.0.0.1:$PG_PORT (data $PG_DATA)"
+    if ! as_postgres "$PG_BIN/pg_ctl" start -D "$PG_DATA" -l "$PG_LOG" -w -t "$TIMEOUT" >/dev/null 9>&-; then
+        tail_log "$PG_LOG"
+        die "PostgreSQL did not start within ${TIMEOUT}s (log above, $PG_LOG); fix the cause, then \`scripts/env.sh down && scripts/env.sh up\`"
+    fi
+}
+
+pg_wait_ready() {
+    pg_paths
+    local deadline=$((SECONDS + TIMEOUT))
+    until "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" -d app 2>/dev/null ||
+        "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" 2>/dev/null; do
+        if ((SECONDS >= deadline)); then
+            tail_log "$PG_LOG"
+            die "PostgreSQL on 127.0.0.1:$PG_PORT did not accept connections within ${TIMEOUT}s (log above); \`scripts/env.sh down && scripts/env.sh up\`"
+        fi
+        pg_running || {
+            tail_log "$PG_LOG"
+            die "PostgreSQL exited while starting (log above); \`scripts/env.sh down && scripts/env.sh up\`"
+        }
+        sleep 0.5
+    done
+}
+
+# Roles, database and grants; idempotent.
+pg_setup_roles() {
+    pg_psql postgres <<'EOF'
+SET password_encryption = 'scram-sha-256';
+ALTER ROLE postgres PASSWORD 'postgres';
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox') THEN
+    CREATE ROLE outbox LOGIN REPLICATION PASSWORD 'outbox';
+  ELSE
+    ALTER ROLE outbox LOGIN REPLICATION PASSWORD 'outbox';
+  END IF;
+END
+$$;
+SELECT 'CREATE DATABASE app' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = 'app')
+\gexec
+GRANT CREATE, CONNECT ON DATABASE app TO outbox;
+EOF
+    pg_psql app -c 'GRANT USAGE, CREATE ON SCHEMA public TO outbox;'
+}
+
+pg_apply_migrations() {
+    local f files=()
+    [[ -d "$ROOT/migrations" ]] || return 0
+    # Name order, in the C locale.
+    while IFS= read -r f; do files+=("$f"); done < <(LC_ALL=C find "$ROOT/migrations" -maxdepth 1 -type f -name '*.sql' | LC_ALL=C sort)
+    for f in "${files[@]}"; do
+        # Read by this shell (root), so the file need not be readable by postgres.
+        if ! pg_psql app <"$f" >/dev/null 2>"$ENV_DIR/migration.err"; then
+            cat "$ENV_DIR/migration.err" >&2
+            die "migration ${f#"$ROOT"/} failed on database app (error above); fix it and rerun \`scripts/env.sh up\`"
+        fi
+    done
+    if ((${#files[@]})); then log "applied ${#files[@]} migration(s) from migrations/"; fi
+}
+
+pg_check_tcp_login() {
+    # Exercises scram-sha-256 over TCP with both URLs.
+    "$PG_BIN/psql" -X -q -At -c 'SELECT 1' "$PG_ADMIN_URL" >/dev/null 2>&1 ||
+        die "cannot log in as postgres over TCP ($PG_ADMIN_URL); see $PG_LOG, then \`scripts/env.sh down && scripts/env.sh up\`"
+    "$PG_BIN/psql" -X -q -At -c 'SELECT 1' "$PG_OUTBOX_URL" >/dev/null 2>&1 ||
+        die "cannot log in as outbox over TCP ($PG_OUTBOX_URL); see $PG_LOG, then \`scripts/env.sh down && scripts/env.sh up\`"
+}
+
+pg_up() {
+    pg_prepare_home
+    pg_init
+    pg_start
+    pg_wait_ready
+    if [[ ! -e "$ENV_DIR/pg.initialized" ]]; then
+        pg_setup_roles
+        : >"$ENV_DIR/pg.initialized"
+    fi
+    pg_apply_migrations
+    pg_check_tcp_login
+}
+
+pg_stop() {
+    [[ -d "$ENV_DIR" ]] || return 0
+    pg_paths
+    local pid
+    pid="$(pg_pid)"
+    if [[ -z "$pid" ]]; then return 0; fi
+    log "stopping PostgreSQL (pid $pid)"
+    if ! as_postgres "$PG_BIN/pg_ctl" stop -D "$PG_DATA" -m fast -w -t 60 >/dev/null 2>&1; then
+        as_postgres "$PG_BIN/pg_ctl" stop -D "$PG_DATA" -m immediate -w -t 30 >/dev/null 2>&1 || true
+    fi
+    if kill -0 "$pid" 2>/dev/null; then
+        kill -9 "$pid" 2>/dev/null || true
+        sleep 1
+    fi
+}
+
+# ---------------------------------------------------------------- Kafka
+
+kafka_pid() {
+    local pid
+    [[ -r "$KAFKA_PID_FILE" ]] || return 0
+    pid="$(cat "$KAFKA_PID_FILE" 2>/dev/null || true)"
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 0
+    # Ours only if that pid runs kafka.Kafka with this checkout's config.
+    if [[ -r "/proc/$pid/cmdline" ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null |
+        grep -qF -- "kafka.Kafka $KAFKA_PROPS"; then
+        printf '%s' "$pid"
+    fi
+}
+
+kafka_running() { [[ -n "$(kafka_pid)" ]]; }
+
+ensure_kafka_jars() {
+    local marker="$KAFKA_JARS/.complete" pom="$ROOT/scripts/kafka/pom.xml" want
+    want="$(sha256sum "$pom" | cut -c1-64) $KAFKA_VERSION"
+    if [[ -r "$marker" && "$(cat "$marker")" == "$want" ]]; then return 0; fi
+    if [[ -d "$KAFKA_JARS" ]]; then
+        log "jar cache $KAFKA_JARS is incomplete or stale (no completion marker): resolving again"
+    fi
+    rm -rf "$KAFKA_JARS"
+    mkdir -p "$KAFKA_JARS"
+    log "resolving Kafka $KAFKA_VERSION jars with Maven into $KAFKA_JARS"
+    local mvn_log="$CACHE_ROOT/mvn-kafka-$KAFKA_VERSION.log"
+    if ! (cd "$ROOT/scripts/kafka" && mvn -B -q -Dstyle.color=never -f pom.xml \
+        -Dkafka.version="$KAFKA_VERSION" dependency:copy-dependencies \
+        -DincludeScope=runtime -DoutputDirectory="$KAFKA_JARS") >"$mvn_log" 2>&1; then
+        tail -n 30 "$mvn_log" >&2 || true
+        die "Maven could not resolve org.apache.kafka:kafka_2.13:$KAFKA_VERSION (output above, $mvn_log); check network access to Maven Central and rerun \`scripts/env.sh up\`"
+    fi
+    ls "$KAFKA_JARS"/kafka_2.13-*.jar >/dev/null 2>&1 ||
+        die "Maven finished but $KAFKA_JARS has no kafka_2.13 jar; delete $KAFKA_JARS and rerun \`scripts/env.sh up\`"
+    printf '%s' "$want" >"$marker"
+}
+
+kafka_java() { # kafka_java MAIN_CLASS ARGS...: a Kafka tool, logging to the broker's log config
+    "$JAVA" -Xmx256m -Djava.awt.headless=true -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2-tools.properties" \
+        -cp "$KAFKA_CP" "$@"
+}
+
+kafka_write_config() {
+    mkdir -p "$KAFKA_DIR" "$KAFKA_DATA"
+    cat >"$KAFKA_PROPS" <<EOF
+# outbox-cdc test environment (scripts/env.sh): one combined broker+controller.
+process.roles=broker,controller
+node.id=1
+controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+log.dirs=$KAFKA_DATA
+num.partitions=3
+default.replication.factor=1
+min.insync.replicas=1
+auto.create.topics.enable=true
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=3
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=3
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+log.retention.hours=24
+log.segment.bytes=16777216
+EOF
+    cat >"$KAFKA_DIR/log4j2.properties" <<EOF
+# Broker log: everything at INFO to target/env/kafka.log.
+status = warn
+appender.file.type = File
+appender.file.name = FILE
+appender.file.fileName = $KAFKA_LOG
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = FILE
+logger.kafka-request.name = kafka.request.logger
+logger.kafka-request.level = WARN
+EOF
+    cat >"$KAFKA_DIR/log4j2-tools.properties" <<'EOF'
+# Command-line tools: warnings only, to stderr.
+status = warn
+appender.err.type = Console
+appender.err.name = STDERR
+appender.err.target = SYSTEM_ERR
+appender.err.layout.type = PatternLayout
+appender.err.layout.pattern = %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.err.ref = STDERR
+EOF
+}
+
+kafka_format() {
+    # Formatted storage has meta.properties; a data dir without the marker is
+    # from an interrupted format and is formatted again.
+    if [[ -e "$ENV_DIR/kafka.formatted" && -s "$KAFKA_DATA/meta.properties" ]]; then return 0; fi
+    rm -rf "$KAFKA_DATA"
+    mkdir -p "$KAFKA_DATA"
+    local cluster_id
+    cluster_id="$(kafka_java kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n1)"
+    [[ -n "$cluster_id" ]] ||
+        die "kafka.tools.StorageTool random-uuid printed nothing; delete $KAFKA_JARS and rerun \`scripts/env.sh up\`"
+    log "formatting Kafka storage (cluster id $cluster_id)"
+    if ! kafka_java kafka.tools.StorageTool format --standalone -t "$cluster_id" -c "$KAFKA_PROPS" \
+        >"$ENV_DIR/kafka-format.log" 2>&1; then
+        tail_log "$ENV_DIR/kafka-format.log"
+        die "formatting Kafka storage failed (output above); \`scripts/env.sh down && scripts/env.sh up\`"
+    fi
+    : >"$ENV_DIR/kafka.formatted"
+}
+
+kafka_start() {
+    if kafka_running; then return 0; fi
+    if [[ -e "$KAFKA_PID_FILE" ]]; then
+        log "removing stale $KAFKA_PID_FILE left by a killed run"
+        rm -f "$KAFKA_PID_FILE"
+    fi
+    local p
+    for p in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT"; do
+        if port_open "$p"; then
+            die "port $p is taken by $(port_owner "$p"), not this checkout's test Kafka; stop it (or run \`scripts/env.sh down\` in the checkout that started it) and rerun"
+        fi
+    done
+    log "starting Kafka $KAFKA_VERSION on $KAFKA_BOOTSTRAP"
+    # setsid + nohup: the broker outlives this script; fd 9 (the env lock) is not inherited.
+    setsid nohup "$JAVA" -Xms512m -Xmx512m -XX:+UseG1GC -Djava.awt.headless=true \
+        -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" \
+        -cp "$KAFKA_CP" kafka.Kafka "$KAFKA_PROPS" \
+        </dev/null >"$KAFKA_OUT" 2>&1 9>&- &
+    printf '%s' "$!" >"$KAFKA_PID_FILE"
+}
+
+kafka_wait_ready() {
+    local deadline=$((SECONDS + TIMEOUT)) out
+    until port_open "$KAFKA_PORT"; do
+        if ! kafka_running; then
+            tail_log "$KAFKA_LOG"
+            tail_log "$KAFKA_OUT"
+            die "Kafka exited while starting (logs above); \`scripts/env.sh down && scripts/env.sh up\`"
+        fi
+        if ((SECONDS >= deadline)); then
+            tail_log "$KAFKA_LOG"
+            die "Kafka did not listen on $KAFKA_BOOTSTRAP within ${TIMEOUT}s (log above); \`scripts/env.sh down && scripts/env.sh up\`"
+        fi
+        sleep 0.5
+    done
+    # A metadata round trip: the broker has joined its own quorum and serves clients.
+    while :; do
+        if out="$(timeout 60 "$JAVA" -Xmx128m -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2-tools.properties" \
+            -cp "$KAFKA_CP" org.apache.kafka.tools.TopicCommand --bootstrap-server "$KAFKA_BOOTSTRAP" --list 2>&1)"; then
+            return 0
+        fi
+        if ! kafka_running || ((SECONDS >= deadline)); then
+            printf '%s\n' "$out" | tail -n 5 >&2
+            tail_log "$KAFKA_LOG"
+            die "Kafka on $KAFKA_BOOTSTRAP did not answer a metadata request within ${TIMEOUT}s (log above); \`scripts/env.sh down && scripts/env.sh up\`"
+        fi
+        sleep 1
+    done
+}
+
+kafka_up() {
+    ensure_kafka_jars
+    kafka_write_config
+    kafka_format
+    kafka_start
+    kafka_wait_ready
+}
+
+kafka_stop() {
+    local pid i
+    pid="$(kafka_pid)"
+    if [[ -z "$pid" ]]; then
+        rm -f "$KAFKA_PID_FILE"
+        return 0
+    fi
+    log "stopping Kafka (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < 120; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.5
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        log "Kafka did not stop within 60s: killing it"
+        kill -KILL "$pid" 2>/dev/null || true
+        for ((i = 0; i < 20; i++)); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.5
+        done
+    fi
+    rm -f "$KAFKA_PID_FILE"
+}
+
+# ---------------------------------------------------------------- test.env
+
+write_test_env() {
+    local tmp="$ENV_DIR/test.env.tmp"
+    cat >"$tmp" <<EOF
+# Written by scripts/env.sh up; source it: . target/env/test.env
+export OUTBOX_CDC_TEST_PG='$PG_OUTBOX_URL'
+export OUTBOX_CDC_TEST_PG_ADMIN='$PG_ADMIN_URL'
+export OUTBOX_CDC_TEST_KAFKA='$KAFKA_BOOTSTRAP'
+export OUTBOX_CDC_ENV_DIR='$ENV_DIR'
+export OUTBOX_CDC_ENV_SH='$ROOT/scripts/env.sh'
+export OUTBOX_CDC_KAFKA_CLASSPATH='$KAFKA_CP'
+export OUTBOX_CDC_JAVA='$(command -v "$JAVA")'
+export OUTBOX_CDC_PG_BIN='$PG_BIN'
+EOF
+    mv "$tmp" "$ENV_DIR/test.env"
+}
+
+# ---------------------------------------------------------------- commands
+
+with_lock() {
+    mkdir -p "$ROOT/target"
+    exec 9>"$LOCK_FILE"
+    flock -w 900 9 || die "another scripts/env.sh has held $LOCK_FILE for 15 minutes; check \`ps\` for it"
+}
+
+cmd_up() {
+    local t0=$SECONDS
+    ensure_prerequisites
+    mkdir -p "$ENV_DIR"
+    pg_up
+    kafka_up
+    write_test_env
+    log "up in $((SECONDS - t0))s: PostgreSQL 127.0.0.1:$PG_PORT, Kafka $KAFKA_BOOTSTRAP; variables in target/env/test.env"
+}
+
+cmd_down() {
+    kafka_stop
+    pg_stop
+    if [[ -r "$ENV_DIR/pg.home" ]]; then
+        local home
+        home="$(cat "$ENV_DIR/pg.home")"
+        # Only the fallback directory this script made.
+        if [[ "$home" == /tmp/outbox-cdc-env-* ]]; then rm -rf "$home"; fi
+    fi
+    rm -rf "/tmp/outbox-cdc-sock-$REPO_HASH"
+    rm -rf "$ENV_DIR"
+    log "down"
+}
+
+cmd_status() {
+    local rc=0 pid
+    if [[ -d "$ENV_DIR" ]]; then
+        pg_paths
+        pid="$(pg_pid)"
+    else
+        pid=""
+    fi
+    if [[ -n "$pid" ]]; then
+        echo "postgres: running (pid $pid, 127.0.0.1:$PG_PORT, data $PG_DATA)"
+    else
+        echo "postgres: stopped"
+        rc=3
+    fi
+    pid="$(kafka_pid)"
+    if [[ -n "$pid" ]]; then
+        echo "kafka: running (pid $pid, $KAFKA_BOOTSTRAP, data $KAFKA_DATA)"
+    else
+        echo "kafka: stopped"
+        rc=3
+    fi
+    if [[ -r "$ENV_DIR/test.env" ]]; then echo "variables: $ENV_DIR/test.env"; fi
+    return "$rc"
+}
+
+need_env() {
+    [[ -e "$ENV_DIR/pg.initialized" && -e "$ENV_DIR/kafka.formatted" ]] ||
+        die "the environment is not set up; run \`scripts/env.sh up\` first"
+}
+
+usage() {
+    sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+}
+
+main() {
+    [[ $# -eq 1 ]] || usage
+    case "$1" in
+        up) with_lock; cmd_up ;;
+        down) with_lock; cmd_down ;;
+        status) cmd_status ;;
+        kafka-stop) with_lock; kafka_stop ;;
+        kafka-start) with_lock; need_env; kafka_start; kafka_wait_ready ;;
+        pg-stop) with_lock; need_env; pg_stop ;;
+        pg-start) with_lock; need_env; pg_paths; pg_start; pg_wait_ready ;;
+        pg-restart) with_lock; need_env; pg_stop; pg_paths; pg_start; pg_wait_ready ;;
+        -h | --help | help) usage ;;
+        *) usage ;;
+    esac
+}
+
+main "$@"
