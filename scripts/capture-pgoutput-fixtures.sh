@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# Captures pgoutput protocol v1 messages from a real PostgreSQL 15 into
+# tests/fixtures/pgoutput/, one file per message, plus a MANIFEST.
+#
+# pg_logical_slot_get_binary_changes() returns exactly the bytes pgoutput
+# writes into each XLogData payload, so no replication transport is needed.
+# Each workload step is consumed from the slot right after it runs, which ties
+# every message to the step that produced it (the step name is in the file name).
+#
+# Usage: OUTBOX_CDC_TEST_PG_ADMIN=postgres://postgres@127.0.0.1:54339/postgres \
+#        scripts/capture-pgoutput-fixtures.sh [output-dir]
+# The superuser URL must point at a PostgreSQL 15 cluster with wal_level=logical.
+# tests/pgoutput_golden.rs asserts the exact decoded content of every file, so
+# changing the workload here means updating that test too.
+set -euo pipefail
+
+ADMIN="${OUTBOX_CDC_TEST_PG_ADMIN:?set OUTBOX_CDC_TEST_PG_ADMIN to a superuser URL of the test cluster}"
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+OUT="${1:-$ROOT/tests/fixtures/pgoutput}"
+
+SCHEMA=pgoutput_fixture
+PUB=pgoutput_fixture_pub
+SLOT=pgoutput_fixture_slot
+
+for tool in psql xxd; do
+    command -v "$tool" >/dev/null || { echo "capture: $tool is required" >&2; exit 1; }
+done
+
+sql() { PGOPTIONS='-c client_min_messages=warning' psql "$ADMIN" -X -q -At -v ON_ERROR_STOP=1 "$@"; }
+
+version=$(sql -c "SHOW server_version_num")
+if [ "$version" -lt 150000 ] || [ "$version" -ge 160000 ]; then
+    echo "capture: the fixtures are defined as PostgreSQL 15 output; server_version_num is $version" >&2
+    exit 1
+fi
+if [ "$(sql -c "SHOW wal_level")" != logical ]; then
+    echo "capture: the cluster needs wal_level=logical" >&2
+    exit 1
+fi
+
+cleanup() {
+    sql >/dev/null <<SQL || true
+SELECT pg_drop_replication_slot('$SLOT') FROM pg_replication_slots WHERE slot_name = '$SLOT';
+DROP PUBLICATION IF EXISTS $PUB;
+DROP SCHEMA IF EXISTS $SCHEMA CASCADE;
+SQL
+}
+cleanup
+trap cleanup EXIT
+
+# Tables first, then the publication, then the slot: pgoutput looks the
+# publication up with the historic snapshot of each decoded change.
+sql >/dev/null <<SQL
+CREATE SCHEMA $SCHEMA;
+CREATE TYPE $SCHEMA.mood AS ENUM ('sad', 'ok', 'happy');
+-- default replica identity (primary key): 'K' old keys only when the key changes
+CREATE TABLE $SCHEMA.accounts (
+    id      integer PRIMARY KEY,
+    name    varchar(40) NOT NULL,
+    balance numeric(12,2),
+    mood    $SCHEMA.mood,
+    note    text
+);
+-- REPLICA IDENTITY FULL: 'O' whole old rows on update and delete
+CREATE TABLE $SCHEMA.events (id bigint, payload text);
+ALTER TABLE $SCHEMA.events REPLICA IDENTITY FULL;
+-- STORAGE EXTERNAL keeps a 4 kB body out of line and uncompressed, so an
+-- update of another column sends it as 'u' (unchanged TOAST)
+CREATE TABLE $SCHEMA.docs (id integer PRIMARY KEY, title text, body text);
+ALTER TABLE $SCHEMA.docs ALTER COLUMN body SET STORAGE EXTERNAL;
+CREATE PUBLICATION $PUB FOR TABLE $SCHEMA.accounts, $SCHEMA.events, $SCHEMA.docs;
+SELECT pg_create_logical_replication_slot('$SLOT', 'pgoutput');
+SQL
+
+rm -rf "$OUT"
+mkdir -p "$OUT"
+manifest="$OUT/MANIFEST"
+{
+    echo "# pgoutput proto_version 1 messages captured by scripts/capture-pgoutput-fixtures.sh"
+    echo "# server_version_num $version; one message per file, in stream order"
+    echo "# columns: file<TAB>step<TAB>lsn (as returned by pg_logical_slot_get_binary_changes)<TAB>xid"
+} >"$manifest"
+
+seq=0
+step() {
+    local name=$1
+    sql >/dev/null # the step's SQL comes on stdin
+    local rows
+    rows=$(sql -F $'\t' -c "SELECT lsn, xid, encode(data, 'hex')
+        FROM pg_logical_slot_get_binary_changes('$SLOT', NULL, NULL,
+            'proto_version', '1', 'publication_names', '$PUB', 'messages', 'true')")
+    if [ -z "$rows" ]; then
+        echo "# step $name: no messages" >>"$manifest"
+        return
+    fi
+    while IFS=$'\t' read -r lsn xid hex; do
+        seq=$((seq + 1))
+        local tag file
+        tag=$(printf '%s' "${hex:0:2}" | xxd -r -p)
+        file=$(printf '%02d_%s_%s.bin' "$seq" "$tag" "$name")
+        printf '%s' "$hex" | xxd -r -p >"$OUT/$file"
+        printf '%s\t%s\t%s\t%s\n' "$file" "$name" "$lsn" "$xid" >>"$manifest"
+    done <<<"$rows"
+}
+
+step insert_accounts <<SQL
+INSERT INTO $SCHEMA.accounts VALUES
+    (1, 'alice', 100.50, 'happy', NULL),
+    (2, 'zoë', 0, 'sad', 'has a note');
+SQL
+
+step update_accounts <<SQL
+BEGIN;
+UPDATE $SCHEMA.accounts SET balance = 90.25 WHERE id = 1;
+UPDATE $SCHEMA.accounts SET id = 20 WHERE id = 2;
+COMMIT;
+SQL
+
+step full_identity <<SQL
+BEGIN;
+INSERT INTO $SCHEMA.events VALUES (1, 'created');
+UPDATE $SCHEMA.events SET payload = 'updated' WHERE id = 1;
+DELETE FROM $SCHEMA.events WHERE id = 1;
+COMMIT;
+SQL
+
+step delete_account <<SQL
+DELETE FROM $SCHEMA.accounts WHERE id = 20;
+SQL
+
+step insert_doc <<SQL
+INSERT INTO $SCHEMA.docs VALUES (1, 'v1', repeat('0123456789abcdef', 256));
+SQL
+
+step update_doc_title <<SQL
+UPDATE $SCHEMA.docs SET title = 'v2' WHERE id = 1;
+SQL
+
+step add_column <<SQL
+ALTER TABLE $SCHEMA.accounts ADD COLUMN email text;
+SQL
+
+step insert_after_alter <<SQL
+INSERT INTO $SCHEMA.accounts (id, name, balance, mood, email)
+    VALUES (3, 'carol', 7, 'ok', 'carol@example.com');
+SQL
+
+step truncate <<SQL
+TRUNCATE $SCHEMA.events, $SCHEMA.docs RESTART IDENTITY CASCADE;
+SQL
+
+step tx_messages <<SQL
+BEGIN;
+INSERT INTO $SCHEMA.accounts (id, name) VALUES (4, 'dave');
+SELECT pg_logical_emit_message(true, 'fixture', 'hello from a transaction');
+SELECT pg_logical_emit_message(true, 'fixture-bin', '\x00ff01'::bytea);
+COMMIT;
+SQL
+
+step non_tx_message <<SQL
+SELECT pg_logical_emit_message(false, 'fixture', 'outside any transaction');
+SQL
+
+step rollback <<SQL
+BEGIN;
+INSERT INTO $SCHEMA.accounts (id, name) VALUES (99, 'never');
+SELECT pg_logical_emit_message(true, 'fixture', 'never sent');
+DELETE FROM $SCHEMA.accounts WHERE id = 1;
+ROLLBACK;
+SQL
+
+step after_rollback <<SQL
+INSERT INTO $SCHEMA.accounts (id, name) VALUES (5, 'erin');
+SQL
+
+echo "capture: wrote $seq messages to $OUT"
