@@ -1,0 +1,356 @@
+//! The sink's one error type and its classification.
+//!
+//! Classification is by librdkafka error code only (never by message text):
+//!
+//! * [`SinkError::is_retryable`]: the cluster is unreachable, a leader is
+//!   moving, replicas are missing, a request or the delivery timed out. Nothing
+//!   is wrong with the record; the pipeline stops, reconnects from the durable
+//!   acked LSN with backoff, and produces the same records again.
+//! * [`SinkError::is_poison`]: this record can never be accepted (too large,
+//!   topic denied or invalid) while other records may still succeed. The
+//!   pipeline's poison policy (`fail` or `dead-letter`) decides what happens.
+//! * [`SinkError::is_fatal`]: the idempotent producer itself is broken
+//!   (librdkafka raised a fatal error, e.g. after an out-of-order sequence or a
+//!   fenced epoch). Retrying on the same producer cannot help: drop the
+//!   [`KafkaSink`](super::KafkaSink), create a new one, and resume from the
+//!   durable acked LSN.
+//!
+//! The three classes are disjoint; configuration errors are in none of them.
+//!
+//! Unknown topic or partition is classified retryable on purpose: on a live
+//! cluster it is often transient (the topic is being created, metadata has not
+//! propagated to every broker yet, a partition is being reassigned). If it
+//! persists, the pipeline keeps retrying with backoff, the lag metrics grow,
+//! and `outbox-cdc check` names the missing topic.
+
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+
+/// Everything that can go wrong in the Kafka sink.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SinkError {
+    /// A configuration property is missing, unknown, or contradicts what the
+    /// relay's guarantees need. Secret values are already redacted here.
+    #[error("kafka setting `{key}` = `{value}` is not allowed: {allowed}")]
+    Config {
+        key: String,
+        value: String,
+        allowed: String,
+    },
+
+    /// librdkafka refused to create the client (e.g. conflicting settings
+    /// detected when the configuration is finalised).
+    #[error("cannot create the Kafka producer: {reason}")]
+    ClientCreation { reason: String },
+
+    /// The record was refused before it entered the producer queue.
+    #[error("cannot produce event {event_id} to topic `{topic}`: {code}")]
+    Produce {
+        code: RDKafkaErrorCode,
+        topic: String,
+        event_id: String,
+    },
+
+    /// The record entered the producer but Kafka did not acknowledge it.
+    #[error("delivery of event {} to topic `{topic}` failed: {code}", event_id.as_deref().unwrap_or("<unknown>"))]
+    Delivery {
+        code: RDKafkaErrorCode,
+        topic: String,
+        event_id: Option<String>,
+    },
+
+    /// The producer hit a fatal (unrecoverable) error: it must be recreated.
+    /// `code` is the code observed where this error surfaced (for records
+    /// failed after the fatal error, often a purge code); `reason` is
+    /// librdkafka's description of the fatal error itself.
+    #[error(
+        "fatal Kafka producer error ({code}){}: {reason}; the producer must be recreated",
+        fatal_context(topic, event_id)
+    )]
+    Fatal {
+        code: RDKafkaErrorCode,
+        reason: String,
+        topic: Option<String>,
+        event_id: Option<String>,
+    },
+
+    /// `flush` returned before every record was acknowledged or failed.
+    #[error("flush did not complete: {code}; {in_flight} records still in flight")]
+    Flush {
+        code: RDKafkaErrorCode,
+        in_flight: i32,
+    },
+
+    /// Fetching cluster metadata (the reachability check) failed. `detail`
+    /// is librdkafka's last client error (e.g. an authentication failure), if any.
+    #[error("cannot fetch Kafka metadata from `{bootstrap}`: {}{}", code.map(|c| c.to_string()).unwrap_or_else(|| "no answer".to_owned()), if detail.is_empty() { String::new() } else { format!(" ({detail})") })]
+    Metadata {
+        code: Option<RDKafkaErrorCode>,
+        bootstrap: String,
+        detail: String,
+    },
+
+    /// A blocking task running producer work was cancelled or panicked.
+    #[error("Kafka sink task did not complete: {reason}")]
+    Task { reason: String },
+}
+
+fn fatal_context(topic: &Option<String>, event_id: &Option<String>) -> String {
+    match (topic, event_id) {
+        (Some(t), Some(e)) => format!(" for event {e} to topic `{t}`"),
+        (Some(t), None) => format!(" for topic `{t}`"),
+        (None, Some(e)) => format!(" for event {e}"),
+        (None, None) => String::new(),
+    }
+}
+
+impl SinkError {
+    /// The librdkafka error code behind this error, when there is one.
+    pub fn code(&self) -> Option<RDKafkaErrorCode> {
+        match self {
+            SinkError::Produce { code, .. }
+            | SinkError::Delivery { code, .. }
+            | SinkError::Fatal { code, .. }
+            | SinkError::Flush { code, .. } => Some(*code),
+            SinkError::Metadata { code, .. } => *code,
+            SinkError::Config { .. }
+            | SinkError::ClientCreation { .. }
+            | SinkError::Task { .. } => None,
+        }
+    }
+
+    /// The topic the failed record was meant for, when known.
+    pub fn topic(&self) -> Option<&str> {
+        match self {
+            SinkError::Produce { topic, .. } | SinkError::Delivery { topic, .. } => Some(topic),
+            SinkError::Fatal { topic, .. } => topic.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// The event id of the failed record, when known.
+    pub fn event_id(&self) -> Option<&str> {
+        match self {
+            SinkError::Produce { event_id, .. } => Some(event_id),
+            SinkError::Delivery { event_id, .. } | SinkError::Fatal { event_id, .. } => {
+                event_id.as_deref()
+            }
+            _ => None,
+        }
+    }
+
+    /// A retry (after reconnecting, with backoff) may succeed: nothing is
+    /// wrong with the record or the configuration.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            SinkError::Fatal { .. }
+            | SinkError::Config { .. }
+            | SinkError::ClientCreation { .. } => false,
+            SinkError::Task { .. } => true,
+            SinkError::Metadata { code: None, .. } => true,
+            _ => self
+                .code()
+                .is_some_and(|c| retryable_code(c) && !poison_code(c) && !fatal_code(c)),
+        }
+    }
+
+    /// This record can never be accepted, while other records may be: the
+    /// poison policy applies (`fail` or `dead-letter`).
+    pub fn is_poison(&self) -> bool {
+        match self {
+            SinkError::Produce { code, .. } | SinkError::Delivery { code, .. } => {
+                poison_code(*code)
+            }
+            _ => false,
+        }
+    }
+
+    /// The producer is unusable and must be recreated before anything else
+    /// can be produced.
+    pub fn is_fatal(&self) -> bool {
+        match self {
+            SinkError::Fatal { .. } => true,
+            SinkError::Produce { code, .. }
+            | SinkError::Delivery { code, .. }
+            | SinkError::Flush { code, .. } => fatal_code(*code),
+            _ => false,
+        }
+    }
+
+    /// Converts an error returned by a librdkafka call into a `SinkError`
+    /// for the given record.
+    pub(crate) fn from_produce(err: &KafkaError, topic: &str, event_id: &str) -> SinkError {
+        SinkError::Produce {
+            code: err.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail),
+            topic: topic.to_owned(),
+            event_id: event_id.to_owned(),
+        }
+    }
+}
+
+/// Transient conditions of the cluster or the network.
+fn retryable_code(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::BrokerTransportFailure
+            | C::AllBrokersDown
+            | C::Resolve
+            | C::BrokerDestroy
+            | C::DestroyBroker
+            | C::MessageTimedOut
+            | C::OperationTimedOut
+            | C::TimedOutQueue
+            | C::RequestTimedOut
+            | C::QueueFull
+            | C::ISRInsufficient
+            | C::NodeUpdate
+            | C::Retry
+            | C::Interrupted
+            // Records purged by the application (shutdown, producer drop):
+            // they were not acknowledged and will be produced again after a
+            // restart from the durable LSN.
+            | C::PurgeQueue
+            | C::PurgeInflight
+            | C::LeaderNotAvailable
+            | C::NotLeaderForPartition
+            | C::BrokerNotAvailable
+            | C::ReplicaNotAvailable
+            | C::NetworkException
+            | C::NotEnoughReplicas
+            | C::NotEnoughReplicasAfterAppend
+            | C::KafkaStorageError
+            | C::InvalidMessage
+            | C::FencedLeaderEpoch
+            | C::UnknownLeaderEpoch
+            | C::PreferredLeaderNotAvailable
+            | C::EligibleLeadersNotAvailable
+            | C::ThrottlingQuotaExceeded
+            | C::RebootstrapRequired
+            | C::CoordinatorNotAvailable
+            | C::CoordinatorLoadInProgress
+            | C::NotCoordinator
+            // See the module documentation: possibly transient.
+            | C::UnknownTopicOrPartition
+            | C::UnknownTopic
+            | C::UnknownPartition
+    )
+}
+
+/// Failures that belong to one record (or its topic) and that no retry fixes.
+fn poison_code(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        // librdkafka reports both the local size check (record larger than
+        // the producer's `message.max.bytes`) and the broker's answer with this code.
+        C::MessageSizeTooLarge
+            | C::InvalidMessageSize
+            // Kafka's RECORD_LIST_TOO_LARGE.
+            | C::MessageBatchTooLarge
+            | C::TopicAuthorizationFailed
+            | C::InvalidTopic
+            | C::InvalidRecord
+            | C::InvalidTimestamp
+            | C::PolicyViolation
+            | C::UnsupportedForMessageFormat
+    )
+}
+
+/// Errors after which librdkafka's idempotent producer state cannot be trusted.
+fn fatal_code(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::Fatal
+            | C::Fenced
+            | C::GaplessGuarantee
+            | C::Inconsistent
+            | C::OutOfOrderSequenceNumber
+            | C::InvalidProducerEpoch
+            | C::InvalidProducerIdMapping
+            | C::ProducerFenced
+            | C::UnknownProducerId
+            | C::ClusterAuthorizationFailed
+            | C::TransactionalIdAuthorizationFailed
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivery(code: RDKafkaErrorCode) -> SinkError {
+        SinkError::Delivery {
+            code,
+            topic: "t".into(),
+            event_id: Some("e1".into()),
+        }
+    }
+
+    #[test]
+    fn classes_are_disjoint_for_every_code() {
+        for raw in -200..200 {
+            let Ok(resp) = rdkafka::types::RDKafkaRespErr::try_from(raw) else {
+                continue;
+            };
+            let e = delivery(RDKafkaErrorCode::from(resp));
+            let classes = [e.is_retryable(), e.is_poison(), e.is_fatal()];
+            assert!(
+                classes.iter().filter(|c| **c).count() <= 1,
+                "{e}: {classes:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn classifies_the_documented_cases() {
+        use RDKafkaErrorCode as C;
+        for c in [
+            C::BrokerTransportFailure,
+            C::AllBrokersDown,
+            C::MessageTimedOut,
+            C::LeaderNotAvailable,
+            C::NotEnoughReplicas,
+            C::UnknownTopicOrPartition,
+        ] {
+            assert!(delivery(c).is_retryable(), "{c:?}");
+        }
+        for c in [
+            C::MessageSizeTooLarge,
+            C::MessageBatchTooLarge,
+            C::TopicAuthorizationFailed,
+            C::InvalidTopic,
+        ] {
+            assert!(delivery(c).is_poison(), "{c:?}");
+            assert!(!delivery(c).is_retryable(), "{c:?}");
+        }
+        for c in [C::Fatal, C::OutOfOrderSequenceNumber, C::ProducerFenced] {
+            assert!(delivery(c).is_fatal(), "{c:?}");
+            assert!(!delivery(c).is_retryable(), "{c:?}");
+        }
+        let fatal = SinkError::Fatal {
+            code: C::PurgeQueue,
+            reason: "x".into(),
+            topic: None,
+            event_id: None,
+        };
+        assert!(fatal.is_fatal() && !fatal.is_retryable() && !fatal.is_poison());
+        let config = SinkError::Config {
+            key: "acks".into(),
+            value: "1".into(),
+            allowed: "all".into(),
+        };
+        assert!(!config.is_fatal() && !config.is_retryable() && !config.is_poison());
+    }
+
+    #[test]
+    fn messages_name_topic_and_event() {
+        let e = delivery(RDKafkaErrorCode::MessageSizeTooLarge);
+        let text = e.to_string();
+        assert!(text.contains("e1") && text.contains("`t`"), "{text}");
+        assert_eq!(e.event_id(), Some("e1"));
+        assert_eq!(e.topic(), Some("t"));
+        assert_eq!(e.code(), Some(RDKafkaErrorCode::MessageSizeTooLarge));
+    }
+}

@@ -1,0 +1,288 @@
+//! The one Kafka producer and its delivery reports.
+//!
+//! Records enter librdkafka in the order [`KafkaSink::send`] is called; with
+//! the idempotent producer, librdkafka keeps that order per partition across
+//! retries. Delivery reports arrive on an unbounded channel from librdkafka's
+//! polling thread, at most one per record that entered the producer. The
+//! channel is bounded in practice by the pipeline: it admits at most its
+//! in-flight limit of records before it waits for reports, so the channel
+//! never holds more reports than that limit. Reports of different partitions
+//! may arrive in any order relative to each other; the ack tracker orders them.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use rdkafka::client::ClientContext;
+use rdkafka::config::FromClientConfigAndContext;
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, DeliveryResult, Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::types::RDKafkaErrorCode;
+use tokio::sync::mpsc;
+
+use super::error::SinkError;
+use super::settings::{KafkaSettings, config_error};
+use crate::outbox::OutboxEvent;
+
+/// How long `send` waits before offering a record again when librdkafka's
+/// queue is full (`queue.buffering.max.messages`/`.kbytes`): a full queue
+/// means "slow down", never "fail".
+const QUEUE_FULL_BACKOFF: Duration = Duration::from_millis(1);
+
+/// A record that Kafka acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Delivered {
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// The outcome of one record, carrying the token given to [`KafkaSink::send`].
+#[derive(Debug)]
+pub struct DeliveryReport<T> {
+    pub token: T,
+    pub result: Result<Delivered, SinkError>,
+}
+
+/// Carries the caller's token through librdkafka's opaque pointer.
+///
+/// It exposes its content only by value (`into_inner`), never by reference,
+/// so sharing a `&Carried<T>` between threads gives access to nothing: it is
+/// `Sync` whenever `T` is `Send` (the same reasoning as `std::sync::Exclusive`).
+pub(super) struct Carried<T>(T);
+
+// SAFETY: no method takes `&self`, so a shared reference cannot reach `T`.
+unsafe impl<T: Send> Sync for Carried<T> {}
+
+impl<T> Carried<T> {
+    fn into_inner(self) -> T {
+        self.0
+    }
+}
+
+pub(super) type Opaque<T> = Box<Carried<T>>;
+
+/// Receives librdkafka's callbacks on its polling thread.
+pub(super) struct SinkContext<T> {
+    reports: mpsc::UnboundedSender<DeliveryReport<T>>,
+    /// librdkafka's description of the fatal error, once one was raised.
+    fatal: OnceLock<String>,
+}
+
+impl<T: Send + 'static> ClientContext for SinkContext<T> {
+    fn error(&self, error: KafkaError, reason: &str) {
+        match error.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::Fatal) => {
+                // The error event is queued before librdkafka purges the
+                // queued records, so every report for a purged record sees this.
+                let _ = self.fatal.set(reason.to_owned());
+                tracing::error!(%reason, "fatal Kafka producer error: the producer must be recreated");
+            }
+            code => {
+                tracing::warn!(code = ?code, %reason, "Kafka client error");
+            }
+        }
+    }
+}
+
+impl<T: Send + 'static> ProducerContext for SinkContext<T> {
+    type DeliveryOpaque = Opaque<T>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, opaque: Opaque<T>) {
+        let token = opaque.into_inner();
+        let result = match result {
+            Ok(msg) => Ok(Delivered {
+                partition: msg.partition(),
+                offset: msg.offset(),
+            }),
+            Err((err, msg)) => Err(self.delivery_error(err, msg)),
+        };
+        // A closed channel means the pipeline is gone; the record stays
+        // unacknowledged and is produced again after a restart.
+        let _ = self.reports.send(DeliveryReport { token, result });
+    }
+}
+
+impl<T> SinkContext<T> {
+    fn delivery_error(&self, err: &KafkaError, msg: &BorrowedMessage<'_>) -> SinkError {
+        let code = err.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail);
+        let topic = msg.topic().to_owned();
+        let event_id = event_id_of(msg);
+        match self.fatal.get() {
+            Some(reason) => SinkError::Fatal {
+                code,
+                reason: reason.clone(),
+                topic: Some(topic),
+                event_id,
+            },
+            None => SinkError::Delivery {
+                code,
+                topic,
+                event_id,
+            },
+        }
+    }
+}
+
+/// The `event_id` header of a failed record (read only on the failure path).
+fn event_id_of(msg: &BorrowedMessage<'_>) -> Option<String> {
+    let headers = msg.headers()?;
+    headers
+        .iter()
+        .find(|h| h.key == "event_id")
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// The relay's Kafka producer: one idempotent librdkafka producer with a
+/// polling thread that turns delivery callbacks into [`DeliveryReport`]s.
+///
+/// `T` is an opaque token (the pipeline passes checkpoint tokens) returned
+/// with each record's report.
+///
+/// Dropping the sink purges records still in flight (their reports, if the
+/// receiver is alive, carry `PurgeQueue`/`PurgeInflight`); call
+/// [`flush`](KafkaSink::flush) first for a clean shutdown.
+pub struct KafkaSink<T: Send + 'static> {
+    producer: ThreadedProducer<SinkContext<T>>,
+    queue_full_waits: AtomicU64,
+}
+
+impl<T: Send + 'static> KafkaSink<T> {
+    /// Creates the producer. Reports for every record that enters it arrive
+    /// on the returned receiver.
+    pub fn new(
+        settings: &KafkaSettings,
+    ) -> Result<(KafkaSink<T>, mpsc::UnboundedReceiver<DeliveryReport<T>>), SinkError> {
+        let config = settings.client_config()?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let context = SinkContext {
+            reports: tx,
+            fatal: OnceLock::new(),
+        };
+        let producer =
+            ThreadedProducer::from_config_and_context(&config, context).map_err(creation_error)?;
+        Ok((
+            KafkaSink {
+                producer,
+                queue_full_waits: AtomicU64::new(0),
+            },
+            rx,
+        ))
+    }
+
+    /// Hands one record to the producer. `Ok` means it is queued and its
+    /// report (with `token`) will arrive on the channel; `Err` means it never
+    /// entered the producer (no report will come; the token is dropped).
+    ///
+    /// Records enter the producer in the order of `send` calls: call it from
+    /// one task and await each call before the next. When librdkafka's queue
+    /// is full this waits and offers the record again.
+    pub async fn send(&self, event: &OutboxEvent, token: T) -> Result<(), SinkError> {
+        let mut headers = OwnedHeaders::new_with_capacity(event.headers.len());
+        for (key, value) in &event.headers {
+            headers = headers.insert(Header {
+                key: key.as_ref(),
+                value: Some(value.as_ref()),
+            });
+        }
+        let opaque: Opaque<T> = Box::new(Carried(token));
+        let mut record = BaseRecord::with_opaque_to(&event.topic, opaque)
+            .key(event.key.as_ref())
+            .payload(event.payload.as_ref())
+            .timestamp(event.timestamp_ms)
+            .headers(headers);
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    self.queue_full_waits.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(QUEUE_FULL_BACKOFF).await;
+                }
+                Err((err, _record)) => return Err(self.produce_error(&err, event)),
+            }
+        }
+    }
+
+    fn produce_error(&self, err: &KafkaError, event: &OutboxEvent) -> SinkError {
+        let code = err.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail);
+        if code == RDKafkaErrorCode::Fatal
+            && let Some(fatal) = self.fatal_error()
+        {
+            return match fatal {
+                SinkError::Fatal { code, reason, .. } => SinkError::Fatal {
+                    code,
+                    reason,
+                    topic: Some(event.topic.clone()),
+                    event_id: Some(event.event_id.clone()),
+                },
+                other => other,
+            };
+        }
+        SinkError::from_produce(err, &event.topic, &event.event_id)
+    }
+
+    /// Waits until every record in the producer is acknowledged or failed
+    /// (their reports are then on the channel), or until `timeout`.
+    ///
+    /// This blocks the calling thread: from async code call it through
+    /// `tokio::task::spawn_blocking` (e.g. with the sink in an `Arc`).
+    pub fn flush(&self, timeout: Duration) -> Result<(), SinkError> {
+        match self.producer.flush(timeout) {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                if let Some(fatal) = self.fatal_error() {
+                    return Err(fatal);
+                }
+                Err(SinkError::Flush {
+                    code: err
+                        .rdkafka_error_code()
+                        .unwrap_or(RDKafkaErrorCode::OperationTimedOut),
+                    in_flight: self.in_flight(),
+                })
+            }
+        }
+    }
+
+    /// Records handed to librdkafka whose reports have not been delivered yet.
+    pub fn in_flight(&self) -> i32 {
+        self.producer.in_flight_count()
+    }
+
+    /// The fatal error that broke this producer, if any (it must then be recreated).
+    pub fn fatal_error(&self) -> Option<SinkError> {
+        self.producer
+            .client()
+            .fatal_error()
+            .map(|(code, reason)| SinkError::Fatal {
+                code,
+                reason,
+                topic: None,
+                event_id: None,
+            })
+    }
+
+    /// How many times `send` waited because librdkafka's queue was full.
+    pub fn queue_full_waits(&self) -> u64 {
+        self.queue_full_waits.load(Ordering::Relaxed)
+    }
+
+    #[cfg(test)]
+    pub(super) fn producer(&self) -> &ThreadedProducer<SinkContext<T>> {
+        &self.producer
+    }
+}
+
+/// Maps a client-creation failure, keeping secrets out of the message.
+pub(crate) fn creation_error(err: KafkaError) -> SinkError {
+    match err {
+        KafkaError::ClientConfig(_, description, key, value) => {
+            config_error(&key, &value, &description)
+        }
+        KafkaError::ClientCreation(reason) => SinkError::ClientCreation { reason },
+        other => SinkError::ClientCreation {
+            reason: other.to_string(),
+        },
+    }
+}

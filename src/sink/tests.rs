@@ -1,0 +1,371 @@
+//! Sink tests against librdkafka's in-process mock cluster (fast, with broker
+//! error injection). The real-broker proof is `tests/sink_kafka.rs`.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use bytes::Bytes;
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{DefaultProducerContext, Producer};
+use rdkafka::types::{RDKafkaApiKey, RDKafkaErrorCode, RDKafkaRespErr};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::*;
+use crate::outbox::OutboxEvent;
+use crate::pg::Lsn;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn mock(partitions: i32, topic: &str) -> MockCluster<'static, DefaultProducerContext> {
+    let cluster = MockCluster::new(3).expect("mock cluster");
+    cluster
+        .create_topic(topic, partitions, 3)
+        .expect("mock topic");
+    cluster
+}
+
+fn settings_for(cluster: &MockCluster<'_, DefaultProducerContext>) -> KafkaSettings {
+    let mut s = KafkaSettings::new();
+    s.set("bootstrap.servers", cluster.bootstrap_servers());
+    s
+}
+
+fn event(topic: &str, key: &str, i: usize, payload_len: usize) -> OutboxEvent {
+    let event_id = format!("evt-{i}");
+    OutboxEvent {
+        topic: topic.to_owned(),
+        key: Bytes::from(key.to_owned()),
+        payload: Bytes::from(format!(
+            "{{\"i\":{i},\"pad\":\"{}\"}}",
+            "x".repeat(payload_len)
+        )),
+        headers: vec![
+            (Cow::Borrowed("event_id"), Bytes::from(event_id.clone())),
+            (Cow::Borrowed("aggregate_id"), Bytes::from(key.to_owned())),
+        ],
+        timestamp_ms: 1_700_000_000_000 + i as i64,
+        event_id,
+        aggregate_type: "order".to_owned(),
+        aggregate_id: key.to_owned(),
+        lsn: Lsn::new(i as u64),
+    }
+}
+
+async fn collect<T>(
+    rx: &mut UnboundedReceiver<DeliveryReport<T>>,
+    n: usize,
+) -> Vec<DeliveryReport<T>> {
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        match tokio::time::timeout(WAIT, rx.recv()).await {
+            Ok(Some(report)) => out.push(report),
+            Ok(None) => panic!("report channel closed after {} of {n} reports", out.len()),
+            Err(_) => panic!("timed out after {} of {n} reports", out.len()),
+        }
+    }
+    out
+}
+
+/// Asserts every token 0..n arrived once, delivered, and that per key the
+/// offsets follow send order. Returns (token → delivery).
+fn assert_all_delivered(
+    reports: Vec<DeliveryReport<usize>>,
+    keys: &[String],
+) -> BTreeMap<usize, Delivered> {
+    let n = reports.len();
+    let mut by_token = BTreeMap::new();
+    for r in reports {
+        let d = r
+            .result
+            .unwrap_or_else(|e| panic!("token {} failed: {e}", r.token));
+        assert!(
+            by_token.insert(r.token, d).is_none(),
+            "token {} reported twice",
+            r.token
+        );
+    }
+    assert_eq!(
+        by_token.keys().copied().collect::<Vec<_>>(),
+        (0..n).collect::<Vec<_>>()
+    );
+    let mut last: BTreeMap<(&str, i32), i64> = BTreeMap::new();
+    for (token, d) in &by_token {
+        let key = keys[*token].as_str();
+        if let Some(prev) = last.insert((key, d.partition), d.offset) {
+            assert!(
+                d.offset > prev,
+                "key {key}: token {token} at offset {} after {prev}",
+                d.offset
+            );
+        }
+    }
+    by_token
+}
+
+#[tokio::test]
+async fn delivers_every_record_with_its_token_in_send_order() {
+    let topic = "orders";
+    let cluster = mock(4, topic);
+    let (sink, mut rx) = KafkaSink::<usize>::new(&settings_for(&cluster)).unwrap();
+    let keys: Vec<String> = (0..300).map(|i| format!("agg-{}", i % 20)).collect();
+    for (i, key) in keys.iter().enumerate() {
+        sink.send(&event(topic, key, i, 10), i).await.unwrap();
+    }
+    let reports = collect(&mut rx, keys.len()).await;
+    let delivered = assert_all_delivered(reports, &keys);
+    for (token, d) in delivered {
+        assert_eq!(d.partition, java_partition(keys[token].as_bytes(), 4));
+    }
+    tokio::task::spawn_blocking(move || sink.flush(WAIT).map(|_| sink.in_flight()))
+        .await
+        .unwrap()
+        .map(|in_flight| assert_eq!(in_flight, 0))
+        .unwrap();
+}
+
+#[tokio::test]
+async fn librdkafka_murmur2_random_lands_on_the_java_partition() {
+    let topic = "partitioning";
+    let partitions = 7;
+    let cluster = mock(partitions, topic);
+    let (sink, mut rx) = KafkaSink::<usize>::new(&settings_for(&cluster)).unwrap();
+    let mut keys: Vec<String> = [
+        "21",
+        "foobar",
+        "a-little-bit-long-string",
+        "a-little-bit-longer-string",
+        "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
+        "abc",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    keys.extend((0..200).map(|i| format!("{i:x}-aggregate-{}", i * 7919)));
+    for (i, key) in keys.iter().enumerate() {
+        sink.send(&event(topic, key, i, 0), i).await.unwrap();
+    }
+    let delivered = assert_all_delivered(collect(&mut rx, keys.len()).await, &keys);
+    let mut used = HashSet::new();
+    for (token, d) in delivered {
+        let expected = java_partition(keys[token].as_bytes(), partitions);
+        assert_eq!(d.partition, expected, "key {}", keys[token]);
+        used.insert(d.partition);
+    }
+    assert_eq!(
+        used.len(),
+        partitions as usize,
+        "keys should spread over all partitions"
+    );
+}
+
+#[tokio::test]
+async fn not_enough_replicas_is_retried_then_delivered() {
+    let topic = "retried";
+    let cluster = mock(1, topic);
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        ],
+    );
+    let mut settings = settings_for(&cluster);
+    settings.set("retry.backoff.ms", "10");
+    let (sink, mut rx) = KafkaSink::<usize>::new(&settings).unwrap();
+    let keys: Vec<String> = (0..5).map(|_| "k".to_owned()).collect();
+    for (i, key) in keys.iter().enumerate() {
+        sink.send(&event(topic, key, i, 10), i).await.unwrap();
+    }
+    let delivered = assert_all_delivered(collect(&mut rx, keys.len()).await, &keys);
+    let offsets: Vec<i64> = delivered.values().map(|d| d.offset).collect();
+    assert_eq!(offsets, vec![0, 1, 2, 3, 4], "each record once, in order");
+}
+
+#[tokio::test]
+async fn broker_message_too_large_is_a_poison_report() {
+    let topic = "too-large";
+    let cluster = mock(1, topic);
+    let (sink, mut rx) = KafkaSink::<usize>::new(&settings_for(&cluster)).unwrap();
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
+    );
+    sink.send(&event(topic, "k", 0, 10), 0).await.unwrap();
+    let report = collect(&mut rx, 1).await.remove(0);
+    assert_eq!(report.token, 0);
+    let err = report.result.expect_err("the broker refused the record");
+    assert!(err.is_poison(), "{err}");
+    assert!(!err.is_retryable() && !err.is_fatal(), "{err}");
+    assert_eq!(err.code(), Some(RDKafkaErrorCode::MessageSizeTooLarge));
+    assert_eq!(err.event_id(), Some("evt-0"));
+    assert_eq!(err.topic(), Some(topic));
+
+    // Other records still succeed on the same producer.
+    sink.send(&event(topic, "k", 1, 10), 1).await.unwrap();
+    let report = collect(&mut rx, 1).await.remove(0);
+    assert_eq!(report.token, 1);
+    report.result.expect("a later record is delivered");
+}
+
+#[tokio::test]
+async fn record_over_the_producer_limit_is_refused_at_send_as_poison() {
+    let topic = "local-limit";
+    let cluster = mock(1, topic);
+    let mut settings = settings_for(&cluster);
+    settings.set("message.max.bytes", "2000");
+    let (sink, mut rx) = KafkaSink::<usize>::new(&settings).unwrap();
+    let err = sink
+        .send(&event(topic, "k", 0, 5000), 0)
+        .await
+        .expect_err("record larger than message.max.bytes");
+    assert!(err.is_poison(), "{err}");
+    assert_eq!(err.code(), Some(RDKafkaErrorCode::MessageSizeTooLarge));
+    assert_eq!(err.event_id(), Some("evt-0"));
+    sink.send(&event(topic, "k", 1, 10), 1).await.unwrap();
+    let report = collect(&mut rx, 1).await.remove(0);
+    assert_eq!(report.token, 1, "no report for the refused record");
+    report.result.unwrap();
+}
+
+#[tokio::test]
+async fn queue_full_waits_and_still_delivers_everything_in_order() {
+    let topic = "queue-full";
+    let cluster = mock(3, topic);
+    let mut settings = settings_for(&cluster);
+    settings.set("queue.buffering.max.messages", "5");
+    let (sink, mut rx) = KafkaSink::<usize>::new(&settings).unwrap();
+    let keys: Vec<String> = (0..400).map(|i| format!("key-{}", i % 9)).collect();
+    let sender = async {
+        for (i, key) in keys.iter().enumerate() {
+            sink.send(&event(topic, key, i, 50), i).await.unwrap();
+        }
+    };
+    let (_, reports) = tokio::join!(sender, collect(&mut rx, keys.len()));
+    assert!(sink.queue_full_waits() > 0, "the test should hit QueueFull");
+    let delivered = assert_all_delivered(reports, &keys);
+    // Per partition, offsets follow send order (not only per key).
+    let mut last: BTreeMap<i32, i64> = BTreeMap::new();
+    for d in delivered.values() {
+        if let Some(prev) = last.insert(d.partition, d.offset) {
+            assert_eq!(d.offset, prev + 1, "partition {}", d.partition);
+        }
+    }
+}
+
+#[tokio::test]
+async fn delivery_timeout_is_a_retryable_report() {
+    let topic = "down";
+    let cluster = mock(1, topic);
+    for broker in 1..=3 {
+        cluster.broker_down(broker).unwrap();
+    }
+    let mut settings = settings_for(&cluster);
+    settings.set("message.timeout.ms", "1000");
+    let (sink, mut rx) = KafkaSink::<usize>::new(&settings).unwrap();
+    sink.send(&event(topic, "k", 7, 10), 7).await.unwrap();
+    let report = collect(&mut rx, 1).await.remove(0);
+    assert_eq!(report.token, 7);
+    let err = report.result.expect_err("no broker is up");
+    assert_eq!(err.code(), Some(RDKafkaErrorCode::MessageTimedOut), "{err}");
+    assert!(
+        err.is_retryable() && !err.is_poison() && !err.is_fatal(),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn fatal_producer_error_requires_a_new_producer() {
+    let topic = "fatal";
+    let cluster = mock(1, topic);
+    let (sink, mut rx) = KafkaSink::<usize>::new(&settings_for(&cluster)).unwrap();
+    sink.send(&event(topic, "k", 0, 10), 0).await.unwrap();
+    collect(&mut rx, 1).await.remove(0).result.unwrap();
+
+    let reason = std::ffi::CString::new("injected by test").unwrap();
+    // SAFETY: the pointer is the live producer's handle; the reason is a valid C string.
+    let raised = unsafe {
+        rdkafka::bindings::rd_kafka_test_fatal_error(
+            sink.producer().client().native_ptr(),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+            reason.as_ptr(),
+        )
+    };
+    assert_eq!(raised, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR);
+
+    let fatal = sink.fatal_error().expect("fatal error recorded");
+    assert!(
+        fatal.is_fatal() && !fatal.is_retryable() && !fatal.is_poison(),
+        "{fatal}"
+    );
+    assert_eq!(
+        fatal.code(),
+        Some(RDKafkaErrorCode::OutOfOrderSequenceNumber)
+    );
+
+    let err = sink
+        .send(&event(topic, "k", 1, 10), 1)
+        .await
+        .expect_err("a fatal producer refuses new records");
+    assert!(err.is_fatal(), "{err}");
+    assert_eq!(err.event_id(), Some("evt-1"));
+}
+
+#[tokio::test]
+async fn check_reachable_counts_brokers() {
+    let cluster = mock(1, "check");
+    let info = check_reachable(&settings_for(&cluster), Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(info.broker_count, 3);
+    assert_eq!(info.brokers.len(), 3);
+}
+
+#[tokio::test]
+async fn check_reachable_fails_retryably_when_nothing_listens() {
+    // Bind and drop a listener to get a loopback port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut settings = KafkaSettings::new();
+    settings.set("bootstrap.servers", format!("127.0.0.1:{port}"));
+    let err = check_reachable(&settings, Duration::from_secs(2))
+        .await
+        .expect_err("no broker");
+    assert!(matches!(err, SinkError::Metadata { .. }), "{err:?}");
+    assert!(err.is_retryable(), "{err:?}");
+}
+
+#[test]
+fn creation_errors_name_the_key_and_redact_secrets() {
+    let cluster = mock(1, "config");
+    let mut settings = settings_for(&cluster);
+    settings.set("linger.ms", "soon");
+    match KafkaSink::<()>::new(&settings).map(|_| ()) {
+        Err(SinkError::Config { key, value, .. }) => {
+            assert_eq!((key.as_str(), value.as_str()), ("linger.ms", "soon"));
+        }
+        other => panic!("{other:?}"),
+    }
+
+    let mut settings = settings_for(&cluster);
+    settings.set("no.such.secret", "hunter2");
+    let err = KafkaSink::<()>::new(&settings).map(|_| ()).unwrap_err();
+    let text = format!("{err} {err:?}");
+    assert!(
+        matches!(&err, SinkError::Config { key, .. } if key == "no.such.secret"),
+        "{text}"
+    );
+    assert!(!text.contains("hunter2"), "{text}");
+
+    let mut settings = settings_for(&cluster);
+    settings.set("acks", "1");
+    let err = KafkaSink::<()>::new(&settings).map(|_| ()).unwrap_err();
+    assert!(
+        matches!(&err, SinkError::Config { key, value, .. } if key == "acks" && value == "1"),
+        "{err}"
+    );
+}
