@@ -328,11 +328,12 @@ pg_apply_migrations() {
     while IFS= read -r f; do files+=("$f"); done < <(LC_ALL=C find "$ROOT/migrations" -maxdepth 1 -type f -name '*.sql' | LC_ALL=C sort)
     for f in "${files[@]}"; do
         # Read by this shell (root), so the file need not be readable by postgres.
-        if ! pg_psql app <"$f" >/dev/null 2>"$ENV_DIR/migration.err"; then
+        if ! PGOPTIONS="-c client_min_messages=warning" pg_psql app <"$f" >/dev/null 2>"$ENV_DIR/migration.err"; then
             cat "$ENV_DIR/migration.err" >&2
             die "migration ${f#"$ROOT"/} failed on database app (error above); fix it and rerun \`scripts/env.sh up\`"
         fi
     done
+    rm -f "$ENV_DIR/migration.err"
     if ((${#files[@]})); then log "applied ${#files[@]} migration(s) from migrations/"; fi
 }
 
