@@ -562,3 +562,311 @@ fn parked_key_display(key: &[u8]) -> String {
     });
     split.unwrap_or_else(|| format!("{key:02x?}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SYSID: &str = "7301234567890123456";
+
+    fn lsn(n: u64) -> Lsn {
+        Lsn::new(n)
+    }
+
+    #[test]
+    fn persisted_offset_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        assert_eq!(store.load("slot_a").unwrap(), None);
+        assert_eq!(store.durable_lsn("slot_a").unwrap(), None);
+        let before = PgTimestamp::now().unix_millis();
+        let durable = store.persist("slot_a", lsn(0x16_B374_D848), SYSID).unwrap();
+        assert_eq!(durable.lsn(), lsn(0x16_B374_D848));
+        assert_eq!(durable.to_string(), "16/B374D848");
+        drop(store);
+
+        let store = OffsetStore::open(dir.path()).unwrap();
+        let stored = store.load("slot_a").unwrap().unwrap();
+        assert_eq!(stored.lsn, lsn(0x16_B374_D848));
+        assert_eq!(stored.system_id, SYSID);
+        assert!(stored.updated_at_unix_ms >= before);
+        assert_eq!(
+            store.durable_lsn("slot_a").unwrap().map(|d| d.lsn()),
+            Some(lsn(0x16_B374_D848))
+        );
+        assert_eq!(
+            store.load("slot_b").unwrap(),
+            None,
+            "slots are separate keys"
+        );
+    }
+
+    #[test]
+    fn persist_never_moves_the_offset_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        assert_eq!(store.persist("s", lsn(500), SYSID).unwrap().lsn(), lsn(500));
+        let stamped = store.load("s").unwrap().unwrap().updated_at_unix_ms;
+        assert_eq!(store.persist("s", lsn(400), SYSID).unwrap().lsn(), lsn(500));
+        assert_eq!(store.persist("s", lsn(500), SYSID).unwrap().lsn(), lsn(500));
+        assert_eq!(store.load("s").unwrap().unwrap().lsn, lsn(500));
+        assert_eq!(
+            store.load("s").unwrap().unwrap().updated_at_unix_ms,
+            stamped,
+            "a refused write leaves the record untouched"
+        );
+        assert_eq!(store.persist("s", lsn(600), SYSID).unwrap().lsn(), lsn(600));
+        drop(store);
+        let store = OffsetStore::open(dir.path()).unwrap();
+        assert_eq!(store.load("s").unwrap().unwrap().lsn, lsn(600));
+    }
+
+    #[test]
+    fn concurrent_persists_keep_the_highest() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        std::thread::scope(|scope| {
+            for t in 0..4u64 {
+                let store = &store;
+                scope.spawn(move || {
+                    for i in 0..25u64 {
+                        let n = 1 + i * 4 + t;
+                        let durable = store.persist("s", lsn(n), SYSID).unwrap();
+                        assert!(durable.lsn() >= lsn(n));
+                    }
+                });
+            }
+        });
+        assert_eq!(store.load("s").unwrap().unwrap().lsn, lsn(100));
+    }
+
+    #[test]
+    fn offset_of_another_cluster_is_not_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        store.persist("s", lsn(10), SYSID).unwrap();
+        let err = store.persist("s", lsn(20), "999").unwrap_err();
+        match &err {
+            StoreError::SystemIdMismatch {
+                slot,
+                stored,
+                given,
+                stored_lsn,
+                ..
+            } => {
+                assert_eq!(
+                    (slot.as_str(), stored.as_str(), given.as_str(), *stored_lsn),
+                    ("s", SYSID, "999", lsn(10))
+                );
+            }
+            other => panic!("expected SystemIdMismatch, got {other:?}"),
+        }
+        assert!(!err.is_retryable());
+        assert_eq!(store.load("s").unwrap().unwrap().lsn, lsn(10));
+
+        // The explicit recreate path: remove, then the new cluster may store.
+        assert!(store.remove("s").unwrap());
+        assert!(!store.remove("s").unwrap());
+        assert_eq!(store.persist("s", lsn(5), "999").unwrap().lsn(), lsn(5));
+    }
+
+    #[test]
+    fn removal_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        store.persist("s", lsn(10), SYSID).unwrap();
+        store.remove("s").unwrap();
+        drop(store);
+        let store = OffsetStore::open(dir.path()).unwrap();
+        assert_eq!(store.load("s").unwrap(), None);
+    }
+
+    #[test]
+    fn encoding_is_versioned_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        store.persist("s", lsn(0x1_0000_0002), SYSID).unwrap();
+        let raw = store.offsets.get("s").unwrap().unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+        assert_eq!(value["v"], 1);
+        assert_eq!(value["lsn"], "1/2");
+        assert_eq!(value["system_id"], SYSID);
+        assert!(value["updated_at_unix_ms"].is_i64());
+    }
+
+    #[test]
+    fn corrupt_values_are_errors_naming_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        let cases: [&[u8]; 4] = [
+            b"\x00\xffgarbage",
+            br#"{"v":2,"lsn":"0/1","system_id":"x","updated_at_unix_ms":0}"#,
+            br#"{"v":1,"lsn":"not-an-lsn","system_id":"x","updated_at_unix_ms":0}"#,
+            br#"{"v":1,"lsn":"0/1"}"#,
+        ];
+        for (i, raw) in cases.into_iter().enumerate() {
+            let slot = format!("broken_{i}");
+            store.offsets.insert(slot.as_str(), raw).unwrap();
+            let err = store.load(&slot).unwrap_err();
+            match &err {
+                StoreError::Corrupt { tree, key, .. } => {
+                    assert_eq!(*tree, "offsets");
+                    assert!(key.contains(&slot), "{key}");
+                }
+                other => panic!("case {i}: expected Corrupt, got {other:?}"),
+            }
+            assert!(err.to_string().contains(&slot), "{err}");
+            assert!(
+                matches!(
+                    store.persist(&slot, lsn(1), "x"),
+                    Err(StoreError::Corrupt { .. })
+                ),
+                "persist must not overwrite what it cannot read"
+            );
+        }
+        let err = store.load("broken_1").unwrap_err().to_string();
+        assert!(err.contains("version 2"), "{err}");
+    }
+
+    #[test]
+    fn second_open_of_same_path_is_locked() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = OffsetStore::open(dir.path()).unwrap();
+        let err = OffsetStore::open(dir.path()).unwrap_err();
+        match &err {
+            StoreError::Locked { path, .. } => assert_eq!(path, dir.path()),
+            other => panic!("expected Locked, got {other:?}"),
+        }
+        assert!(err.is_retryable());
+        let text = err.to_string();
+        assert!(text.contains(&dir.path().display().to_string()), "{text}");
+        assert!(text.contains("another process"), "{text}");
+        // The failed open leaves the first one working, and the lock goes
+        // with the first store.
+        first.persist("s", lsn(1), SYSID).unwrap();
+        drop(first);
+        let again = OffsetStore::open(dir.path()).unwrap();
+        assert_eq!(again.load("s").unwrap().unwrap().lsn, lsn(1));
+    }
+
+    #[test]
+    fn unusable_path_is_an_open_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("not-a-dir");
+        std::fs::write(&file, b"x").unwrap();
+        let err = OffsetStore::open(&file).unwrap_err();
+        match &err {
+            StoreError::Open { path, .. } => assert_eq!(path, &file),
+            other => panic!("expected Open, got {other:?}"),
+        }
+        assert!(!err.is_retryable());
+        assert!(err.to_string().contains("not-a-dir"), "{err}");
+    }
+
+    #[test]
+    fn parked_aggregates_survive_reopen_until_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        assert!(!store.is_parked("order", "42").unwrap());
+        assert!(
+            store
+                .park("order", "42", "null event_id", lsn(100))
+                .unwrap()
+        );
+        assert!(
+            !store
+                .park("order", "42", "second reason", lsn(200))
+                .unwrap()
+        );
+        assert!(
+            store
+                .park("customer", "7", "topic not authorized", lsn(150))
+                .unwrap()
+        );
+        assert!(store.is_parked("order", "42").unwrap());
+        assert!(!store.is_parked("order", "43").unwrap());
+        assert!(!store.is_parked("customer", "42").unwrap());
+        drop(store);
+
+        let store = OffsetStore::open(dir.path()).unwrap();
+        assert!(store.is_parked("order", "42").unwrap());
+        assert!(store.is_parked("customer", "7").unwrap());
+        let parked = store.parked().unwrap();
+        assert_eq!(parked.len(), 2);
+        let order = parked.iter().find(|p| p.aggregate_type == "order").unwrap();
+        assert_eq!(
+            (
+                order.aggregate_id.as_str(),
+                order.reason.as_str(),
+                order.lsn
+            ),
+            ("42", "null event_id", lsn(100)),
+            "the first reason is kept"
+        );
+
+        assert!(store.release("order", "42").unwrap());
+        assert!(!store.release("order", "42").unwrap());
+        assert!(!store.is_parked("order", "42").unwrap());
+        drop(store);
+
+        let store = OffsetStore::open(dir.path()).unwrap();
+        assert!(!store.is_parked("order", "42").unwrap());
+        assert!(store.is_parked("customer", "7").unwrap());
+        assert!(store.release("customer", "7").unwrap());
+        assert!(store.parked().unwrap().is_empty());
+        assert_eq!(store.parked_count.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn parked_keys_are_unambiguous() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        store.park("ab", "c", "r", lsn(1)).unwrap();
+        assert!(!store.is_parked("a", "bc").unwrap());
+        assert!(store.park("a", "bc", "r", lsn(1)).unwrap());
+        assert_eq!(store.parked().unwrap().len(), 2);
+        assert_ne!(parked_key("ab", "c"), parked_key("a", "bc"));
+    }
+
+    #[test]
+    fn corrupt_parked_value_fails_open_naming_the_aggregate() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        store
+            .parked
+            .insert(parked_key("order", "42"), &b"{not json"[..])
+            .unwrap();
+        store.db.flush().unwrap();
+        drop(store);
+        let err = OffsetStore::open(dir.path()).unwrap_err();
+        match &err {
+            StoreError::Corrupt { tree, key, .. } => {
+                assert_eq!(*tree, "parked");
+                assert_eq!(key, r#"aggregate "order"/"42""#);
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn parked_value_for_another_key_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        store.park("order", "1", "r", lsn(1)).unwrap();
+        let raw = store.parked.get(parked_key("order", "1")).unwrap().unwrap();
+        store.parked.insert(parked_key("order", "2"), raw).unwrap();
+        assert!(matches!(
+            store.parked(),
+            Err(StoreError::Corrupt { tree: "parked", .. })
+        ));
+    }
+
+    #[test]
+    fn undecodable_parked_key_is_shown_as_bytes() {
+        assert_eq!(parked_key_display(b"\x00"), "[00]");
+        assert_eq!(
+            parked_key_display(&parked_key("t", "i")),
+            r#"aggregate "t"/"i""#
+        );
+    }
+}

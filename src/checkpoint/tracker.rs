@@ -324,3 +324,425 @@ impl AckTracker {
         self.stale_tokens
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn lsn(n: u64) -> Lsn {
+        Lsn::new(n)
+    }
+
+    fn ts(n: i64) -> PgTimestamp {
+        PgTimestamp(n)
+    }
+
+    /// One committed transaction with `events` events; returns their tokens.
+    fn tx(t: &mut AckTracker, events: usize, end: u64) -> (Vec<EventToken>, Option<Lsn>) {
+        t.begin(ts(end as i64)).unwrap();
+        let tokens = (0..events).map(|i| t.add_event(10 + i).unwrap()).collect();
+        let advanced = t.commit(lsn(end)).unwrap();
+        (tokens, advanced)
+    }
+
+    #[test]
+    fn out_of_order_deliveries_across_transactions() {
+        let mut t = AckTracker::new(lsn(100));
+        let (a, _) = tx(&mut t, 2, 200);
+        let (b, _) = tx(&mut t, 1, 300);
+        let (c, _) = tx(&mut t, 2, 400);
+        assert_eq!(t.in_flight_events(), 5);
+        assert_eq!(t.in_flight_bytes(), 10 + 11 + 10 + 10 + 11);
+
+        // Later transactions finishing first do not move the acked LSN.
+        assert_eq!(t.delivered(c[1]), None);
+        assert_eq!(t.delivered(b[0]), None);
+        assert_eq!(t.delivered(c[0]), None);
+        assert_eq!(t.delivered(a[1]), None);
+        assert_eq!(t.acked(), lsn(100));
+        // The head's last event releases the whole finished prefix.
+        assert_eq!(t.delivered(a[0]), Some(lsn(400)));
+        assert_eq!(t.acked(), lsn(400));
+        assert!(t.is_idle());
+        assert_eq!((t.in_flight_events(), t.in_flight_bytes()), (0, 0));
+        assert_eq!(t.stale_tokens(), 0);
+    }
+
+    #[test]
+    fn prefix_stops_at_the_first_unfinished_transaction() {
+        let mut t = AckTracker::new(lsn(0));
+        let (a, _) = tx(&mut t, 1, 10);
+        let (b, _) = tx(&mut t, 1, 20);
+        let (c, _) = tx(&mut t, 1, 30);
+        assert_eq!(t.delivered(c[0]), None);
+        assert_eq!(t.delivered(a[0]), Some(lsn(10)));
+        assert_eq!(t.pending_transactions(), 2);
+        assert_eq!(t.delivered(b[0]), Some(lsn(30)));
+        assert_eq!(t.pending_transactions(), 0);
+    }
+
+    #[test]
+    fn empty_transaction_between_two_pending_ones() {
+        let mut t = AckTracker::new(lsn(0));
+        let (a, _) = tx(&mut t, 1, 10);
+        let (_, none) = tx(&mut t, 0, 20);
+        assert_eq!(
+            none, None,
+            "an empty transaction behind a pending one waits"
+        );
+        let (c, _) = tx(&mut t, 1, 30);
+        assert_eq!(t.pending_transactions(), 3);
+        assert_eq!(t.delivered(a[0]), Some(lsn(20)));
+        assert_eq!(t.delivered(c[0]), Some(lsn(30)));
+    }
+
+    #[test]
+    fn empty_transaction_at_the_head_is_acked_on_commit() {
+        let mut t = AckTracker::new(lsn(5));
+        let (_, advanced) = tx(&mut t, 0, 10);
+        assert_eq!(advanced, Some(lsn(10)));
+        assert!(t.is_idle());
+    }
+
+    #[test]
+    fn events_delivered_before_commit_ack_at_commit() {
+        let mut t = AckTracker::new(lsn(0));
+        t.begin(ts(1)).unwrap();
+        let e = t.add_event(7).unwrap();
+        assert_eq!(t.delivered(e), None, "an open transaction is never acked");
+        assert_eq!(t.commit(lsn(50)).unwrap(), Some(lsn(50)));
+    }
+
+    #[test]
+    fn idle_advance_refused_while_anything_is_pending_or_open() {
+        let mut t = AckTracker::new(lsn(100));
+        assert!(t.is_idle());
+        assert_eq!(t.idle_advance(lsn(150)), Some(lsn(150)));
+
+        t.begin(ts(1)).unwrap();
+        assert!(!t.is_idle());
+        assert_eq!(
+            t.idle_advance(lsn(160)),
+            None,
+            "open transaction, no events"
+        );
+        let e = t.add_event(3).unwrap();
+        assert_eq!(
+            t.idle_advance(lsn(170)),
+            None,
+            "open transaction with events"
+        );
+        assert_eq!(t.commit(lsn(200)).unwrap(), None);
+        assert_eq!(t.idle_advance(lsn(300)), None, "committed, in flight");
+        assert_eq!(t.acked(), lsn(150));
+        assert_eq!(t.delivered(e), Some(lsn(200)));
+        assert_eq!(t.idle_advance(lsn(300)), Some(lsn(300)));
+    }
+
+    #[test]
+    fn idle_advance_never_goes_backwards_and_bounds_later_commits() {
+        let mut t = AckTracker::new(lsn(100));
+        assert_eq!(t.idle_advance(lsn(100)), None);
+        assert_eq!(t.idle_advance(lsn(90)), None);
+        assert_eq!(t.acked(), lsn(100));
+        assert_eq!(t.idle_advance(lsn(500)), Some(lsn(500)));
+        t.begin(ts(1)).unwrap();
+        assert_eq!(
+            t.commit(lsn(400)),
+            Err(TrackerError::CommitNotAfterPrevious {
+                end_lsn: lsn(400),
+                previous: lsn(500)
+            })
+        );
+    }
+
+    #[test]
+    fn commit_must_be_after_previous_commit_and_names_both_lsns() {
+        let mut t = AckTracker::new(lsn(0));
+        tx(&mut t, 1, 0x1_0000_0020);
+        t.begin(ts(2)).unwrap();
+        let err = t.commit(lsn(0x1_0000_0020)).unwrap_err();
+        assert_eq!(
+            err,
+            TrackerError::CommitNotAfterPrevious {
+                end_lsn: lsn(0x1_0000_0020),
+                previous: lsn(0x1_0000_0020)
+            }
+        );
+        let text = err.to_string();
+        assert!(text.contains("1/20"), "{text}");
+        // The transaction stays open; a correct commit still works.
+        assert!(t.commit(lsn(0x1_0000_0030)).is_ok());
+    }
+
+    #[test]
+    fn commit_at_or_below_resume_point_is_rejected() {
+        let mut t = AckTracker::new(lsn(100));
+        t.begin(ts(1)).unwrap();
+        assert!(matches!(
+            t.commit(lsn(100)),
+            Err(TrackerError::CommitNotAfterPrevious { .. })
+        ));
+    }
+
+    #[test]
+    fn protocol_order_errors() {
+        let mut t = AckTracker::new(lsn(7));
+        assert_eq!(
+            t.add_event(1),
+            Err(TrackerError::NotOpen {
+                op: "add_event",
+                last_commit: lsn(7)
+            })
+        );
+        assert!(matches!(
+            t.commit(lsn(8)),
+            Err(TrackerError::NotOpen { op: "commit", .. })
+        ));
+        t.begin(ts(1)).unwrap();
+        assert_eq!(
+            t.begin(ts(2)),
+            Err(TrackerError::AlreadyOpen {
+                last_commit: lsn(7)
+            })
+        );
+    }
+
+    #[test]
+    fn acked_never_goes_backwards() {
+        let mut t = AckTracker::new(lsn(1000));
+        let mut last = t.acked();
+        let (a, _) = tx(&mut t, 3, 1100);
+        let (b, _) = tx(&mut t, 2, 1200);
+        for token in [b[1], a[2], b[0], a[0], a[1]] {
+            t.delivered(token);
+            assert!(t.acked() >= last);
+            last = t.acked();
+        }
+        assert_eq!(last, lsn(1200));
+        assert_eq!(t.idle_advance(lsn(1150)), None);
+        assert_eq!(t.acked(), lsn(1200));
+    }
+
+    #[test]
+    fn stale_and_foreign_tokens_are_ignored_and_counted() {
+        let mut t = AckTracker::new(lsn(0));
+        let (a, _) = tx(&mut t, 1, 10);
+        let (b, _) = tx(&mut t, 1, 20);
+        assert_eq!(t.delivered(a[0]), Some(lsn(10)));
+        // Already finished and popped.
+        assert_eq!(t.delivered(a[0]), None);
+        assert_eq!(t.stale_tokens(), 1);
+
+        // A token of another tracker never touches this one's transactions,
+        // even when its sequence number collides.
+        let mut other = AckTracker::new(lsn(0));
+        let (o, _) = tx(&mut other, 1, 10);
+        let (o2, _) = tx(&mut other, 1, 20);
+        assert_eq!(t.delivered(o[0]), None);
+        assert_eq!(t.delivered(o2[0]), None);
+        assert_eq!(t.stale_tokens(), 3);
+        assert_eq!(t.in_flight_events(), 1);
+        assert_eq!(t.delivered(b[0]), Some(lsn(20)));
+
+        // A token handed back twice once its transaction has nothing left.
+        let (c, _) = tx(&mut t, 1, 30);
+        let (_d, _) = tx(&mut t, 1, 40);
+        t.begin(ts(5)).unwrap();
+        let e = t.add_event(1).unwrap();
+        assert_eq!(t.delivered(e), None);
+        assert_eq!(t.delivered(e), None);
+        assert_eq!(t.stale_tokens(), 4);
+        assert_eq!(t.delivered(c[0]), Some(lsn(30)));
+    }
+
+    #[test]
+    fn abandoned_transaction_is_dropped_and_its_late_deliveries_ignored() {
+        let mut t = AckTracker::new(lsn(0));
+        let (a, _) = tx(&mut t, 1, 10);
+        t.begin(ts(2)).unwrap();
+        let x = t.add_event(100).unwrap();
+        let y = t.add_event(200).unwrap();
+        assert_eq!(t.in_flight_bytes(), 10 + 300);
+        t.abandon_open();
+        assert_eq!((t.in_flight_events(), t.in_flight_bytes()), (1, 10));
+        assert_eq!(t.pending_transactions(), 1);
+        assert_eq!(t.oldest_unacked_commit_time(), Some(ts(10)));
+
+        // The replayed transaction gets a fresh sequence number.
+        t.begin(ts(2)).unwrap();
+        let x2 = t.add_event(100).unwrap();
+        assert_eq!(t.commit(lsn(20)).unwrap(), None);
+
+        assert_eq!(t.delivered(x), None);
+        assert_eq!(t.delivered(y), None);
+        assert_eq!(t.stale_tokens(), 2);
+        assert_eq!(t.in_flight_events(), 2);
+        assert_eq!(t.delivered(a[0]), Some(lsn(10)));
+        assert_eq!(t.delivered(x2), Some(lsn(20)));
+        assert!(t.is_idle());
+        assert_eq!(t.pending_transactions(), 0);
+
+        // Abandoning at the head leaves the tracker idle; nothing open is a no-op.
+        t.begin(ts(3)).unwrap();
+        let z = t.add_event(1).unwrap();
+        t.abandon_open();
+        t.abandon_open();
+        assert!(t.is_idle());
+        assert_eq!(t.delivered(z), None);
+        assert_eq!(t.idle_advance(lsn(30)), Some(lsn(30)));
+    }
+
+    #[test]
+    fn oldest_unacked_commit_time_follows_the_head() {
+        let mut t = AckTracker::new(lsn(0));
+        assert_eq!(t.oldest_unacked_commit_time(), None);
+        let (a, _) = tx(&mut t, 1, 10);
+        let (b, _) = tx(&mut t, 1, 20);
+        assert_eq!(t.oldest_unacked_commit_time(), Some(ts(10)));
+        t.delivered(a[0]);
+        assert_eq!(t.oldest_unacked_commit_time(), Some(ts(20)));
+        t.delivered(b[0]);
+        assert_eq!(t.oldest_unacked_commit_time(), None);
+    }
+
+    /// Reference model: transactions in commit order, acked computed by a
+    /// plain scan of the prefix.
+    #[derive(Default)]
+    struct ModelTx {
+        end: Option<u64>,
+        total: usize,
+        delivered: usize,
+        abandoned: bool,
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Begin,
+        AddEvent(usize),
+        Commit(u64),
+        Deliver(usize),
+        Abandon,
+        Idle(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => Just(Op::Begin),
+            6 => (0usize..1000).prop_map(Op::AddEvent),
+            3 => (1u64..50).prop_map(Op::Commit),
+            8 => any::<usize>().prop_map(Op::Deliver),
+            1 => Just(Op::Abandon),
+            1 => (0u64..50).prop_map(Op::Idle),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn acked_is_end_of_longest_fully_delivered_prefix(
+            start in 0u64..1000,
+            ops in proptest::collection::vec(op(), 0..200),
+        ) {
+            let mut t = AckTracker::new(lsn(start));
+            // acked before txs[settled..]; earlier ones were settled by an idle advance
+            let mut base = start;
+            let mut settled = 0;
+            let mut last_end = start;
+            let mut txs: Vec<ModelTx> = Vec::new();
+            let mut open = false;
+            // (token, index into txs)
+            let mut outstanding: Vec<(EventToken, usize)> = Vec::new();
+            let mut prev_acked = t.acked();
+
+            for op in ops {
+                match op {
+                    Op::Begin => {
+                        let r = t.begin(ts(0));
+                        prop_assert_eq!(r.is_ok(), !open);
+                        if !open {
+                            txs.push(ModelTx::default());
+                            open = true;
+                        }
+                    }
+                    Op::AddEvent(bytes) => {
+                        let r = t.add_event(bytes);
+                        prop_assert_eq!(r.is_ok(), open);
+                        if let Ok(token) = r {
+                            let i = txs.len() - 1;
+                            txs[i].total += 1;
+                            outstanding.push((token, i));
+                        }
+                    }
+                    Op::Commit(step) => {
+                        let end = last_end + step;
+                        let r = t.commit(lsn(end));
+                        prop_assert_eq!(r.is_ok(), open);
+                        if open {
+                            let i = txs.len() - 1;
+                            txs[i].end = Some(end);
+                            last_end = end;
+                            open = false;
+                        }
+                    }
+                    Op::Deliver(pick) => {
+                        if !outstanding.is_empty() {
+                            let (token, i) = outstanding.swap_remove(pick % outstanding.len());
+                            t.delivered(token);
+                            txs[i].delivered += 1;
+                        }
+                    }
+                    Op::Abandon => {
+                        t.abandon_open();
+                        if open {
+                            let i = txs.len() - 1;
+                            txs[i].abandoned = true;
+                            open = false;
+                        }
+                    }
+                    Op::Idle(step) => {
+                        let live = |tx: &ModelTx| !tx.abandoned;
+                        let model_idle = !open && txs[settled..].iter().filter(|tx| live(tx)).all(|tx| {
+                            tx.end.is_some() && tx.delivered == tx.total
+                        });
+                        prop_assert_eq!(t.is_idle(), model_idle);
+                        let wal_end = last_end.max(base) + step;
+                        let r = t.idle_advance(lsn(wal_end));
+                        if model_idle {
+                            let acked_now = model_acked(base, &txs[settled..]);
+                            prop_assert_eq!(r.is_some(), wal_end > acked_now);
+                            base = acked_now.max(wal_end);
+                            last_end = last_end.max(base);
+                            settled = txs.len();
+                        } else {
+                            prop_assert_eq!(r, None);
+                        }
+                    }
+                }
+                let expected = model_acked(base, &txs[settled..]);
+                prop_assert_eq!(t.acked(), lsn(expected));
+                prop_assert!(t.acked() >= prev_acked);
+                prev_acked = t.acked();
+                let live_outstanding = outstanding.iter().filter(|(_, i)| !txs[*i].abandoned);
+                prop_assert_eq!(t.in_flight_events(), live_outstanding.clone().count());
+                prop_assert_eq!(
+                    t.in_flight_bytes(),
+                    live_outstanding.map(|(tok, _)| tok.bytes()).sum::<usize>()
+                );
+            }
+        }
+    }
+
+    fn model_acked(base: u64, txs: &[ModelTx]) -> u64 {
+        let mut acked = base;
+        for tx in txs.iter().filter(|tx| !tx.abandoned) {
+            match tx.end {
+                Some(end) if tx.delivered == tx.total => acked = end,
+                _ => break,
+            }
+        }
+        acked
+    }
+}
