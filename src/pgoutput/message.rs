@@ -246,7 +246,8 @@ impl Truncate {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogicalMessage {
     pub transactional: bool,
-    /// The LSN of the message's WAL record.
+    /// The end of the message's WAL record (what `pg_logical_emit_message`
+    /// returned); for the last change of a transaction it equals the commit LSN.
     pub lsn: Lsn,
     pub prefix: String,
     /// Arbitrary bytes, a slice of the decoded payload.
