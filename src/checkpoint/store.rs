@@ -34,7 +34,7 @@ const CACHE_CAPACITY_BYTES: u64 = 8 * 1024 * 1024;
 /// position. It has no public constructor, so reporting an LSN beyond what is
 /// durable locally is impossible by construction:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0423
 /// let forged = outbox_cdc::checkpoint::DurableLsn(outbox_cdc::pg::Lsn::new(1));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -166,6 +166,21 @@ struct ParkedRecordV1 {
 
 /// Persistent acked LSNs (tree `offsets`, keyed by slot name) and parked
 /// aggregates (tree `parked`), flushed on every write.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use outbox_cdc::checkpoint::OffsetStore;
+/// use outbox_cdc::pg::Lsn;
+///
+/// let dir = tempfile::tempdir()?;
+/// let store = OffsetStore::open(dir.path())?;
+/// let durable = store.persist("outbox_slot", Lsn::new(0x16_B374_D848), "7301234567890123456")?;
+/// assert_eq!(durable.lsn().to_string(), "16/B374D848");
+/// // Going back is refused: the stored, durable LSN is returned instead.
+/// assert_eq!(store.persist("outbox_slot", Lsn::new(1), "7301234567890123456")?, durable);
+/// # Ok(())
+/// # }
+/// ```
 pub struct OffsetStore {
     path: PathBuf,
     db: sled::Db,
@@ -177,6 +192,12 @@ pub struct OffsetStore {
     /// Number of parked aggregates; lets `is_parked` skip the lock when zero.
     parked_count: AtomicUsize,
 }
+
+// The pipeline shares one store between its tasks.
+const _: () = {
+    const fn shareable<T: Send + Sync>() {}
+    shareable::<OffsetStore>();
+};
 
 impl fmt::Debug for OffsetStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -272,6 +293,9 @@ impl OffsetStore {
     /// back: when the stored one is at or beyond `lsn`, nothing is written and
     /// the stored one is returned (flushed). An offset stored for another
     /// `system_id` is never overwritten; [`Self::remove`] it first.
+    ///
+    /// Blocks on the flush (an fsync): call it from a blocking context such as
+    /// `tokio::task::spawn_blocking`, not on an async worker thread.
     pub fn persist(&self, slot: &str, lsn: Lsn, system_id: &str) -> Result<DurableLsn, StoreError> {
         loop {
             let current = self.offsets.get(slot).map_err(|source| StoreError::Read {

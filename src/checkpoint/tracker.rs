@@ -37,6 +37,15 @@ impl EventToken {
     }
 }
 
+// Tokens ride along with every Kafka record (as delivery opaque), and the
+// tracker moves into the pipeline's task.
+const _: () = {
+    const fn sendable<T: Send + 'static>() {}
+    sendable::<AckTracker>();
+    sendable::<EventToken>();
+    assert!(std::mem::size_of::<EventToken>() <= 24);
+};
+
 /// Misuse of the tracker's begin/add/commit sequence. The replication stream
 /// delivered something out of protocol order; none of these is retryable on
 /// the same stream.
@@ -172,6 +181,11 @@ impl AckTracker {
     /// Closes the open transaction at `end_lsn`. Returns the new acked LSN if
     /// it advanced (the transaction was at the head and had nothing left in
     /// flight).
+    ///
+    /// `end_lsn` must be beyond [`Self::last_commit_lsn`]; on error the
+    /// transaction stays open. Transactions replayed at or below the resume
+    /// point are to be skipped before `begin` (their Begin's `final_lsn` is
+    /// already below it), or dropped with [`Self::abandon_open`].
     pub fn commit(&mut self, end_lsn: Lsn) -> Result<Option<Lsn>, TrackerError> {
         if !self.open {
             return Err(TrackerError::NotOpen {
