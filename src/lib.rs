@@ -4,9 +4,12 @@
 //! Data flow (DESIGN.md §3): `pg` (replication transport, control SQL) →
 //! `pgoutput` (decoder, relation cache) → `outbox` (mapping, routing) → `sink`
 //! (Kafka) → `checkpoint` (ack tracker, offset store) → back to `pg` as the
-//! flushed LSN in standby status updates.
+//! flushed LSN in standby status updates. `pipeline` wires them.
 
 pub mod checkpoint;
+pub mod config;
+pub mod http;
+pub mod metrics;
 pub mod outbox;
 pub mod pg;
 pub mod pgoutput;

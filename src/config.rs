@@ -1,0 +1,618 @@
+//! Configuration: a TOML file, overlaid by `OUTBOX_CDC__SECTION__KEY` environment
+//! variables, validated once at start-up.
+//!
+//! Every key has a documented default (see `config/example.toml`); errors name the
+//! key, the value and what is allowed. Secrets (the PostgreSQL password, Kafka
+//! passwords) never appear in `Debug` output or logs.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::outbox::OutboxSettings;
+use crate::sink::KafkaSettings;
+
+/// Prefix of environment variables that override file keys:
+/// `OUTBOX_CDC__POSTGRES__URL`, `OUTBOX_CDC__KAFKA__BOOTSTRAP_SERVERS`, ...
+pub const ENV_PREFIX: &str = "OUTBOX_CDC__";
+
+/// A configuration problem, always naming where it is.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid: {message}")]
+    Syntax { path: String, message: String },
+    #[error("environment variable {var} does not name a config key: {reason}")]
+    EnvKey { var: String, reason: String },
+    #[error("invalid {key} = {value:?}: {allowed}")]
+    Invalid {
+        key: String,
+        value: String,
+        allowed: String,
+    },
+}
+
+impl ConfigError {
+    fn invalid(key: &str, value: impl fmt::Display, allowed: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            key: key.to_owned(),
+            value: value.to_string(),
+            allowed: allowed.into(),
+        }
+    }
+
+    /// The config key this error is about, when it is about one key.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::Invalid { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub postgres: PostgresSettings,
+    #[serde(default)]
+    pub outbox: OutboxSettings,
+    pub kafka: KafkaSettings,
+    #[serde(default)]
+    pub offsets: OffsetSettings,
+    #[serde(default)]
+    pub limits: LimitSettings,
+    #[serde(default)]
+    pub http: HttpSettings,
+    #[serde(default)]
+    pub retry: RetrySettings,
+}
+
+/// `[postgres]`: the source database and its replication slot.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PostgresSettings {
+    /// Connection string (URL or key=value); used for both the replication and
+    /// the SQL connection. The password may instead come from `PGPASSWORD`.
+    pub url: String,
+    /// Logical replication slot (pgoutput). Default `outbox_cdc`.
+    #[serde(default = "default_slot")]
+    pub slot: String,
+    /// Publication that holds the outbox table. Default `outbox_pub`.
+    #[serde(default = "default_publication")]
+    pub publication: String,
+    /// Create the slot when it does not exist AND no offset is stored. Default true.
+    #[serde(default = "default_true")]
+    pub create_slot: bool,
+    /// Create the publication (`FOR TABLE <outbox> WITH (publish = 'insert')`) when missing. Default false.
+    #[serde(default)]
+    pub create_publication: bool,
+    /// Accept a slot whose confirmed position is ahead of the stored offset (an HA
+    /// takeover from another instance that published those events). Default false:
+    /// such a slot may have been recreated, and starting would skip events.
+    #[serde(default)]
+    pub allow_slot_ahead: bool,
+    /// application_name shown in pg_stat_replication. Default `outbox-cdc`.
+    #[serde(default = "default_application_name")]
+    pub application_name: String,
+    /// How often a standby status update is sent even when nothing changed, in
+    /// milliseconds. Must stay well under the server's wal_sender_timeout. Default 10000.
+    #[serde(default = "default_status_interval_ms")]
+    pub status_interval_ms: u64,
+}
+
+impl fmt::Debug for PostgresSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresSettings")
+            .field("url", &redact_url(&self.url))
+            .field("slot", &self.slot)
+            .field("publication", &self.publication)
+            .field("create_slot", &self.create_slot)
+            .field("create_publication", &self.create_publication)
+            .field("allow_slot_ahead", &self.allow_slot_ahead)
+            .field("application_name", &self.application_name)
+            .field("status_interval_ms", &self.status_interval_ms)
+            .finish()
+    }
+}
+
+/// `[offsets]`: the local sled store of acknowledged LSNs.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OffsetSettings {
+    /// Directory of the sled store. Default `./outbox-cdc-offsets`.
+    #[serde(default = "default_offsets_path")]
+    pub path: PathBuf,
+    /// Longest time an acknowledged LSN waits before it is persisted (and then
+    /// reported to PostgreSQL), in milliseconds. Batching flushes keeps fsyncs off
+    /// the per-transaction path; a crash replays at most this window. Default 200.
+    #[serde(default = "default_flush_interval_ms")]
+    pub flush_interval_ms: u64,
+}
+
+impl Default for OffsetSettings {
+    fn default() -> Self {
+        OffsetSettings {
+            path: default_offsets_path(),
+            flush_interval_ms: default_flush_interval_ms(),
+        }
+    }
+}
+
+/// `[limits]`: bounds on work in flight to Kafka (backpressure).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitSettings {
+    /// Events sent to Kafka and not yet acknowledged. Default 10000.
+    #[serde(default = "default_max_in_flight_events")]
+    pub max_in_flight_events: usize,
+    /// Bytes of those events. Default 64 MiB.
+    #[serde(default = "default_max_in_flight_bytes")]
+    pub max_in_flight_bytes: usize,
+    /// On SIGINT/SIGTERM, how long to wait for in-flight deliveries, in milliseconds. Default 30000.
+    #[serde(default = "default_shutdown_timeout_ms")]
+    pub shutdown_timeout_ms: u64,
+}
+
+impl Default for LimitSettings {
+    fn default() -> Self {
+        LimitSettings {
+            max_in_flight_events: default_max_in_flight_events(),
+            max_in_flight_bytes: default_max_in_flight_bytes(),
+            shutdown_timeout_ms: default_shutdown_timeout_ms(),
+        }
+    }
+}
+
+/// `[http]`: metrics and health endpoints.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    /// Listen address; empty disables the server. Default `127.0.0.1:9187`.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        HttpSettings {
+            listen: default_listen(),
+        }
+    }
+}
+
+/// `[retry]`: reconnect backoff after a retryable failure.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySettings {
+    /// First backoff, in milliseconds. Default 500.
+    #[serde(default = "default_initial_backoff_ms")]
+    pub initial_backoff_ms: u64,
+    /// Largest backoff, in milliseconds. Default 30000.
+    #[serde(default = "default_max_backoff_ms")]
+    pub max_backoff_ms: u64,
+}
+
+impl Default for RetrySettings {
+    fn default() -> Self {
+        RetrySettings {
+            initial_backoff_ms: default_initial_backoff_ms(),
+            max_backoff_ms: default_max_backoff_ms(),
+        }
+    }
+}
+
+impl RetrySettings {
+    pub fn initial_backoff(&self) -> Duration {
+        Duration::from_millis(self.initial_backoff_ms)
+    }
+    pub fn max_backoff(&self) -> Duration {
+        Duration::from_millis(self.max_backoff_ms)
+    }
+}
+
+fn default_slot() -> String {
+    "outbox_cdc".into()
+}
+fn default_publication() -> String {
+    "outbox_pub".into()
+}
+fn default_true() -> bool {
+    true
+}
+fn default_application_name() -> String {
+    "outbox-cdc".into()
+}
+fn default_status_interval_ms() -> u64 {
+    10_000
+}
+fn default_offsets_path() -> PathBuf {
+    PathBuf::from("./outbox-cdc-offsets")
+}
+fn default_flush_interval_ms() -> u64 {
+    200
+}
+fn default_max_in_flight_events() -> usize {
+    10_000
+}
+fn default_max_in_flight_bytes() -> usize {
+    64 * 1024 * 1024
+}
+fn default_shutdown_timeout_ms() -> u64 {
+    30_000
+}
+fn default_listen() -> String {
+    "127.0.0.1:9187".into()
+}
+fn default_initial_backoff_ms() -> u64 {
+    500
+}
+fn default_max_backoff_ms() -> u64 {
+    30_000
+}
+
+impl Config {
+    /// Reads `path`, overlays the process environment, validates.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::from_sources(&path.display().to_string(), &text, std::env::vars())
+    }
+
+    /// Parses TOML `text` (named `origin` in errors), overlays `env` (only
+    /// variables starting with [`ENV_PREFIX`] are read), and validates.
+    pub fn from_sources(
+        origin: &str,
+        text: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError::Syntax {
+            path: origin.to_owned(),
+            message: e.to_string(),
+        })?;
+        overlay_env(&mut table, env)?;
+        stringify_kafka_values(&mut table);
+        let config: Config = Config::deserialize(toml::Value::Table(table)).map_err(|e| {
+            ConfigError::Syntax {
+                path: origin.to_owned(),
+                message: e.to_string(),
+            }
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let pg = &self.postgres;
+        if pg.url.trim().is_empty() {
+            return Err(ConfigError::invalid("postgres.url", "", "a PostgreSQL URL or key=value connection string"));
+        }
+        check_slot_name("postgres.slot", &pg.slot)?;
+        if pg.publication.is_empty() || pg.publication.len() > 63 {
+            return Err(ConfigError::invalid(
+                "postgres.publication",
+                &pg.publication,
+                "1 to 63 characters",
+            ));
+        }
+        if !(100..=600_000).contains(&pg.status_interval_ms) {
+            return Err(ConfigError::invalid(
+                "postgres.status_interval_ms",
+                pg.status_interval_ms,
+                "100 to 600000 (keep it well under the server's wal_sender_timeout)",
+            ));
+        }
+        if self.offsets.path.as_os_str().is_empty() {
+            return Err(ConfigError::invalid("offsets.path", "", "a directory path for the sled store"));
+        }
+        if !(1..=60_000).contains(&self.offsets.flush_interval_ms) {
+            return Err(ConfigError::invalid(
+                "offsets.flush_interval_ms",
+                self.offsets.flush_interval_ms,
+                "1 to 60000",
+            ));
+        }
+        if self.limits.max_in_flight_events == 0 {
+            return Err(ConfigError::invalid("limits.max_in_flight_events", 0, "at least 1"));
+        }
+        if self.limits.max_in_flight_bytes < 1024 {
+            return Err(ConfigError::invalid(
+                "limits.max_in_flight_bytes",
+                self.limits.max_in_flight_bytes,
+                "at least 1024",
+            ));
+        }
+        if !self.http.listen.is_empty() && self.http.listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(ConfigError::invalid(
+                "http.listen",
+                &self.http.listen,
+                "an IP:port socket address such as 127.0.0.1:9187, or \"\" to disable",
+            ));
+        }
+        let retry = &self.retry;
+        if retry.initial_backoff_ms == 0 || retry.initial_backoff_ms > retry.max_backoff_ms {
+            return Err(ConfigError::invalid(
+                "retry.initial_backoff_ms",
+                retry.initial_backoff_ms,
+                format!("between 1 and retry.max_backoff_ms ({})", retry.max_backoff_ms),
+            ));
+        }
+        if self.outbox.on_poison == crate::outbox::PoisonPolicy::DeadLetter {
+            return Err(ConfigError::invalid(
+                "outbox.on_poison",
+                "dead-letter",
+                "\"fail\" (the dead-letter policy is not implemented yet in this version)",
+            ));
+        }
+        self.outbox.validate().map_err(|e| ConfigError::Invalid {
+            key: e.key.clone(),
+            value: e.value.clone(),
+            allowed: e.allowed.clone(),
+        })?;
+        match self.kafka.validate() {
+            Ok(()) => {}
+            Err(crate::sink::SinkError::Config { key, value, allowed }) => {
+                return Err(ConfigError::Invalid {
+                    key: format!("kafka.{key}"),
+                    value,
+                    allowed,
+                });
+            }
+            Err(other) => {
+                return Err(ConfigError::Invalid {
+                    key: "kafka".into(),
+                    value: String::new(),
+                    allowed: other.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// PostgreSQL slot names: lower-case letters, digits and underscores, at most 63.
+fn check_slot_name(key: &str, name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::invalid(
+            key,
+            name,
+            "1 to 63 characters of a-z, 0-9 and _ (PostgreSQL's rule for slot names)",
+        ))
+    }
+}
+
+/// `OUTBOX_CDC__POSTGRES__URL=...` sets `[postgres] url`. In `[kafka]`, single
+/// underscores stand for dots: `OUTBOX_CDC__KAFKA__BOOTSTRAP_SERVERS` sets
+/// `"bootstrap.servers"`. A value replaces the file's; numbers and booleans are
+/// recognised unless the file already holds a string there.
+fn overlay_env(
+    table: &mut toml::Table,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<(), ConfigError> {
+    let mut vars: BTreeMap<String, String> = BTreeMap::new();
+    for (k, v) in env {
+        if let Some(rest) = k.strip_prefix(ENV_PREFIX) {
+            vars.insert(rest.to_owned(), v);
+        }
+    }
+    for (rest, value) in vars {
+        let var = format!("{ENV_PREFIX}{rest}");
+        let (section, key) = rest.split_once("__").ok_or_else(|| ConfigError::EnvKey {
+            var: var.clone(),
+            reason: "expected OUTBOX_CDC__<SECTION>__<KEY>".into(),
+        })?;
+        let section = section.to_ascii_lowercase();
+        if section.is_empty() || key.is_empty() || key.contains("__") {
+            return Err(ConfigError::EnvKey {
+                var,
+                reason: "expected OUTBOX_CDC__<SECTION>__<KEY>".into(),
+            });
+        }
+        let key = if section == "kafka" {
+            key.to_ascii_lowercase().replace('_', ".")
+        } else {
+            key.to_ascii_lowercase()
+        };
+        let entry = table
+            .entry(section.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let Some(section_table) = entry.as_table_mut() else {
+            return Err(ConfigError::EnvKey {
+                var,
+                reason: format!("[{section}] is not a table in the config file"),
+            });
+        };
+        let typed = match section_table.get(&key) {
+            Some(toml::Value::String(_)) => toml::Value::String(value),
+            _ => guess_type(value),
+        };
+        section_table.insert(key, typed);
+    }
+    Ok(())
+}
+
+fn guess_type(value: String) -> toml::Value {
+    if let Ok(b) = value.parse::<bool>() {
+        toml::Value::Boolean(b)
+    } else if let Ok(i) = value.parse::<i64>() {
+        toml::Value::Integer(i)
+    } else {
+        toml::Value::String(value)
+    }
+}
+
+/// librdkafka takes every property as a string; accept `linger.ms = 5` in TOML too.
+fn stringify_kafka_values(table: &mut toml::Table) {
+    if let Some(toml::Value::Table(kafka)) = table.get_mut("kafka") {
+        for (_, value) in kafka.iter_mut() {
+            let text = match &*value {
+                toml::Value::String(_) => continue,
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
+                other => other.to_string(),
+            };
+            *value = toml::Value::String(text);
+        }
+    }
+}
+
+/// The URL with any password replaced by `***`, for logs and `Debug`.
+pub fn redact_url(url: &str) -> String {
+    // URL form: scheme://user:password@host...
+    if let Some((scheme, rest)) = url.split_once("://") {
+        if let Some((userinfo, host)) = rest.split_once('@') {
+            if let Some((user, _)) = userinfo.split_once(':') {
+                return format!("{scheme}://{user}:***@{host}");
+            }
+        }
+        return url.to_owned();
+    }
+    // key=value form
+    url.split_whitespace()
+        .map(|kv| match kv.split_once('=') {
+            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+            _ => kv.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        [postgres]
+        url = "postgres://outbox:secret@127.0.0.1:54329/app"
+        [kafka]
+        "bootstrap.servers" = "127.0.0.1:19092"
+    "#;
+
+    fn parse(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        Config::from_sources(
+            "test.toml",
+            text,
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+        )
+    }
+
+    fn invalid_key(err: ConfigError) -> String {
+        err.key()
+            .unwrap_or_else(|| panic!("expected an Invalid error naming a key, got: {err}"))
+            .to_owned()
+    }
+
+    #[test]
+    fn minimal_config_gets_documented_defaults() {
+        let c = parse(MINIMAL, &[]).unwrap();
+        assert_eq!(c.postgres.slot, "outbox_cdc");
+        assert_eq!(c.postgres.publication, "outbox_pub");
+        assert!(c.postgres.create_slot);
+        assert!(!c.postgres.create_publication);
+        assert_eq!(c.limits.max_in_flight_events, 10_000);
+        assert_eq!(c.limits.max_in_flight_bytes, 64 * 1024 * 1024);
+        assert_eq!(c.http.listen, "127.0.0.1:9187");
+        assert_eq!(c.offsets.flush_interval_ms, 200);
+    }
+
+    #[test]
+    fn example_configs_in_the_repo_parse() {
+        for file in ["config/example.toml", "config/docker.toml"] {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+            let text = std::fs::read_to_string(&path).unwrap();
+            let c = Config::from_sources(file, &text, std::iter::empty());
+            assert!(c.is_ok(), "{file}: {}", c.err().map(|e| e.to_string()).unwrap_or_default());
+        }
+    }
+
+    #[test]
+    fn environment_overrides_file_values() {
+        let text = MINIMAL.replace("[kafka]", "publication = \"p\"\n[kafka]");
+        let c = parse(
+            &text,
+            &[
+                ("OUTBOX_CDC__POSTGRES__SLOT", "other_slot"),
+                ("OUTBOX_CDC__LIMITS__MAX_IN_FLIGHT_EVENTS", "7"),
+                ("OUTBOX_CDC__KAFKA__LINGER_MS", "5"),
+                ("OUTBOX_CDC__POSTGRES__PUBLICATION", "123"),
+                ("UNRELATED", "x"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.postgres.slot, "other_slot");
+        assert_eq!(c.limits.max_in_flight_events, 7);
+        assert_eq!(c.postgres.publication, "123", "a key the file holds as a string stays a string");
+        let dbg = format!("{:?}", c.kafka);
+        assert!(dbg.contains("linger.ms"), "kafka key mapped with dots: {dbg}");
+    }
+
+    #[test]
+    fn malformed_env_names_are_refused_with_the_variable() {
+        let err = parse(MINIMAL, &[("OUTBOX_CDC__POSTGRES", "x")]).unwrap_err();
+        assert!(matches!(&err, ConfigError::EnvKey { var, .. } if var == "OUTBOX_CDC__POSTGRES"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_naming_the_key() {
+        let err = parse(&format!("{MINIMAL}\n[limits]\nmax_in_flight = 3\n"), &[]).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("max_in_flight"), "{text}");
+        assert!(matches!(err, ConfigError::Syntax { .. }));
+    }
+
+    #[test]
+    fn bad_values_name_key_value_and_what_is_allowed() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("OUTBOX_CDC__POSTGRES__SLOT", "Bad-Slot", "postgres.slot"),
+            ("OUTBOX_CDC__LIMITS__MAX_IN_FLIGHT_EVENTS", "0", "limits.max_in_flight_events"),
+            ("OUTBOX_CDC__LIMITS__MAX_IN_FLIGHT_BYTES", "10", "limits.max_in_flight_bytes"),
+            ("OUTBOX_CDC__HTTP__LISTEN", "localhost", "http.listen"),
+            ("OUTBOX_CDC__POSTGRES__STATUS_INTERVAL_MS", "5", "postgres.status_interval_ms"),
+            ("OUTBOX_CDC__OFFSETS__FLUSH_INTERVAL_MS", "0", "offsets.flush_interval_ms"),
+            ("OUTBOX_CDC__RETRY__INITIAL_BACKOFF_MS", "999999", "retry.initial_backoff_ms"),
+            ("OUTBOX_CDC__KAFKA__ACKS", "1", "kafka.acks"),
+            ("OUTBOX_CDC__OUTBOX__TOPIC", "bad topic {nope}", "outbox.topic"),
+        ];
+        for (var, value, key) in cases {
+            let err = parse(MINIMAL, &[(var, value)]).unwrap_err();
+            assert_eq!(invalid_key(err), *key, "{var}={value}");
+        }
+        let err = parse(MINIMAL, &[("OUTBOX_CDC__POSTGRES__SLOT", "Bad-Slot")]).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("Bad-Slot") && text.contains("a-z"), "{text}");
+    }
+
+    #[test]
+    fn missing_required_sections_are_named() {
+        let err = parse("[postgres]\nurl = \"postgres://x@h/db\"\n", &[]).unwrap_err();
+        assert!(err.to_string().contains("kafka"), "{err}");
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://outbox:secret@127.0.0.1:54329/app"),
+            "postgres://outbox:***@127.0.0.1:54329/app"
+        );
+        assert_eq!(redact_url("host=h user=u password=secret"), "host=h user=u password=***");
+        let c = parse(MINIMAL, &[]).unwrap();
+        assert!(!format!("{c:?}").contains("secret"));
+    }
+}
