@@ -2,10 +2,13 @@
 //!
 //! - [`settings`]: the `[outbox]` configuration section and its validation.
 //! - `topic`: Kafka topic-name rules and the routing template.
+//! - [`mapper`]: rows of the outbox table and logical messages to events.
 
 pub mod event;
+pub mod mapper;
 pub mod settings;
 pub(crate) mod topic;
 
 pub use event::OutboxEvent;
+pub use mapper::{BoundRelation, ChangeContext, MapError, OutboxMapper, RelationBindings, RowRef};
 pub use settings::{ConfigError, Layout, OutboxSettings, PoisonPolicy};

@@ -1,0 +1,1107 @@
+//! From decoded pgoutput rows and logical messages to [`OutboxEvent`]s.
+//!
+//! The mapper is built once from the settings and never changes. Column
+//! positions are resolved once per Relation message ([`OutboxMapper::bind`]),
+//! not per row. The caller keeps the bindings, keyed by relation OID, in a
+//! [`RelationBindings`]: PostgreSQL sends a Relation message before the first
+//! change of a relation in a stream and again after its definition changed
+//! (e.g. ALTER TABLE ... ADD COLUMN), so every Relation message replaces the
+//! binding of its OID.
+//!
+//! The record of a row: key = aggregate id, value = the payload column's text
+//! exactly as PostgreSQL sent it (a slice of the received buffer, not a copy),
+//! timestamp = commit time, headers in this order: `event_id`, `event_type`,
+//! `aggregate_type`, `aggregate_id`, `aggregate_sequence` and `schema_version`
+//! (each omitted when the layout has no such column), `lsn`, then the extra
+//! header columns (omitted when NULL).
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+
+use bytes::Bytes;
+use serde::Deserialize;
+
+use super::event::OutboxEvent;
+use super::settings::{ColumnNames, ConfigError, OutboxSettings, TableName};
+use super::topic::TopicTemplate;
+use crate::pg::{Lsn, PgTimestamp};
+use crate::pgoutput::{ColumnValue, LogicalMessage, Relation, TupleData};
+
+/// Where in the stream a change sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChangeContext {
+    /// WAL position of the change (the XLogData start of the Insert or Message);
+    /// published as the `lsn` header.
+    pub lsn: Lsn,
+    /// Commit time of the enclosing transaction (from its Begin message).
+    pub commit_time: PgTimestamp,
+}
+
+/// The row (or message) a mapping error is about, with what was known of it.
+/// Aggregate identity is there so a dead-letter policy can park the aggregate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowRef {
+    /// `schema.table`, or `logical message "prefix"`.
+    pub source: String,
+    pub lsn: Lsn,
+    pub event_id: Option<String>,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+}
+
+impl fmt::Display for RowRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} at LSN {}", self.source, self.lsn)?;
+        match &self.event_id {
+            Some(id) => write!(f, ", event_id {id}"),
+            None => f.write_str(", event_id unknown"),
+        }
+    }
+}
+
+/// Why a row or message could not become an event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MapError {
+    #[error("{at}: column {column:?} is NULL")]
+    NullColumn { column: String, at: RowRef },
+    #[error(
+        "table {table} has no column {column:?}: add it, or map another column with outbox.columns / outbox.extra_headers"
+    )]
+    MissingColumn { table: String, column: String },
+    #[error("{at}: column {column:?} is an unchanged TOAST value, its content was not sent")]
+    UnchangedToast { column: String, at: RowRef },
+    #[error("{at}: column {column:?} arrived in binary format; the stream must use text format")]
+    BinaryValue { column: String, at: RowRef },
+    #[error("{at}: column {column:?} is not valid UTF-8")]
+    InvalidUtf8 { column: String, at: RowRef },
+    #[error("{at}: topic {topic:?} is not a legal Kafka topic name: {reason}")]
+    InvalidTopic {
+        topic: String,
+        reason: String,
+        at: RowRef,
+    },
+    #[error("{at}: the record has {bytes} bytes, more than outbox.max_record_bytes = {max}")]
+    TooLarge {
+        bytes: usize,
+        max: usize,
+        at: RowRef,
+    },
+    #[error("{at}: bad event envelope: {reason}")]
+    BadEnvelope { reason: String, at: RowRef },
+    #[error("{at}: the row has {got} columns but its Relation message announced {expected}")]
+    ColumnCount {
+        expected: usize,
+        got: usize,
+        at: RowRef,
+    },
+    #[error(
+        "change at LSN {lsn} refers to relation OID {oid}, for which no Relation message was seen"
+    )]
+    UnknownRelation { oid: u32, lsn: Lsn },
+}
+
+impl MapError {
+    /// Whether the failure belongs to one row's content, so the poison policy
+    /// (`fail` or `dead-letter`) decides. The others concern the table or the
+    /// stream itself and would hit every row alike: a missing column (fix the
+    /// table or `outbox.columns`, then restart; the slot still holds the rows),
+    /// binary-format values (a stream option), a row that disagrees with its
+    /// Relation message or an unannounced relation (protocol inconsistency).
+    pub fn is_poison(&self) -> bool {
+        match self {
+            MapError::NullColumn { .. }
+            | MapError::UnchangedToast { .. }
+            | MapError::InvalidUtf8 { .. }
+            | MapError::InvalidTopic { .. }
+            | MapError::TooLarge { .. }
+            | MapError::BadEnvelope { .. } => true,
+            MapError::MissingColumn { .. }
+            | MapError::BinaryValue { .. }
+            | MapError::ColumnCount { .. }
+            | MapError::UnknownRelation { .. } => false,
+        }
+    }
+
+    /// The event id of the row, when the error happened after it was read.
+    pub fn event_id(&self) -> Option<&str> {
+        self.row().and_then(|r| r.event_id.as_deref())
+    }
+
+    /// `(aggregate_type, aggregate_id)` of the row, when both were read: what a
+    /// dead-letter policy parks.
+    pub fn aggregate(&self) -> Option<(&str, &str)> {
+        let r = self.row()?;
+        Some((r.aggregate_type.as_deref()?, r.aggregate_id.as_deref()?))
+    }
+
+    /// The row the error is about, when it is about one row.
+    pub fn row(&self) -> Option<&RowRef> {
+        match self {
+            MapError::NullColumn { at, .. }
+            | MapError::UnchangedToast { at, .. }
+            | MapError::BinaryValue { at, .. }
+            | MapError::InvalidUtf8 { at, .. }
+            | MapError::InvalidTopic { at, .. }
+            | MapError::TooLarge { at, .. }
+            | MapError::BadEnvelope { at, .. }
+            | MapError::ColumnCount { at, .. } => Some(at),
+            MapError::MissingColumn { .. } | MapError::UnknownRelation { .. } => None,
+        }
+    }
+}
+
+const H_EVENT_ID: &str = "event_id";
+const H_EVENT_TYPE: &str = "event_type";
+const H_AGGREGATE_TYPE: &str = "aggregate_type";
+const H_AGGREGATE_ID: &str = "aggregate_id";
+const H_AGGREGATE_SEQUENCE: &str = "aggregate_sequence";
+const H_SCHEMA_VERSION: &str = "schema_version";
+const H_LSN: &str = "lsn";
+
+/// Turns outbox rows and messages into events; built once from the settings.
+#[derive(Debug, Clone)]
+pub struct OutboxMapper {
+    table: TableName,
+    qualified: String,
+    columns: ColumnNames,
+    extra_headers: Vec<String>,
+    topic: TopicTemplate,
+    /// `None` when logical messages are not events.
+    message_prefix: Option<String>,
+    max_record_bytes: usize,
+}
+
+/// Column positions of one version of the outbox table (one Relation message).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoundRelation {
+    oid: u32,
+    width: usize,
+    event_id: usize,
+    aggregate_type: usize,
+    aggregate_id: usize,
+    aggregate_sequence: Option<usize>,
+    event_type: usize,
+    schema_version: Option<usize>,
+    payload: usize,
+    extra: Vec<(String, usize)>,
+}
+
+impl BoundRelation {
+    /// The relation OID this binding belongs to.
+    pub fn oid(&self) -> u32 {
+        self.oid
+    }
+}
+
+/// The row being mapped, as far as it is known, for error messages.
+struct Partial<'a> {
+    source: &'a str,
+    lsn: Lsn,
+    event_id: Option<&'a str>,
+    aggregate_type: Option<&'a str>,
+    aggregate_id: Option<&'a str>,
+}
+
+impl Partial<'_> {
+    fn at(&self) -> RowRef {
+        RowRef {
+            source: self.source.to_owned(),
+            lsn: self.lsn,
+            event_id: self.event_id.map(str::to_owned),
+            aggregate_type: self.aggregate_type.map(str::to_owned),
+            aggregate_id: self.aggregate_id.map(str::to_owned),
+        }
+    }
+
+    /// The text bytes of column `idx`, which must be non-NULL.
+    fn text<'t>(
+        &self,
+        tuple: &'t TupleData,
+        idx: usize,
+        column: &str,
+    ) -> Result<&'t Bytes, MapError> {
+        let column = || column.to_owned();
+        match tuple.columns.get(idx) {
+            Some(ColumnValue::Text(b)) => Ok(b),
+            Some(ColumnValue::Null) | None => Err(MapError::NullColumn {
+                column: column(),
+                at: self.at(),
+            }),
+            Some(ColumnValue::UnchangedToast) => Err(MapError::UnchangedToast {
+                column: column(),
+                at: self.at(),
+            }),
+            Some(ColumnValue::Binary(_)) => Err(MapError::BinaryValue {
+                column: column(),
+                at: self.at(),
+            }),
+        }
+    }
+
+    fn utf8<'t>(&self, bytes: &'t Bytes, column: &str) -> Result<&'t str, MapError> {
+        std::str::from_utf8(bytes).map_err(|_| MapError::InvalidUtf8 {
+            column: column.to_owned(),
+            at: self.at(),
+        })
+    }
+}
+
+/// The JSON content of a logical decoding message that is an event.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Envelope {
+    event_id: String,
+    aggregate_type: String,
+    aggregate_id: String,
+    #[serde(default)]
+    aggregate_sequence: Option<i64>,
+    event_type: String,
+    #[serde(default)]
+    schema_version: Option<i32>,
+    payload: serde_json::Value,
+}
+
+impl OutboxMapper {
+    /// Validates the settings and prepares everything that does not depend on a row.
+    pub fn new(settings: &OutboxSettings) -> Result<OutboxMapper, ConfigError> {
+        settings.validate()?;
+        let table = settings.table_name()?;
+        Ok(OutboxMapper {
+            qualified: table.to_string(),
+            table,
+            columns: settings.column_names()?,
+            extra_headers: settings.extra_headers.clone(),
+            topic: settings.topic_template()?,
+            message_prefix: (!settings.message_prefix.is_empty())
+                .then(|| settings.message_prefix.clone()),
+            max_record_bytes: settings.max_record_bytes,
+        })
+    }
+
+    /// Whether `rel` is the configured outbox table.
+    pub fn matches(&self, rel: &Relation) -> bool {
+        rel.namespace == self.table.schema && rel.name == self.table.name
+    }
+
+    /// Resolves the configured columns in `rel` (the outbox table).
+    pub fn bind(&self, rel: &Relation) -> Result<BoundRelation, MapError> {
+        let find = |column: &str| {
+            rel.column_index(column)
+                .ok_or_else(|| MapError::MissingColumn {
+                    table: rel.qualified_name(),
+                    column: column.to_owned(),
+                })
+        };
+        let find_opt = |column: &Option<String>| column.as_deref().map(find).transpose();
+        let c = &self.columns;
+        Ok(BoundRelation {
+            oid: rel.oid,
+            width: rel.columns.len(),
+            event_id: find(&c.event_id)?,
+            aggregate_type: find(&c.aggregate_type)?,
+            aggregate_id: find(&c.aggregate_id)?,
+            aggregate_sequence: find_opt(&c.aggregate_sequence)?,
+            event_type: find(&c.event_type)?,
+            schema_version: find_opt(&c.schema_version)?,
+            payload: find(&c.payload)?,
+            extra: self
+                .extra_headers
+                .iter()
+                .map(|h| Ok((h.clone(), find(h)?)))
+                .collect::<Result<_, MapError>>()?,
+        })
+    }
+
+    /// Maps one inserted row of the outbox table.
+    pub fn map_insert(
+        &self,
+        bound: &BoundRelation,
+        tuple: &TupleData,
+        ctx: &ChangeContext,
+    ) -> Result<OutboxEvent, MapError> {
+        let c = &self.columns;
+        let mut row = Partial {
+            source: &self.qualified,
+            lsn: ctx.lsn,
+            event_id: None,
+            aggregate_type: None,
+            aggregate_id: None,
+        };
+        if tuple.columns.len() != bound.width {
+            return Err(MapError::ColumnCount {
+                expected: bound.width,
+                got: tuple.columns.len(),
+                at: row.at(),
+            });
+        }
+        let event_id_b = row.text(tuple, bound.event_id, &c.event_id)?;
+        let event_id = row.utf8(event_id_b, &c.event_id)?;
+        row.event_id = Some(event_id);
+        let aggregate_type_b = row.text(tuple, bound.aggregate_type, &c.aggregate_type)?;
+        let aggregate_type = row.utf8(aggregate_type_b, &c.aggregate_type)?;
+        row.aggregate_type = Some(aggregate_type);
+        let aggregate_id_b = row.text(tuple, bound.aggregate_id, &c.aggregate_id)?;
+        let aggregate_id = row.utf8(aggregate_id_b, &c.aggregate_id)?;
+        row.aggregate_id = Some(aggregate_id);
+        let event_type_b = row.text(tuple, bound.event_type, &c.event_type)?;
+        let event_type = row.utf8(event_type_b, &c.event_type)?;
+        let optional = |idx: Option<usize>, column: &Option<String>| match (idx, column) {
+            (Some(i), Some(name)) => row.text(tuple, i, name).map(|b| Some(b.clone())),
+            _ => Ok(None),
+        };
+        let sequence = optional(bound.aggregate_sequence, &c.aggregate_sequence)?;
+        let version = optional(bound.schema_version, &c.schema_version)?;
+        let payload = row.text(tuple, bound.payload, &c.payload)?.clone();
+
+        let mut headers = Vec::with_capacity(7 + bound.extra.len());
+        headers.push((Cow::Borrowed(H_EVENT_ID), event_id_b.clone()));
+        headers.push((Cow::Borrowed(H_EVENT_TYPE), event_type_b.clone()));
+        headers.push((Cow::Borrowed(H_AGGREGATE_TYPE), aggregate_type_b.clone()));
+        headers.push((Cow::Borrowed(H_AGGREGATE_ID), aggregate_id_b.clone()));
+        if let Some(seq) = sequence {
+            headers.push((Cow::Borrowed(H_AGGREGATE_SEQUENCE), seq));
+        }
+        if let Some(v) = version {
+            headers.push((Cow::Borrowed(H_SCHEMA_VERSION), v));
+        }
+        headers.push((Cow::Borrowed(H_LSN), Bytes::from(ctx.lsn.to_string())));
+        for (name, idx) in &bound.extra {
+            match tuple.columns.get(*idx) {
+                Some(ColumnValue::Null) => {}
+                _ => headers.push((
+                    Cow::Owned(name.clone()),
+                    row.text(tuple, *idx, name)?.clone(),
+                )),
+            }
+        }
+
+        let topic = self.render_topic(&row, aggregate_type, event_type)?;
+        self.finish(
+            &row,
+            OutboxEvent {
+                topic,
+                key: aggregate_id_b.clone(),
+                payload,
+                headers,
+                timestamp_ms: ctx.commit_time.unix_millis(),
+                event_id: event_id.to_owned(),
+                aggregate_type: aggregate_type.to_owned(),
+                aggregate_id: aggregate_id.to_owned(),
+                lsn: ctx.lsn,
+            },
+        )
+    }
+
+    /// Maps a logical decoding message. `None` when messages are off
+    /// (`message_prefix = ""`), when the prefix differs, and for
+    /// non-transactional messages: those are sent at once, even when the
+    /// emitting transaction later rolls back, so they cannot be events
+    /// (see [`OutboxMapper::is_stray_message`] to count them).
+    ///
+    /// The content is a JSON envelope, see docs/outbox-table.md. Its payload is
+    /// re-serialized compactly (serde_json without `raw_value` cannot keep the
+    /// original bytes). Extra headers do not apply: a message has no columns.
+    pub fn map_message(
+        &self,
+        msg: &LogicalMessage,
+        ctx: &ChangeContext,
+    ) -> Result<Option<OutboxEvent>, MapError> {
+        match &self.message_prefix {
+            Some(prefix) if msg.transactional && msg.prefix == *prefix => {}
+            _ => return Ok(None),
+        }
+        let source = format!("logical message {:?}", msg.prefix);
+        let mut row = Partial {
+            source: &source,
+            lsn: ctx.lsn,
+            event_id: None,
+            aggregate_type: None,
+            aggregate_id: None,
+        };
+        let env: Envelope =
+            serde_json::from_slice(&msg.content).map_err(|e| MapError::BadEnvelope {
+                reason: e.to_string(),
+                at: row.at(),
+            })?;
+        row.event_id = Some(&env.event_id);
+        row.aggregate_type = Some(&env.aggregate_type);
+        row.aggregate_id = Some(&env.aggregate_id);
+        if env.event_id.is_empty() {
+            return Err(MapError::BadEnvelope {
+                reason: "\"event_id\" is empty".into(),
+                at: row.at(),
+            });
+        }
+        if env.payload.is_null() {
+            return Err(MapError::BadEnvelope {
+                reason: "\"payload\" is null".into(),
+                at: row.at(),
+            });
+        }
+        let payload = serde_json::to_vec(&env.payload).map_err(|e| MapError::BadEnvelope {
+            reason: e.to_string(),
+            at: row.at(),
+        })?;
+
+        let mut headers = Vec::with_capacity(7);
+        headers.push((
+            Cow::Borrowed(H_EVENT_ID),
+            Bytes::copy_from_slice(env.event_id.as_bytes()),
+        ));
+        headers.push((
+            Cow::Borrowed(H_EVENT_TYPE),
+            Bytes::copy_from_slice(env.event_type.as_bytes()),
+        ));
+        headers.push((
+            Cow::Borrowed(H_AGGREGATE_TYPE),
+            Bytes::copy_from_slice(env.aggregate_type.as_bytes()),
+        ));
+        headers.push((
+            Cow::Borrowed(H_AGGREGATE_ID),
+            Bytes::copy_from_slice(env.aggregate_id.as_bytes()),
+        ));
+        if let Some(seq) = env.aggregate_sequence {
+            headers.push((
+                Cow::Borrowed(H_AGGREGATE_SEQUENCE),
+                Bytes::from(seq.to_string()),
+            ));
+        }
+        if let Some(v) = env.schema_version {
+            headers.push((Cow::Borrowed(H_SCHEMA_VERSION), Bytes::from(v.to_string())));
+        }
+        headers.push((Cow::Borrowed(H_LSN), Bytes::from(ctx.lsn.to_string())));
+
+        let topic = self.render_topic(&row, &env.aggregate_type, &env.event_type)?;
+        let event = OutboxEvent {
+            topic,
+            key: Bytes::copy_from_slice(env.aggregate_id.as_bytes()),
+            payload: Bytes::from(payload),
+            headers,
+            timestamp_ms: ctx.commit_time.unix_millis(),
+            event_id: env.event_id.clone(),
+            aggregate_type: env.aggregate_type.clone(),
+            aggregate_id: env.aggregate_id.clone(),
+            lsn: ctx.lsn,
+        };
+        self.finish(&row, event).map(Some)
+    }
+
+    /// Whether logical decoding messages can be events (`message_prefix` set):
+    /// the stream must then be started with pgoutput's `messages 'true'`.
+    pub fn wants_messages(&self) -> bool {
+        self.message_prefix.is_some()
+    }
+
+    /// A non-transactional message carrying the event prefix: ignored by
+    /// [`OutboxMapper::map_message`], worth counting and logging by the caller.
+    pub fn is_stray_message(&self, msg: &LogicalMessage) -> bool {
+        !msg.transactional && self.message_prefix.as_deref() == Some(msg.prefix.as_str())
+    }
+
+    fn render_topic(
+        &self,
+        row: &Partial<'_>,
+        aggregate_type: &str,
+        event_type: &str,
+    ) -> Result<String, MapError> {
+        self.topic
+            .render(aggregate_type, event_type)
+            .map_err(|(topic, e)| MapError::InvalidTopic {
+                topic,
+                reason: e.to_string(),
+                at: row.at(),
+            })
+    }
+
+    fn finish(&self, row: &Partial<'_>, event: OutboxEvent) -> Result<OutboxEvent, MapError> {
+        let bytes = event.size_bytes();
+        if bytes > self.max_record_bytes {
+            return Err(MapError::TooLarge {
+                bytes,
+                max: self.max_record_bytes,
+                at: row.at(),
+            });
+        }
+        Ok(event)
+    }
+}
+
+/// What a relation OID is to the mapper.
+#[derive(Debug, Clone)]
+enum Binding {
+    /// Another table of the publication: its changes are not events.
+    Other,
+    Outbox(BoundRelation),
+    /// The outbox table, but its columns do not fit the settings; every row errs.
+    Unusable(MapError),
+}
+
+/// The caller-side cache of bindings, keyed by relation OID.
+///
+/// Every Relation message goes through [`RelationBindings::observe`]; every
+/// Insert through [`RelationBindings::map_insert`]. A failed binding is kept,
+/// so rows of a table that cannot be mapped fail rather than vanish.
+#[derive(Debug, Clone, Default)]
+pub struct RelationBindings {
+    by_oid: HashMap<u32, Binding>,
+}
+
+impl RelationBindings {
+    pub fn new() -> RelationBindings {
+        RelationBindings::default()
+    }
+
+    /// Records (or replaces) the binding for `rel`. `Ok(true)`: `rel` is the
+    /// outbox table and is bound; `Ok(false)`: another table.
+    pub fn observe(&mut self, mapper: &OutboxMapper, rel: &Relation) -> Result<bool, MapError> {
+        if !mapper.matches(rel) {
+            self.by_oid.insert(rel.oid, Binding::Other);
+            return Ok(false);
+        }
+        match mapper.bind(rel) {
+            Ok(bound) => {
+                self.by_oid.insert(rel.oid, Binding::Outbox(bound));
+                Ok(true)
+            }
+            Err(e) => {
+                self.by_oid.insert(rel.oid, Binding::Unusable(e.clone()));
+                Err(e)
+            }
+        }
+    }
+
+    /// The binding of `oid` when it is the (usable) outbox table.
+    pub fn get(&self, oid: u32) -> Option<&BoundRelation> {
+        match self.by_oid.get(&oid) {
+            Some(Binding::Outbox(b)) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// Maps an insert into relation `oid`: `None` for other tables.
+    pub fn map_insert(
+        &self,
+        mapper: &OutboxMapper,
+        oid: u32,
+        tuple: &TupleData,
+        ctx: &ChangeContext,
+    ) -> Result<Option<OutboxEvent>, MapError> {
+        match self.by_oid.get(&oid) {
+            Some(Binding::Outbox(bound)) => mapper.map_insert(bound, tuple, ctx).map(Some),
+            Some(Binding::Other) => Ok(None),
+            Some(Binding::Unusable(e)) => Err(e.clone()),
+            None => Err(MapError::UnknownRelation { oid, lsn: ctx.lsn }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outbox::settings::Layout;
+    use crate::pgoutput::RelationColumn;
+
+    const UUID: &str = "0b7f1c1e-3d2a-4c55-9a8e-6f0d2b1c9e01";
+
+    fn rel(oid: u32, namespace: &str, name: &str, cols: &[&str]) -> Relation {
+        Relation {
+            oid,
+            namespace: namespace.into(),
+            name: name.into(),
+            replica_identity: b'd',
+            columns: cols
+                .iter()
+                .map(|c| RelationColumn {
+                    flags: 0,
+                    name: (*c).into(),
+                    type_oid: 25,
+                    type_modifier: -1,
+                })
+                .collect(),
+        }
+    }
+
+    const SEED_COLS: [&str; 8] = [
+        "event_id",
+        "aggregate_type",
+        "aggregate_id",
+        "aggregate_sequence",
+        "event_type",
+        "schema_version",
+        "payload",
+        "occurred_at",
+    ];
+
+    fn seed_rel() -> Relation {
+        rel(16400, "public", "outbox_events", &SEED_COLS)
+    }
+
+    fn text(s: &str) -> ColumnValue {
+        ColumnValue::Text(Bytes::copy_from_slice(s.as_bytes()))
+    }
+
+    fn seed_row() -> TupleData {
+        TupleData {
+            columns: vec![
+                text(UUID),
+                text("order"),
+                text("o-42"),
+                text("7"),
+                text("OrderCreated"),
+                text("2"),
+                text(r#"{"amount": 100, "sku": "A-1"}"#),
+                text("2026-01-01 00:00:00+00"),
+            ],
+        }
+    }
+
+    fn ctx() -> ChangeContext {
+        ChangeContext {
+            lsn: Lsn::new(0x16_B374_D848),
+            commit_time: PgTimestamp(1_000_000),
+        }
+    }
+
+    fn mapper(settings: OutboxSettings) -> OutboxMapper {
+        OutboxMapper::new(&settings).unwrap()
+    }
+
+    fn header_list(e: &OutboxEvent) -> Vec<(String, String)> {
+        e.headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), String::from_utf8(v.to_vec()).unwrap()))
+            .collect()
+    }
+
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn maps_a_seed_row_to_the_exact_record() {
+        let m = mapper(OutboxSettings::default());
+        let r = seed_rel();
+        assert!(m.matches(&r));
+        let bound = m.bind(&r).unwrap();
+        let row = seed_row();
+        let e = m.map_insert(&bound, &row, &ctx()).unwrap();
+        assert_eq!(e.topic, "outbox.event.order");
+        assert_eq!(e.key, Bytes::from_static(b"o-42"));
+        assert_eq!(
+            e.payload,
+            Bytes::from_static(br#"{"amount": 100, "sku": "A-1"}"#)
+        );
+        assert_eq!(e.timestamp_ms, 946_684_801_000);
+        assert_eq!(e.event_id, UUID);
+        assert_eq!(e.aggregate_type, "order");
+        assert_eq!(e.aggregate_id, "o-42");
+        assert_eq!(e.lsn, ctx().lsn);
+        assert_eq!(
+            header_list(&e),
+            pairs(&[
+                ("event_id", UUID),
+                ("event_type", "OrderCreated"),
+                ("aggregate_type", "order"),
+                ("aggregate_id", "o-42"),
+                ("aggregate_sequence", "7"),
+                ("schema_version", "2"),
+                ("lsn", "16/B374D848"),
+            ])
+        );
+        // The payload is a view of the received bytes, not a copy.
+        let ColumnValue::Text(stored) = &row.columns[6] else {
+            unreachable!()
+        };
+        assert_eq!(e.payload.as_ptr(), stored.as_ptr());
+    }
+
+    #[test]
+    fn debezium_layout_omits_sequence_and_version_and_adds_extra_headers() {
+        let settings = OutboxSettings {
+            table: "outbox".into(),
+            layout: Layout::Debezium,
+            topic: "{table}.{aggregate_type}.{event_type}".into(),
+            extra_headers: vec!["tenant".into(), "trace_id".into()],
+            ..OutboxSettings::default()
+        };
+        let m = mapper(settings);
+        let r = rel(
+            1,
+            "public",
+            "outbox",
+            &[
+                "id",
+                "aggregatetype",
+                "aggregateid",
+                "type",
+                "payload",
+                "tenant",
+                "trace_id",
+            ],
+        );
+        let bound = m.bind(&r).unwrap();
+        let row = TupleData {
+            columns: vec![
+                text(UUID),
+                text("Order"),
+                text("9"),
+                text("Paid"),
+                text("{}"),
+                text("acme"),
+                ColumnValue::Null,
+            ],
+        };
+        let e = m.map_insert(&bound, &row, &ctx()).unwrap();
+        assert_eq!(e.topic, "outbox.Order.Paid");
+        assert_eq!(
+            header_list(&e),
+            pairs(&[
+                ("event_id", UUID),
+                ("event_type", "Paid"),
+                ("aggregate_type", "Order"),
+                ("aggregate_id", "9"),
+                ("lsn", "16/B374D848"),
+                ("tenant", "acme"),
+            ])
+        );
+    }
+
+    #[test]
+    fn matches_only_the_configured_table() {
+        let m = mapper(OutboxSettings::default());
+        assert!(!m.matches(&rel(1, "other", "outbox_events", &SEED_COLS)));
+        assert!(!m.matches(&rel(1, "public", "orders", &SEED_COLS)));
+        assert!(!m.matches(&rel(1, "public", "Outbox_Events", &SEED_COLS)));
+    }
+
+    #[test]
+    fn missing_column_names_table_and_column_and_is_not_poison() {
+        let m = mapper(OutboxSettings::default());
+        let mut cols = SEED_COLS.to_vec();
+        cols.retain(|c| *c != "aggregate_sequence");
+        let e = m
+            .bind(&rel(1, "public", "outbox_events", &cols))
+            .unwrap_err();
+        assert_eq!(
+            e,
+            MapError::MissingColumn {
+                table: "public.outbox_events".into(),
+                column: "aggregate_sequence".into()
+            }
+        );
+        assert!(e.to_string().contains("public.outbox_events"));
+        assert!(e.to_string().contains("\"aggregate_sequence\""));
+        assert!(!e.is_poison());
+        let extra = mapper(OutboxSettings {
+            extra_headers: vec!["trace_id".into()],
+            ..Default::default()
+        });
+        assert!(
+            matches!(extra.bind(&seed_rel()), Err(MapError::MissingColumn { column, .. }) if column == "trace_id")
+        );
+    }
+
+    fn map_with(column: usize, value: ColumnValue) -> MapError {
+        let m = mapper(OutboxSettings::default());
+        let bound = m.bind(&seed_rel()).unwrap();
+        let mut row = seed_row();
+        row.columns[column] = value;
+        m.map_insert(&bound, &row, &ctx()).unwrap_err()
+    }
+
+    #[test]
+    fn null_columns_are_poison_naming_column_and_event() {
+        let e = map_with(2, ColumnValue::Null);
+        assert!(matches!(&e, MapError::NullColumn { column, .. } if column == "aggregate_id"));
+        assert!(e.is_poison());
+        let at = e.row().unwrap();
+        assert_eq!(at.event_id.as_deref(), Some(UUID));
+        assert_eq!(at.aggregate_type.as_deref(), Some("order"));
+        assert_eq!(at.aggregate_id, None);
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "public.outbox_events at LSN 16/B374D848, event_id {UUID}: column \"aggregate_id\" is NULL"
+            )
+        );
+        assert_eq!(e.event_id(), Some(UUID));
+        assert_eq!(e.aggregate(), None);
+        let e = map_with(0, ColumnValue::Null);
+        assert!(e.to_string().contains("event_id unknown"), "{e}");
+        assert_eq!(e.event_id(), None);
+        assert_eq!(
+            map_with(6, ColumnValue::Null).aggregate(),
+            Some(("order", "o-42"))
+        );
+        assert!(
+            matches!(map_with(6, ColumnValue::Null), MapError::NullColumn { column, .. } if column == "payload")
+        );
+        assert!(
+            matches!(map_with(3, ColumnValue::Null), MapError::NullColumn { column, .. } if column == "aggregate_sequence")
+        );
+    }
+
+    #[test]
+    fn toast_binary_and_utf8_errors() {
+        let e = map_with(6, ColumnValue::UnchangedToast);
+        assert!(matches!(&e, MapError::UnchangedToast { column, .. } if column == "payload"));
+        assert!(e.is_poison());
+        assert!(e.to_string().contains(UUID));
+
+        let e = map_with(4, ColumnValue::Binary(Bytes::from_static(b"x")));
+        assert!(matches!(&e, MapError::BinaryValue { column, .. } if column == "event_type"));
+        assert!(!e.is_poison());
+
+        let e = map_with(1, ColumnValue::Text(Bytes::from_static(b"\xff\xfe")));
+        assert!(matches!(&e, MapError::InvalidUtf8 { column, .. } if column == "aggregate_type"));
+        assert!(e.is_poison());
+        assert!(e.to_string().contains("\"aggregate_type\""));
+    }
+
+    #[test]
+    fn invalid_topic_is_poison_not_panic() {
+        let e = map_with(1, text("order/x"));
+        match &e {
+            MapError::InvalidTopic { topic, reason, at } => {
+                assert_eq!(topic, "outbox.event.order/x");
+                assert!(reason.contains("'/'"), "{reason}");
+                assert_eq!(at.aggregate_id.as_deref(), Some("o-42"));
+            }
+            other => panic!("expected InvalidTopic, got {other:?}"),
+        }
+        assert!(e.is_poison());
+        assert!(e.to_string().contains(UUID));
+    }
+
+    #[test]
+    fn oversize_record_is_poison() {
+        let m = mapper(OutboxSettings {
+            max_record_bytes: 100,
+            ..Default::default()
+        });
+        let bound = m.bind(&seed_rel()).unwrap();
+        let mut row = seed_row();
+        row.columns[6] = text(&format!("\"{}\"", "x".repeat(100)));
+        let e = m.map_insert(&bound, &row, &ctx()).unwrap_err();
+        assert!(matches!(e, MapError::TooLarge { max: 100, bytes, .. } if bytes > 100));
+        assert!(e.is_poison());
+        assert!(e.to_string().contains("outbox.max_record_bytes = 100"));
+    }
+
+    #[test]
+    fn row_width_must_match_its_relation() {
+        let e = {
+            let m = mapper(OutboxSettings::default());
+            let bound = m.bind(&seed_rel()).unwrap();
+            let mut row = seed_row();
+            row.columns.pop();
+            m.map_insert(&bound, &row, &ctx()).unwrap_err()
+        };
+        assert!(matches!(
+            e,
+            MapError::ColumnCount {
+                expected: 8,
+                got: 7,
+                ..
+            }
+        ));
+        assert!(!e.is_poison());
+    }
+
+    #[test]
+    fn rebinds_when_the_relation_changes() {
+        let m = mapper(OutboxSettings {
+            extra_headers: vec!["trace_id".into()],
+            ..Default::default()
+        });
+        let mut bindings = RelationBindings::new();
+        // The table exists without trace_id: the binding fails and rows fail too.
+        assert!(bindings.observe(&m, &seed_rel()).is_err());
+        let err = bindings
+            .map_insert(&m, 16400, &seed_row(), &ctx())
+            .unwrap_err();
+        assert!(matches!(err, MapError::MissingColumn { ref column, .. } if column == "trace_id"));
+
+        // ALTER TABLE ... ADD COLUMN trace_id, placed before payload in this test:
+        // a new Relation message re-binds every position.
+        let mut cols = SEED_COLS.to_vec();
+        cols.insert(1, "trace_id");
+        let altered = rel(16400, "public", "outbox_events", &cols);
+        assert!(bindings.observe(&m, &altered).unwrap());
+        let mut row = seed_row();
+        row.columns.insert(1, text("t-1"));
+        let e = bindings
+            .map_insert(&m, 16400, &row, &ctx())
+            .unwrap()
+            .unwrap();
+        assert_eq!(e.key, Bytes::from_static(b"o-42"));
+        assert_eq!(
+            e.payload,
+            Bytes::from_static(br#"{"amount": 100, "sku": "A-1"}"#)
+        );
+        assert_eq!(
+            header_list(&e).last().unwrap(),
+            &("trace_id".to_string(), "t-1".to_string())
+        );
+        assert_eq!(bindings.get(16400).map(BoundRelation::oid), Some(16400));
+
+        // Other tables of the publication are not events; unknown OIDs are a stream error.
+        assert!(
+            !bindings
+                .observe(&m, &rel(17000, "public", "orders", &["order_id"]))
+                .unwrap()
+        );
+        assert_eq!(
+            bindings
+                .map_insert(&m, 17000, &TupleData::default(), &ctx())
+                .unwrap(),
+            None
+        );
+        let e = bindings
+            .map_insert(&m, 99, &TupleData::default(), &ctx())
+            .unwrap_err();
+        assert_eq!(
+            e,
+            MapError::UnknownRelation {
+                oid: 99,
+                lsn: ctx().lsn
+            }
+        );
+        assert!(!e.is_poison());
+
+        // A rename away from the configured name unbinds the OID.
+        assert!(
+            !bindings
+                .observe(&m, &rel(16400, "public", "outbox_old", &cols))
+                .unwrap()
+        );
+        assert_eq!(bindings.map_insert(&m, 16400, &row, &ctx()).unwrap(), None);
+    }
+
+    fn message(transactional: bool, prefix: &str, content: &str) -> LogicalMessage {
+        LogicalMessage {
+            transactional,
+            lsn: Lsn::new(0x16_B374_D848),
+            prefix: prefix.into(),
+            content: Bytes::copy_from_slice(content.as_bytes()),
+        }
+    }
+
+    const ENVELOPE: &str = r#"{"event_id":"e-1","aggregate_type":"order","aggregate_id":"o-1",
+        "aggregate_sequence":3,"event_type":"Shipped","schema_version":1,"payload":{"carrier":"dhl"}}"#;
+
+    #[test]
+    fn maps_a_message_envelope() {
+        let m = mapper(OutboxSettings {
+            message_prefix: "outbox".into(),
+            ..Default::default()
+        });
+        let e = m
+            .map_message(&message(true, "outbox", ENVELOPE), &ctx())
+            .unwrap()
+            .unwrap();
+        assert_eq!(e.topic, "outbox.event.order");
+        assert_eq!(e.key, Bytes::from_static(b"o-1"));
+        assert_eq!(e.payload, Bytes::from_static(br#"{"carrier":"dhl"}"#));
+        assert_eq!(e.timestamp_ms, 946_684_801_000);
+        assert_eq!(
+            header_list(&e),
+            pairs(&[
+                ("event_id", "e-1"),
+                ("event_type", "Shipped"),
+                ("aggregate_type", "order"),
+                ("aggregate_id", "o-1"),
+                ("aggregate_sequence", "3"),
+                ("schema_version", "1"),
+                ("lsn", "16/B374D848"),
+            ])
+        );
+        let minimal = r#"{"event_id":"e-2","aggregate_type":"order","aggregate_id":"o-1","event_type":"X","payload":[1]}"#;
+        let e = m
+            .map_message(&message(true, "outbox", minimal), &ctx())
+            .unwrap()
+            .unwrap();
+        assert_eq!(header_list(&e).len(), 5);
+        assert_eq!(e.payload, Bytes::from_static(b"[1]"));
+    }
+
+    #[test]
+    fn messages_that_are_not_events() {
+        let off = mapper(OutboxSettings::default());
+        assert!(!off.wants_messages());
+        assert_eq!(
+            off.map_message(&message(true, "", ENVELOPE), &ctx())
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            off.map_message(&message(true, "outbox", ENVELOPE), &ctx())
+                .unwrap(),
+            None
+        );
+        let m = mapper(OutboxSettings {
+            message_prefix: "outbox".into(),
+            ..Default::default()
+        });
+        assert_eq!(
+            m.map_message(&message(true, "outbox2", ENVELOPE), &ctx())
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            m.map_message(&message(true, "outbo", ENVELOPE), &ctx())
+                .unwrap(),
+            None
+        );
+        let stray = message(false, "outbox", ENVELOPE);
+        assert_eq!(m.map_message(&stray, &ctx()).unwrap(), None);
+        assert!(m.is_stray_message(&stray));
+        assert!(!m.is_stray_message(&message(false, "other", ENVELOPE)));
+        assert!(!m.is_stray_message(&message(true, "outbox", ENVELOPE)));
+        assert!(!off.is_stray_message(&stray));
+    }
+
+    #[test]
+    fn bad_envelopes_are_poison() {
+        let m = mapper(OutboxSettings {
+            message_prefix: "outbox".into(),
+            ..Default::default()
+        });
+        let bad = [
+            "not json",
+            r#"{"event_id":"e","aggregate_type":"a","aggregate_id":"i","event_type":"t"}"#,
+            r#"{"event_id":"e","aggregate_type":"a","aggregate_id":"i","event_type":"t","payload":null}"#,
+            r#"{"event_id":"","aggregate_type":"a","aggregate_id":"i","event_type":"t","payload":1}"#,
+            r#"{"event_id":"e","aggregate_type":"a","aggregate_id":"i","event_type":"t","payload":1,"extra":1}"#,
+            r#"{"event_id":"e","aggregate_type":"a","aggregate_id":"i","event_type":"t","payload":1,"aggregate_sequence":"x"}"#,
+        ];
+        for content in bad {
+            let e = m
+                .map_message(&message(true, "outbox", content), &ctx())
+                .unwrap_err();
+            assert!(
+                matches!(e, MapError::BadEnvelope { .. }),
+                "{content}: {e:?}"
+            );
+            assert!(e.is_poison());
+            assert!(
+                e.to_string()
+                    .starts_with("logical message \"outbox\" at LSN 16/B374D848"),
+                "{e}"
+            );
+        }
+        let null_payload = r#"{"event_id":"e-9","aggregate_type":"a","aggregate_id":"i","event_type":"t","payload":null}"#;
+        let e = m
+            .map_message(&message(true, "outbox", null_payload), &ctx())
+            .unwrap_err();
+        assert!(e.to_string().contains("event_id e-9"), "{e}");
+        let bad_topic = r#"{"event_id":"e","aggregate_type":"a b","aggregate_id":"i","event_type":"t","payload":1}"#;
+        let e = m
+            .map_message(&message(true, "outbox", bad_topic), &ctx())
+            .unwrap_err();
+        assert!(matches!(e, MapError::InvalidTopic { .. }));
+    }
+}
