@@ -134,8 +134,9 @@ ensure_prerequisites() {
         die "no Java found ($JAVA); install Java 17+ (\`apt-get install openjdk-17-jre-headless\`) or set JAVA_HOME"
     local major
     major="$(java_major)"
-    [[ "$major" =~ ^[0-9]+$ ]] && ((major >= 17)) ||
+    if ! [[ "$major" =~ ^[0-9]+$ ]] || ((major < 17)); then
         die "Kafka $KAFKA_VERSION needs Java 17+, found '$major' ($JAVA); install openjdk-17-jre-headless and set JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64"
+    fi
 }
 
 # ---------------------------------------------------------------- PostgreSQL

@@ -13,6 +13,7 @@ ROOT="$(pwd -P)"
 was_up=0
 if scripts/env.sh status >/dev/null 2>&1; then was_up=1; fi
 
+# shellcheck disable=SC2317 # invoked by the EXIT trap
 teardown() {
     local rc=$?
     if [[ "$was_up" == 0 ]]; then

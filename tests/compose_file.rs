@@ -25,7 +25,11 @@ fn block<'a>(lines: &[&'a str], at: usize, key: &str) -> Vec<&'a str> {
     let header = format!("{key}:");
     let start = lines
         .iter()
-        .position(|l| is_content(l) && indent(l) == at && l.trim_end() == format!("{}{header}", " ".repeat(at)))
+        .position(|l| {
+            is_content(l)
+                && indent(l) == at
+                && l.trim_end() == format!("{}{header}", " ".repeat(at))
+        })
         .unwrap_or_else(|| panic!("docker-compose.yml has no `{key}:` at indentation {at}"));
     lines[start + 1..]
         .iter()
@@ -83,7 +87,12 @@ fn bin_name() -> String {
             in_bin = line == "[[bin]]";
         } else if in_bin {
             if let Some(v) = line.strip_prefix("name") {
-                return v.trim_start().trim_start_matches('=').trim().trim_matches('"').to_string();
+                return v
+                    .trim_start()
+                    .trim_start_matches('=')
+                    .trim()
+                    .trim_matches('"')
+                    .to_string();
             }
         }
     }
@@ -99,9 +108,17 @@ fn postgres_service_matches_env_sh() {
     assert_eq!(pg_port, "54329");
 
     let pg = service(&lines, "postgres");
-    assert_eq!(scalar(&pg, 4, "image"), Some("postgres:15"), "PostgreSQL 15, as scripts/env.sh installs");
+    assert_eq!(
+        scalar(&pg, 4, "image"),
+        Some("postgres:15"),
+        "PostgreSQL 15, as scripts/env.sh installs"
+    );
     let ports = list(&pg, "ports");
-    assert_eq!(ports, [format!("127.0.0.1:{pg_port}:5432")], "postgres must publish loopback port {pg_port}");
+    assert_eq!(
+        ports,
+        [format!("127.0.0.1:{pg_port}:5432")],
+        "postgres must publish loopback port {pg_port}"
+    );
 
     // `command:` as a sequence of `-c`, `name=value` pairs.
     let command = list(&pg, "command");
@@ -117,9 +134,13 @@ fn postgres_service_matches_env_sh() {
         "max_wal_senders=32",
         "password_encryption=scram-sha-256",
     ] {
-        assert!(settings.contains(&wanted), "postgres command lacks -c {wanted}: {settings:?}");
         assert!(
-            env_sh.contains(&wanted.replace('=', " = ")) || env_sh.contains(&wanted.replace("=", " = '")),
+            settings.contains(&wanted),
+            "postgres command lacks -c {wanted}: {settings:?}"
+        );
+        assert!(
+            env_sh.contains(&wanted.replace('=', " = "))
+                || env_sh.contains(&wanted.replace("=", " = '")),
             "scripts/env.sh does not set {wanted} like docker-compose.yml"
         );
     }
@@ -127,7 +148,10 @@ fn postgres_service_matches_env_sh() {
     let env = block(&pg, 4, "environment");
     assert_eq!(scalar(&env, 6, "POSTGRES_DB"), Some("app"));
     assert_eq!(scalar(&env, 6, "POSTGRES_PASSWORD"), Some("postgres"));
-    assert_eq!(scalar(&env, 6, "POSTGRES_HOST_AUTH_METHOD"), Some("scram-sha-256"));
+    assert_eq!(
+        scalar(&env, 6, "POSTGRES_HOST_AUTH_METHOD"),
+        Some("scram-sha-256")
+    );
 }
 
 #[test]
@@ -147,14 +171,17 @@ fn migrations_are_mounted_and_applied_after_the_outbox_role() {
         .next()
         .unwrap_or_default();
     assert!(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations").is_dir(),
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("migrations")
+            .is_dir(),
         "docker-compose.yml mounts ./migrations, which does not exist"
     );
 
     // The init script (an inline config mounted into the image's init directory)
     // creates the role, then applies every *.sql of the mounted directory.
     let init = block(&pg, 4, "configs");
-    let source = scalar(&init, 8, "source").unwrap_or_else(|| panic!("postgres configs without a source: {init:?}"));
+    let source = scalar(&init, 8, "source")
+        .unwrap_or_else(|| panic!("postgres configs without a source: {init:?}"));
     let init_target = scalar(&init, 8, "target").unwrap_or_default();
     assert!(
         init_target.starts_with("/docker-entrypoint-initdb.d/") && init_target.ends_with(".sh"),
@@ -166,12 +193,21 @@ fn migrations_are_mounted_and_applied_after_the_outbox_role() {
     let role = script
         .iter()
         .position(|l| l.starts_with("CREATE ROLE outbox LOGIN REPLICATION PASSWORD 'outbox'"))
-        .unwrap_or_else(|| panic!("init script {source} does not create the outbox role: {script:?}"));
+        .unwrap_or_else(|| {
+            panic!("init script {source} does not create the outbox role: {script:?}")
+        });
     let apply = script
         .iter()
-        .position(|l| l.contains(&format!("find {target} ")) && l.contains("*.sql") && l.contains("sort"))
-        .unwrap_or_else(|| panic!("init script {source} does not apply {target}/*.sql in name order"));
-    assert!(role < apply, "the outbox role must exist before the migrations run (they grant to it)");
+        .position(|l| {
+            l.contains(&format!("find {target} ")) && l.contains("*.sql") && l.contains("sort")
+        })
+        .unwrap_or_else(|| {
+            panic!("init script {source} does not apply {target}/*.sql in name order")
+        });
+    assert!(
+        role < apply,
+        "the outbox role must exist before the migrations run (they grant to it)"
+    );
 }
 
 #[test]
@@ -186,15 +222,28 @@ fn kafka_service_matches_env_sh_and_connector_config() {
     let kafka = service(&lines, "kafka");
     let image = scalar(&kafka, 4, "image").unwrap_or_default();
     assert!(
-        kafka_version.contains(image.trim_start_matches("apache/kafka:")) && image.starts_with("apache/kafka:"),
+        kafka_version.contains(image.trim_start_matches("apache/kafka:"))
+            && image.starts_with("apache/kafka:"),
         "kafka image {image} differs from the version scripts/env.sh runs ({kafka_version})"
     );
-    assert_eq!(list(&kafka, "ports"), [format!("127.0.0.1:{kafka_port}:{kafka_port}")]);
+    assert_eq!(
+        list(&kafka, "ports"),
+        [format!("127.0.0.1:{kafka_port}:{kafka_port}")]
+    );
 
     let env = block(&kafka, 4, "environment");
-    assert_eq!(scalar(&env, 6, "KAFKA_PROCESS_ROLES"), Some("broker,controller"));
-    assert_eq!(scalar(&env, 6, "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"), Some("1"));
-    assert_eq!(scalar(&env, 6, "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"), Some("1"));
+    assert_eq!(
+        scalar(&env, 6, "KAFKA_PROCESS_ROLES"),
+        Some("broker,controller")
+    );
+    assert_eq!(
+        scalar(&env, 6, "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"),
+        Some("1")
+    );
+    assert_eq!(
+        scalar(&env, 6, "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"),
+        Some("1")
+    );
     let advertised = scalar(&env, 6, "KAFKA_ADVERTISED_LISTENERS").unwrap_or_default();
     assert!(
         advertised.contains(&format!("//127.0.0.1:{kafka_port}")),
@@ -206,10 +255,17 @@ fn kafka_service_matches_env_sh_and_connector_config() {
     let bootstrap = config
         .lines()
         .find_map(|l| l.trim().strip_prefix("\"bootstrap.servers\""))
-        .map(|v| v.trim_start().trim_start_matches('=').trim().trim_matches('"'))
+        .map(|v| {
+            v.trim_start()
+                .trim_start_matches('=')
+                .trim()
+                .trim_matches('"')
+        })
         .unwrap_or_else(|| panic!("config/docker.toml sets no bootstrap.servers"));
     assert!(
-        advertised.split(',').any(|l| l.ends_with(&format!("//{bootstrap}"))),
+        advertised
+            .split(',')
+            .any(|l| l.ends_with(&format!("//{bootstrap}"))),
         "config/docker.toml bootstraps from {bootstrap}, which Kafka does not advertise ({advertised})"
     );
     assert!(
@@ -231,7 +287,11 @@ fn connector_service_runs_the_binary_built_by_the_dockerfile() {
         volumes.contains(&"./config/docker.toml:/etc/outbox-cdc/config.toml:ro"),
         "the connector must get config/docker.toml as /etc/outbox-cdc/config.toml: {volumes:?}"
     );
-    assert!(Path::new(env!("CARGO_MANIFEST_DIR")).join("config/docker.toml").is_file());
+    assert!(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("config/docker.toml")
+            .is_file()
+    );
     let command = scalar(&svc, 4, "command").unwrap_or_default();
     assert!(
         command.contains("\"--config\", \"/etc/outbox-cdc/config.toml\""),
@@ -240,23 +300,43 @@ fn connector_service_runs_the_binary_built_by_the_dockerfile() {
     let depends = block(&svc, 4, "depends_on");
     for dep in ["postgres", "kafka"] {
         let cond = block(&depends, 6, dep);
-        assert_eq!(scalar(&cond, 8, "condition"), Some("service_healthy"), "{dep} must be healthy first");
+        assert_eq!(
+            scalar(&cond, 8, "condition"),
+            Some("service_healthy"),
+            "{dep} must be healthy first"
+        );
         let healthcheck = block(&service(&lines, dep), 4, "healthcheck");
-        assert!(scalar(&healthcheck, 6, "test").is_some(), "{dep} has no healthcheck test");
+        assert!(
+            scalar(&healthcheck, 6, "test").is_some(),
+            "{dep} has no healthcheck test"
+        );
     }
 
     let dockerfile = read("Dockerfile");
     let instructions: Vec<&str> = dockerfile.lines().filter(|l| is_content(l)).collect();
     assert!(
-        instructions.iter().any(|l| l.contains(&format!("cargo build --release --locked --bin {bin}"))),
+        instructions
+            .iter()
+            .any(|l| l.contains(&format!("cargo build --release --locked --bin {bin}"))),
         "the Dockerfile must build the `{bin}` binary"
     );
-    assert!(instructions.iter().any(|l| l.starts_with("FROM rust:") && l.ends_with(" AS build")));
+    assert!(
+        instructions
+            .iter()
+            .any(|l| l.starts_with("FROM rust:") && l.ends_with(" AS build"))
+    );
     assert!(instructions.contains(&"FROM debian:bookworm-slim"));
     assert!(
-        instructions.iter().any(|l| l.starts_with("COPY --from=build ") && l.ends_with(&format!("/usr/local/bin/{bin}"))),
+        instructions
+            .iter()
+            .any(|l| l.starts_with("COPY --from=build ")
+                && l.ends_with(&format!("/usr/local/bin/{bin}"))),
         "the runtime stage must copy the `{bin}` binary"
     );
-    assert!(instructions.iter().any(|l| l.starts_with("USER ") && !l.ends_with(" root")));
+    assert!(
+        instructions
+            .iter()
+            .any(|l| l.starts_with("USER ") && !l.ends_with(" root"))
+    );
     assert!(instructions.contains(&format!("ENTRYPOINT [\"{bin}\"]").as_str()));
 }

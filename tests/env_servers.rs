@@ -21,10 +21,13 @@ const WAIT: Duration = Duration::from_secs(60);
 
 async fn outbox_client() -> tokio_postgres::Client {
     let url = common::pg_url();
-    let (client, conn) = tokio::time::timeout(WAIT, tokio_postgres::connect(&url, tokio_postgres::NoTls))
-        .await
-        .unwrap_or_else(|_| panic!("connecting as outbox ({url}) took more than {WAIT:?}"))
-        .unwrap_or_else(|e| panic!("cannot connect to the test PostgreSQL as outbox ({url}): {e}"));
+    let (client, conn) =
+        tokio::time::timeout(WAIT, tokio_postgres::connect(&url, tokio_postgres::NoTls))
+            .await
+            .unwrap_or_else(|_| panic!("connecting as outbox ({url}) took more than {WAIT:?}"))
+            .unwrap_or_else(|e| {
+                panic!("cannot connect to the test PostgreSQL as outbox ({url}): {e}")
+            });
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -41,7 +44,10 @@ async fn outbox_role_creates_and_drops_a_pgoutput_slot() {
         .await
         .expect("SHOW wal_level")
         .get(0);
-    assert_eq!(wal_level, "logical", "the test cluster must run with wal_level=logical");
+    assert_eq!(
+        wal_level, "logical",
+        "the test cluster must run with wal_level=logical"
+    );
 
     let encryption: String = client
         .query_one("SHOW password_encryption", &[])
@@ -61,7 +67,10 @@ async fn outbox_role_creates_and_drops_a_pgoutput_slot() {
     let created: String = row.get(0);
     assert_eq!(created, slot);
     let lsn: String = row.get(1);
-    assert!(lsn.contains('/'), "slot {slot} reported a consistent point {lsn:?} that is no LSN");
+    assert!(
+        lsn.contains('/'),
+        "slot {slot} reported a consistent point {lsn:?} that is no LSN"
+    );
 
     let listed = client
         .query_opt(
@@ -75,7 +84,8 @@ async fn outbox_role_creates_and_drops_a_pgoutput_slot() {
         .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
         .await;
 
-    let listed = listed.unwrap_or_else(|| panic!("slot {slot} is missing from pg_replication_slots"));
+    let listed =
+        listed.unwrap_or_else(|| panic!("slot {slot} is missing from pg_replication_slots"));
     let plugin: String = listed.get(0);
     let slot_type: String = listed.get(1);
     let database: Option<String> = listed.get(2);
@@ -94,7 +104,10 @@ async fn outbox_role_creates_and_drops_a_pgoutput_slot() {
         .await
         .expect("counting slots")
         .get(0);
-    assert_eq!(remaining, 0, "slot {slot} is still there after pg_drop_replication_slot");
+    assert_eq!(
+        remaining, 0,
+        "slot {slot} is still there after pg_drop_replication_slot"
+    );
 }
 
 #[tokio::test]
@@ -109,15 +122,22 @@ async fn outbox_role_authenticates_with_a_scram_verifier() {
         .await
         .expect("the test cluster has no role `outbox`");
     let verifier: Option<String> = row.get(0);
-    let (can_login, replication, superuser): (bool, bool, bool) = (row.get(1), row.get(2), row.get(3));
+    let (can_login, replication, superuser): (bool, bool, bool) =
+        (row.get(1), row.get(2), row.get(3));
     let verifier = verifier.expect("role outbox has no password");
     assert!(
         verifier.starts_with("SCRAM-SHA-256$"),
         "role outbox must have a SCRAM-SHA-256 verifier, has one starting {:?}",
         verifier.get(..14)
     );
-    assert!(can_login && replication, "role outbox needs LOGIN and REPLICATION");
-    assert!(!superuser, "role outbox must not be a superuser (the tests would prove nothing about grants)");
+    assert!(
+        can_login && replication,
+        "role outbox needs LOGIN and REPLICATION"
+    );
+    assert!(
+        !superuser,
+        "role outbox must not be a superuser (the tests would prove nothing about grants)"
+    );
 
     // And the URL the connector is given really logs in with that password over TCP.
     let client = outbox_client().await;
@@ -147,7 +167,8 @@ async fn kafka_round_trips_idempotent_acks_all_records() {
         .await
         .unwrap_or_else(|e| panic!("creating topic {topic} on {bootstrap}: {e}"));
     for result in created {
-        result.unwrap_or_else(|(name, code)| panic!("creating topic {name} on {bootstrap}: {code}"));
+        result
+            .unwrap_or_else(|(name, code)| panic!("creating topic {name} on {bootstrap}: {code}"));
     }
 
     let producer: FutureProducer = ClientConfig::new()
@@ -163,7 +184,9 @@ async fn kafka_round_trips_idempotent_acks_all_records() {
     let deliveries: Vec<_> = expected
         .iter()
         .map(|(key, value)| {
-            let record = FutureRecord::to(&topic).key(key.as_str()).payload(value.as_str());
+            let record = FutureRecord::to(&topic)
+                .key(key.as_str())
+                .payload(value.as_str());
             (key.clone(), producer.send(record, Timeout::After(WAIT)))
         })
         .collect();
@@ -174,7 +197,9 @@ async fn kafka_round_trips_idempotent_acks_all_records() {
                 "record {key} delivered to {topic} without an offset"
             ),
             Ok(Err((e, _))) => panic!("record {key} to {topic} on {bootstrap} failed: {e}"),
-            Err(_) => panic!("record {key} to {topic} on {bootstrap} not acknowledged within {WAIT:?}"),
+            Err(_) => {
+                panic!("record {key} to {topic} on {bootstrap} not acknowledged within {WAIT:?}")
+            }
         }
     }
 
@@ -213,10 +238,16 @@ async fn kafka_round_trips_idempotent_acks_all_records() {
             );
         }
     }
-    assert_eq!(received, expected, "records read back from {topic} differ from those produced");
+    assert_eq!(
+        received, expected,
+        "records read back from {topic} differ from those produced"
+    );
 
     // Leave the broker as we found it; a failure here is not the test's subject.
     let _ = admin
-        .delete_topics(&[&topic], &AdminOptions::new().operation_timeout(Some(Timeout::After(WAIT))))
+        .delete_topics(
+            &[&topic],
+            &AdminOptions::new().operation_timeout(Some(Timeout::After(WAIT))),
+        )
         .await;
 }
