@@ -179,6 +179,12 @@ async fn records_arrive_once_on_the_java_partition_in_send_order() {
         );
     }
     assert_eq!(delivered.len(), EVENTS);
+    let sink = std::sync::Arc::new(sink);
+    let flushing = std::sync::Arc::clone(&sink);
+    tokio::task::spawn_blocking(move || flushing.flush(WAIT))
+        .await
+        .expect("flush task")
+        .expect("flush");
     assert_eq!(sink.in_flight(), 0);
 
     // Per key, offsets follow send order, on the Java client's partition.
@@ -207,6 +213,13 @@ async fn records_arrive_once_on_the_java_partition_in_send_order() {
     while read < EVENTS {
         let msg = match tokio::time::timeout(WAIT, consumer.recv()).await {
             Ok(Ok(msg)) => msg,
+            // A just-created topic may not be known to the fetcher yet.
+            Ok(Err(e))
+                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::UnknownTopicOrPartition) =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
             Ok(Err(e)) => panic!("consume {topic}: {e}"),
             Err(_) => panic!("only {read} of {EVENTS} records read within {WAIT:?}"),
         };

@@ -245,7 +245,9 @@ impl<T: Send + 'static> KafkaSink<T> {
         }
     }
 
-    /// Records handed to librdkafka whose reports have not been delivered yet.
+    /// Records handed to librdkafka and not yet released by it. A record is
+    /// released just after its report is sent, so right after the last report
+    /// this may still count it for a moment; `flush` waits for zero.
     pub fn in_flight(&self) -> i32 {
         self.producer.in_flight_count()
     }

@@ -36,7 +36,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use rdkafka::ClientConfig;
-use rdkafka::config::RDKafkaLogLevel;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 
 use super::error::SinkError;
@@ -162,9 +161,6 @@ impl KafkaSettings {
         let mut config = ClientConfig::new();
         for (k, v) in effective.iter() {
             config.set(k, v);
-        }
-        if tracing::enabled!(target: "librdkafka", tracing::Level::DEBUG) {
-            config.set_log_level(RDKafkaLogLevel::Debug);
         }
         Ok(config)
     }

@@ -369,3 +369,24 @@ fn creation_errors_name_the_key_and_redact_secrets() {
         "{err}"
     );
 }
+
+#[test]
+fn sink_and_its_send_future_can_move_between_threads() {
+    fn assert_send_sync<S: Send + Sync>() {}
+    fn assert_send<F: Send>(_: &F) {}
+    // A token that is Send but not Sync is enough.
+    type Token = std::cell::Cell<u64>;
+    assert_send_sync::<KafkaSink<Token>>();
+    assert_send::<DeliveryReport<Token>>(&DeliveryReport {
+        token: Token::new(0),
+        result: Ok(Delivered {
+            partition: 0,
+            offset: 0,
+        }),
+    });
+    let cluster = mock(1, "threads");
+    let (sink, _rx) = KafkaSink::<Token>::new(&settings_for(&cluster)).unwrap();
+    let e = event("threads", "k", 0, 0);
+    let fut = sink.send(&e, Token::new(1));
+    assert_send(&fut);
+}
