@@ -1,8 +1,48 @@
-//! Everything that talks to PostgreSQL: the LSN type, wire timestamps, and
-//! (added by the source work) the replication transport and control SQL.
+//! Everything that talks to PostgreSQL.
+//!
+//! - `config`: the connection string, parsed once, used by both connections.
+//! - `connect` / `tls` / `auth`: socket, sslmode, startup and authentication.
+//! - `wire` / `codec`: message framing; XLogData, keepalive, status update.
+//! - `replication` / `feedback`: IDENTIFY_SYSTEM, START_REPLICATION, the stream
+//!   and the standby status updates sent from their own task.
+//! - `control`: slot and publication SQL on a tokio-postgres client.
+//! - `error`: `PgError` and the one SQLSTATE classification table.
+//!
+//! LSN rules kept here (DESIGN.md §5): the flushed position reported to the
+//! server only comes from the caller (`FeedbackHandle::set_flushed`), who
+//! passes only positions that are durable locally; reported positions never
+//! move backwards, and written >= flushed.
 
+mod auth;
+mod codec;
+mod config;
+mod connect;
+pub mod control;
+mod error;
+mod feedback;
+mod ident;
 pub mod lsn;
+mod replication;
+mod tls;
 pub mod time;
+mod wire;
 
+pub use codec::ReplicationEvent;
+pub use config::{PgConnectConfig, SslMode, TlsSettings};
+pub use control::SlotInfo;
+pub use error::{PgError, ServerError};
+pub use feedback::FeedbackHandle;
+pub use ident::{QualifiedTable, quote_ident};
 pub use lsn::Lsn;
+pub use replication::{ReplicationConnection, ReplicationStream, StreamOptions, SystemIdentity};
 pub use time::PgTimestamp;
+pub use wire::{Tag, WireError};
+
+impl PgConnectConfig {
+    /// A tokio-postgres client for control SQL, over the same transport,
+    /// hosts and TLS policy as the replication connection. Its connection
+    /// task is spawned on the current runtime.
+    pub async fn connect_sql(&self) -> Result<tokio_postgres::Client, PgError> {
+        connect::connect_sql(self).await
+    }
+}

@@ -1,0 +1,448 @@
+//! The connection string, parsed once and used for both the replication and
+//! the SQL connection.
+//!
+//! `tokio_postgres::Config` parses both the URL and the key=value form but
+//! knows only sslmode disable/prefer/require and no root certificate. We take
+//! the TLS keys out first (sslmode, sslrootcert, and the client-certificate
+//! keys, which we refuse), hand the rest to tokio-postgres, and keep the TLS
+//! settings beside it. TLS itself is done by our transport for both
+//! connections (see `tls.rs`, `connect.rs`), so the two always agree.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use tokio_postgres::config::{Host, SslNegotiation};
+
+use super::error::PgError;
+
+/// libpq's sslmode values that we implement (`allow` is refused).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SslMode {
+    /// Plain TCP.
+    Disable,
+    /// TLS when the server offers it, without certificate checks; plain otherwise.
+    Prefer,
+    /// TLS or fail, without certificate checks (encryption only).
+    Require,
+    /// TLS, chain verified against `sslrootcert`; the host name is not checked.
+    VerifyCa,
+    /// TLS, chain verified against `sslrootcert` and the host name matched.
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(value: &str) -> Result<SslMode, PgError> {
+        Ok(match value {
+            "disable" => SslMode::Disable,
+            "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            other => {
+                return Err(PgError::Config {
+                    key: "sslmode".into(),
+                    message: format!(
+                        "{other:?} is not supported; use disable, prefer, require, verify-ca or verify-full"
+                    ),
+                });
+            }
+        })
+    }
+
+    /// Whether a server without TLS is an error.
+    pub fn requires_tls(self) -> bool {
+        !matches!(self, SslMode::Disable | SslMode::Prefer)
+    }
+}
+
+impl fmt::Display for SslMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        })
+    }
+}
+
+/// TLS settings taken from the connection string.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// Default `prefer`, as in libpq.
+    pub mode: SslMode,
+    /// PEM file with the trusted root certificate(s); required by verify-ca/verify-full.
+    pub root_cert: Option<PathBuf>,
+}
+
+/// A parsed connection string.
+#[derive(Clone)]
+pub struct PgConnectConfig {
+    tokio: tokio_postgres::Config,
+    tls: TlsSettings,
+}
+
+impl fmt::Debug for PgConnectConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+const TLS_KEYS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+
+impl PgConnectConfig {
+    /// Parses a `postgres://` URL or a libpq key=value string. A missing user
+    /// or password is taken from `PGUSER` / `PGPASSWORD`.
+    pub fn parse(s: &str) -> Result<PgConnectConfig, PgError> {
+        Self::parse_with_env(s, |k| std::env::var(k).ok())
+    }
+
+    /// [`parse`](Self::parse) with the environment supplied by the caller.
+    pub fn parse_with_env(
+        s: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<PgConnectConfig, PgError> {
+        let (rest, tls_pairs) = if is_url(s) {
+            split_url(s)?
+        } else {
+            split_key_values(s)?
+        };
+        let mut tokio = tokio_postgres::Config::from_str(&rest).map_err(|e| PgError::Config {
+            key: "connection string".into(),
+            message: e.to_string(),
+        })?;
+
+        let mut tls = TlsSettings {
+            mode: SslMode::Prefer,
+            root_cert: None,
+        };
+        for (key, value) in tls_pairs {
+            match key.as_str() {
+                "sslmode" => tls.mode = SslMode::parse(&value)?,
+                "sslrootcert" => tls.root_cert = Some(PathBuf::from(value)),
+                _ => {
+                    return Err(PgError::Config {
+                        key,
+                        message: "client certificates are not supported".into(),
+                    });
+                }
+            }
+        }
+        if matches!(tls.mode, SslMode::VerifyCa | SslMode::VerifyFull) && tls.root_cert.is_none() {
+            return Err(PgError::Config {
+                key: "sslrootcert".into(),
+                message: format!(
+                    "sslmode={} needs sslrootcert=<PEM file with the trusted CA>",
+                    tls.mode
+                ),
+            });
+        }
+        if tokio.get_ssl_negotiation() == SslNegotiation::Direct {
+            return Err(PgError::Config {
+                key: "sslnegotiation".into(),
+                message: "only sslnegotiation=postgres is supported".into(),
+            });
+        }
+        tokio.ssl_mode(match tls.mode {
+            SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+            SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            _ => tokio_postgres::config::SslMode::Require,
+        });
+
+        if tokio.get_user().is_none() {
+            match env("PGUSER") {
+                Some(user) if !user.is_empty() => {
+                    tokio.user(user);
+                }
+                _ => {
+                    return Err(PgError::Config {
+                        key: "user".into(),
+                        message: "no user in the connection string and PGUSER is not set".into(),
+                    });
+                }
+            }
+        }
+        if tokio.get_password().is_none() {
+            if let Some(pw) = env("PGPASSWORD") {
+                tokio.password(pw);
+            }
+        }
+        if tokio.get_hosts().is_empty() {
+            return Err(PgError::Config {
+                key: "host".into(),
+                message: "no host in the connection string".into(),
+            });
+        }
+        let (hosts, ports) = (tokio.get_hosts().len(), tokio.get_ports().len());
+        if ports > 1 && ports != hosts {
+            return Err(PgError::Config {
+                key: "port".into(),
+                message: format!("{ports} ports for {hosts} hosts"),
+            });
+        }
+        Ok(PgConnectConfig { tokio, tls })
+    }
+
+    pub fn tokio_config(&self) -> &tokio_postgres::Config {
+        &self.tokio
+    }
+
+    pub fn tls(&self) -> &TlsSettings {
+        &self.tls
+    }
+
+    /// The user name (always present after parsing).
+    pub fn user(&self) -> &str {
+        self.tokio.get_user().unwrap_or_default()
+    }
+
+    /// The database name; PostgreSQL defaults it to the user name.
+    pub fn dbname(&self) -> &str {
+        self.tokio.get_dbname().unwrap_or_else(|| self.user())
+    }
+
+    pub(crate) fn password(&self) -> Option<&[u8]> {
+        self.tokio.get_password()
+    }
+
+    /// `(host, port)` pairs in the order they are tried.
+    pub(crate) fn endpoints(&self) -> Vec<(Host, u16)> {
+        let ports = self.tokio.get_ports();
+        self.tokio
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let port = match ports.len() {
+                    0 => 5432,
+                    1 => ports[0],
+                    _ => ports[i],
+                };
+                (h.clone(), port)
+            })
+            .collect()
+    }
+
+    /// A description for logs: user, hosts, database and sslmode; never the password.
+    pub fn redacted(&self) -> String {
+        let hosts: Vec<String> = self
+            .endpoints()
+            .iter()
+            .map(|(h, p)| endpoint_name(h, *p))
+            .collect();
+        format!(
+            "postgres://{}@{}/{}?sslmode={}",
+            self.user(),
+            hosts.join(","),
+            self.dbname(),
+            self.tls.mode
+        )
+    }
+}
+
+/// `host:port`, or the socket path for a Unix socket.
+pub(crate) fn endpoint_name(host: &Host, port: u16) -> String {
+    match host {
+        Host::Tcp(h) if h.contains(':') => format!("[{h}]:{port}"),
+        Host::Tcp(h) => format!("{h}:{port}"),
+        #[cfg(unix)]
+        Host::Unix(dir) => format!("{}/.s.PGSQL.{port}", dir.display()),
+    }
+}
+
+fn is_url(s: &str) -> bool {
+    s.starts_with("postgres://") || s.starts_with("postgresql://")
+}
+
+type TlsPairs = Vec<(String, String)>;
+
+/// Removes the TLS parameters from a URL's query string.
+fn split_url(s: &str) -> Result<(String, TlsPairs), PgError> {
+    let Some((base, query)) = s.split_once('?') else {
+        return Ok((s.to_owned(), Vec::new()));
+    };
+    let mut kept = Vec::new();
+    let mut tls = Vec::new();
+    for param in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = param.split_once('=').unwrap_or((param, ""));
+        let key = percent_decode(k, "URL parameter name")?;
+        if TLS_KEYS.contains(&key.as_str()) {
+            tls.push((key.clone(), percent_decode(v, &key)?));
+        } else {
+            kept.push(param);
+        }
+    }
+    let rest = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((rest, tls))
+}
+
+fn percent_decode(s: &str, key: &str) -> Result<String, PgError> {
+    let bad = || PgError::Config {
+        key: key.to_owned(),
+        message: "invalid percent-encoding".into(),
+    };
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3).ok_or_else(bad)?;
+            let hex = std::str::from_utf8(hex).map_err(|_| bad())?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| bad())
+}
+
+/// Tokenizes libpq's `key = value` form (values unquoted, or single-quoted
+/// with backslash escapes), removes the TLS keys and re-emits the rest quoted.
+fn split_key_values(s: &str) -> Result<(String, TlsPairs), PgError> {
+    let mut kept = String::new();
+    let mut tls = Vec::new();
+    let mut chars = s.chars().peekable();
+    let err = |message: &str| PgError::Config {
+        key: "connection string".into(),
+        message: message.to_owned(),
+    };
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if chars.peek().is_none() {
+            break;
+        }
+        let mut key = String::new();
+        while let Some(c) = chars.next_if(|c| *c != '=' && !c.is_whitespace()) {
+            key.push(c);
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if chars.next() != Some('=') {
+            return Err(err(&format!("expected '=' after {key:?}")));
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        let mut value = String::new();
+        if chars.next_if_eq(&'\'').is_some() {
+            loop {
+                match chars.next() {
+                    None => return Err(err(&format!("unterminated quoted value for {key:?}"))),
+                    Some('\'') => break,
+                    Some('\\') => value.extend(chars.next()),
+                    Some(c) => value.push(c),
+                }
+            }
+        } else {
+            while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
+                if c == '\\' {
+                    value.extend(chars.next());
+                } else {
+                    value.push(c);
+                }
+            }
+        }
+        if TLS_KEYS.contains(&key.as_str()) {
+            tls.push((key, value));
+        } else {
+            let quoted = value.replace('\\', "\\\\").replace('\'', "\\'");
+            kept.push_str(&format!("{key}='{quoted}' "));
+        }
+    }
+    Ok((kept, tls))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn parses_url_with_tls_keys() {
+        let c = PgConnectConfig::parse_with_env(
+            "postgres://outbox:s3cret@127.0.0.1:54329/app?sslmode=verify-full&sslrootcert=%2Ftmp%2Fca.pem&application_name=x",
+            no_env,
+        )
+        .unwrap();
+        assert_eq!(c.tls().mode, SslMode::VerifyFull);
+        assert_eq!(c.tls().root_cert, Some(PathBuf::from("/tmp/ca.pem")));
+        assert_eq!(c.user(), "outbox");
+        assert_eq!(c.password(), Some(&b"s3cret"[..]));
+        assert_eq!(c.dbname(), "app");
+        assert_eq!(c.tokio_config().get_application_name(), Some("x"));
+        assert_eq!(
+            c.tokio_config().get_ssl_mode(),
+            tokio_postgres::config::SslMode::Require
+        );
+        assert_eq!(
+            c.redacted(),
+            "postgres://outbox@127.0.0.1:54329/app?sslmode=verify-full"
+        );
+        assert!(!format!("{c:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn parses_key_value_form() {
+        let c = PgConnectConfig::parse_with_env(
+            r"host=127.0.0.1 port = 5433 user=u password='it''s' dbname='my db' sslmode=verify-ca sslrootcert='/a b/ca.pem'",
+            no_env,
+        );
+        // libpq does not double quotes inside quoted values; backslash escapes them.
+        assert!(c.is_err());
+        let c = PgConnectConfig::parse_with_env(
+            r"host=127.0.0.1 port = 5433 user=u password='it\'s \\ x' dbname='my db' sslmode=verify-ca sslrootcert='/a b/ca.pem'",
+            no_env,
+        )
+        .unwrap();
+        assert_eq!(c.password(), Some(&br"it's \ x"[..]));
+        assert_eq!(c.dbname(), "my db");
+        assert_eq!(c.tls().mode, SslMode::VerifyCa);
+        assert_eq!(c.tls().root_cert, Some(PathBuf::from("/a b/ca.pem")));
+        assert_eq!(c.endpoints().len(), 1);
+        assert_eq!(
+            c.redacted(),
+            "postgres://u@127.0.0.1:5433/my db?sslmode=verify-ca"
+        );
+    }
+
+    #[test]
+    fn defaults_and_env_fallbacks() {
+        let env = |k: &str| match k {
+            "PGPASSWORD" => Some("from-env".to_owned()),
+            "PGUSER" => Some("envuser".to_owned()),
+            _ => None,
+        };
+        let c = PgConnectConfig::parse_with_env("postgres://127.0.0.1/db", env).unwrap();
+        assert_eq!(c.tls().mode, SslMode::Prefer);
+        assert_eq!(c.user(), "envuser");
+        assert_eq!(c.password(), Some(&b"from-env"[..]));
+        assert_eq!(c.endpoints()[0].1, 5432);
+        // A password in the URL wins over the environment.
+        let c = PgConnectConfig::parse_with_env("postgres://a:b@127.0.0.1/db", env).unwrap();
+        assert_eq!(c.password(), Some(&b"b"[..]));
+    }
+
+    #[test]
+    fn rejects_bad_settings_naming_the_key() {
+        let key_of = |s: &str| match PgConnectConfig::parse_with_env(s, no_env) {
+            Err(PgError::Config { key, .. }) => key,
+            other => panic!("expected a config error for {s}, got {other:?}"),
+        };
+        assert_eq!(key_of("postgres://u@h/db?sslmode=allow"), "sslmode");
+        assert_eq!(key_of("postgres://u@h/db?sslmode=verify-ca"), "sslrootcert");
+        assert_eq!(key_of("postgres://u@h/db?sslcert=/c.pem"), "sslcert");
+        assert_eq!(key_of("postgres://h/db"), "user");
+        assert_eq!(key_of("user=u"), "host");
+        assert_eq!(key_of("host=h user=u bogus=1"), "connection string");
+        assert_eq!(key_of("host=h user"), "connection string");
+        assert_eq!(key_of("postgres://u@h/db?sslrootcert=%zz"), "sslrootcert");
+    }
+}

@@ -1,0 +1,516 @@
+//! Opening a session: socket, TLS negotiation (SSLRequest), startup and
+//! authentication, for both our replication transport and tokio-postgres.
+//!
+//! TLS negotiation: the client sends SSLRequest (code 80877103) and reads
+//! exactly one byte, `S` (go ahead with the TLS handshake) or `N` (no TLS).
+//! Nothing after that byte may be read before the handshake, or a
+//! man-in-the-middle could inject plaintext (CVE-2021-23222).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use rustls::ClientConfig;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_postgres::config::Host;
+
+use super::auth::{AuthRequest, Authenticator};
+use super::config::{PgConnectConfig, SslMode, endpoint_name};
+use super::error::PgError;
+use super::tls;
+use super::wire::{DEFAULT_MAX_FRAME, Frame, Tag, encode, next_frame, parse_error_fields, tag};
+
+/// How long connecting (socket, TLS, startup, authentication) may take when
+/// the connection string sets no `connect_timeout`.
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A socket to PostgreSQL, encrypted or not.
+pub(crate) enum PgStream {
+    Tcp(TcpStream),
+    #[cfg(unix)]
+    Unix(tokio::net::UnixStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for PgStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            PgStream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            #[cfg(unix)]
+            PgStream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            PgStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for PgStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            PgStream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            #[cfg(unix)]
+            PgStream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+            PgStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            PgStream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            #[cfg(unix)]
+            PgStream::Unix(s) => Pin::new(s).poll_flush(cx),
+            PgStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            PgStream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            #[cfg(unix)]
+            PgStream::Unix(s) => Pin::new(s).poll_shutdown(cx),
+            PgStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Opens a socket to the first endpoint that answers and negotiates TLS per
+/// sslmode. Returns the stream and its `host:port`.
+pub(crate) async fn open(cfg: &PgConnectConfig) -> Result<(PgStream, String), PgError> {
+    let tls = tls::client_config(cfg.tls()).map_err(|e| PgError::Config {
+        key: "sslrootcert".into(),
+        message: e.to_string(),
+    })?;
+    let timeout = connect_timeout(cfg);
+    let mut last_err = None;
+    for (host, port) in cfg.endpoints() {
+        let addr = endpoint_name(&host, port);
+        let attempt = open_one(&host, port, &addr, cfg.tls().mode, tls.clone());
+        let result = match tokio::time::timeout(timeout, attempt).await {
+            Ok(r) => r,
+            Err(_) => Err(PgError::Timeout {
+                addr: addr.clone(),
+                during: "connecting",
+                after: timeout,
+            }),
+        };
+        match result {
+            Ok(stream) => return Ok((stream, addr)),
+            // An unreachable host: try the next one, as libpq does.
+            Err(e) if e.is_retryable() => {
+                tracing::debug!(addr = %addr, error = %e, "endpoint unavailable");
+                last_err = Some(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last_err.unwrap_or_else(|| PgError::Config {
+        key: "host".into(),
+        message: "no host to connect to".into(),
+    }))
+}
+
+pub(crate) fn connect_timeout(cfg: &PgConnectConfig) -> Duration {
+    cfg.tokio_config()
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(DEFAULT_CONNECT_TIMEOUT)
+}
+
+async fn open_one(
+    host: &Host,
+    port: u16,
+    addr: &str,
+    mode: SslMode,
+    tls: Option<Arc<ClientConfig>>,
+) -> Result<PgStream, PgError> {
+    let io_err = |action: &'static str| {
+        let addr = addr.to_owned();
+        move |source| PgError::Io {
+            action,
+            addr,
+            source,
+        }
+    };
+    let host_name = match host {
+        #[cfg(unix)]
+        Host::Unix(dir) => {
+            // libpq does not use TLS over Unix sockets either.
+            let path = dir.join(format!(".s.PGSQL.{port}"));
+            let s = tokio::net::UnixStream::connect(path)
+                .await
+                .map_err(io_err("connecting to"))?;
+            return Ok(PgStream::Unix(s));
+        }
+        Host::Tcp(h) => h,
+    };
+    let mut tcp = TcpStream::connect((host_name.as_str(), port))
+        .await
+        .map_err(io_err("connecting to"))?;
+    tcp.set_nodelay(true)
+        .map_err(io_err("configuring socket to"))?;
+    let Some(tls) = tls else {
+        return Ok(PgStream::Tcp(tcp));
+    };
+
+    let mut req = BytesMut::new();
+    encode::ssl_request(&mut req);
+    tcp.write_all(&req)
+        .await
+        .map_err(io_err("sending SSLRequest to"))?;
+    let answer = match tcp.read_u8().await {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Err(PgError::Closed {
+                addr: addr.to_owned(),
+                during: "negotiating TLS",
+            });
+        }
+        Err(e) => return Err(io_err("negotiating TLS with")(e)),
+    };
+    match answer {
+        b'S' => {}
+        b'N' if mode.requires_tls() => {
+            return Err(PgError::TlsUnsupported {
+                addr: addr.to_owned(),
+                mode,
+            });
+        }
+        b'N' => return Ok(PgStream::Tcp(tcp)),
+        other => {
+            return Err(PgError::Unexpected {
+                addr: addr.to_owned(),
+                during: "negotiating TLS",
+                tag: Tag(other),
+            });
+        }
+    }
+    let server_name = ServerName::try_from(host_name.clone()).map_err(|e| PgError::Config {
+        key: "host".into(),
+        message: format!("{host_name:?} is not a valid TLS server name: {e}"),
+    })?;
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(server_name, tcp)
+        .await
+        .map_err(|e| {
+            // rustls reports certificate problems as InvalidData; other kinds
+            // are the socket failing under us.
+            if e.kind() == std::io::ErrorKind::InvalidData {
+                PgError::Tls {
+                    addr: addr.to_owned(),
+                    mode,
+                    message: e.to_string(),
+                }
+            } else {
+                io_err("TLS handshake with")(e)
+            }
+        })?;
+    Ok(PgStream::Tls(Box::new(stream)))
+}
+
+/// A started session on our own transport (replication connections).
+pub(crate) struct Session {
+    pub stream: PgStream,
+    /// Received bytes not yet framed.
+    pub buf: BytesMut,
+    pub addr: String,
+    pub backend_pid: Option<i32>,
+    pub max_frame: usize,
+}
+
+impl Session {
+    /// Opens the socket, sends the startup packet with `params`, authenticates
+    /// and waits for ReadyForQuery, all within the connect timeout.
+    pub async fn start(cfg: &PgConnectConfig, params: &[(&str, &str)]) -> Result<Session, PgError> {
+        let (stream, addr) = open(cfg).await?;
+        let mut session = Session {
+            stream,
+            buf: BytesMut::with_capacity(64 * 1024),
+            addr,
+            backend_pid: None,
+            max_frame: DEFAULT_MAX_FRAME,
+        };
+        let timeout = connect_timeout(cfg);
+        match tokio::time::timeout(timeout, session.startup(cfg, params)).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(PgError::Timeout {
+                    addr: session.addr,
+                    during: "authenticating",
+                    after: timeout,
+                });
+            }
+        }
+        Ok(session)
+    }
+
+    async fn startup(
+        &mut self,
+        cfg: &PgConnectConfig,
+        params: &[(&str, &str)],
+    ) -> Result<(), PgError> {
+        let mut out = BytesMut::new();
+        encode::startup(params.iter().copied(), &mut out)?;
+        self.send(&out).await?;
+
+        let mut auth = Authenticator::new(cfg.user(), cfg.password());
+        loop {
+            let frame = self.read_frame("authenticating").await?;
+            match frame.tag {
+                tag::AUTHENTICATION => {
+                    let req = AuthRequest::parse(&frame.body)
+                        .map_err(|source| self.protocol_error("authenticating", source))?;
+                    out.clear();
+                    let done = auth.step(req, &mut out).map_err(|e| PgError::Auth {
+                        user: cfg.user().to_owned(),
+                        addr: self.addr.clone(),
+                        reason: e.to_string(),
+                        code: None,
+                    })?;
+                    if !out.is_empty() {
+                        self.send(&out).await?;
+                    }
+                    if done {
+                        break;
+                    }
+                }
+                tag::ERROR_RESPONSE => return Err(self.startup_error(cfg, &frame)),
+                tag::NOTICE_RESPONSE => self.log_notice(&frame),
+                other => return Err(self.unexpected("authenticating", other)),
+            }
+        }
+        loop {
+            let frame = self.read_frame("starting the session").await?;
+            match frame.tag {
+                tag::READY_FOR_QUERY => return Ok(()),
+                tag::BACKEND_KEY_DATA => {
+                    let mut r = super::wire::Reader::new(frame.tag, &frame.body);
+                    let pid = r.i32("process id");
+                    self.backend_pid = pid.ok();
+                }
+                tag::PARAMETER_STATUS => {}
+                tag::NOTICE_RESPONSE => self.log_notice(&frame),
+                tag::ERROR_RESPONSE => return Err(self.startup_error(cfg, &frame)),
+                other => return Err(self.unexpected("starting the session", other)),
+            }
+        }
+    }
+
+    /// Class 28 (invalid authorization) becomes `PgError::Auth`; the rest are
+    /// server errors classified by SQLSTATE.
+    fn startup_error(&self, cfg: &PgConnectConfig, frame: &Frame) -> PgError {
+        match self.server_error("connecting", frame) {
+            PgError::Server { server, .. } if server.code.starts_with("28") => PgError::Auth {
+                user: cfg.user().to_owned(),
+                addr: self.addr.clone(),
+                reason: server.message,
+                code: Some(server.code),
+            },
+            other => other,
+        }
+    }
+
+    pub async fn send(&mut self, bytes: &[u8]) -> Result<(), PgError> {
+        let addr = &self.addr;
+        let io = |source| PgError::Io {
+            action: "writing to",
+            addr: addr.clone(),
+            source,
+        };
+        self.stream.write_all(bytes).await.map_err(io)?;
+        self.stream.flush().await.map_err(io)
+    }
+
+    /// Reads until one whole message is buffered.
+    pub async fn read_frame(&mut self, during: &'static str) -> Result<Frame, PgError> {
+        loop {
+            if let Some(frame) = next_frame(&mut self.buf, self.max_frame)
+                .map_err(|source| self.protocol_error(during, source))?
+            {
+                return Ok(frame);
+            }
+            let n = self
+                .stream
+                .read_buf(&mut self.buf)
+                .await
+                .map_err(|source| PgError::Io {
+                    action: "reading from",
+                    addr: self.addr.clone(),
+                    source,
+                })?;
+            if n == 0 {
+                return Err(PgError::Closed {
+                    addr: self.addr.clone(),
+                    during,
+                });
+            }
+        }
+    }
+
+    pub fn server_error(&self, during: &str, frame: &Frame) -> PgError {
+        match parse_error_fields(frame.tag, &frame.body) {
+            Ok(server) => PgError::Server {
+                addr: self.addr.clone(),
+                during: during.to_owned(),
+                server: Box::new(server),
+            },
+            Err(source) => self.protocol_error(during, source),
+        }
+    }
+
+    pub fn protocol_error(&self, during: &str, source: super::wire::WireError) -> PgError {
+        PgError::Protocol {
+            addr: self.addr.clone(),
+            during: during.to_owned(),
+            source,
+        }
+    }
+
+    pub fn unexpected(&self, during: &'static str, t: u8) -> PgError {
+        PgError::Unexpected {
+            addr: self.addr.clone(),
+            during,
+            tag: Tag(t),
+        }
+    }
+
+    pub fn log_notice(&self, frame: &Frame) {
+        log_notice(&self.addr, frame);
+    }
+
+    /// Runs a simple query whose result is at most a few text rows (replication
+    /// commands such as IDENTIFY_SYSTEM) and waits for ReadyForQuery.
+    pub async fn simple_query(
+        &mut self,
+        sql: &str,
+        during: &'static str,
+    ) -> Result<Vec<Vec<Option<String>>>, PgError> {
+        let mut out = BytesMut::new();
+        encode::query(sql, &mut out)?;
+        self.send(&out).await?;
+        let mut rows = Vec::new();
+        let mut failure = None;
+        loop {
+            let frame = self.read_frame(during).await?;
+            match frame.tag {
+                tag::ROW_DESCRIPTION | tag::COMMAND_COMPLETE | tag::EMPTY_QUERY => {}
+                tag::PARAMETER_STATUS => {}
+                tag::DATA_ROW => rows.push(
+                    parse_data_row(&frame).map_err(|source| self.protocol_error(during, source))?,
+                ),
+                tag::NOTICE_RESPONSE => self.log_notice(&frame),
+                // The server still sends ReadyForQuery after an error.
+                tag::ERROR_RESPONSE => failure = Some(self.server_error(during, &frame)),
+                tag::READY_FOR_QUERY => {
+                    return match failure {
+                        Some(e) => Err(e),
+                        None => Ok(rows),
+                    };
+                }
+                other => return Err(self.unexpected(during, other)),
+            }
+        }
+    }
+}
+
+pub(crate) fn log_notice(addr: &str, frame: &Frame) {
+    match parse_error_fields(frame.tag, &frame.body) {
+        Ok(n) => {
+            tracing::info!(addr = %addr, code = %n.code, severity = %n.severity, "server notice: {}", n.message)
+        }
+        Err(e) => tracing::warn!(addr = %addr, error = %e, "malformed notice from server"),
+    }
+}
+
+/// A DataRow body: i16 column count, then per column i32 length (-1 = NULL)
+/// and that many bytes of text.
+fn parse_data_row(frame: &Frame) -> Result<Vec<Option<String>>, super::wire::WireError> {
+    let mut r = super::wire::Reader::new(frame.tag, &frame.body);
+    let count = r.i16("column count")?;
+    let mut row = Vec::with_capacity(count.max(0) as usize);
+    for _ in 0..count {
+        let at = r.offset();
+        let len = r.i32("column length")?;
+        if len == -1 {
+            row.push(None);
+            continue;
+        }
+        let len = usize::try_from(len).map_err(|_| r.invalid(at, "column length"))?;
+        let value = r.bytes(len, "column value")?;
+        let text = String::from_utf8(value.to_vec())
+            .map_err(|_| r.invalid(at + 4, "UTF-8 column value"))?;
+        row.push(Some(text));
+    }
+    r.finish()?;
+    Ok(row)
+}
+
+/// A tokio-postgres client over our transport (same hosts, TLS policy and
+/// timeouts as the replication connection); its connection task is spawned.
+pub(crate) async fn connect_sql(cfg: &PgConnectConfig) -> Result<tokio_postgres::Client, PgError> {
+    let (stream, addr) = open(cfg).await?;
+    let mut tokio_cfg = cfg.tokio_config().clone();
+    // TLS is already in place on `stream`; tokio-postgres must not negotiate again.
+    tokio_cfg.ssl_mode(tokio_postgres::config::SslMode::Disable);
+    let timeout = connect_timeout(cfg);
+    let connected = tokio::time::timeout(
+        timeout,
+        tokio_cfg.connect_raw(stream, tokio_postgres::NoTls),
+    )
+    .await;
+    let (client, connection) = match connected {
+        Err(_) => {
+            return Err(PgError::Timeout {
+                addr,
+                during: "authenticating",
+                after: timeout,
+            });
+        }
+        Ok(Err(e)) => {
+            return Err(match e.as_db_error() {
+                Some(db) if db.code().code().starts_with("28") => PgError::Auth {
+                    user: cfg.user().to_owned(),
+                    addr,
+                    reason: db.message().to_owned(),
+                    code: Some(db.code().code().to_owned()),
+                },
+                _ => PgError::sql(format!("connecting to {addr}"), e),
+            });
+        }
+        Ok(Ok(pair)) => pair,
+    };
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!(addr = %addr, error = %e, "SQL connection ended with an error");
+        }
+    });
+    Ok(client)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    #[test]
+    fn parses_data_rows() {
+        let body =
+            Bytes::from_static(b"\x00\x03\x00\x00\x00\x02ab\xff\xff\xff\xff\x00\x00\x00\x00");
+        let row = parse_data_row(&Frame { tag: b'D', body }).unwrap();
+        assert_eq!(row, vec![Some("ab".to_owned()), None, Some(String::new())]);
+        let body = Bytes::from_static(b"\x00\x01\x00\x00\x00\x05ab");
+        assert!(parse_data_row(&Frame { tag: b'D', body }).is_err());
+        let body = Bytes::from_static(b"\x00\x01\xff\xff\xff\xfe");
+        assert!(parse_data_row(&Frame { tag: b'D', body }).is_err());
+    }
+}

@@ -1,0 +1,210 @@
+//! Control-plane SQL on a tokio-postgres client: slots, publications, WAL
+//! position and the cluster's identity. Names travel as bind parameters where
+//! SQL allows it and as quoted identifiers where it does not (DDL).
+
+use tokio_postgres::Client;
+
+use super::Lsn;
+use super::error::{PgError, ServerError};
+use super::ident::{QualifiedTable, quote_ident};
+
+/// A row of pg_replication_slots.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotInfo {
+    pub slot_name: String,
+    pub plugin: Option<String>,
+    pub database: Option<String>,
+    /// The backend streaming from the slot, if any.
+    pub active_pid: Option<i32>,
+    pub confirmed_flush_lsn: Option<Lsn>,
+    pub restart_lsn: Option<Lsn>,
+    /// reserved, extended, unreserved or lost.
+    pub wal_status: Option<String>,
+    /// Bytes of WAL that can still be written before the slot is lost.
+    pub safe_wal_size: Option<i64>,
+}
+
+fn server_error(e: &tokio_postgres::Error) -> Option<ServerError> {
+    let db = e.as_db_error()?;
+    Some(ServerError {
+        severity: db
+            .parsed_severity()
+            .map_or_else(|| db.severity().to_owned(), |s| s.to_string()),
+        code: db.code().code().to_owned(),
+        message: db.message().to_owned(),
+        detail: db.detail().map(str::to_owned),
+        hint: db.hint().map(str::to_owned),
+    })
+}
+
+/// Lifts the slot SQLSTATEs into typed variants.
+fn slot_sql_error(slot: &str, during: &str, e: tokio_postgres::Error) -> PgError {
+    match server_error(&e) {
+        Some(server) if server.code == "42710" => PgError::SlotExists {
+            slot: slot.to_owned(),
+            server: Box::new(server),
+        },
+        Some(server) if server.code == "42704" => PgError::SlotMissing {
+            slot: slot.to_owned(),
+            server: Box::new(server),
+        },
+        Some(server) if server.code == "55006" => PgError::SlotActive {
+            slot: slot.to_owned(),
+            pid: server
+                .message
+                .rsplit(' ')
+                .next()
+                .and_then(|p| p.parse().ok()),
+            server: Box::new(server),
+        },
+        _ => PgError::sql(format!("{during} replication slot {slot:?}"), e),
+    }
+}
+
+fn parse_lsn(text: &str, what: &'static str) -> Result<Lsn, PgError> {
+    text.parse().map_err(|e| PgError::BadReply {
+        addr: "control connection".into(),
+        command: what,
+        message: format!("{e}"),
+    })
+}
+
+/// Creates a logical slot with pgoutput; returns its consistent point (the
+/// first position the slot will decode from).
+pub async fn create_logical_slot(client: &Client, slot: &str) -> Result<Lsn, PgError> {
+    let row = client
+        .query_one(
+            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&slot],
+        )
+        .await
+        .map_err(|e| slot_sql_error(slot, "creating", e))?;
+    let lsn: String = row
+        .try_get(0)
+        .map_err(|e| PgError::sql("reading the new slot's LSN", e))?;
+    parse_lsn(&lsn, "pg_create_logical_replication_slot")
+}
+
+pub async fn drop_slot(client: &Client, slot: &str) -> Result<(), PgError> {
+    client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+        .await
+        .map_err(|e| slot_sql_error(slot, "dropping", e))?;
+    Ok(())
+}
+
+/// The slot's row, or `None` when no slot has that name.
+pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, PgError> {
+    let during = || format!("reading replication slot {slot:?}");
+    let row = client
+        .query_opt(
+            "SELECT slot_name::text, plugin::text, database::text, active_pid, \
+                    confirmed_flush_lsn::text, restart_lsn::text, wal_status, safe_wal_size \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .map_err(|e| PgError::sql(during(), e))?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let lsn = |i: usize| -> Result<Option<Lsn>, PgError> {
+        let text: Option<String> = row.try_get(i).map_err(|e| PgError::sql(during(), e))?;
+        text.map(|t| parse_lsn(&t, "pg_replication_slots"))
+            .transpose()
+    };
+    Ok(Some(SlotInfo {
+        slot_name: row.try_get(0).map_err(|e| PgError::sql(during(), e))?,
+        plugin: row.try_get(1).map_err(|e| PgError::sql(during(), e))?,
+        database: row.try_get(2).map_err(|e| PgError::sql(during(), e))?,
+        active_pid: row.try_get(3).map_err(|e| PgError::sql(during(), e))?,
+        confirmed_flush_lsn: lsn(4)?,
+        restart_lsn: lsn(5)?,
+        wal_status: row.try_get(6).map_err(|e| PgError::sql(during(), e))?,
+        safe_wal_size: row.try_get(7).map_err(|e| PgError::sql(during(), e))?,
+    }))
+}
+
+pub async fn current_wal_lsn(client: &Client) -> Result<Lsn, PgError> {
+    let row = client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .map_err(|e| PgError::sql("reading pg_current_wal_lsn()", e))?;
+    let text: String = row
+        .try_get(0)
+        .map_err(|e| PgError::sql("reading pg_current_wal_lsn()", e))?;
+    parse_lsn(&text, "pg_current_wal_lsn")
+}
+
+pub async fn publication_exists(client: &Client, publication: &str) -> Result<bool, PgError> {
+    let during = || format!("looking up publication {publication:?}");
+    let row = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
+            &[&publication],
+        )
+        .await
+        .map_err(|e| PgError::sql(during(), e))?;
+    row.try_get(0).map_err(|e| PgError::sql(during(), e))
+}
+
+/// `CREATE PUBLICATION "p" FOR TABLE "schema"."table" WITH (publish = 'insert')`:
+/// the outbox is append-only, so only inserts are published.
+pub async fn create_publication(
+    client: &Client,
+    publication: &str,
+    table: &QualifiedTable,
+) -> Result<(), PgError> {
+    client
+        .batch_execute(&create_publication_sql(publication, table))
+        .await
+        .map_err(|e| {
+            PgError::sql(
+                format!("creating publication {publication:?} for {table}"),
+                e,
+            )
+        })
+}
+
+pub(crate) fn create_publication_sql(publication: &str, table: &QualifiedTable) -> String {
+    format!(
+        "CREATE PUBLICATION {} FOR TABLE {table} WITH (publish = 'insert')",
+        quote_ident(publication)
+    )
+}
+
+/// The cluster's system identifier (decimal text, as IDENTIFY_SYSTEM reports it).
+pub async fn system_identifier(client: &Client) -> Result<String, PgError> {
+    let row = client
+        .query_one(
+            "SELECT system_identifier::text FROM pg_control_system()",
+            &[],
+        )
+        .await
+        .map_err(|e| PgError::sql("reading pg_control_system()", e))?;
+    row.try_get(0)
+        .map_err(|e| PgError::sql("reading pg_control_system()", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn publication_ddl_quotes_every_name() {
+        assert_eq!(
+            create_publication_sql(
+                "outbox_pub",
+                &QualifiedTable::new("public", "outbox_events")
+            ),
+            "CREATE PUBLICATION \"outbox_pub\" FOR TABLE \"public\".\"outbox_events\" WITH (publish = 'insert')"
+        );
+        assert_eq!(
+            create_publication_sql(
+                "p\"; DROP TABLE t; --",
+                &QualifiedTable::new("s", "t\" , \"u")
+            ),
+            "CREATE PUBLICATION \"p\"\"; DROP TABLE t; --\" FOR TABLE \"s\".\"t\"\" , \"\"u\" WITH (publish = 'insert')"
+        );
+    }
+}

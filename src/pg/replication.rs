@@ -1,0 +1,519 @@
+//! The replication connection: startup with `replication=database`,
+//! IDENTIFY_SYSTEM, and START_REPLICATION ... LOGICAL, after which the session
+//! is in CopyBoth mode and becomes a [`ReplicationStream`].
+//!
+//! ```text
+//!  server ──CopyData(w/k)──► read half ──recv()──► consumer
+//!     ▲                                               │ set_flushed(durable LSN)
+//!     └──CopyData(r)── write half ◄── writer task ◄── FeedbackHandle
+//! ```
+//!
+//! The read half is only read inside `recv`, so a stalled consumer stalls the
+//! socket (TCP backpressure); the writer task keeps status updates flowing so
+//! the server does not time us out meanwhile (see `feedback.rs`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::Lsn;
+use super::codec::{ReplicationEvent, parse_copy_data};
+use super::config::PgConnectConfig;
+use super::connect::{PgStream, Session, log_notice};
+use super::error::{PgError, ServerError};
+use super::feedback::{FeedbackHandle, FeedbackState, FeedbackTiming, run_writer};
+use super::ident::{quote_ident, quote_replication_literal};
+use super::wire::{DEFAULT_MAX_FRAME, Frame, Tag, encode, next_frame, parse_error_fields, tag};
+
+/// What IDENTIFY_SYSTEM reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SystemIdentity {
+    /// The cluster's unique system identifier (a u64 in decimal text).
+    pub system_id: String,
+    pub timeline: u32,
+    /// The current WAL flush position.
+    pub xlogpos: Lsn,
+    /// The database of a `replication=database` connection.
+    pub dbname: Option<String>,
+}
+
+/// Tuning of a replication stream.
+#[derive(Clone, Copy, Debug)]
+pub struct StreamOptions {
+    /// Status updates are sent at least this often. Default 10 s, well under
+    /// the server's default wal_sender_timeout of 60 s.
+    pub status_interval: Duration,
+    /// After `set_flushed`, at most one update per this gap. Default 100 ms.
+    pub min_feedback_gap: Duration,
+    /// Largest accepted message. Default a little over 1 GiB.
+    pub max_frame: usize,
+    /// Bound on `shutdown`. Default 10 s.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for StreamOptions {
+    fn default() -> StreamOptions {
+        StreamOptions {
+            status_interval: Duration::from_secs(10),
+            min_feedback_gap: Duration::from_millis(100),
+            max_frame: DEFAULT_MAX_FRAME,
+            shutdown_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A session started with `replication=database`, before streaming.
+pub struct ReplicationConnection {
+    session: Session,
+    options: StreamOptions,
+}
+
+impl ReplicationConnection {
+    /// Connects as the configured user to the configured database, with TLS
+    /// per sslmode, announcing `application_name` (shown in pg_stat_replication).
+    pub async fn connect(
+        cfg: &PgConnectConfig,
+        application_name: &str,
+    ) -> Result<ReplicationConnection, PgError> {
+        let mut params = vec![
+            ("user", cfg.user()),
+            ("database", cfg.dbname()),
+            ("replication", "database"),
+            ("application_name", application_name),
+        ];
+        if let Some(options) = cfg.tokio_config().get_options() {
+            params.push(("options", options));
+        }
+        let session = Session::start(cfg, &params).await?;
+        tracing::debug!(addr = %session.addr, pid = ?session.backend_pid, "replication connection established");
+        Ok(ReplicationConnection {
+            session,
+            options: StreamOptions::default(),
+        })
+    }
+
+    pub fn set_stream_options(&mut self, options: StreamOptions) {
+        self.options = options;
+    }
+
+    /// The server process serving this connection (as in pg_stat_replication.pid).
+    pub fn backend_pid(&self) -> Option<i32> {
+        self.session.backend_pid
+    }
+
+    /// `host:port` of the server.
+    pub fn addr(&self) -> &str {
+        &self.session.addr
+    }
+
+    pub async fn identify_system(&mut self) -> Result<SystemIdentity, PgError> {
+        const COMMAND: &str = "IDENTIFY_SYSTEM";
+        let rows = self
+            .session
+            .simple_query(COMMAND, "running IDENTIFY_SYSTEM")
+            .await?;
+        let bad = |message: String| PgError::BadReply {
+            addr: self.session.addr.clone(),
+            command: COMMAND,
+            message,
+        };
+        let [row] = rows.as_slice() else {
+            return Err(bad(format!("{} rows instead of 1", rows.len())));
+        };
+        let [Some(system_id), Some(timeline), Some(xlogpos), dbname, ..] = row.as_slice() else {
+            return Err(bad(format!("unexpected columns {row:?}")));
+        };
+        Ok(SystemIdentity {
+            system_id: system_id.clone(),
+            timeline: timeline
+                .parse()
+                .map_err(|_| bad(format!("timeline {timeline:?} is not a number")))?,
+            xlogpos: xlogpos.parse().map_err(|e| bad(format!("xlogpos: {e}")))?,
+            dbname: dbname.clone(),
+        })
+    }
+
+    /// Starts logical decoding from `slot` with pgoutput protocol version 1.
+    /// `start` = 0/0 lets the server start at the slot's confirmed position;
+    /// the server never sends a transaction that ends before the slot's
+    /// confirmed_flush_lsn, whatever `start` says.
+    pub async fn start_logical(
+        mut self,
+        slot: &str,
+        start: Lsn,
+        publication: &str,
+        messages: bool,
+    ) -> Result<ReplicationStream, PgError> {
+        let command = start_replication_command(slot, start, publication, messages);
+        let mut out = BytesMut::new();
+        encode::query(&command, &mut out)?;
+        self.session.send(&out).await?;
+        loop {
+            let frame = self.session.read_frame("starting replication").await?;
+            match frame.tag {
+                tag::COPY_BOTH_RESPONSE => break,
+                tag::ERROR_RESPONSE => {
+                    return Err(match parse_error_fields(frame.tag, &frame.body) {
+                        Ok(server) => slot_error(slot, server, &self.session.addr),
+                        Err(source) => self.session.protocol_error("starting replication", source),
+                    });
+                }
+                tag::NOTICE_RESPONSE => self.session.log_notice(&frame),
+                tag::PARAMETER_STATUS => {}
+                other => return Err(self.session.unexpected("starting replication", other)),
+            }
+        }
+        tracing::info!(slot = %slot, start = %start, publication = %publication, addr = %self.session.addr, "replication started");
+        Ok(ReplicationStream::new(self.session, self.options, slot))
+    }
+}
+
+/// The START_REPLICATION command. The slot is a quoted identifier; the
+/// publication list is a string literal holding a quoted identifier (pgoutput
+/// splits it like SQL identifiers).
+pub(crate) fn start_replication_command(
+    slot: &str,
+    start: Lsn,
+    publication: &str,
+    messages: bool,
+) -> String {
+    format!(
+        "START_REPLICATION SLOT {} LOGICAL {start} (proto_version '1', publication_names {}, messages '{messages}')",
+        quote_ident(slot),
+        quote_replication_literal(&quote_ident(publication)),
+    )
+}
+
+/// Maps the slot errors of START_REPLICATION to typed variants.
+fn slot_error(slot: &str, server: ServerError, addr: &str) -> PgError {
+    match server.code.as_str() {
+        // "replication slot \"s\" is active for PID 1234"
+        "55006" => PgError::SlotActive {
+            slot: slot.to_owned(),
+            pid: server
+                .message
+                .rsplit(' ')
+                .next()
+                .and_then(|p| p.parse().ok()),
+            server: Box::new(server),
+        },
+        "42704" => PgError::SlotMissing {
+            slot: slot.to_owned(),
+            server: Box::new(server),
+        },
+        _ => PgError::Server {
+            addr: addr.to_owned(),
+            during: format!("starting replication from slot {slot:?}"),
+            server: Box::new(server),
+        },
+    }
+}
+
+/// A logical replication stream in CopyBoth mode.
+///
+/// `recv` is cancel-safe: a frame is taken from the buffer only when complete.
+/// Dropping the stream aborts the writer task and closes the connection
+/// without a goodbye; `shutdown` ends it cleanly.
+pub struct ReplicationStream {
+    reader: ReadHalf<PgStream>,
+    buf: BytesMut,
+    addr: String,
+    slot: String,
+    state: Arc<FeedbackState>,
+    writer: Option<JoinHandle<Option<WriteHalf<PgStream>>>>,
+    stop: Option<oneshot::Sender<()>>,
+    options: StreamOptions,
+    /// The last WAL position seen, for error context.
+    last_lsn: Lsn,
+    /// The server ended the copy (CopyDone).
+    server_done: bool,
+}
+
+impl ReplicationStream {
+    fn new(session: Session, options: StreamOptions, slot: &str) -> ReplicationStream {
+        let (reader, write_half) = tokio::io::split(session.stream);
+        let state = Arc::new(FeedbackState::default());
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let timing = FeedbackTiming {
+            interval: options.status_interval,
+            min_gap: options.min_feedback_gap,
+        };
+        let writer = tokio::spawn(run_writer(
+            write_half,
+            session.addr.clone(),
+            state.clone(),
+            timing,
+            stop_rx,
+        ));
+        ReplicationStream {
+            reader,
+            buf: session.buf,
+            addr: session.addr,
+            slot: slot.to_owned(),
+            state,
+            writer: Some(writer),
+            stop: Some(stop_tx),
+            options,
+            last_lsn: Lsn::ZERO,
+            server_done: false,
+        }
+    }
+
+    /// A handle to report progress; usable from any task.
+    pub fn feedback(&self) -> FeedbackHandle {
+        FeedbackHandle::new(self.state.clone())
+    }
+
+    pub fn slot(&self) -> &str {
+        &self.slot
+    }
+
+    /// The next message, or `None` once the server has ended the copy.
+    /// A failure of the feedback writer is returned here.
+    pub async fn recv(&mut self) -> Result<Option<ReplicationEvent>, PgError> {
+        loop {
+            if let Some(e) = self.state.take_failure() {
+                return Err(e);
+            }
+            if self.server_done {
+                return Ok(None);
+            }
+            let next = next_frame(&mut self.buf, self.options.max_frame).map_err(|source| {
+                PgError::Replication {
+                    addr: self.addr.clone(),
+                    after: self.last_lsn,
+                    source,
+                }
+            })?;
+            if let Some(frame) = next {
+                match self.handle(frame)? {
+                    Some(event) => return Ok(Some(event)),
+                    None => continue,
+                }
+            }
+            tokio::select! {
+                biased;
+                _ = self.state.failed.notified() => {}
+                read = self.reader.read_buf(&mut self.buf) => match read {
+                    Ok(0) => return Err(PgError::Closed { addr: self.addr.clone(), during: "streaming" }),
+                    Ok(_) => {}
+                    Err(source) => return Err(PgError::Io { action: "reading from", addr: self.addr.clone(), source }),
+                },
+            }
+        }
+    }
+
+    fn handle(&mut self, frame: Frame) -> Result<Option<ReplicationEvent>, PgError> {
+        match frame.tag {
+            tag::COPY_DATA => {
+                let event =
+                    parse_copy_data(&frame.body).map_err(|source| PgError::Replication {
+                        addr: self.addr.clone(),
+                        after: self.last_lsn,
+                        source,
+                    })?;
+                match &event {
+                    ReplicationEvent::XLogData { wal_start, .. } => {
+                        self.last_lsn = self.last_lsn.max(*wal_start);
+                    }
+                    ReplicationEvent::Keepalive {
+                        wal_end,
+                        reply_requested,
+                        ..
+                    } => {
+                        self.last_lsn = self.last_lsn.max(*wal_end);
+                        if *reply_requested {
+                            self.state.reply_now();
+                        }
+                    }
+                }
+                Ok(Some(event))
+            }
+            tag::COPY_DONE => {
+                self.server_done = true;
+                Ok(None)
+            }
+            tag::ERROR_RESPONSE => Err(match parse_error_fields(frame.tag, &frame.body) {
+                Ok(server) => PgError::Server {
+                    addr: self.addr.clone(),
+                    during: format!(
+                        "streaming from slot {:?} after {}",
+                        self.slot, self.last_lsn
+                    ),
+                    server: Box::new(server),
+                },
+                Err(source) => PgError::Replication {
+                    addr: self.addr.clone(),
+                    after: self.last_lsn,
+                    source,
+                },
+            }),
+            tag::NOTICE_RESPONSE => {
+                log_notice(&self.addr, &frame);
+                Ok(None)
+            }
+            tag::PARAMETER_STATUS => Ok(None),
+            other => Err(PgError::Unexpected {
+                addr: self.addr.clone(),
+                during: "streaming",
+                tag: Tag(other),
+            }),
+        }
+    }
+
+    /// Ends streaming: a last status update with the current positions,
+    /// CopyDone, then reads (and discards) until the server's ReadyForQuery,
+    /// then Terminate. Bounded by `StreamOptions::shutdown_timeout`.
+    /// Messages still in flight are dropped; they were not reported flushed,
+    /// so the server sends them again on the next start.
+    pub async fn shutdown(mut self) -> Result<(), PgError> {
+        let limit = self.options.shutdown_timeout;
+        match tokio::time::timeout(limit, self.shutdown_inner()).await {
+            Ok(r) => r,
+            Err(_) => Err(PgError::Timeout {
+                addr: self.addr.clone(),
+                during: "ending replication",
+                after: limit,
+            }),
+        }
+    }
+
+    async fn shutdown_inner(&mut self) -> Result<(), PgError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let writer = self.writer.take();
+        let joined = match writer {
+            Some(handle) => handle.await.map_err(|e| PgError::Internal {
+                what: "feedback writer",
+                message: e.to_string(),
+            })?,
+            None => None,
+        };
+        let Some(mut write_half) = joined else {
+            return Err(self
+                .state
+                .take_failure()
+                .unwrap_or_else(|| PgError::Internal {
+                    what: "feedback writer",
+                    message: "ended before shutdown".into(),
+                }));
+        };
+        loop {
+            let frame = match next_frame(&mut self.buf, self.options.max_frame) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => {
+                    let n = self
+                        .reader
+                        .read_buf(&mut self.buf)
+                        .await
+                        .map_err(|source| PgError::Io {
+                            action: "reading from",
+                            addr: self.addr.clone(),
+                            source,
+                        })?;
+                    if n == 0 {
+                        return Err(PgError::Closed {
+                            addr: self.addr.clone(),
+                            during: "ending replication",
+                        });
+                    }
+                    continue;
+                }
+                Err(source) => {
+                    return Err(PgError::Replication {
+                        addr: self.addr.clone(),
+                        after: self.last_lsn,
+                        source,
+                    });
+                }
+            };
+            match frame.tag {
+                tag::READY_FOR_QUERY => break,
+                tag::COPY_DATA | tag::COPY_DONE | tag::COMMAND_COMPLETE | tag::PARAMETER_STATUS => {
+                }
+                tag::NOTICE_RESPONSE => log_notice(&self.addr, &frame),
+                // An ErrorResponse or an unknown tag becomes the error.
+                _ => {
+                    self.handle(frame)?;
+                }
+            }
+        }
+        let mut out = BytesMut::new();
+        encode::terminate(&mut out);
+        let io = |source| PgError::Io {
+            action: "closing",
+            addr: self.addr.clone(),
+            source,
+        };
+        write_half.write_all(&out).await.map_err(io)?;
+        write_half.flush().await.map_err(io)?;
+        let _ = write_half.shutdown().await;
+        tracing::info!(slot = %self.slot, flushed = %FeedbackHandle::new(self.state.clone()).flushed(), "replication ended");
+        Ok(())
+    }
+}
+
+impl Drop for ReplicationStream {
+    fn drop(&mut self) {
+        if let Some(writer) = self.writer.take() {
+            writer.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_command_quotes_names() {
+        assert_eq!(
+            start_replication_command("s1", Lsn::new(0x1_0000_00A0), "pub", true),
+            "START_REPLICATION SLOT \"s1\" LOGICAL 1/A0 (proto_version '1', publication_names '\"pub\"', messages 'true')"
+        );
+        assert_eq!(
+            start_replication_command("s", Lsn::ZERO, "it's \"x\"", false),
+            "START_REPLICATION SLOT \"s\" LOGICAL 0/0 (proto_version '1', publication_names '\"it''s \"\"x\"\"\"', messages 'false')"
+        );
+    }
+
+    #[test]
+    fn maps_slot_errors() {
+        let server = |code: &str, message: &str| ServerError {
+            severity: "ERROR".into(),
+            code: code.into(),
+            message: message.into(),
+            detail: None,
+            hint: None,
+        };
+        match slot_error(
+            "s",
+            server("55006", "replication slot \"s\" is active for PID 4242"),
+            "a",
+        ) {
+            PgError::SlotActive { pid, .. } => assert_eq!(pid, Some(4242)),
+            other => panic!("{other:?}"),
+        }
+        match slot_error("s", server("55006", "in use"), "a") {
+            PgError::SlotActive { pid, .. } => assert_eq!(pid, None),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            slot_error(
+                "s",
+                server("42704", "replication slot \"s\" does not exist"),
+                "a"
+            ),
+            PgError::SlotMissing { .. }
+        ));
+        assert!(matches!(
+            slot_error("s", server("55000", "x"), "a"),
+            PgError::Server { .. }
+        ));
+    }
+}

@@ -1,0 +1,231 @@
+//! rustls client configuration for each sslmode (ring provider).
+//!
+//! - prefer/require: encryption only. Any certificate is accepted, but the
+//!   handshake signatures are still verified, so the peer must hold the key of
+//!   the certificate it presented (libpq's behaviour without a root cert).
+//! - verify-ca: the chain must lead to a root in `sslrootcert`; the host name
+//!   is not checked.
+//! - verify-full: chain as above and the certificate must name the host.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::WebPkiSupportedAlgorithms;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::server::ParsedCertificate;
+use rustls::{
+    ClientConfig, DigitallySignedStruct, Error as TlsError, RootCertStore, SignatureScheme,
+};
+
+use super::config::{SslMode, TlsSettings};
+
+/// Why a TLS client configuration could not be built.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TlsConfigError {
+    #[error("cannot read sslrootcert {path}: {source}")]
+    ReadRoot {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("sslrootcert {path} contains no usable certificate")]
+    NoRoots { path: String },
+    #[error("TLS setup: {0}")]
+    Rustls(String),
+}
+
+/// The client configuration for `settings`, or `None` for sslmode=disable.
+pub(crate) fn client_config(
+    settings: &TlsSettings,
+) -> Result<Option<Arc<ClientConfig>>, TlsConfigError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsConfigError::Rustls(e.to_string()))?;
+    let verifier: Arc<dyn ServerCertVerifier> = match settings.mode {
+        SslMode::Disable => return Ok(None),
+        SslMode::Prefer | SslMode::Require => Arc::new(EncryptionOnly {
+            algorithms: provider.signature_verification_algorithms,
+        }),
+        SslMode::VerifyCa => Arc::new(ChainOnly {
+            roots: Arc::new(load_roots(settings)?),
+            algorithms: provider.signature_verification_algorithms,
+        }),
+        SslMode::VerifyFull => {
+            WebPkiServerVerifier::builder_with_provider(Arc::new(load_roots(settings)?), provider)
+                .build()
+                .map_err(|e| TlsConfigError::Rustls(e.to_string()))?
+        }
+    };
+    let config = builder
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    Ok(Some(Arc::new(config)))
+}
+
+fn load_roots(settings: &TlsSettings) -> Result<RootCertStore, TlsConfigError> {
+    // The config parser guarantees a root cert for the verifying modes.
+    let path = settings.root_cert.as_deref().unwrap_or(Path::new(""));
+    let shown = path.display().to_string();
+    let pem = std::fs::read(path).map_err(|source| TlsConfigError::ReadRoot {
+        path: shown.clone(),
+        source,
+    })?;
+    let mut roots = RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+        let cert = cert.map_err(|source| TlsConfigError::ReadRoot {
+            path: shown.clone(),
+            source,
+        })?;
+        roots
+            .add(cert)
+            .map_err(|e| TlsConfigError::Rustls(format!("sslrootcert {shown}: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(TlsConfigError::NoRoots { path: shown });
+    }
+    Ok(roots)
+}
+
+/// Accepts any certificate; checks that the handshake is signed by its key.
+#[derive(Debug)]
+struct EncryptionOnly {
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl ServerCertVerifier for EncryptionOnly {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, TlsError> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, TlsError> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, TlsError> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// verify-ca: the chain must reach a trusted root; any host name is accepted.
+#[derive(Debug)]
+struct ChainOnly {
+    roots: Arc<RootCertStore>,
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, TlsError> {
+        let cert = ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_cert_signed_by_trust_anchor(
+            &cert,
+            &self.roots,
+            intermediates,
+            now,
+            self.algorithms.all,
+        )?;
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, TlsError> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, TlsError> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    #[test]
+    fn disable_has_no_tls_config() {
+        let s = TlsSettings {
+            mode: SslMode::Disable,
+            root_cert: None,
+        };
+        assert!(client_config(&s).unwrap().is_none());
+    }
+
+    #[test]
+    fn encryption_only_modes_need_no_roots() {
+        for mode in [SslMode::Prefer, SslMode::Require] {
+            let s = TlsSettings {
+                mode,
+                root_cert: None,
+            };
+            assert!(client_config(&s).unwrap().is_some());
+        }
+    }
+
+    #[test]
+    fn missing_or_empty_root_file_is_an_error() {
+        let s = TlsSettings {
+            mode: SslMode::VerifyFull,
+            root_cert: Some(PathBuf::from("/nonexistent/ca.pem")),
+        };
+        assert!(matches!(
+            client_config(&s),
+            Err(TlsConfigError::ReadRoot { .. })
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").unwrap();
+        let s = TlsSettings {
+            mode: SslMode::VerifyCa,
+            root_cert: Some(empty),
+        };
+        assert!(matches!(
+            client_config(&s),
+            Err(TlsConfigError::NoRoots { .. })
+        ));
+    }
+}

@@ -1,0 +1,475 @@
+//! Framing of the PostgreSQL frontend/backend protocol (v3) and a strict body
+//! reader.
+//!
+//! Every backend message after startup is `tag: u8, len: i32, body` where `len`
+//! counts itself but not the tag. [`next_frame`] splits one complete message
+//! off a `BytesMut` without copying and returns `None` ("need more bytes") for
+//! a partial one. [`Reader`] walks a body with bounds checks and reports the
+//! tag and byte offset of anything malformed; `finish` rejects leftover bytes.
+
+use std::fmt;
+
+use bytes::{Buf, Bytes, BytesMut};
+use postgres_protocol::message::frontend;
+
+use super::error::{PgError, ServerError};
+
+/// Backend message tags we handle.
+pub(crate) mod tag {
+    pub const AUTHENTICATION: u8 = b'R';
+    pub const BACKEND_KEY_DATA: u8 = b'K';
+    pub const PARAMETER_STATUS: u8 = b'S';
+    pub const READY_FOR_QUERY: u8 = b'Z';
+    pub const ERROR_RESPONSE: u8 = b'E';
+    pub const NOTICE_RESPONSE: u8 = b'N';
+    pub const ROW_DESCRIPTION: u8 = b'T';
+    pub const DATA_ROW: u8 = b'D';
+    pub const COMMAND_COMPLETE: u8 = b'C';
+    pub const EMPTY_QUERY: u8 = b'I';
+    /// CopyBothResponse: the server entered streaming replication.
+    pub const COPY_BOTH_RESPONSE: u8 = b'W';
+    pub const COPY_DATA: u8 = b'd';
+    pub const COPY_DONE: u8 = b'c';
+}
+
+/// Upper bound for one message unless the caller chooses another. PostgreSQL
+/// cannot send a single datum above 1 GiB, so a logical change plus its
+/// headers fits.
+pub(crate) const DEFAULT_MAX_FRAME: usize = (1 << 30) + (1 << 20);
+
+/// A message tag, shown as the character and its hex value.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Tag(pub u8);
+
+impl fmt::Display for Tag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_ascii_graphic() {
+            write!(f, "'{}' (0x{:02x})", self.0 as char, self.0)
+        } else {
+            write!(f, "0x{:02x}", self.0)
+        }
+    }
+}
+
+impl fmt::Debug for Tag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// Malformed bytes: always names the message tag and, inside a body, the
+/// byte offset from the start of that body.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("message {tag} declares length {len}, below the minimum of 4")]
+    BadLength { tag: Tag, len: i32 },
+    #[error("message {tag} of {len} bytes exceeds the limit of {max} bytes")]
+    TooLarge { tag: Tag, len: usize, max: usize },
+    #[error("message {tag} truncated at offset {offset}: {needed} more bytes needed for {what}")]
+    Truncated {
+        tag: Tag,
+        offset: usize,
+        needed: usize,
+        what: &'static str,
+    },
+    #[error("message {tag} has {extra} unexpected bytes at offset {offset}")]
+    Trailing {
+        tag: Tag,
+        offset: usize,
+        extra: usize,
+    },
+    #[error("message {tag}: string at offset {offset} has no terminating NUL")]
+    MissingNul { tag: Tag, offset: usize },
+    #[error("message {tag}: string at offset {offset} is not UTF-8")]
+    BadUtf8 { tag: Tag, offset: usize },
+    #[error("message {tag}: invalid {what} at offset {offset}")]
+    Invalid {
+        tag: Tag,
+        offset: usize,
+        what: &'static str,
+    },
+    #[error("unknown message tag {tag} in {context}")]
+    UnknownTag { tag: Tag, context: &'static str },
+}
+
+/// One complete backend message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Frame {
+    pub tag: u8,
+    pub body: Bytes,
+}
+
+/// Splits the next complete message off the front of `buf`.
+///
+/// `Ok(None)` means more bytes are needed; `buf` then has capacity reserved
+/// for the rest of the frame. A declared length above `max` is an error
+/// before any of its body is buffered.
+pub(crate) fn next_frame(buf: &mut BytesMut, max: usize) -> Result<Option<Frame>, WireError> {
+    if buf.len() < 5 {
+        return Ok(None);
+    }
+    let tag = buf[0];
+    let len = i32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]);
+    if len < 4 {
+        return Err(WireError::BadLength { tag: Tag(tag), len });
+    }
+    let body_len = len as usize - 4;
+    if body_len > max {
+        return Err(WireError::TooLarge {
+            tag: Tag(tag),
+            len: body_len,
+            max,
+        });
+    }
+    let total = 5 + body_len;
+    if buf.len() < total {
+        buf.reserve(total - buf.len());
+        return Ok(None);
+    }
+    let mut frame = buf.split_to(total);
+    frame.advance(5);
+    Ok(Some(Frame {
+        tag,
+        body: frame.freeze(),
+    }))
+}
+
+/// A bounds-checked cursor over one message body.
+pub(crate) struct Reader<'a> {
+    tag: Tag,
+    body: &'a Bytes,
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(tag: u8, body: &'a Bytes) -> Reader<'a> {
+        Reader {
+            tag: Tag(tag),
+            body,
+            pos: 0,
+        }
+    }
+
+    pub fn offset(&self) -> usize {
+        self.pos
+    }
+
+    pub fn remaining(&self) -> usize {
+        self.body.len() - self.pos
+    }
+
+    pub fn invalid(&self, offset: usize, what: &'static str) -> WireError {
+        WireError::Invalid {
+            tag: self.tag,
+            offset,
+            what,
+        }
+    }
+
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], WireError> {
+        if self.remaining() < n {
+            return Err(WireError::Truncated {
+                tag: self.tag,
+                offset: self.pos,
+                needed: n - self.remaining(),
+                what,
+            });
+        }
+        let s = &self.body[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], WireError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N, what)?);
+        Ok(out)
+    }
+
+    pub fn u8(&mut self, what: &'static str) -> Result<u8, WireError> {
+        Ok(self.array::<1>(what)?[0])
+    }
+
+    pub fn i16(&mut self, what: &'static str) -> Result<i16, WireError> {
+        Ok(i16::from_be_bytes(self.array(what)?))
+    }
+
+    pub fn i32(&mut self, what: &'static str) -> Result<i32, WireError> {
+        Ok(i32::from_be_bytes(self.array(what)?))
+    }
+
+    pub fn u64(&mut self, what: &'static str) -> Result<u64, WireError> {
+        Ok(u64::from_be_bytes(self.array(what)?))
+    }
+
+    pub fn i64(&mut self, what: &'static str) -> Result<i64, WireError> {
+        Ok(i64::from_be_bytes(self.array(what)?))
+    }
+
+    /// `n` bytes as a zero-copy slice of the body.
+    pub fn bytes(&mut self, n: usize, what: &'static str) -> Result<Bytes, WireError> {
+        let start = self.pos;
+        self.take(n, what)?;
+        Ok(self.body.slice(start..start + n))
+    }
+
+    /// Everything left, zero-copy.
+    pub fn rest(&mut self) -> Bytes {
+        let s = self.body.slice(self.pos..);
+        self.pos = self.body.len();
+        s
+    }
+
+    /// A NUL-terminated UTF-8 string.
+    pub fn cstr(&mut self) -> Result<&'a str, WireError> {
+        let start = self.pos;
+        let body: &'a [u8] = self.body;
+        let rel = body[start..]
+            .iter()
+            .position(|&b| b == 0)
+            .ok_or(WireError::MissingNul {
+                tag: self.tag,
+                offset: start,
+            })?;
+        let s = std::str::from_utf8(&body[start..start + rel]).map_err(|_| WireError::BadUtf8 {
+            tag: self.tag,
+            offset: start,
+        })?;
+        self.pos = start + rel + 1;
+        Ok(s)
+    }
+
+    /// Requires that the whole body was consumed.
+    pub fn finish(&self) -> Result<(), WireError> {
+        if self.remaining() != 0 {
+            return Err(WireError::Trailing {
+                tag: self.tag,
+                offset: self.pos,
+                extra: self.remaining(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Parses an ErrorResponse or NoticeResponse body: `(field type u8, cstring)*`
+/// terminated by a zero byte.
+pub(crate) fn parse_error_fields(tag: u8, body: &Bytes) -> Result<ServerError, WireError> {
+    let mut r = Reader::new(tag, body);
+    let mut localized_severity = None;
+    let mut severity = None;
+    let mut code = None;
+    let mut message = None;
+    let mut detail = None;
+    let mut hint = None;
+    loop {
+        let field = r.u8("field type")?;
+        if field == 0 {
+            break;
+        }
+        let value = r.cstr()?.to_owned();
+        match field {
+            b'S' => localized_severity = Some(value),
+            b'V' => severity = Some(value),
+            b'C' => code = Some(value),
+            b'M' => message = Some(value),
+            b'D' => detail = Some(value),
+            b'H' => hint = Some(value),
+            // Position, where, schema, table, file, line, routine...: not needed.
+            _ => {}
+        }
+    }
+    r.finish()?;
+    let end = r.offset();
+    Ok(ServerError {
+        severity: severity
+            .or(localized_severity)
+            .ok_or(r.invalid(end, "error response without severity"))?,
+        code: code.ok_or(r.invalid(end, "error response without SQLSTATE"))?,
+        message: message.unwrap_or_default(),
+        detail,
+        hint,
+    })
+}
+
+/// Frontend encoders. postgres-protocol's fail only on strings with an
+/// embedded NUL or an over-long message; those become `PgError::Encode`.
+pub(crate) mod encode {
+    use super::*;
+
+    fn enc(what: &'static str, r: std::io::Result<()>) -> Result<(), PgError> {
+        r.map_err(|source| PgError::Encode { what, source })
+    }
+
+    pub fn ssl_request(out: &mut BytesMut) {
+        frontend::ssl_request(out);
+    }
+
+    pub fn startup<'a>(
+        params: impl IntoIterator<Item = (&'a str, &'a str)>,
+        out: &mut BytesMut,
+    ) -> Result<(), PgError> {
+        enc("startup message", frontend::startup_message(params, out))
+    }
+
+    pub fn password(password: &[u8], out: &mut BytesMut) -> Result<(), PgError> {
+        enc(
+            "password message",
+            frontend::password_message(password, out),
+        )
+    }
+
+    pub fn sasl_initial(mechanism: &str, data: &[u8], out: &mut BytesMut) -> Result<(), PgError> {
+        enc(
+            "SASL initial response",
+            frontend::sasl_initial_response(mechanism, data, out),
+        )
+    }
+
+    pub fn sasl_response(data: &[u8], out: &mut BytesMut) -> Result<(), PgError> {
+        enc("SASL response", frontend::sasl_response(data, out))
+    }
+
+    pub fn query(sql: &str, out: &mut BytesMut) -> Result<(), PgError> {
+        enc("query", frontend::query(sql, out))
+    }
+
+    pub fn copy_done(out: &mut BytesMut) {
+        frontend::copy_done(out);
+    }
+
+    pub fn terminate(out: &mut BytesMut) {
+        frontend::terminate(out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = vec![tag];
+        v.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+        v.extend_from_slice(body);
+        v
+    }
+
+    #[test]
+    fn splits_frames_fed_byte_by_byte() {
+        let mut wire = frame(b'Z', b"I");
+        wire.extend(frame(b'd', b"hello"));
+        wire.extend(frame(b'c', b""));
+        let mut buf = BytesMut::new();
+        let mut got = Vec::new();
+        for b in wire {
+            buf.extend_from_slice(&[b]);
+            while let Some(f) = next_frame(&mut buf, 1024).unwrap() {
+                got.push((f.tag, f.body.to_vec()));
+            }
+        }
+        assert_eq!(
+            got,
+            vec![
+                (b'Z', b"I".to_vec()),
+                (b'd', b"hello".to_vec()),
+                (b'c', vec![])
+            ]
+        );
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn partial_frame_reserves_the_rest() {
+        let wire = frame(b'd', &[7u8; 100]);
+        let mut buf = BytesMut::from(&wire[..10]);
+        assert_eq!(next_frame(&mut buf, 1024).unwrap(), None);
+        assert!(buf.capacity() >= wire.len());
+        assert_eq!(buf.len(), 10);
+    }
+
+    #[test]
+    fn rejects_bad_and_oversized_lengths() {
+        let mut buf = BytesMut::from(&[b'd', 0, 0, 0, 3][..]);
+        assert_eq!(
+            next_frame(&mut buf, 1024),
+            Err(WireError::BadLength {
+                tag: Tag(b'd'),
+                len: 3
+            })
+        );
+        let mut buf = BytesMut::from(&[b'd', 0x7f, 0, 0, 0][..]);
+        assert!(matches!(
+            next_frame(&mut buf, 1024),
+            Err(WireError::TooLarge { max: 1024, .. })
+        ));
+        let mut buf = BytesMut::from(&[b'd', 0xff, 0xff, 0xff, 0xff][..]);
+        assert!(matches!(
+            next_frame(&mut buf, 1024),
+            Err(WireError::BadLength { len: -1, .. })
+        ));
+    }
+
+    #[test]
+    fn reader_reports_offsets() {
+        let body = Bytes::from_static(b"\x00\x01ab");
+        let mut r = Reader::new(b'x', &body);
+        assert_eq!(r.i16("n").unwrap(), 1);
+        assert_eq!(
+            r.cstr(),
+            Err(WireError::MissingNul {
+                tag: Tag(b'x'),
+                offset: 2
+            })
+        );
+        assert_eq!(
+            r.i32("len"),
+            Err(WireError::Truncated {
+                tag: Tag(b'x'),
+                offset: 2,
+                needed: 2,
+                what: "len"
+            })
+        );
+        assert_eq!(
+            r.finish(),
+            Err(WireError::Trailing {
+                tag: Tag(b'x'),
+                offset: 2,
+                extra: 2
+            })
+        );
+    }
+
+    #[test]
+    fn parses_error_response_fields() {
+        let body = Bytes::from_static(
+            b"SFATAL\0VFATAL\0C28P01\0Mpassword authentication failed for user \"x\"\0Ffile.c\0L1\0Rauth_failed\0\0",
+        );
+        let e = parse_error_fields(b'E', &body).unwrap();
+        assert_eq!(e.severity, "FATAL");
+        assert_eq!(e.code, "28P01");
+        assert_eq!(e.message, "password authentication failed for user \"x\"");
+        assert_eq!(e.detail, None);
+
+        let body = Bytes::from_static(b"SERROR\0C55006\0Mm\0Dd\0Hh\0\0");
+        let e = parse_error_fields(b'E', &body).unwrap();
+        assert_eq!(
+            (e.severity.as_str(), e.detail.as_deref(), e.hint.as_deref()),
+            ("ERROR", Some("d"), Some("h"))
+        );
+
+        for bad in [
+            &b"SERROR\0C55006\0Mm"[..],
+            b"SERROR\0Mm\0\0",
+            b"SERROR\0\0x",
+        ] {
+            assert!(parse_error_fields(b'E', &Bytes::copy_from_slice(bad)).is_err());
+        }
+    }
+
+    #[test]
+    fn tag_display_is_readable() {
+        assert_eq!(Tag(b'w').to_string(), "'w' (0x77)");
+        assert_eq!(Tag(0).to_string(), "0x00");
+    }
+}
