@@ -64,36 +64,36 @@ impl fmt::Display for RowRef {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MapError {
     #[error("{at}: column {column:?} is NULL")]
-    NullColumn { column: String, at: RowRef },
+    NullColumn { column: String, at: Box<RowRef> },
     #[error(
         "table {table} has no column {column:?}: add it, or map another column with outbox.columns / outbox.extra_headers"
     )]
     MissingColumn { table: String, column: String },
     #[error("{at}: column {column:?} is an unchanged TOAST value, its content was not sent")]
-    UnchangedToast { column: String, at: RowRef },
+    UnchangedToast { column: String, at: Box<RowRef> },
     #[error("{at}: column {column:?} arrived in binary format; the stream must use text format")]
-    BinaryValue { column: String, at: RowRef },
+    BinaryValue { column: String, at: Box<RowRef> },
     #[error("{at}: column {column:?} is not valid UTF-8")]
-    InvalidUtf8 { column: String, at: RowRef },
+    InvalidUtf8 { column: String, at: Box<RowRef> },
     #[error("{at}: topic {topic:?} is not a legal Kafka topic name: {reason}")]
     InvalidTopic {
         topic: String,
         reason: String,
-        at: RowRef,
+        at: Box<RowRef>,
     },
     #[error("{at}: the record has {bytes} bytes, more than outbox.max_record_bytes = {max}")]
     TooLarge {
         bytes: usize,
         max: usize,
-        at: RowRef,
+        at: Box<RowRef>,
     },
     #[error("{at}: bad event envelope: {reason}")]
-    BadEnvelope { reason: String, at: RowRef },
+    BadEnvelope { reason: String, at: Box<RowRef> },
     #[error("{at}: the row has {got} columns but its Relation message announced {expected}")]
     ColumnCount {
         expected: usize,
         got: usize,
-        at: RowRef,
+        at: Box<RowRef>,
     },
     #[error(
         "change at LSN {lsn} refers to relation OID {oid}, for which no Relation message was seen"
@@ -145,7 +145,7 @@ impl MapError {
             | MapError::InvalidTopic { at, .. }
             | MapError::TooLarge { at, .. }
             | MapError::BadEnvelope { at, .. }
-            | MapError::ColumnCount { at, .. } => Some(at),
+            | MapError::ColumnCount { at, .. } => Some(at.as_ref()),
             MapError::MissingColumn { .. } | MapError::UnknownRelation { .. } => None,
         }
     }
@@ -204,14 +204,14 @@ struct Partial<'a> {
 }
 
 impl Partial<'_> {
-    fn at(&self) -> RowRef {
-        RowRef {
+    fn at(&self) -> Box<RowRef> {
+        Box::new(RowRef {
             source: self.source.to_owned(),
             lsn: self.lsn,
             event_id: self.event_id.map(str::to_owned),
             aggregate_type: self.aggregate_type.map(str::to_owned),
             aggregate_id: self.aggregate_id.map(str::to_owned),
-        }
+        })
     }
 
     /// The text bytes of column `idx`, which must be non-NULL.
@@ -711,6 +711,8 @@ mod tests {
                 ("lsn", "16/B374D848"),
             ])
         );
+        let names: Vec<&str> = e.headers.iter().map(|(k, _)| k.as_ref()).collect();
+        assert_eq!(names, crate::outbox::settings::STANDARD_HEADERS);
         // The payload is a view of the received bytes, not a copy.
         let ColumnValue::Text(stored) = &row.columns[6] else {
             unreachable!()
