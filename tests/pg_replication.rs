@@ -1,0 +1,414 @@
+//! The replication transport against a real PostgreSQL: IDENTIFY_SYSTEM,
+//! START_REPLICATION, XLogData, feedback that advances the slot, clean
+//! shutdown and restart, and feedback that keeps a stalled consumer alive.
+//!
+//! The pgoutput payloads are only checked by their first byte (B, R, I, C);
+//! decoding is the decoder's business. A Commit ('C') carries its end LSN at
+//! bytes 10..18 (tag, flags u8, commit_lsn u64, end_lsn u64, timestamp i64).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use outbox_cdc::pg::control;
+use outbox_cdc::pg::{
+    Lsn, PgConnectConfig, PgError, QualifiedTable, ReplicationConnection, ReplicationEvent,
+    ReplicationStream, StreamOptions,
+};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Tests here that change server-wide settings (wal_sender_timeout) or that
+/// stream (and would be cut by a low wal_sender_timeout) run one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn outbox_config() -> PgConnectConfig {
+    PgConnectConfig::parse(&common::pg_url()).expect("OUTBOX_CDC_TEST_PG parses")
+}
+
+/// A table with a publication and a slot, created as admin; dropped on `cleanup`.
+struct Fixture {
+    admin: tokio_postgres::Client,
+    table: QualifiedTable,
+    publication: String,
+    slot: String,
+}
+
+impl Fixture {
+    async fn new(prefix: &str) -> Fixture {
+        let admin = common::admin_client().await;
+        let table = QualifiedTable::new("public", common::unique_name(&format!("{prefix}_t")));
+        let publication = common::unique_name(&format!("{prefix}_p"));
+        let slot = common::unique_name(&format!("{prefix}_s"));
+        admin
+            .batch_execute(&format!(
+                "CREATE TABLE {table} (id bigserial PRIMARY KEY, payload text NOT NULL)"
+            ))
+            .await
+            .expect("create table");
+        control::create_publication(&admin, &publication, &table)
+            .await
+            .expect("create publication");
+        control::create_logical_slot(&admin, &slot)
+            .await
+            .expect("create slot");
+        Fixture {
+            admin,
+            table,
+            publication,
+            slot,
+        }
+    }
+
+    async fn insert(&self, payloads: &[&str]) {
+        let values: Vec<String> = payloads
+            .iter()
+            .map(|p| format!("('{}')", p.replace('\'', "''")))
+            .collect();
+        self.admin
+            .batch_execute(&format!(
+                "INSERT INTO {} (payload) VALUES {}",
+                self.table,
+                values.join(",")
+            ))
+            .await
+            .expect("insert");
+    }
+
+    async fn start(&self, start: Lsn, options: StreamOptions) -> (ReplicationStream, i32) {
+        let mut conn = ReplicationConnection::connect(&outbox_config(), "outbox-cdc-test")
+            .await
+            .expect("replication connection as outbox");
+        let pid = conn.backend_pid().expect("backend pid");
+        conn.set_stream_options(options);
+        let stream = conn
+            .start_logical(&self.slot, start, &self.publication, true)
+            .await
+            .expect("START_REPLICATION");
+        (stream, pid)
+    }
+
+    async fn cleanup(self) {
+        // The slot may still be held for a moment by a walsender that is exiting.
+        let deadline = Instant::now() + WAIT;
+        loop {
+            match control::drop_slot(&self.admin, &self.slot).await {
+                Ok(()) | Err(PgError::SlotMissing { .. }) => break,
+                Err(PgError::SlotActive { .. }) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await
+                }
+                Err(e) => panic!("dropping slot {}: {e}", self.slot),
+            }
+        }
+        self.admin
+            .batch_execute(&format!(
+                "DROP PUBLICATION IF EXISTS \"{}\"; DROP TABLE IF EXISTS {}",
+                self.publication, self.table
+            ))
+            .await
+            .expect("cleanup");
+    }
+}
+
+/// One transaction as seen on the wire: the first byte of each pgoutput
+/// message from B to C, the payloads, and the commit's end LSN.
+#[derive(Debug)]
+struct Txn {
+    tags: Vec<u8>,
+    messages: Vec<Bytes>,
+    end_lsn: Lsn,
+}
+
+/// Receives until a whole transaction has arrived, skipping keepalives.
+async fn recv_txn(stream: &mut ReplicationStream) -> Txn {
+    let mut tags = Vec::new();
+    let mut messages = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let event = tokio::time::timeout(left, stream.recv())
+            .await
+            .expect("a transaction within the deadline")
+            .expect("recv")
+            .expect("stream still open");
+        let ReplicationEvent::XLogData { data, .. } = event else {
+            continue;
+        };
+        let tag = *data.first().expect("non-empty pgoutput message");
+        tags.push(tag);
+        messages.push(data.clone());
+        if tag == b'C' {
+            let end = u64::from_be_bytes(data[10..18].try_into().expect("commit is 26 bytes"));
+            return Txn {
+                tags,
+                messages,
+                end_lsn: Lsn::new(end),
+            };
+        }
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+async fn wait_for<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + WAIT;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn identify_system_matches_the_server() {
+    common::init_tracing();
+    let admin = common::admin_client().await;
+    let before = control::current_wal_lsn(&admin).await.unwrap();
+    let mut conn = ReplicationConnection::connect(&outbox_config(), "outbox-cdc-test")
+        .await
+        .expect("replication connection as outbox (scram-sha-256)");
+    let id = conn.identify_system().await.expect("IDENTIFY_SYSTEM");
+    let after = control::current_wal_lsn(&admin).await.unwrap();
+
+    assert_eq!(
+        id.system_id,
+        control::system_identifier(&admin).await.unwrap()
+    );
+    let timeline: i32 = admin
+        .query_one("SELECT timeline_id FROM pg_control_checkpoint()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(i64::from(id.timeline), i64::from(timeline));
+    assert!(
+        before <= id.xlogpos && id.xlogpos <= after,
+        "xlogpos {} outside [{before}, {after}]",
+        id.xlogpos
+    );
+    let db: String = admin
+        .query_one("SELECT current_database()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(id.dbname.as_deref(), Some(db.as_str()));
+}
+
+#[tokio::test]
+async fn streams_confirms_shuts_down_and_resumes_without_resending() {
+    common::init_tracing();
+    let _serial = SERIAL.lock().await;
+    let fx = Fixture::new("repl").await;
+    let (mut stream, pid) = fx.start(Lsn::ZERO, StreamOptions::default()).await;
+
+    fx.insert(&["first-a", "first-b", "first-c"]).await;
+    let txn = recv_txn(&mut stream).await;
+    assert_eq!(txn.tags.first(), Some(&b'B'), "{:?}", txn.tags);
+    assert_eq!(txn.tags.last(), Some(&b'C'));
+    let body: Vec<u8> = txn.tags[1..txn.tags.len() - 1].to_vec();
+    assert_eq!(body, b"RIII", "relation then three inserts: {:?}", txn.tags);
+    assert!(contains(&txn.messages[2], b"first-a"));
+
+    let slot_before = control::slot_info(&fx.admin, &fx.slot)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(slot_before.active_pid, Some(pid));
+    assert!(slot_before.confirmed_flush_lsn.unwrap() < txn.end_lsn);
+
+    // Only what the caller reports as flushed is confirmed.
+    let feedback = stream.feedback();
+    feedback.set_flushed(txn.end_lsn);
+    wait_for("confirmed_flush_lsn to reach the commit end", || async {
+        let s = control::slot_info(&fx.admin, &fx.slot)
+            .await
+            .unwrap()
+            .unwrap();
+        s.confirmed_flush_lsn == Some(txn.end_lsn)
+    })
+    .await;
+
+    tokio::time::timeout(WAIT, stream.shutdown())
+        .await
+        .expect("shutdown is bounded")
+        .expect("clean shutdown");
+    wait_for("the slot to be released", || async {
+        let s = control::slot_info(&fx.admin, &fx.slot)
+            .await
+            .unwrap()
+            .unwrap();
+        s.active_pid.is_none()
+    })
+    .await;
+    let s = control::slot_info(&fx.admin, &fx.slot)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        s.confirmed_flush_lsn,
+        Some(txn.end_lsn),
+        "the final update did not regress"
+    );
+
+    // A transaction committed while nobody streams, then a restart from the
+    // flushed position: the first transaction is not sent again.
+    fx.insert(&["second"]).await;
+    let (mut stream, _) = fx.start(txn.end_lsn, StreamOptions::default()).await;
+    let next = recv_txn(&mut stream).await;
+    assert!(next.end_lsn > txn.end_lsn);
+    assert!(next.messages.iter().any(|m| contains(m, b"second")));
+    assert!(
+        !next.messages.iter().any(|m| contains(m, b"first-")),
+        "{next:?}"
+    );
+    stream.shutdown().await.expect("clean shutdown");
+    fx.cleanup().await;
+}
+
+/// Runs `body` with wal_sender_timeout lowered to 3 s and always restores it.
+async fn with_low_wal_sender_timeout<F>(body: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let admin = common::admin_client().await;
+    // ALTER SYSTEM cannot share a multi-statement (implicit transaction) query.
+    for sql in [
+        "ALTER SYSTEM SET wal_sender_timeout = '3s'",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin
+            .batch_execute(sql)
+            .await
+            .expect("lower wal_sender_timeout");
+    }
+    wait_for("wal_sender_timeout = 3s in new sessions", || async {
+        let c = common::admin_client().await;
+        let v: String = c
+            .query_one("SHOW wal_sender_timeout", &[])
+            .await
+            .unwrap()
+            .get(0);
+        v == "3s"
+    })
+    .await;
+    let result = tokio::spawn(body).await;
+    for sql in [
+        "ALTER SYSTEM RESET wal_sender_timeout",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin
+            .batch_execute(sql)
+            .await
+            .expect("restore wal_sender_timeout");
+    }
+    if let Err(e) = result {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
+async fn walsender_alive(admin: &tokio_postgres::Client, pid: i32) -> bool {
+    admin
+        .query_opt("SELECT 1 FROM pg_stat_replication WHERE pid = $1", &[&pid])
+        .await
+        .unwrap()
+        .is_some()
+}
+
+/// Enough rows that the server's sends block on a full socket while we stall.
+const STALL_ROWS: usize = 4000;
+
+async fn insert_many(fx: &Fixture, marker: &str) {
+    fx.admin
+        .batch_execute(&format!(
+            "INSERT INTO {} (payload) SELECT '{marker}' || repeat('x', 1000) FROM generate_series(1, {STALL_ROWS})",
+            fx.table
+        ))
+        .await
+        .expect("bulk insert");
+}
+
+#[tokio::test]
+async fn stalled_consumer_keeps_its_connection_because_feedback_flows() {
+    common::init_tracing();
+    let _serial = SERIAL.lock().await;
+    with_low_wal_sender_timeout(async {
+        let fx = Fixture::new("stall").await;
+        let options = StreamOptions {
+            status_interval: Duration::from_secs(1),
+            ..StreamOptions::default()
+        };
+        let (mut stream, pid) = fx.start(Lsn::ZERO, options).await;
+        fx.insert(&["warm-up"]).await;
+        let first = recv_txn(&mut stream).await;
+        stream.feedback().set_flushed(first.end_lsn);
+
+        insert_many(&fx, "stalled").await;
+        // The consumer stalls for more than three times wal_sender_timeout.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(
+            walsender_alive(&fx.admin, pid).await,
+            "walsender {pid} was cut"
+        );
+
+        let big = recv_txn(&mut stream).await;
+        let inserts = big.tags.iter().filter(|t| **t == b'I').count();
+        assert_eq!(inserts, STALL_ROWS);
+        stream.feedback().set_flushed(big.end_lsn);
+        fx.insert(&["after-stall"]).await;
+        let after = recv_txn(&mut stream).await;
+        assert!(after.messages.iter().any(|m| contains(m, b"after-stall")));
+        assert!(walsender_alive(&fx.admin, pid).await);
+        stream.shutdown().await.expect("clean shutdown");
+        fx.cleanup().await;
+    })
+    .await;
+}
+
+/// Negative control: with status updates slower than wal_sender_timeout the
+/// same stall gets the connection cut, so the test above would catch broken
+/// feedback.
+#[tokio::test]
+async fn stalled_consumer_without_timely_feedback_is_cut() {
+    common::init_tracing();
+    let _serial = SERIAL.lock().await;
+    with_low_wal_sender_timeout(async {
+        let fx = Fixture::new("cut").await;
+        let options = StreamOptions {
+            status_interval: Duration::from_secs(120),
+            ..StreamOptions::default()
+        };
+        let (mut stream, pid) = fx.start(Lsn::ZERO, options).await;
+        fx.insert(&["warm-up"]).await;
+        recv_txn(&mut stream).await;
+
+        insert_many(&fx, "stalled").await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(
+            !walsender_alive(&fx.admin, pid).await,
+            "walsender {pid} survived without feedback"
+        );
+
+        // What was buffered before the cut may still arrive; then the stream fails.
+        let deadline = Instant::now() + WAIT;
+        let err = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, stream.recv())
+                .await
+                .expect("an error within the deadline")
+            {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the server ended the copy instead of cutting us"),
+                Err(e) => break e,
+            }
+        };
+        assert!(err.is_retryable(), "a cut connection is retryable: {err}");
+        drop(stream);
+        fx.cleanup().await;
+    })
+    .await;
+}
