@@ -15,7 +15,11 @@
 # ${OUTBOX_CDC_CACHE:-$HOME/.cache/outbox-cdc}/kafka-<version>/.
 #
 # Tunables (environment): OUTBOX_CDC_CACHE, OUTBOX_CDC_KAFKA_VERSION,
-# OUTBOX_CDC_ENV_TIMEOUT (seconds each server may take to become ready).
+# OUTBOX_CDC_ENV_TIMEOUT (seconds each server may take to become ready), and
+# OUTBOX_CDC_PG_PORT / OUTBOX_CDC_KAFKA_PORT / OUTBOX_CDC_KAFKA_CONTROLLER_PORT
+# to run a second checkout's servers beside the first (defaults 54329, 19092,
+# 19093; docker-compose.yml uses the defaults). Give every command of one
+# environment the same values: test.env records them for the tests.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
@@ -25,14 +29,11 @@ REPO_HASH="$(printf '%s' "$ROOT" | sha256sum | cut -c1-12)"
 TIMEOUT="${OUTBOX_CDC_ENV_TIMEOUT:-90}"
 
 PG_BIN=/usr/lib/postgresql/15/bin
-PG_PORT=54329
-PG_ADMIN_URL="postgres://postgres:postgres@127.0.0.1:$PG_PORT/app"
-PG_OUTBOX_URL="postgres://outbox:outbox@127.0.0.1:$PG_PORT/app"
+PG_PORT="${OUTBOX_CDC_PG_PORT:-54329}"
 
 KAFKA_VERSION="${OUTBOX_CDC_KAFKA_VERSION:-4.1.1}"
-KAFKA_PORT=19092
-KAFKA_CONTROLLER_PORT=19093
-KAFKA_BOOTSTRAP="127.0.0.1:$KAFKA_PORT"
+KAFKA_PORT="${OUTBOX_CDC_KAFKA_PORT:-19092}"
+KAFKA_CONTROLLER_PORT="${OUTBOX_CDC_KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}"
 CACHE_ROOT="${OUTBOX_CDC_CACHE:-${HOME:-/root}/.cache/outbox-cdc}"
 KAFKA_JARS="$CACHE_ROOT/kafka-$KAFKA_VERSION"
 KAFKA_CP="$KAFKA_JARS/*"
@@ -44,6 +45,23 @@ KAFKA_OUT="$ENV_DIR/kafka.out"
 KAFKA_PROPS="$KAFKA_DIR/server.properties"
 
 JAVA="${JAVA_HOME:+$JAVA_HOME/bin/}java"
+
+# An environment keeps the ports it was made with (target/env/ports); asking
+# `up` for others is an error (PORTS_ASKED), every other command just uses them.
+PORTS_FILE="$ENV_DIR/ports"
+PORTS_ASKED=""
+if [[ -r "$PORTS_FILE" ]]; then
+    read -r made_pg made_kafka made_controller <"$PORTS_FILE" || true
+    if [[ "$made_pg $made_kafka $made_controller" != "$PG_PORT $KAFKA_PORT $KAFKA_CONTROLLER_PORT" ]]; then
+        if [[ -n "${OUTBOX_CDC_PG_PORT:-}${OUTBOX_CDC_KAFKA_PORT:-}${OUTBOX_CDC_KAFKA_CONTROLLER_PORT:-}" ]]; then
+            PORTS_ASKED="$PG_PORT $KAFKA_PORT $KAFKA_CONTROLLER_PORT"
+        fi
+        PG_PORT="$made_pg" KAFKA_PORT="$made_kafka" KAFKA_CONTROLLER_PORT="$made_controller"
+    fi
+fi
+PG_ADMIN_URL="postgres://postgres:postgres@127.0.0.1:$PG_PORT/app"
+PG_OUTBOX_URL="postgres://outbox:outbox@127.0.0.1:$PG_PORT/app"
+KAFKA_BOOTSTRAP="127.0.0.1:$KAFKA_PORT"
 
 log() { printf 'env.sh: %s\n' "$*" >&2; }
 # One line saying what is wrong and how to fix it, then exit non-zero.
@@ -587,6 +605,9 @@ export OUTBOX_CDC_ENV_SH='$ROOT/scripts/env.sh'
 export OUTBOX_CDC_KAFKA_CLASSPATH='$KAFKA_CP'
 export OUTBOX_CDC_JAVA='$(command -v "$JAVA")'
 export OUTBOX_CDC_PG_BIN='$PG_BIN'
+export OUTBOX_CDC_PG_PORT='$PG_PORT'
+export OUTBOX_CDC_KAFKA_PORT='$KAFKA_PORT'
+export OUTBOX_CDC_KAFKA_CONTROLLER_PORT='$KAFKA_CONTROLLER_PORT'
 EOF
     mv "$tmp" "$ENV_DIR/test.env"
 }
@@ -601,8 +622,12 @@ with_lock() {
 
 cmd_up() {
     local t0=$SECONDS
+    if [[ -n "$PORTS_ASKED" ]]; then
+        die "this checkout's environment was made with ports $PG_PORT $KAFKA_PORT $KAFKA_CONTROLLER_PORT, not $PORTS_ASKED; run \`scripts/env.sh down\` first to change them"
+    fi
     ensure_prerequisites
     mkdir -p "$ENV_DIR"
+    printf '%s %s %s\n' "$PG_PORT" "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" >"$PORTS_FILE"
     pg_up
     kafka_up
     write_test_env

@@ -69,14 +69,22 @@ fn list<'a>(svc: &[&'a str], key: &str) -> Vec<&'a str> {
         .collect()
 }
 
-/// `NAME=value` from a line of scripts/env.sh such as `PG_PORT=54329`.
+/// The value scripts/env.sh gives `NAME` by default, from a line such as
+/// `PG_PORT=54329` or `PG_PORT="${OUTBOX_CDC_PG_PORT:-54329}"`.
 fn env_sh_value(env_sh: &str, name: &str) -> String {
     let prefix = format!("{name}=");
-    env_sh
+    let raw = env_sh
         .lines()
         .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .map(|v| v.trim().trim_matches('"').to_string())
-        .unwrap_or_else(|| panic!("scripts/env.sh does not set {name}"))
+        .map(|v| v.trim().trim_matches('"'))
+        .unwrap_or_else(|| panic!("scripts/env.sh does not set {name}"));
+    match raw.strip_prefix("${").and_then(|r| r.strip_suffix('}')) {
+        Some(expansion) => expansion
+            .split_once(":-")
+            .map(|(_, default)| default.to_string())
+            .unwrap_or_else(|| panic!("scripts/env.sh sets {name} without a default: {raw}")),
+        None => raw.to_string(),
+    }
 }
 
 fn bin_name() -> String {
