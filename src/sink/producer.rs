@@ -9,16 +9,18 @@
 //! never holds more reports than that limit. Reports of different partitions
 //! may arrive in any order relative to each other; the ack tracker orders them.
 
+use std::ffi::{CStr, c_char};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use rdkafka::bindings::rd_kafka_fatal_error;
 use rdkafka::client::ClientContext;
 use rdkafka::config::FromClientConfigAndContext;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, DeliveryResult, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::types::{RDKafka, RDKafkaErrorCode, RDKafkaRespErr};
 use tokio::sync::mpsc;
 
 use super::error::SinkError;
@@ -62,24 +64,63 @@ impl<T> Carried<T> {
 
 pub(super) type Opaque<T> = Box<Carried<T>>;
 
+/// The client handle, used only to ask librdkafka whether the producer has
+/// hit a fatal error: the error event carries the underlying code (e.g.
+/// `ProducerFenced`), not whether it was fatal, and records purged because of
+/// a fatal error report only `PurgeQueue`.
+pub(super) struct FatalProbe(*mut RDKafka);
+
+// SAFETY: librdkafka handles may be used from any thread, and
+// `rd_kafka_fatal_error` takes the handle's own lock.
+unsafe impl Send for FatalProbe {}
+unsafe impl Sync for FatalProbe {}
+
+impl FatalProbe {
+    /// The fatal error raised on this client, if any.
+    ///
+    /// Only called from the context's callbacks. librdkafka runs those only
+    /// inside `poll`/`flush` on the producer, which borrow the live client;
+    /// the client is destroyed after its polling thread has stopped and its
+    /// final flush in `Drop` has returned, so the handle is valid here.
+    fn fatal_error(&self) -> Option<(RDKafkaErrorCode, String)> {
+        let mut buf = [0 as c_char; 512];
+        // SAFETY: see above for the handle; `buf` is writable for `buf.len()`
+        // bytes and librdkafka NUL-terminates what it writes into it.
+        let code = unsafe { rd_kafka_fatal_error(self.0, buf.as_mut_ptr(), buf.len()) };
+        if code == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+            return None;
+        }
+        // SAFETY: `buf` was zeroed and librdkafka writes a NUL-terminated string.
+        let reason = unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        Some((code.into(), reason))
+    }
+}
+
 /// Receives librdkafka's callbacks on its polling thread.
 pub(super) struct SinkContext<T> {
     reports: mpsc::UnboundedSender<DeliveryReport<T>>,
-    /// librdkafka's description of the fatal error, once one was raised.
-    fatal: OnceLock<String>,
+    /// Set once, right after the client is created (before any record).
+    probe: OnceLock<FatalProbe>,
+}
+
+impl<T> SinkContext<T> {
+    fn fatal_error(&self) -> Option<(RDKafkaErrorCode, String)> {
+        self.probe.get().and_then(FatalProbe::fatal_error)
+    }
 }
 
 impl<T: Send + 'static> ClientContext for SinkContext<T> {
     fn error(&self, error: KafkaError, reason: &str) {
-        match error.rdkafka_error_code() {
-            Some(RDKafkaErrorCode::Fatal) => {
-                // The error event is queued before librdkafka purges the
-                // queued records, so every report for a purged record sees this.
-                let _ = self.fatal.set(reason.to_owned());
-                tracing::error!(%reason, "fatal Kafka producer error: the producer must be recreated");
-            }
-            code => {
-                tracing::warn!(code = ?code, %reason, "Kafka client error");
+        match self.fatal_error() {
+            Some((code, fatal_reason)) => tracing::error!(
+                code = ?code,
+                reason = %fatal_reason,
+                "fatal Kafka producer error: the producer must be recreated"
+            ),
+            None => {
+                tracing::warn!(code = ?error.rdkafka_error_code(), %reason, "Kafka client error")
             }
         }
     }
@@ -108,10 +149,10 @@ impl<T> SinkContext<T> {
         let code = err.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail);
         let topic = msg.topic().to_owned();
         let event_id = event_id_of(msg);
-        match self.fatal.get() {
-            Some(reason) => SinkError::Fatal {
+        match self.fatal_error() {
+            Some((_, reason)) => SinkError::Fatal {
                 code,
-                reason: reason.clone(),
+                reason,
                 topic: Some(topic),
                 event_id,
             },
@@ -158,10 +199,12 @@ impl<T: Send + 'static> KafkaSink<T> {
         let (tx, rx) = mpsc::unbounded_channel();
         let context = SinkContext {
             reports: tx,
-            fatal: OnceLock::new(),
+            probe: OnceLock::new(),
         };
-        let producer =
+        let producer: ThreadedProducer<SinkContext<T>> =
             ThreadedProducer::from_config_and_context(&config, context).map_err(creation_error)?;
+        let client = producer.client();
+        let _ = client.context().probe.set(FatalProbe(client.native_ptr()));
         Ok((
             KafkaSink {
                 producer,

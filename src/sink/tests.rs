@@ -390,3 +390,38 @@ fn sink_and_its_send_future_can_move_between_threads() {
     let fut = sink.send(&e, Token::new(1));
     assert_send(&fut);
 }
+
+#[tokio::test]
+async fn records_queued_when_the_producer_turns_fatal_are_reported_fatal() {
+    let topic = "fatal-queued";
+    let cluster = mock(1, topic);
+    for broker in 1..=3 {
+        cluster.broker_down(broker).unwrap();
+    }
+    let (sink, mut rx) = KafkaSink::<usize>::new(&settings_for(&cluster)).unwrap();
+    for i in 0..3 {
+        sink.send(&event(topic, "k", i, 10), i).await.unwrap();
+    }
+    let reason = std::ffi::CString::new("injected by test").unwrap();
+    // SAFETY: the pointer is the live producer's handle; the reason is a valid C string.
+    let raised = unsafe {
+        rdkafka::bindings::rd_kafka_test_fatal_error(
+            sink.producer().client().native_ptr(),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_PRODUCER_FENCED,
+            reason.as_ptr(),
+        )
+    };
+    assert_eq!(raised, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR);
+    let mut tokens = Vec::new();
+    for report in collect(&mut rx, 3).await {
+        let err = report.result.expect_err("purged by the fatal error");
+        assert!(matches!(err, SinkError::Fatal { .. }), "{err:?}");
+        assert!(err.is_fatal() && !err.is_retryable(), "{err}");
+        assert_eq!(
+            err.event_id(),
+            Some(format!("evt-{}", report.token).as_str())
+        );
+        tokens.push(report.token);
+    }
+    assert_eq!(tokens, vec![0, 1, 2]);
+}
