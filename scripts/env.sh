@@ -496,10 +496,13 @@ kafka_format() {
     if [[ -e "$ENV_DIR/kafka.formatted" && -s "$KAFKA_DATA/meta.properties" ]]; then return 0; fi
     rm -rf "$KAFKA_DATA"
     mkdir -p "$KAFKA_DATA"
-    local cluster_id
-    cluster_id="$(kafka_java kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n1)"
-    [[ -n "$cluster_id" ]] ||
-        die "kafka.tools.StorageTool random-uuid printed nothing; delete $KAFKA_JARS and rerun \`scripts/env.sh up\`"
+    # A cluster id is 16 random bytes in unpadded URL-safe base64 (what
+    # `StorageTool random-uuid` prints, without starting a JVM for it); like
+    # Kafka, avoid a leading '-', which command lines would take for an option.
+    local cluster_id="-"
+    while [[ "$cluster_id" == -* ]]; do
+        cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
+    done
     log "formatting Kafka storage (cluster id $cluster_id)"
     if ! kafka_java kafka.tools.StorageTool format --standalone -t "$cluster_id" -c "$KAFKA_PROPS" \
         >"$ENV_DIR/kafka-format.log" 2>&1; then
@@ -527,7 +530,14 @@ kafka_start() {
         -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" \
         -cp "$KAFKA_CP" kafka.Kafka "$KAFKA_PROPS" \
         </dev/null >"$KAFKA_OUT" 2>&1 9>&- &
-    printf '%s' "$!" >"$KAFKA_PID_FILE"
+    local pid=$! i
+    printf '%s' "$pid" >"$KAFKA_PID_FILE"
+    # Until the forked shell has exec'd java, the pid's command line is not yet
+    # the broker's, and kafka_running would call it gone.
+    for ((i = 0; i < 100; i++)); do
+        if kafka_running || ! kill -0 "$pid" 2>/dev/null; then break; fi
+        sleep 0.1
+    done
 }
 
 kafka_wait_ready() {
@@ -621,11 +631,23 @@ with_lock() {
 }
 
 cmd_up() {
-    local t0=$SECONDS
+    local t0=$SECONDS p
     if [[ -n "$PORTS_ASKED" ]]; then
         die "this checkout's environment was made with ports $PG_PORT $KAFKA_PORT $KAFKA_CONTROLLER_PORT, not $PORTS_ASKED; run \`scripts/env.sh down\` first to change them"
     fi
     ensure_prerequisites
+    # Before anything is made: a port held by something else is not ours to free.
+    if [[ -d "$ENV_DIR" ]]; then pg_paths; fi
+    if ! { [[ -d "$ENV_DIR" ]] && pg_running; } && port_open "$PG_PORT"; then
+        die "port $PG_PORT is taken by $(port_owner "$PG_PORT"), not this checkout's test PostgreSQL; stop it (or run \`scripts/env.sh down\` in the checkout that started it, or pick another port with OUTBOX_CDC_PG_PORT) and rerun"
+    fi
+    if ! kafka_running; then
+        for p in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT"; do
+            if port_open "$p"; then
+                die "port $p is taken by $(port_owner "$p"), not this checkout's test Kafka; stop it (or run \`scripts/env.sh down\` in the checkout that started it, or pick other ports with OUTBOX_CDC_KAFKA_PORT) and rerun"
+            fi
+        done
+    fi
     mkdir -p "$ENV_DIR"
     printf '%s %s %s\n' "$PG_PORT" "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" >"$PORTS_FILE"
     pg_up
