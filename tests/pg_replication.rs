@@ -412,3 +412,224 @@ async fn stalled_consumer_without_timely_feedback_is_cut() {
     })
     .await;
 }
+
+// ------------------------------------------------------------ scripted server
+//
+// The conversations below are hard to provoke from a real server on demand (a
+// keepalive that requests a reply, a server that goes silent), so an in-test
+// server speaks PostgreSQL's side of the replication protocol.
+
+mod scripted {
+    use bytes::{BufMut, BytesMut};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+    use tokio::net::tcp::OwnedWriteHalf;
+    use tokio::sync::mpsc;
+
+    pub fn backend(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = vec![tag];
+        v.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+        v.extend_from_slice(body);
+        v
+    }
+
+    pub fn keepalive(wal_end: u64, reply: bool) -> Vec<u8> {
+        let mut b = BytesMut::new();
+        b.put_u8(b'k');
+        b.put_u64(wal_end);
+        b.put_i64(0);
+        b.put_u8(u8::from(reply));
+        backend(b'd', &b)
+    }
+
+    pub fn xlogdata(start: u64, payload: &[u8]) -> Vec<u8> {
+        let mut b = BytesMut::new();
+        b.put_u8(b'w');
+        b.put_u64(start);
+        b.put_u64(start + payload.len() as u64);
+        b.put_i64(0);
+        b.put_slice(payload);
+        backend(b'd', &b)
+    }
+
+    /// A frontend message: tag and body.
+    pub type Msg = (u8, Vec<u8>);
+
+    /// Accepts one client, completes a trust login, answers START_REPLICATION
+    /// with CopyBothResponse and then hands over: every later frontend
+    /// message arrives on the channel, and the write half is returned.
+    pub async fn listen() -> (
+        String,
+        tokio::task::JoinHandle<(OwnedWriteHalf, mpsc::UnboundedReceiver<Msg>, String)>,
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            let (sock, _) = listener.accept().await.unwrap();
+            let (mut r, mut w) = sock.into_split();
+            let len = r.read_i32().await.unwrap() as usize;
+            let mut startup = vec![0u8; len - 4];
+            r.read_exact(&mut startup).await.unwrap();
+            let mut out = backend(b'R', &0i32.to_be_bytes());
+            out.extend(backend(b'K', &[0, 0, 0x10, 0x92, 0, 0, 0, 1]));
+            out.extend(backend(b'Z', b"I"));
+            w.write_all(&out).await.unwrap();
+            let (tx, rx) = mpsc::unbounded_channel();
+            let mut first = None;
+            tokio::spawn(async move {
+                loop {
+                    let Ok(tag) = r.read_u8().await else { return };
+                    let len = r.read_i32().await.unwrap() as usize;
+                    let mut body = vec![0u8; len - 4];
+                    r.read_exact(&mut body).await.unwrap();
+                    if tx.send((tag, body)).is_err() {
+                        return;
+                    }
+                }
+            });
+            let mut rx = rx;
+            if let Some((b'Q', body)) = rx.recv().await {
+                first = Some(String::from_utf8(body).unwrap());
+            }
+            w.write_all(&backend(b'W', &[0, 0, 0])).await.unwrap();
+            (w, rx, first.unwrap_or_default())
+        });
+        (
+            format!("host=127.0.0.1 port={port} user=u dbname=d sslmode=disable"),
+            task,
+        )
+    }
+
+    /// The next standby status update: (written, flushed, applied, reply flag).
+    pub async fn next_status(
+        rx: &mut mpsc::UnboundedReceiver<Msg>,
+    ) -> Option<(u64, u64, u64, bool)> {
+        loop {
+            let (tag, body) = rx.recv().await?;
+            if tag == b'd' && body.first() == Some(&b'r') {
+                assert_eq!(body.len(), 34, "status update length");
+                let u = |i: usize| u64::from_be_bytes(body[i..i + 8].try_into().unwrap());
+                return Some((u(1), u(9), u(17), body[33] == 1));
+            }
+            if tag == b'c' {
+                return None;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn keepalive_requesting_a_reply_is_answered_and_shutdown_is_clean() {
+    common::init_tracing();
+    let (url, server) = scripted::listen().await;
+    let cfg = PgConnectConfig::parse_with_env(&url, |_| None).unwrap();
+    let mut conn = ReplicationConnection::connect(&cfg, "scripted")
+        .await
+        .unwrap();
+    assert_eq!(conn.backend_pid(), Some(0x1092));
+    conn.set_stream_options(StreamOptions {
+        status_interval: Duration::from_secs(3600),
+        ..StreamOptions::default()
+    });
+    let mut stream = conn
+        .start_logical("my \"slot\"", Lsn::new(0x1_0000_0010), "p'ub", false)
+        .await
+        .unwrap();
+    let (mut w, mut rx, command) = server.await.unwrap();
+    assert_eq!(
+        command,
+        "START_REPLICATION SLOT \"my \"\"slot\"\"\" LOGICAL 1/10 (proto_version '1', publication_names '\"p''ub\"', messages 'false')\0"
+    );
+    // The writer's first update goes out at once.
+    assert_eq!(scripted::next_status(&mut rx).await, Some((0, 0, 0, false)));
+
+    use tokio::io::AsyncWriteExt;
+    w.write_all(&scripted::keepalive(0x99, true)).await.unwrap();
+    let ev = stream.recv().await.unwrap().unwrap();
+    assert_eq!(
+        ev,
+        ReplicationEvent::Keepalive {
+            wal_end: Lsn::new(0x99),
+            server_time: outbox_cdc::pg::PgTimestamp(0),
+            reply_requested: true
+        }
+    );
+    // Answered at once although the timer is an hour away; the transport
+    // does not report the keepalive's wal_end as flushed on its own.
+    let answer = tokio::time::timeout(Duration::from_secs(5), scripted::next_status(&mut rx))
+        .await
+        .expect("a status update in reply to the keepalive");
+    assert_eq!(answer, Some((0, 0, 0, false)));
+
+    // A new flushed position goes out soon, without waiting for the timer.
+    stream.feedback().set_flushed(Lsn::new(0x50));
+    let flushed = tokio::time::timeout(Duration::from_secs(5), scripted::next_status(&mut rx))
+        .await
+        .expect("a status update after set_flushed");
+    assert_eq!(flushed, Some((0x50, 0x50, 0x50, false)));
+
+    let mut out = scripted::xlogdata(0x100, b"Bpayload");
+    out.extend(scripted::backend(b'c', b""));
+    w.write_all(&out).await.unwrap();
+    match stream.recv().await.unwrap() {
+        Some(ReplicationEvent::XLogData {
+            wal_start, data, ..
+        }) => {
+            assert_eq!(wal_start, Lsn::new(0x100));
+            assert_eq!(&data[..], b"Bpayload");
+        }
+        other => panic!("expected XLogData, got {other:?}"),
+    }
+    assert_eq!(
+        stream.recv().await.unwrap(),
+        None,
+        "server CopyDone ends the stream"
+    );
+
+    // Shutdown: final update, CopyDone, then the server's CommandComplete +
+    // ReadyForQuery, then Terminate.
+    let shutdown = tokio::spawn(stream.shutdown());
+    let last = scripted::next_status(&mut rx).await;
+    assert_eq!(last, Some((0x50, 0x50, 0x50, false)));
+    assert_eq!(
+        scripted::next_status(&mut rx).await,
+        None,
+        "CopyDone after the final update"
+    );
+    let mut out = scripted::backend(b'C', b"COPY 0\0");
+    out.extend(scripted::backend(b'Z', b"I"));
+    w.write_all(&out).await.unwrap();
+    shutdown.await.unwrap().expect("clean shutdown");
+    assert_eq!(rx.recv().await.map(|m| m.0), Some(b'X'), "Terminate");
+}
+
+#[tokio::test]
+async fn a_silent_server_is_asked_for_a_keepalive_then_timed_out() {
+    common::init_tracing();
+    let (url, server) = scripted::listen().await;
+    let cfg = PgConnectConfig::parse_with_env(&url, |_| None).unwrap();
+    let mut conn = ReplicationConnection::connect(&cfg, "scripted")
+        .await
+        .unwrap();
+    conn.set_stream_options(StreamOptions {
+        status_interval: Duration::from_secs(3600),
+        idle_timeout: Duration::from_millis(300),
+        ..StreamOptions::default()
+    });
+    let mut stream = conn.start_logical("s", Lsn::ZERO, "p", true).await.unwrap();
+    let (_w, mut rx, _) = server.await.unwrap();
+    let started = Instant::now();
+    let err = tokio::time::timeout(WAIT, stream.recv())
+        .await
+        .expect("recv gives up on a silent server")
+        .expect_err("a silent server is an error");
+    assert!(matches!(err, PgError::Timeout { .. }), "{err:?}");
+    assert!(err.is_retryable());
+    assert!(started.elapsed() >= Duration::from_millis(600));
+    assert_eq!(scripted::next_status(&mut rx).await, Some((0, 0, 0, false)));
+    assert_eq!(
+        scripted::next_status(&mut rx).await,
+        Some((0, 0, 0, true)),
+        "asked the server for a keepalive before giving up"
+    );
+}

@@ -53,6 +53,10 @@ pub struct StreamOptions {
     pub max_frame: usize,
     /// Bound on `shutdown`. Default 10 s.
     pub shutdown_timeout: Duration,
+    /// Dead-peer detection while `recv` waits: after this long without a
+    /// byte from the server, ask it for a keepalive; after twice this long,
+    /// fail with a (retryable) timeout. Default 30 s.
+    pub idle_timeout: Duration,
 }
 
 impl Default for StreamOptions {
@@ -62,6 +66,7 @@ impl Default for StreamOptions {
             min_feedback_gap: Duration::from_millis(100),
             max_frame: DEFAULT_MAX_FRAME,
             shutdown_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -135,6 +140,15 @@ impl ReplicationConnection {
             xlogpos: xlogpos.parse().map_err(|e| bad(format!("xlogpos: {e}")))?,
             dbname: dbname.clone(),
         })
+    }
+
+    /// Ends the session politely (Terminate) instead of just dropping the socket.
+    pub async fn close(mut self) -> Result<(), PgError> {
+        let mut out = BytesMut::new();
+        encode::terminate(&mut out);
+        self.session.send(&out).await?;
+        let _ = self.session.stream.shutdown().await;
+        Ok(())
     }
 
     /// Starts logical decoding from `slot` with pgoutput protocol version 1.
@@ -295,13 +309,34 @@ impl ReplicationStream {
                     None => continue,
                 }
             }
+            self.fill().await?;
+        }
+    }
+
+    /// Reads more bytes into the buffer, watching for a writer failure and
+    /// for a silent server (see `StreamOptions::idle_timeout`).
+    async fn fill(&mut self) -> Result<(), PgError> {
+        let mut asked = false;
+        loop {
             tokio::select! {
                 biased;
-                _ = self.state.failed.notified() => {}
-                read = self.reader.read_buf(&mut self.buf) => match read {
-                    Ok(0) => return Err(PgError::Closed { addr: self.addr.clone(), during: "streaming" }),
-                    Ok(_) => {}
-                    Err(source) => return Err(PgError::Io { action: "reading from", addr: self.addr.clone(), source }),
+                _ = self.state.failed.notified() => return Ok(()),
+                read = tokio::time::timeout(self.options.idle_timeout, self.reader.read_buf(&mut self.buf)) => match read {
+                    Ok(Ok(0)) => return Err(PgError::Closed { addr: self.addr.clone(), during: "streaming" }),
+                    Ok(Ok(_)) => return Ok(()),
+                    Ok(Err(source)) => return Err(PgError::Io { action: "reading from", addr: self.addr.clone(), source }),
+                    // A live server answers a reply request with a keepalive at once.
+                    Err(_) if !asked => {
+                        asked = true;
+                        self.feedback().request_reply();
+                    }
+                    Err(_) => {
+                        return Err(PgError::Timeout {
+                            addr: self.addr.clone(),
+                            during: "waiting for the server (no keepalive in reply to a request)",
+                            after: self.options.idle_timeout * 2,
+                        });
+                    }
                 },
             }
         }

@@ -467,6 +467,38 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Arbitrary bytes, cut at arbitrary points: frames come out whole and
+        /// in order or a typed error is returned; nothing panics.
+        #[test]
+        fn arbitrary_streams_never_panic(
+            raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+            chunk in 1usize..17,
+        ) {
+            let mut buf = BytesMut::new();
+            let mut consumed = 0usize;
+            'feed: for piece in raw.chunks(chunk) {
+                buf.extend_from_slice(piece);
+                loop {
+                    match next_frame(&mut buf, 64) {
+                        Ok(Some(f)) => consumed += 5 + f.body.len(),
+                        Ok(None) => break,
+                        Err(e) => {
+                            proptest::prop_assert!(!e.to_string().is_empty());
+                            break 'feed;
+                        }
+                    }
+                }
+            }
+            proptest::prop_assert!(consumed <= raw.len());
+        }
+
+        #[test]
+        fn error_fields_never_panic(raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)) {
+            let _ = parse_error_fields(b'E', &Bytes::from(raw));
+        }
+    }
+
     #[test]
     fn tag_display_is_readable() {
         assert_eq!(Tag(b'w').to_string(), "'w' (0x77)");
