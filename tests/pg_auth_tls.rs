@@ -171,8 +171,7 @@ async fn wrong_password_is_a_definite_auth_error_naming_user_and_host() {
     let e = cfg
         .connect_sql()
         .await
-        .err()
-        .expect("SQL login with a wrong password fails");
+        .expect_err("SQL login with a wrong password fails");
     check(e, "sql");
 }
 
@@ -595,8 +594,7 @@ async fn tls_modes_against_the_server_with_a_test_certificate() {
             .with(&format!("sslmode=verify-full sslrootcert={ca}"))
             .connect_sql()
             .await
-            .err()
-            .expect("host name mismatch is refused");
+            .expect_err("host name mismatch is refused");
         assert!(matches!(e, PgError::Tls { .. }), "{e:?}");
         assert!(!e.is_retryable());
 
