@@ -19,12 +19,19 @@ use outbox_cdc::pg::{
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// Tests here that change server-wide settings (wal_sender_timeout) or that
-/// stream (and would be cut by a low wal_sender_timeout) run one at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 fn outbox_config() -> PgConnectConfig {
     PgConnectConfig::parse(&common::pg_url()).expect("OUTBOX_CDC_TEST_PG parses")
+}
+
+/// The outbox URL with `wal_sender_timeout` lowered for this connection only
+/// (the setting is user-settable since PostgreSQL 12; it travels in the
+/// startup packet's `options`), so no server-wide setting changes under
+/// other tests.
+fn outbox_config_with_wal_sender_timeout(timeout: &str) -> PgConnectConfig {
+    let url = common::pg_url();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{sep}options=-c%20wal_sender_timeout%3D{timeout}");
+    PgConnectConfig::parse(&url).expect("URL with options parses")
 }
 
 /// A table with a publication and a slot, created as admin; dropped on `cleanup`.
@@ -77,7 +84,16 @@ impl Fixture {
     }
 
     async fn start(&self, start: Lsn, options: StreamOptions) -> (ReplicationStream, i32) {
-        let mut conn = ReplicationConnection::connect(&outbox_config(), "outbox-cdc-test")
+        self.start_with(&outbox_config(), start, options).await
+    }
+
+    async fn start_with(
+        &self,
+        cfg: &PgConnectConfig,
+        start: Lsn,
+        options: StreamOptions,
+    ) -> (ReplicationStream, i32) {
+        let mut conn = ReplicationConnection::connect(cfg, "outbox-cdc-test")
             .await
             .expect("replication connection as outbox");
         let pid = conn.backend_pid().expect("backend pid");
@@ -202,7 +218,6 @@ async fn identify_system_matches_the_server() {
 #[tokio::test]
 async fn streams_confirms_shuts_down_and_resumes_without_resending() {
     common::init_tracing();
-    let _serial = SERIAL.lock().await;
     let fx = Fixture::new("repl").await;
     let (mut stream, pid) = fx.start(Lsn::ZERO, StreamOptions::default()).await;
 
@@ -270,47 +285,6 @@ async fn streams_confirms_shuts_down_and_resumes_without_resending() {
     fx.cleanup().await;
 }
 
-/// Runs `body` with wal_sender_timeout lowered to 3 s and always restores it.
-async fn with_low_wal_sender_timeout<F>(body: F)
-where
-    F: std::future::Future<Output = ()> + Send + 'static,
-{
-    let admin = common::admin_client().await;
-    // ALTER SYSTEM cannot share a multi-statement (implicit transaction) query.
-    for sql in [
-        "ALTER SYSTEM SET wal_sender_timeout = '3s'",
-        "SELECT pg_reload_conf()",
-    ] {
-        admin
-            .batch_execute(sql)
-            .await
-            .expect("lower wal_sender_timeout");
-    }
-    wait_for("wal_sender_timeout = 3s in new sessions", || async {
-        let c = common::admin_client().await;
-        let v: String = c
-            .query_one("SHOW wal_sender_timeout", &[])
-            .await
-            .unwrap()
-            .get(0);
-        v == "3s"
-    })
-    .await;
-    let result = tokio::spawn(body).await;
-    for sql in [
-        "ALTER SYSTEM RESET wal_sender_timeout",
-        "SELECT pg_reload_conf()",
-    ] {
-        admin
-            .batch_execute(sql)
-            .await
-            .expect("restore wal_sender_timeout");
-    }
-    if let Err(e) = result {
-        std::panic::resume_unwind(e.into_panic());
-    }
-}
-
 async fn walsender_alive(admin: &tokio_postgres::Client, pid: i32) -> bool {
     admin
         .query_opt("SELECT 1 FROM pg_stat_replication WHERE pid = $1", &[&pid])
@@ -335,38 +309,35 @@ async fn insert_many(fx: &Fixture, marker: &str) {
 #[tokio::test]
 async fn stalled_consumer_keeps_its_connection_because_feedback_flows() {
     common::init_tracing();
-    let _serial = SERIAL.lock().await;
-    with_low_wal_sender_timeout(async {
-        let fx = Fixture::new("stall").await;
-        let options = StreamOptions {
-            status_interval: Duration::from_secs(1),
-            ..StreamOptions::default()
-        };
-        let (mut stream, pid) = fx.start(Lsn::ZERO, options).await;
-        fx.insert(&["warm-up"]).await;
-        let first = recv_txn(&mut stream).await;
-        stream.feedback().set_flushed(first.end_lsn);
+    let fx = Fixture::new("stall").await;
+    let options = StreamOptions {
+        status_interval: Duration::from_secs(1),
+        ..StreamOptions::default()
+    };
+    let cfg = outbox_config_with_wal_sender_timeout("3s");
+    let (mut stream, pid) = fx.start_with(&cfg, Lsn::ZERO, options).await;
+    fx.insert(&["warm-up"]).await;
+    let first = recv_txn(&mut stream).await;
+    stream.feedback().set_flushed(first.end_lsn);
 
-        insert_many(&fx, "stalled").await;
-        // The consumer stalls for more than three times wal_sender_timeout.
-        tokio::time::sleep(Duration::from_secs(10)).await;
-        assert!(
-            walsender_alive(&fx.admin, pid).await,
-            "walsender {pid} was cut"
-        );
+    insert_many(&fx, "stalled").await;
+    // The consumer stalls for more than three times wal_sender_timeout.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        walsender_alive(&fx.admin, pid).await,
+        "walsender {pid} was cut"
+    );
 
-        let big = recv_txn(&mut stream).await;
-        let inserts = big.tags.iter().filter(|t| **t == b'I').count();
-        assert_eq!(inserts, STALL_ROWS);
-        stream.feedback().set_flushed(big.end_lsn);
-        fx.insert(&["after-stall"]).await;
-        let after = recv_txn(&mut stream).await;
-        assert!(after.messages.iter().any(|m| contains(m, b"after-stall")));
-        assert!(walsender_alive(&fx.admin, pid).await);
-        stream.shutdown().await.expect("clean shutdown");
-        fx.cleanup().await;
-    })
-    .await;
+    let big = recv_txn(&mut stream).await;
+    let inserts = big.tags.iter().filter(|t| **t == b'I').count();
+    assert_eq!(inserts, STALL_ROWS);
+    stream.feedback().set_flushed(big.end_lsn);
+    fx.insert(&["after-stall"]).await;
+    let after = recv_txn(&mut stream).await;
+    assert!(after.messages.iter().any(|m| contains(m, b"after-stall")));
+    assert!(walsender_alive(&fx.admin, pid).await);
+    stream.shutdown().await.expect("clean shutdown");
+    fx.cleanup().await;
 }
 
 /// Negative control: with status updates slower than wal_sender_timeout the
@@ -375,42 +346,39 @@ async fn stalled_consumer_keeps_its_connection_because_feedback_flows() {
 #[tokio::test]
 async fn stalled_consumer_without_timely_feedback_is_cut() {
     common::init_tracing();
-    let _serial = SERIAL.lock().await;
-    with_low_wal_sender_timeout(async {
-        let fx = Fixture::new("cut").await;
-        let options = StreamOptions {
-            status_interval: Duration::from_secs(120),
-            ..StreamOptions::default()
-        };
-        let (mut stream, pid) = fx.start(Lsn::ZERO, options).await;
-        fx.insert(&["warm-up"]).await;
-        recv_txn(&mut stream).await;
+    let fx = Fixture::new("cut").await;
+    let options = StreamOptions {
+        status_interval: Duration::from_secs(120),
+        ..StreamOptions::default()
+    };
+    let cfg = outbox_config_with_wal_sender_timeout("3s");
+    let (mut stream, pid) = fx.start_with(&cfg, Lsn::ZERO, options).await;
+    fx.insert(&["warm-up"]).await;
+    recv_txn(&mut stream).await;
 
-        insert_many(&fx, "stalled").await;
-        tokio::time::sleep(Duration::from_secs(10)).await;
-        assert!(
-            !walsender_alive(&fx.admin, pid).await,
-            "walsender {pid} survived without feedback"
-        );
+    insert_many(&fx, "stalled").await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        !walsender_alive(&fx.admin, pid).await,
+        "walsender {pid} survived without feedback"
+    );
 
-        // What was buffered before the cut may still arrive; then the stream fails.
-        let deadline = Instant::now() + WAIT;
-        let err = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, stream.recv())
-                .await
-                .expect("an error within the deadline")
-            {
-                Ok(Some(_)) => continue,
-                Ok(None) => panic!("the server ended the copy instead of cutting us"),
-                Err(e) => break e,
-            }
-        };
-        assert!(err.is_retryable(), "a cut connection is retryable: {err}");
-        drop(stream);
-        fx.cleanup().await;
-    })
-    .await;
+    // What was buffered before the cut may still arrive; then the stream fails.
+    let deadline = Instant::now() + WAIT;
+    let err = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.recv())
+            .await
+            .expect("an error within the deadline")
+        {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the server ended the copy instead of cutting us"),
+            Err(e) => break e,
+        }
+    };
+    assert!(err.is_retryable(), "a cut connection is retryable: {err}");
+    drop(stream);
+    fx.cleanup().await;
 }
 
 // ------------------------------------------------------------ scripted server
