@@ -35,6 +35,14 @@ pub enum ReplicationEvent {
     },
 }
 
+impl ReplicationEvent {
+    /// Decodes the body of one CopyData message received during replication
+    /// (pure; for tools and fuzzing, the stream does this itself).
+    pub fn parse(body: &Bytes) -> Result<ReplicationEvent, WireError> {
+        parse_copy_data(body)
+    }
+}
+
 /// Decodes the body of one CopyData message received during replication.
 pub(crate) fn parse_copy_data(body: &Bytes) -> Result<ReplicationEvent, WireError> {
     let Some(&kind) = body.first() else {

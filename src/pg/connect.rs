@@ -295,8 +295,10 @@ impl Session {
                 tag::READY_FOR_QUERY => return Ok(()),
                 tag::BACKEND_KEY_DATA => {
                     let mut r = super::wire::Reader::new(frame.tag, &frame.body);
-                    let pid = r.i32("process id");
-                    self.backend_pid = pid.ok();
+                    let pid = r
+                        .i32("process id")
+                        .map_err(|source| self.protocol_error("starting the session", source))?;
+                    self.backend_pid = Some(pid);
                 }
                 tag::PARAMETER_STATUS => {}
                 tag::NOTICE_RESPONSE => self.log_notice(&frame),
