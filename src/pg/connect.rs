@@ -22,7 +22,9 @@ use super::auth::{AuthRequest, Authenticator};
 use super::config::{PgConnectConfig, SslMode, endpoint_name};
 use super::error::PgError;
 use super::tls;
-use super::wire::{DEFAULT_MAX_FRAME, Frame, Tag, encode, next_frame, parse_error_fields, tag};
+use super::wire::{
+    DEFAULT_MAX_FRAME, Frame, Tag, encode, next_frame, parse_error_fields, reserve_for_read, tag,
+};
 
 /// How long connecting (socket, TLS, startup, authentication) may take when
 /// the connection string sets no `connect_timeout`.
@@ -341,6 +343,7 @@ impl Session {
             {
                 return Ok(frame);
             }
+            reserve_for_read(&mut self.buf);
             let n = self
                 .stream
                 .read_buf(&mut self.buf)

@@ -27,7 +27,9 @@ use super::connect::{PgStream, Session, log_notice};
 use super::error::{PgError, ServerError};
 use super::feedback::{FeedbackHandle, FeedbackState, FeedbackTiming, run_writer};
 use super::ident::{quote_ident, quote_replication_literal};
-use super::wire::{DEFAULT_MAX_FRAME, Frame, Tag, encode, next_frame, parse_error_fields, tag};
+use super::wire::{
+    DEFAULT_MAX_FRAME, Frame, Tag, encode, next_frame, parse_error_fields, reserve_for_read, tag,
+};
 
 /// What IDENTIFY_SYSTEM reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -317,6 +319,7 @@ impl ReplicationStream {
     /// for a silent server (see `StreamOptions::idle_timeout`).
     async fn fill(&mut self) -> Result<(), PgError> {
         let mut asked = false;
+        reserve_for_read(&mut self.buf);
         loop {
             tokio::select! {
                 biased;
@@ -442,6 +445,7 @@ impl ReplicationStream {
             let frame = match next_frame(&mut self.buf, self.options.max_frame) {
                 Ok(Some(frame)) => frame,
                 Ok(None) => {
+                    reserve_for_read(&mut self.buf);
                     let n = self
                         .reader
                         .read_buf(&mut self.buf)

@@ -92,6 +92,18 @@ pub enum WireError {
     UnknownTag { tag: Tag, context: &'static str },
 }
 
+/// Free space kept in a receive buffer before each socket read, so that a
+/// busy stream is read in large chunks rather than BytesMut's small default
+/// growth steps.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Makes room for the next socket read.
+pub(crate) fn reserve_for_read(buf: &mut BytesMut) {
+    if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+        buf.reserve(READ_CHUNK);
+    }
+}
+
 /// One complete backend message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Frame {
