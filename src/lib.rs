@@ -13,4 +13,6 @@ pub mod metrics;
 pub mod outbox;
 pub mod pg;
 pub mod pgoutput;
+pub mod pipeline;
 pub mod sink;
+pub mod status;

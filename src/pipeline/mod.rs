@@ -1,0 +1,152 @@
+//! Wiring: replication stream → decoder → outbox mapping → Kafka → ack tracker →
+//! offset store → standby status updates; plus reconnects and shutdown.
+//!
+//! Invariants enforced here (DESIGN.md §5–6):
+//! - records are produced in commit order, from this one task;
+//! - the flush position sent to PostgreSQL only ever comes from a
+//!   [`DurableLsn`](crate::checkpoint::DurableLsn), i.e. after a sled flush;
+//! - at most `limits.max_in_flight_*` unacknowledged events: when full, the
+//!   replication socket is not read (feedback keeps flowing from its own task);
+//! - any delivery failure stops the session without advancing; the next
+//!   session starts from the durable acked LSN, after a backoff with jitter.
+
+mod resume;
+mod session;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::RngExt as _;
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use crate::checkpoint::{OffsetStore, StoreError};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::outbox::MapError;
+use crate::pg::{Lsn, PgError};
+use crate::pgoutput::DecodeError;
+use crate::sink::SinkError;
+
+pub use resume::{ResumePlan, StartRefused};
+
+/// Options of one `run` that are not configuration (command-line flags).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions {
+    /// Recreate a lost slot, forgetting the stored offset (`--recreate-slot`).
+    pub recreate_slot: bool,
+}
+
+/// Why a session ended, classified for the reconnect decision.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Refused(#[from] StartRefused),
+    #[error("PostgreSQL: {0}")]
+    Pg(#[from] PgError),
+    #[error("Kafka: {0}")]
+    Sink(#[from] SinkError),
+    #[error("offset store: {0}")]
+    Store(#[from] StoreError),
+    #[error("cannot decode pgoutput message at LSN {lsn}: {source}")]
+    Decode {
+        lsn: Lsn,
+        #[source]
+        source: DecodeError,
+    },
+    #[error("protocol violation at LSN {lsn}: {what}")]
+    Protocol { lsn: Lsn, what: String },
+    #[error(
+        "poison event {event_id} at LSN {lsn} (on_poison = fail): {reason}. \
+         Fix or remove the row's cause and restart, or set outbox.on_poison = \"dead-letter\""
+    )]
+    Poison {
+        event_id: String,
+        lsn: Lsn,
+        reason: String,
+    },
+    #[error("outbox mapping at LSN {lsn}: {source}")]
+    Mapping {
+        lsn: Lsn,
+        #[source]
+        source: MapError,
+    },
+    #[error("Kafka delivery of event {event_id} (LSN {lsn}) failed: {source}")]
+    Delivery {
+        event_id: String,
+        lsn: Lsn,
+        #[source]
+        source: SinkError,
+    },
+    #[error("the replication stream ended (server closed the copy)")]
+    StreamEnded,
+}
+
+impl PipelineError {
+    /// Whether a new session (after a backoff) may cure this.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            PipelineError::Pg(e) => e.is_retryable() || matches!(e, PgError::SlotActive { .. }),
+            PipelineError::Sink(e) => !e.is_poison(),
+            PipelineError::Store(e) => e.is_retryable(),
+            PipelineError::Delivery { source, .. } => !source.is_poison(),
+            PipelineError::StreamEnded => true,
+            PipelineError::Refused(_)
+            | PipelineError::Decode { .. }
+            | PipelineError::Protocol { .. }
+            | PipelineError::Poison { .. }
+            | PipelineError::Mapping { .. } => false,
+        }
+    }
+}
+
+/// Runs sessions until shutdown is signalled (returns Ok) or a definite error
+/// occurs. Retryable failures reconnect with exponential backoff and full jitter.
+pub async fn run(
+    config: Arc<Config>,
+    options: RunOptions,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), PipelineError> {
+    let store = Arc::new(open_store(&config)?);
+    let mut backoff = config.retry.initial_backoff();
+    loop {
+        let started = std::time::Instant::now();
+        let result = session::Session::run(&config, options, &store, &metrics, shutdown.clone()).await;
+        metrics.connected.store(0, std::sync::atomic::Ordering::Relaxed);
+        match result {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_retryable() => {
+                if started.elapsed() > Duration::from_secs(60) {
+                    backoff = config.retry.initial_backoff();
+                }
+                let wait = jitter(backoff);
+                warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "session failed; reconnecting from the durable acked LSN");
+                metrics.reconnects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = shutdown.changed() => {
+                        info!("shutdown requested during backoff");
+                        return Ok(());
+                    }
+                }
+                backoff = (backoff * 2).min(config.retry.max_backoff());
+            }
+            Err(e) => {
+                error!(error = %e, "stopping: this failure needs an operator");
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// Opens the sled store named by `offsets.path`.
+pub fn open_store(config: &Config) -> Result<OffsetStore, PipelineError> {
+    Ok(OffsetStore::open(&config.offsets.path)?)
+}
+
+/// Full jitter: uniformly between half the backoff and the backoff.
+fn jitter(backoff: Duration) -> Duration {
+    let ms = backoff.as_millis().max(2) as u64;
+    Duration::from_millis(rand::rng().random_range(ms / 2..=ms))
+}

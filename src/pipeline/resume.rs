@@ -1,0 +1,267 @@
+//! Where to start streaming: the stored offset against the slot (DESIGN.md §5).
+//!
+//! Pure decision, no I/O. Rules:
+//! - an offset stored for another cluster (system identifier) is refused;
+//! - slot missing with an offset stored: events may be lost, refused unless the
+//!   operator passes the explicit recreate flag;
+//! - slot missing, nothing stored: create it (if allowed) and start there;
+//! - slot present: start at max(stored, confirmed_flush_lsn). A slot whose
+//!   confirmed position is AHEAD of the stored offset was advanced by someone
+//!   else or recreated; this instance never reports beyond what it stored, so
+//!   starting would skip events it has not published. Refused unless
+//!   `allow_slot_ahead` (an HA standby taking over from another instance).
+
+use crate::checkpoint::StoredOffset;
+use crate::pg::Lsn;
+use crate::pg::control::SlotInfo;
+
+/// What the caller must do before streaming.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResumePlan {
+    /// Create the slot and start at its consistent point (first start).
+    CreateSlot,
+    /// The operator asked to recreate a lost slot: forget the stored offset,
+    /// create the slot, start at its consistent point.
+    RecreateSlot { forgotten: Lsn },
+    /// Stream from `start`; transactions ending at or before `skip_through` are dropped.
+    Resume { start: Lsn, skip_through: Lsn },
+}
+
+/// Why the connector refuses to start. Each message says what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StartRefused {
+    #[error(
+        "the offset store holds slot {slot:?} at {stored_lsn} for database cluster {stored_system_id}, \
+         but the server is cluster {server_system_id}: refusing to start against a different cluster. \
+         Point postgres.url at the original cluster, or use a fresh offsets.path for this one"
+    )]
+    OtherCluster {
+        slot: String,
+        stored_lsn: Lsn,
+        stored_system_id: String,
+        server_system_id: String,
+    },
+    #[error(
+        "replication slot {slot:?} does not exist, but events up to {stored_lsn} were published from it: \
+         the slot was dropped, so changes committed after {stored_lsn} may never be published. \
+         To continue, run with --recreate-slot (creates the slot at the current WAL position) and \
+         replay the outbox rows committed since the slot was lost"
+    )]
+    SlotLost { slot: String, stored_lsn: Lsn },
+    #[error(
+        "replication slot {slot:?} does not exist and postgres.create_slot = false: create it with \
+         SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput'); or set create_slot = true"
+    )]
+    SlotMissing { slot: String },
+    #[error(
+        "replication slot {slot:?} uses plugin {plugin:?}; outbox-cdc needs pgoutput. \
+         Drop it or choose another postgres.slot"
+    )]
+    WrongPlugin { slot: String, plugin: String },
+    #[error(
+        "replication slot {slot:?} belongs to database {slot_database:?}, not {database:?}: \
+         choose another postgres.slot"
+    )]
+    WrongDatabase {
+        slot: String,
+        slot_database: String,
+        database: String,
+    },
+    #[error(
+        "replication slot {slot:?} is confirmed up to {confirmed}, ahead of the stored offset {stored_lsn}: \
+         another consumer advanced it, or it was dropped and recreated, so events in between may not \
+         have been published by this instance. If another outbox-cdc instance published them (HA \
+         takeover), set postgres.allow_slot_ahead = true; otherwise treat it as a lost slot"
+    )]
+    SlotAhead {
+        slot: String,
+        stored_lsn: Lsn,
+        confirmed: Lsn,
+    },
+}
+
+/// Inputs of the decision.
+pub struct ResumeInputs<'a> {
+    pub slot: &'a str,
+    pub database: &'a str,
+    pub server_system_id: &'a str,
+    pub stored: Option<&'a StoredOffset>,
+    pub slot_info: Option<&'a SlotInfo>,
+    pub create_slot: bool,
+    pub recreate_slot: bool,
+    pub allow_slot_ahead: bool,
+}
+
+pub fn decide(input: &ResumeInputs<'_>) -> Result<ResumePlan, StartRefused> {
+    let slot = input.slot.to_owned();
+    if let Some(stored) = input.stored {
+        if stored.system_id != input.server_system_id {
+            return Err(StartRefused::OtherCluster {
+                slot,
+                stored_lsn: stored.lsn,
+                stored_system_id: stored.system_id.clone(),
+                server_system_id: input.server_system_id.to_owned(),
+            });
+        }
+    }
+    let Some(info) = input.slot_info else {
+        return match input.stored {
+            Some(stored) if input.recreate_slot => Ok(ResumePlan::RecreateSlot {
+                forgotten: stored.lsn,
+            }),
+            Some(stored) => Err(StartRefused::SlotLost {
+                slot,
+                stored_lsn: stored.lsn,
+            }),
+            None if input.create_slot || input.recreate_slot => Ok(ResumePlan::CreateSlot),
+            None => Err(StartRefused::SlotMissing { slot }),
+        };
+    };
+    if let Some(plugin) = info.plugin.as_deref() {
+        if plugin != "pgoutput" {
+            return Err(StartRefused::WrongPlugin {
+                slot,
+                plugin: plugin.to_owned(),
+            });
+        }
+    }
+    if let Some(db) = info.database.as_deref() {
+        if db != input.database {
+            return Err(StartRefused::WrongDatabase {
+                slot,
+                slot_database: db.to_owned(),
+                database: input.database.to_owned(),
+            });
+        }
+    }
+    let confirmed = info.confirmed_flush_lsn.unwrap_or(Lsn::ZERO);
+    match input.stored {
+        None => Ok(ResumePlan::Resume {
+            start: confirmed,
+            skip_through: Lsn::ZERO,
+        }),
+        Some(stored) if confirmed > stored.lsn && !input.allow_slot_ahead => Err(StartRefused::SlotAhead {
+            slot,
+            stored_lsn: stored.lsn,
+            confirmed,
+        }),
+        Some(stored) => Ok(ResumePlan::Resume {
+            start: stored.lsn.max(confirmed),
+            skip_through: stored.lsn,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(lsn: u64, sys: &str) -> StoredOffset {
+        StoredOffset {
+            lsn: Lsn::new(lsn),
+            system_id: sys.to_owned(),
+            updated_at_unix_ms: 0,
+        }
+    }
+
+    fn slot(confirmed: u64) -> SlotInfo {
+        SlotInfo {
+            slot_name: "s".into(),
+            plugin: Some("pgoutput".into()),
+            database: Some("app".into()),
+            active_pid: None,
+            confirmed_flush_lsn: Some(Lsn::new(confirmed)),
+            restart_lsn: Some(Lsn::new(confirmed)),
+            wal_status: Some("reserved".into()),
+            safe_wal_size: None,
+        }
+    }
+
+    fn inputs<'a>(stored: Option<&'a StoredOffset>, info: Option<&'a SlotInfo>) -> ResumeInputs<'a> {
+        ResumeInputs {
+            slot: "s",
+            database: "app",
+            server_system_id: "42",
+            stored,
+            slot_info: info,
+            create_slot: true,
+            recreate_slot: false,
+            allow_slot_ahead: false,
+        }
+    }
+
+    #[test]
+    fn first_start_creates_the_slot() {
+        assert_eq!(decide(&inputs(None, None)), Ok(ResumePlan::CreateSlot));
+        let mut i = inputs(None, None);
+        i.create_slot = false;
+        assert!(matches!(decide(&i), Err(StartRefused::SlotMissing { .. })));
+    }
+
+    #[test]
+    fn resumes_at_the_stored_offset_when_the_slot_lags_it() {
+        let st = stored(500, "42");
+        let info = slot(300);
+        assert_eq!(
+            decide(&inputs(Some(&st), Some(&info))),
+            Ok(ResumePlan::Resume {
+                start: Lsn::new(500),
+                skip_through: Lsn::new(500)
+            })
+        );
+    }
+
+    #[test]
+    fn refuses_another_cluster() {
+        let st = stored(500, "41");
+        let info = slot(300);
+        let err = decide(&inputs(Some(&st), Some(&info))).unwrap_err();
+        assert!(matches!(err, StartRefused::OtherCluster { .. }));
+        assert!(err.to_string().contains("41") && err.to_string().contains("42"));
+    }
+
+    #[test]
+    fn lost_slot_with_offset_is_refused_unless_recreate_is_asked() {
+        let st = stored(500, "42");
+        let err = decide(&inputs(Some(&st), None)).unwrap_err();
+        assert!(matches!(err, StartRefused::SlotLost { .. }));
+        assert!(err.to_string().contains("--recreate-slot"));
+        let mut i = inputs(Some(&st), None);
+        i.recreate_slot = true;
+        assert_eq!(
+            decide(&i),
+            Ok(ResumePlan::RecreateSlot {
+                forgotten: Lsn::new(500)
+            })
+        );
+    }
+
+    #[test]
+    fn slot_ahead_of_the_offset_is_refused_unless_allowed() {
+        let st = stored(500, "42");
+        let info = slot(900);
+        assert!(matches!(
+            decide(&inputs(Some(&st), Some(&info))),
+            Err(StartRefused::SlotAhead { .. })
+        ));
+        let mut i = inputs(Some(&st), Some(&info));
+        i.allow_slot_ahead = true;
+        assert_eq!(
+            decide(&i),
+            Ok(ResumePlan::Resume {
+                start: Lsn::new(900),
+                skip_through: Lsn::new(500)
+            })
+        );
+    }
+
+    #[test]
+    fn refuses_foreign_plugin_and_database() {
+        let mut info = slot(1);
+        info.plugin = Some("test_decoding".into());
+        assert!(matches!(decide(&inputs(None, Some(&info))), Err(StartRefused::WrongPlugin { .. })));
+        let mut info = slot(1);
+        info.database = Some("other".into());
+        assert!(matches!(decide(&inputs(None, Some(&info))), Err(StartRefused::WrongDatabase { .. })));
+    }
+}

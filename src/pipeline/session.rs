@@ -1,0 +1,446 @@
+//! One replication session: connect, decide where to resume, stream until a
+//! failure or shutdown. A new session is started by the caller after a failure.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, warn};
+
+use crate::checkpoint::{AckTracker, DurableLsn, EventToken, OffsetStore};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::outbox::{BoundRelation, ChangeContext, OutboxEvent, OutboxMapper};
+use crate::pg::QualifiedTable;
+use crate::pg::control;
+use crate::pg::{FeedbackHandle, Lsn, PgConnectConfig, PgTimestamp, ReplicationConnection, ReplicationEvent};
+use crate::pgoutput::{self, Message, RelationCache};
+use crate::sink::{DeliveryReport, KafkaSink};
+
+use super::resume::{self, ResumeInputs, ResumePlan};
+use super::{PipelineError, RunOptions};
+
+/// What travels with each record through librdkafka and comes back in its report.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InFlight {
+    token: EventToken,
+    commit_time: PgTimestamp,
+    lsn: Lsn,
+}
+
+/// The transaction being received.
+struct OpenTx {
+    commit_time: PgTimestamp,
+    /// Already acknowledged before a restart: its events are dropped, not re-sent.
+    replayed: bool,
+}
+
+pub(crate) struct Session<'a> {
+    config: &'a Config,
+    store: &'a OffsetStore,
+    metrics: &'a Metrics,
+    mapper: OutboxMapper,
+    sink: KafkaSink<InFlight>,
+    reports: mpsc::UnboundedReceiver<DeliveryReport<InFlight>>,
+    tracker: AckTracker,
+    feedback: FeedbackHandle,
+    durable: DurableLsn,
+    system_id: String,
+    relations: RelationCache,
+    bound: HashMap<u32, BoundRelation>,
+    open: Option<OpenTx>,
+    skip_through: Lsn,
+    /// Set when the tracker advanced past `durable`.
+    dirty_since: Option<Instant>,
+}
+
+impl<'a> Session<'a> {
+    pub(crate) async fn run(
+        config: &'a Config,
+        options: RunOptions,
+        store: &'a Arc<OffsetStore>,
+        metrics: &'a Metrics,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<(), PipelineError> {
+        let pg = PgConnectConfig::parse(&config.postgres.url)?;
+        let slot = config.postgres.slot.as_str();
+        let mapper = OutboxMapper::new(&config.outbox).map_err(|e| PipelineError::Protocol {
+            lsn: Lsn::ZERO,
+            what: format!("invalid outbox settings: {e}"),
+        })?;
+
+        let client = pg.connect_sql().await?;
+        let mut repl = ReplicationConnection::connect(&pg, &config.postgres.application_name).await?;
+        let identity = repl.identify_system().await?;
+        let database = identity
+            .dbname
+            .clone()
+            .or_else(|| pg.tokio_config().get_dbname().map(str::to_owned))
+            .unwrap_or_default();
+
+        let table = QualifiedTable::parse(&config.outbox.table)?;
+        if config.postgres.create_publication
+            && !control::publication_exists(&client, &config.postgres.publication).await?
+        {
+            control::create_publication(&client, &config.postgres.publication, &table).await?;
+            info!(publication = %config.postgres.publication, table = %table, "created publication");
+        }
+
+        let stored = store.load(slot)?;
+        let slot_info = control::slot_info(&client, slot).await?;
+        let plan = resume::decide(&ResumeInputs {
+            slot,
+            database: &database,
+            server_system_id: &identity.system_id,
+            stored: stored.as_ref(),
+            slot_info: slot_info.as_ref(),
+            create_slot: config.postgres.create_slot,
+            recreate_slot: options.recreate_slot,
+            allow_slot_ahead: config.postgres.allow_slot_ahead,
+        })?;
+        let (start, skip_through) = match plan {
+            ResumePlan::CreateSlot => {
+                let at = control::create_logical_slot(&client, slot).await?;
+                info!(slot, lsn = %at, "created replication slot");
+                (at, Lsn::ZERO)
+            }
+            ResumePlan::RecreateSlot { forgotten } => {
+                store.remove(slot)?;
+                let at = control::create_logical_slot(&client, slot).await?;
+                warn!(slot, forgotten = %forgotten, lsn = %at,
+                    "recreated lost replication slot; changes between the two positions were NOT published: replay them from the outbox table");
+                (at, Lsn::ZERO)
+            }
+            ResumePlan::Resume { start, skip_through } => (start, skip_through),
+        };
+        drop(client);
+
+        // Persist the start before streaming: it records the cluster identity on
+        // first start and gives the first reportable (durable) position.
+        let durable = store.persist(slot, start, &identity.system_id)?;
+        let stream = repl
+            .start_logical(slot, start, &config.postgres.publication, mapper.wants_messages())
+            .await?;
+        let feedback = stream.feedback();
+        feedback.set_flushed(durable.lsn());
+        metrics.set_acked(durable.lsn());
+        metrics.connected.store(1, Ordering::Relaxed);
+        info!(slot, start = %start, skip_through = %skip_through, system_id = %identity.system_id, "streaming");
+
+        let (sink, reports) = KafkaSink::new(&config.kafka)?;
+        let mut session = Session {
+            config,
+            store,
+            metrics,
+            mapper,
+            sink,
+            reports,
+            tracker: AckTracker::new(durable.lsn()),
+            feedback,
+            durable,
+            system_id: identity.system_id,
+            relations: RelationCache::new(),
+            bound: HashMap::new(),
+            open: None,
+            skip_through,
+            dirty_since: None,
+        };
+        session.stream_loop(stream, shutdown).await
+    }
+
+    async fn stream_loop(
+        &mut self,
+        mut stream: crate::pg::ReplicationStream,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Result<(), PipelineError> {
+        let flush_every = Duration::from_millis(self.config.offsets.flush_interval_ms);
+        let mut tick = tokio::time::interval(flush_every.min(Duration::from_millis(100)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let limits = &self.config.limits;
+        loop {
+            let has_room = self.tracker.in_flight_events() < limits.max_in_flight_events
+                && self.tracker.in_flight_bytes() < limits.max_in_flight_bytes;
+            tokio::select! {
+                biased;
+                changed = shutdown.changed() => {
+                    if changed.is_err() || *shutdown.borrow() {
+                        return self.shutdown(stream).await;
+                    }
+                }
+                Some(report) = self.reports.recv() => self.on_report(report)?,
+                _ = tick.tick() => self.on_tick()?,
+                event = stream.recv(), if has_room => match event? {
+                    Some(event) => self.on_replication_event(event).await?,
+                    None => return Err(PipelineError::StreamEnded),
+                },
+            }
+        }
+    }
+
+    async fn on_replication_event(&mut self, event: ReplicationEvent) -> Result<(), PipelineError> {
+        match event {
+            ReplicationEvent::XLogData { wal_start, wal_end, data, .. } => {
+                self.metrics.set_received(wal_end.max(wal_start));
+                let message = pgoutput::decode(&data).map_err(|source| PipelineError::Decode {
+                    lsn: wal_start,
+                    source,
+                })?;
+                self.on_message(wal_start, message).await
+            }
+            ReplicationEvent::Keepalive { wal_end, .. } => {
+                self.metrics.set_received(wal_end);
+                if self.open.is_none() {
+                    self.feedback.set_written(wal_end.max(self.durable.lsn()));
+                    if self.tracker.idle_advance(wal_end).is_some() {
+                        self.mark_dirty();
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn on_message(&mut self, lsn: Lsn, message: Message) -> Result<(), PipelineError> {
+        match message {
+            Message::Begin(begin) => {
+                if self.open.is_some() {
+                    return Err(protocol(lsn, "Begin inside an open transaction"));
+                }
+                // A transaction's commit record starts at final_lsn and ends at its
+                // end_lsn; offsets are end_lsns or record boundaries after them, so a
+                // commit that starts before the stored offset ended at or before it.
+                let replayed = begin.final_lsn < self.skip_through;
+                if !replayed {
+                    self.tracker.begin(begin.commit_time).map_err(|e| protocol(lsn, e))?;
+                }
+                self.open = Some(OpenTx {
+                    commit_time: begin.commit_time,
+                    replayed,
+                });
+            }
+            Message::Commit(commit) => {
+                let Some(tx) = self.open.take() else {
+                    return Err(protocol(lsn, "Commit without Begin"));
+                };
+                if tx.replayed {
+                    if commit.end_lsn > self.skip_through {
+                        return Err(protocol(
+                            lsn,
+                            format!(
+                                "transaction ending at {} was treated as already acknowledged (offset {}); refusing to continue",
+                                commit.end_lsn, self.skip_through
+                            ),
+                        ));
+                    }
+                    debug!(end_lsn = %commit.end_lsn, "dropped a transaction acknowledged before the restart");
+                } else if self.tracker.commit(commit.end_lsn).map_err(|e| protocol(lsn, e))?.is_some() {
+                    self.mark_dirty();
+                }
+                self.feedback.set_written(commit.end_lsn);
+            }
+            Message::Relation(relation) => {
+                if self.mapper.matches(&relation) {
+                    let bound = self.mapper.bind(&relation).map_err(|source| PipelineError::Mapping { lsn, source })?;
+                    self.bound.insert(relation.oid, bound);
+                } else {
+                    self.bound.remove(&relation.oid);
+                }
+                self.relations.apply(relation);
+            }
+            Message::Insert(insert) => {
+                let Some(tx) = self.open.as_ref() else {
+                    return Err(protocol(lsn, "Insert outside a transaction"));
+                };
+                let Some(bound) = self.bound.get(&insert.relation_oid) else {
+                    if self.relations.get(insert.relation_oid).is_none() {
+                        return Err(protocol(
+                            lsn,
+                            format!("Insert for relation OID {} that was never described", insert.relation_oid),
+                        ));
+                    }
+                    return Ok(()); // another table in the publication
+                };
+                if tx.replayed {
+                    self.metrics.events_deduplicated.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                let ctx = ChangeContext {
+                    lsn,
+                    commit_time: tx.commit_time,
+                };
+                let commit_time = tx.commit_time;
+                let mapped = self.mapper.map_insert(bound, &insert.new, &ctx);
+                self.publish(mapped, lsn, commit_time).await?;
+            }
+            Message::Message(msg) => {
+                let Some(tx) = self.open.as_ref() else {
+                    return Ok(()); // non-transactional messages are not events
+                };
+                if !msg.transactional {
+                    return Ok(());
+                }
+                let ctx = ChangeContext {
+                    lsn,
+                    commit_time: tx.commit_time,
+                };
+                let (replayed, commit_time) = (tx.replayed, tx.commit_time);
+                match self.mapper.map_message(&msg, &ctx) {
+                    Ok(None) => {}
+                    Ok(Some(_)) | Err(_) if replayed => {
+                        self.metrics.events_deduplicated.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(Some(event)) => self.publish(Ok(event), lsn, commit_time).await?,
+                    Err(e) => self.publish(Err(e), lsn, commit_time).await?,
+                }
+            }
+            // Updates, deletes and truncates of the outbox table are not events
+            // (the Debezium-style writer deletes its rows in the same transaction).
+            Message::Update(_) | Message::Delete(_) | Message::Truncate(_) | Message::Type(_) | Message::Origin(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Sends one mapped row (or applies the poison policy) in commit order.
+    async fn publish(
+        &mut self,
+        mapped: Result<OutboxEvent, crate::outbox::MapError>,
+        lsn: Lsn,
+        commit_time: PgTimestamp,
+    ) -> Result<(), PipelineError> {
+        let event = match mapped {
+            Ok(event) => event,
+            Err(source) if source.is_poison() => {
+                return Err(PipelineError::Poison {
+                    event_id: source.event_id().unwrap_or("unknown").to_owned(),
+                    lsn,
+                    reason: source.to_string(),
+                });
+            }
+            Err(source) => return Err(PipelineError::Mapping { lsn, source }),
+        };
+        let token = self
+            .tracker
+            .add_event(event.size_bytes())
+            .map_err(|e| protocol(lsn, e))?;
+        let in_flight = InFlight {
+            token,
+            commit_time,
+            lsn,
+        };
+        self.sink.send(&event, in_flight).await.map_err(|source| PipelineError::Delivery {
+            event_id: event.event_id.clone(),
+            lsn,
+            source,
+        })?;
+        self.metrics
+            .in_flight_events
+            .store(self.tracker.in_flight_events() as u64, Ordering::Relaxed);
+        self.metrics
+            .in_flight_bytes
+            .store(self.tracker.in_flight_bytes() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn on_report(&mut self, report: DeliveryReport<InFlight>) -> Result<(), PipelineError> {
+        let InFlight { token, commit_time, lsn } = report.token;
+        match report.result {
+            Ok(_) => {
+                self.metrics.events_published.fetch_add(1, Ordering::Relaxed);
+                let age = PgTimestamp::now().0.saturating_sub(commit_time.0).max(0) as u64;
+                self.metrics.commit_to_ack.observe_micros(age);
+                if self.tracker.delivered(token).is_some() {
+                    self.mark_dirty();
+                }
+                Ok(())
+            }
+            Err(source) => {
+                self.metrics.events_failed.fetch_add(1, Ordering::Relaxed);
+                Err(PipelineError::Delivery {
+                    event_id: source.event_id().unwrap_or("?").to_owned(),
+                    lsn,
+                    source,
+                })
+            }
+        }
+    }
+
+    fn mark_dirty(&mut self) {
+        if self.dirty_since.is_none() {
+            self.dirty_since = Some(Instant::now());
+        }
+    }
+
+    fn on_tick(&mut self) -> Result<(), PipelineError> {
+        let flush_every = Duration::from_millis(self.config.offsets.flush_interval_ms);
+        if self.dirty_since.is_some_and(|t| t.elapsed() >= flush_every) {
+            self.persist()?;
+        }
+        let m = self.metrics;
+        m.in_flight_events
+            .store(self.tracker.in_flight_events() as u64, Ordering::Relaxed);
+        m.in_flight_bytes
+            .store(self.tracker.in_flight_bytes() as u64, Ordering::Relaxed);
+        let age = self
+            .tracker
+            .oldest_unacked_commit_time()
+            .map_or(0, |t| PgTimestamp::now().0.saturating_sub(t.0).max(0) as u64);
+        m.oldest_unacked_age_micros.store(age, Ordering::Relaxed);
+        if let Some(fatal) = self.sink.fatal_error() {
+            return Err(PipelineError::Sink(fatal));
+        }
+        Ok(())
+    }
+
+    /// Persist the acked LSN (flushed to disk), then let PostgreSQL know.
+    fn persist(&mut self) -> Result<(), PipelineError> {
+        self.dirty_since = None;
+        let acked = self.tracker.acked();
+        if acked <= self.durable.lsn() {
+            return Ok(());
+        }
+        let durable = tokio::task::block_in_place(|| self.store.persist(&self.config.postgres.slot, acked, &self.system_id))?;
+        self.feedback.set_flushed(durable.lsn());
+        self.metrics.set_acked(durable.lsn());
+        self.durable = durable;
+        Ok(())
+    }
+
+    /// Stop reading, wait (bounded) for in-flight deliveries, persist, send a
+    /// final status update, close the stream.
+    async fn shutdown(&mut self, stream: crate::pg::ReplicationStream) -> Result<(), PipelineError> {
+        let deadline = Instant::now() + Duration::from_millis(self.config.limits.shutdown_timeout_ms);
+        info!(in_flight = self.tracker.in_flight_events(), "shutting down: waiting for in-flight deliveries");
+        while self.tracker.in_flight_events() > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                warn!(in_flight = self.tracker.in_flight_events(),
+                    "shutdown timeout: unacknowledged events will be re-sent on the next start");
+                break;
+            }
+            match tokio::time::timeout(left, self.reports.recv()).await {
+                Ok(Some(report)) => {
+                    if let Err(e) = self.on_report(report) {
+                        warn!(error = %e, "delivery failed during shutdown; it will be re-sent on the next start");
+                        break;
+                    }
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        self.persist()?;
+        info!(acked = %self.durable.lsn(), "final acknowledged position persisted");
+        if let Err(e) = stream.shutdown().await {
+            warn!(error = %e, "closing the replication stream failed; the server will notice the disconnect");
+        }
+        Ok(())
+    }
+}
+
+fn protocol(lsn: Lsn, what: impl std::fmt::Display) -> PipelineError {
+    PipelineError::Protocol {
+        lsn,
+        what: what.to_string(),
+    }
+}

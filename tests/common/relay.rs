@@ -1,0 +1,374 @@
+//! Harness for end-to-end tests of the connector: a private outbox table,
+//! publication and slot per test, the connector in-process or as a process,
+//! and a Kafka consumer that reads everything back.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outbox_cdc::config::Config;
+use outbox_cdc::metrics::Metrics;
+use outbox_cdc::pipeline::{self, PipelineError, RunOptions};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::{admin_client, kafka_bootstrap, pg_url, unique_name};
+
+/// One record as a consumer saw it.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: String,
+    pub payload: String,
+    pub timestamp_ms: Option<i64>,
+    pub headers: BTreeMap<String, String>,
+}
+
+impl Record {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers.get(name).map(String::as_str).unwrap_or("")
+    }
+}
+
+/// A private outbox table + publication + slot + topic prefix + offsets dir.
+pub struct Fixture {
+    pub name: String,
+    pub table: String,
+    pub publication: String,
+    pub slot: String,
+    pub topic_prefix: String,
+    pub offsets_dir: tempfile::TempDir,
+    pub admin: tokio_postgres::Client,
+}
+
+impl Fixture {
+    pub async fn new(prefix: &str) -> Fixture {
+        let name = unique_name(prefix);
+        let admin = admin_client().await;
+        let table = format!("ob_{name}");
+        let publication = format!("pub_{name}");
+        let slot = format!("slot_{name}");
+        admin
+            .batch_execute(&format!(
+                "CREATE TABLE public.{table} (LIKE public.outbox_events INCLUDING ALL);
+                 GRANT SELECT ON public.{table} TO outbox;
+                 CREATE PUBLICATION {publication} FOR TABLE public.{table} WITH (publish = 'insert');"
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("creating the fixture table {table}: {e}"));
+        Fixture {
+            topic_prefix: format!("t.{name}"),
+            name,
+            table,
+            publication,
+            slot,
+            offsets_dir: tempfile::tempdir().expect("temp dir for offsets"),
+            admin,
+        }
+    }
+
+    pub fn offsets_path(&self) -> PathBuf {
+        self.offsets_dir.path().join("offsets")
+    }
+
+    pub fn config_text(&self) -> String {
+        format!(
+            r#"
+[postgres]
+url = "{url}"
+slot = "{slot}"
+publication = "{publication}"
+status_interval_ms = 1000
+
+[outbox]
+table = "public.{table}"
+topic = "{prefix}.{{aggregate_type}}"
+
+[kafka]
+"bootstrap.servers" = "{kafka}"
+"linger.ms" = "2"
+
+[offsets]
+path = "{offsets}"
+flush_interval_ms = 20
+
+[http]
+listen = ""
+
+[retry]
+initial_backoff_ms = 200
+max_backoff_ms = 2000
+"#,
+            url = pg_url(),
+            slot = self.slot,
+            publication = self.publication,
+            table = self.table,
+            prefix = self.topic_prefix,
+            kafka = kafka_bootstrap(),
+            offsets = self.offsets_path().display(),
+        )
+    }
+
+    pub fn config(&self) -> Config {
+        self.config_with("")
+    }
+
+    /// The fixture's config with extra TOML appended (later keys win per section
+    /// only when the section is new; use env-style overrides for existing ones).
+    pub fn config_with(&self, extra_env: &str) -> Config {
+        let env: Vec<(String, String)> = extra_env
+            .split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        Config::from_sources("fixture.toml", &self.config_text(), env)
+            .unwrap_or_else(|e| panic!("fixture config invalid: {e}"))
+    }
+
+    pub fn write_config_file(&self) -> PathBuf {
+        let path = self.offsets_dir.path().join("config.toml");
+        std::fs::write(&path, self.config_text()).expect("write config file");
+        path
+    }
+
+    /// Inserts `events` (aggregate_type, aggregate_id, payload JSON) in one
+    /// transaction, committed or rolled back; returns the event ids.
+    pub async fn write_tx(&self, events: &[(&str, &str, String)], commit: bool) -> Vec<String> {
+        let mut ids = Vec::new();
+        self.admin.batch_execute("BEGIN").await.expect("BEGIN");
+        for (agg_type, agg_id, payload) in events {
+            let row = self
+                .admin
+                .query_one(
+                    &format!(
+                        "INSERT INTO public.{t} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload)
+                         VALUES (gen_random_uuid(), $1, $2,
+                                 (SELECT coalesce(max(aggregate_sequence), 0) + 1 FROM public.{t}
+                                   WHERE aggregate_type = $1 AND aggregate_id = $2),
+                                 'TestEvent', $3::text::jsonb)
+                         RETURNING event_id::text",
+                        t = self.table
+                    ),
+                    &[agg_type, agg_id, payload],
+                )
+                .await
+                .expect("insert outbox row");
+            ids.push(row.get::<_, String>(0));
+        }
+        self.admin
+            .batch_execute(if commit { "COMMIT" } else { "ROLLBACK" })
+            .await
+            .expect("end transaction");
+        if commit { ids } else { Vec::new() }
+    }
+
+    pub async fn slot_confirmed_flush(&self) -> Option<String> {
+        let row = self
+            .admin
+            .query_opt(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+                &[&self.slot],
+            )
+            .await
+            .expect("read slot");
+        row.and_then(|r| r.get::<_, Option<String>>(0))
+    }
+
+    /// Drops the slot (waiting for it to become inactive), publication and table.
+    pub async fn cleanup(&self) {
+        for _ in 0..50 {
+            let active: Option<bool> = self
+                .admin
+                .query_opt(
+                    "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&self.slot],
+                )
+                .await
+                .ok()
+                .flatten()
+                .map(|r| r.get(0));
+            match active {
+                None => break,
+                Some(false) => {
+                    let _ = self
+                        .admin
+                        .execute("SELECT pg_drop_replication_slot($1)", &[&self.slot])
+                        .await;
+                    break;
+                }
+                Some(true) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+        let _ = self
+            .admin
+            .batch_execute(&format!(
+                "DROP PUBLICATION IF EXISTS {}; DROP TABLE IF EXISTS public.{};",
+                self.publication, self.table
+            ))
+            .await;
+    }
+}
+
+/// The connector running in this process.
+pub struct Running {
+    pub metrics: Arc<Metrics>,
+    stop: watch::Sender<bool>,
+    handle: JoinHandle<Result<(), PipelineError>>,
+}
+
+impl Running {
+    pub fn start(config: Config) -> Running {
+        Running::start_with(config, RunOptions::default())
+    }
+
+    pub fn start_with(config: Config, options: RunOptions) -> Running {
+        let metrics = Arc::new(Metrics::default());
+        let (stop, stop_rx) = watch::channel(false);
+        let handle = tokio::spawn(pipeline::run(
+            Arc::new(config),
+            options,
+            metrics.clone(),
+            stop_rx,
+        ));
+        Running {
+            metrics,
+            stop,
+            handle,
+        }
+    }
+
+    /// Signals a graceful stop and waits for the pipeline to return.
+    pub async fn stop(self) -> Result<(), PipelineError> {
+        let _ = self.stop.send(true);
+        tokio::time::timeout(Duration::from_secs(60), self.handle)
+            .await
+            .expect("connector did not stop within 60 s")
+            .expect("connector task panicked")
+    }
+
+    /// Waits for the pipeline to end by itself (e.g. a refused start).
+    pub async fn finished(self, within: Duration) -> Result<(), PipelineError> {
+        tokio::time::timeout(within, self.handle)
+            .await
+            .expect("connector did not finish in time")
+            .expect("connector task panicked")
+    }
+}
+
+/// Runs the real binary with `config` as a child process.
+pub fn spawn_binary(config: &Path) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_outbox-cdc"))
+        .args(["run", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn outbox-cdc")
+}
+
+/// Reads every record of topics matching `^<prefix>\.` until `expected`
+/// records have arrived and then `settle` more time without new ones; panics
+/// with what it has if `timeout` passes first.
+pub fn consume(prefix: &str, expected: usize, timeout: Duration, settle: Duration) -> Vec<Record> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .set("group.id", unique_name("reader"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("topic.metadata.refresh.interval.ms", "500")
+        .create()
+        .expect("create consumer");
+    let pattern = format!("^{}\\..*", prefix.replace('.', "\\."));
+    consumer.subscribe(&[&pattern]).expect("subscribe");
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::new();
+    let mut last_new = Instant::now();
+    loop {
+        if out.len() >= expected && last_new.elapsed() >= settle {
+            return out;
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "consumer timed out after {timeout:?}: {} of {expected} records from {pattern}",
+                out.len()
+            );
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                last_new = Instant::now();
+                let headers = m
+                    .headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|x| {
+                                (
+                                    x.key.to_owned(),
+                                    x.value
+                                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                                        .unwrap_or_default(),
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                out.push(Record {
+                    topic: m.topic().to_owned(),
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: m
+                        .key()
+                        .map(|k| String::from_utf8_lossy(k).into_owned())
+                        .unwrap_or_default(),
+                    payload: m
+                        .payload()
+                        .map(|p| String::from_utf8_lossy(p).into_owned())
+                        .unwrap_or_default(),
+                    timestamp_ms: m.timestamp().to_millis(),
+                    headers,
+                });
+            }
+            Some(Err(e)) => {
+                // Topics appear as the connector creates them; transient errors are normal.
+                let _ = e;
+            }
+            None => {}
+        }
+    }
+}
+
+/// Number of partitions of `topic`.
+pub fn partition_count(topic: &str) -> i32 {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .create()
+        .expect("create metadata client");
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("fetch metadata");
+    md.topics()
+        .first()
+        .map(|t| t.partitions().len() as i32)
+        .expect("topic in metadata")
+}
+
+/// Polls `check` every 200 ms until it returns true or `timeout` passes.
+pub async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("timed out after {timeout:?} waiting for: {what}");
+}

@@ -1,0 +1,311 @@
+//! The connector end to end against the real PostgreSQL and Kafka: what is
+//! published, in which order, and what survives restarts (DESIGN.md §2, §5, §6).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use common::relay::{Fixture, Running, consume, eventually, partition_count, spawn_binary};
+use outbox_cdc::checkpoint::OffsetStore;
+use outbox_cdc::pg::Lsn;
+use outbox_cdc::pipeline::{PipelineError, RunOptions, StartRefused};
+use outbox_cdc::sink::java_partition;
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+const SETTLE: Duration = Duration::from_secs(2);
+
+fn payload(i: usize) -> String {
+    format!(r#"{{"n": {i}, "note": "order {i}"}}"#)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_committed_rows_with_key_partition_headers_and_payload() {
+    common::init_tracing();
+    let fx = Fixture::new("happy").await;
+    let running = Running::start(fx.config());
+
+    let mut committed: Vec<(String, &str, &str, String)> = Vec::new();
+    for i in 0..20 {
+        let agg_id = ["a1", "a2", "a3"][i % 3];
+        let p = payload(i);
+        let ids = fx.write_tx(&[("order", agg_id, p.clone())], true).await;
+        committed.push((ids[0].clone(), "order", agg_id, p));
+    }
+    // Rolled back: must never appear.
+    fx.write_tx(&[("order", "a1", payload(999))], false).await;
+    // Another table in the same database: must never appear.
+    fx.admin
+        .batch_execute("CREATE TABLE IF NOT EXISTS public.pipeline_other (x int); INSERT INTO public.pipeline_other VALUES (1);")
+        .await
+        .unwrap();
+    // A multi-event transaction over two aggregate types.
+    let multi = fx
+        .write_tx(&[("order", "a2", payload(100)), ("invoice", "i1", payload(101))], true)
+        .await;
+    committed.push((multi[0].clone(), "order", "a2", payload(100)));
+    committed.push((multi[1].clone(), "invoice", "i1", payload(101)));
+
+    let records = consume(&fx.topic_prefix, committed.len(), TIMEOUT, SETTLE);
+    assert_eq!(records.len(), committed.len(), "exactly the committed rows, once each");
+
+    let by_id: HashMap<&str, _> = records.iter().map(|r| (r.header("event_id"), r)).collect();
+    let order_topic = format!("{}.order", fx.topic_prefix);
+    let partitions = partition_count(&order_topic);
+    for (event_id, agg_type, agg_id, p) in &committed {
+        let r = by_id
+            .get(event_id.as_str())
+            .unwrap_or_else(|| panic!("event {event_id} was not published"));
+        assert_eq!(r.topic, format!("{}.{agg_type}", fx.topic_prefix));
+        assert_eq!(r.key, *agg_id);
+        let stored: serde_json::Value = serde_json::from_str(p).unwrap();
+        let got: serde_json::Value = serde_json::from_str(&r.payload).unwrap();
+        assert_eq!(got, stored, "payload of {event_id}");
+        assert_eq!(r.header("aggregate_type"), *agg_type);
+        assert_eq!(r.header("aggregate_id"), *agg_id);
+        assert_eq!(r.header("event_type"), "TestEvent");
+        assert_eq!(r.header("schema_version"), "1");
+        assert!(r.header("aggregate_sequence").parse::<i64>().is_ok());
+        assert!(r.header("lsn").parse::<Lsn>().is_ok(), "lsn header {:?}", r.header("lsn"));
+        assert!(r.timestamp_ms.is_some_and(|t| t > 1_600_000_000_000));
+        let n = partition_count(&r.topic);
+        assert_eq!(r.partition, java_partition(agg_id.as_bytes(), n), "murmur2 partition of {agg_id}");
+    }
+    assert!(partitions >= 1);
+
+    running.stop().await.expect("graceful stop");
+    fx.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_aggregate_order_holds_over_interleaved_multi_event_transactions() {
+    common::init_tracing();
+    let fx = Fixture::new("order").await;
+    let running = Running::start(fx.config());
+
+    let mut expected = 0;
+    for t in 0..60 {
+        // 1 to 5 events per transaction over 100 aggregates, interleaved.
+        let n = 1 + t % 5;
+        let ids: Vec<String> = (0..n).map(|k| format!("agg-{}", (t * 7 + k * 13) % 100)).collect();
+        let events: Vec<(&str, &str, String)> = ids.iter().map(|id| ("order", id.as_str(), payload(t))).collect();
+        expected += fx.write_tx(&events, true).await.len();
+    }
+    let records = consume(&fx.topic_prefix, expected, TIMEOUT, SETTLE);
+    assert_eq!(records.len(), expected);
+
+    let mut by_key: BTreeMap<&str, Vec<(i32, i64, i64)>> = BTreeMap::new();
+    for r in &records {
+        let seq: i64 = r.header("aggregate_sequence").parse().unwrap();
+        by_key.entry(&r.key).or_default().push((r.partition, r.offset, seq));
+    }
+    for (key, mut seen) in by_key {
+        let partitions: BTreeSet<i32> = seen.iter().map(|s| s.0).collect();
+        assert_eq!(partitions.len(), 1, "aggregate {key} spread over partitions {partitions:?}");
+        seen.sort_by_key(|s| s.1);
+        let seqs: Vec<i64> = seen.iter().map(|s| s.2).collect();
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "aggregate {key}: sequences out of order in its partition: {seqs:?}"
+        );
+        assert_eq!(seqs.first(), Some(&1), "aggregate {key} starts at 1");
+    }
+
+    running.stop().await.expect("graceful stop");
+    fx.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_restart_loses_nothing_and_duplicates_nothing() {
+    common::init_tracing();
+    let fx = Fixture::new("restart").await;
+    let mut all = Vec::new();
+
+    let running = Running::start(fx.config());
+    for i in 0..30 {
+        all.extend(fx.write_tx(&[("order", &format!("g{}", i % 4), payload(i))], true).await);
+    }
+    let first = consume(&fx.topic_prefix, all.len(), TIMEOUT, SETTLE);
+    assert_eq!(first.len(), all.len());
+    running.stop().await.expect("graceful stop");
+
+    // Written while the connector is down.
+    for i in 30..60 {
+        all.extend(fx.write_tx(&[("order", &format!("g{}", i % 4), payload(i))], true).await);
+    }
+    let running = Running::start(fx.config());
+    for i in 60..70 {
+        all.extend(fx.write_tx(&[("order", &format!("g{}", i % 4), payload(i))], true).await);
+    }
+    let records = consume(&fx.topic_prefix, all.len(), TIMEOUT, Duration::from_secs(4));
+    running.stop().await.expect("graceful stop");
+
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for r in &records {
+        *counts.entry(r.header("event_id")).or_default() += 1;
+    }
+    for id in &all {
+        assert_eq!(counts.get(id.as_str()), Some(&1), "event {id}: lost or duplicated");
+    }
+    assert_eq!(records.len(), all.len(), "no extra records");
+    fx.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_then_restart_loses_nothing() {
+    common::init_tracing();
+    let fx = Fixture::new("kill").await;
+    let config_path = fx.write_config_file();
+    let mut all = Vec::new();
+
+    let mut child = spawn_binary(&config_path);
+    // Events flow while the process is killed at some point mid-stream.
+    for round in 0..3 {
+        for i in 0..40 {
+            let n = round * 100 + i;
+            all.extend(
+                fx.write_tx(
+                    &[("order", &format!("k{}", n % 5), payload(n)), ("order", &format!("k{}", (n + 1) % 5), payload(n))],
+                    true,
+                )
+                .await,
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(150 * round as u64)).await;
+        child.kill().expect("SIGKILL the connector");
+        let _ = child.wait();
+        child = spawn_binary(&config_path);
+    }
+    let records = consume(&fx.topic_prefix, all.len(), TIMEOUT, Duration::from_secs(3));
+    let _ = child.kill();
+    let _ = child.wait();
+
+    let seen: BTreeSet<&str> = records.iter().map(|r| r.header("event_id")).collect();
+    let lost: Vec<&String> = all.iter().filter(|id| !seen.contains(id.as_str())).collect();
+    assert!(lost.is_empty(), "lost after kill -9: {lost:?}");
+    // Per aggregate, first deliveries stay in sequence order.
+    let mut first_seen: BTreeMap<(&str, i32), Vec<(i64, i64)>> = BTreeMap::new();
+    let mut dedupe = BTreeSet::new();
+    for r in &records {
+        if dedupe.insert(r.header("event_id")) {
+            let seq: i64 = r.header("aggregate_sequence").parse().unwrap();
+            first_seen.entry((&r.key, r.partition)).or_default().push((r.offset, seq));
+        }
+    }
+    for ((key, _), mut v) in first_seen {
+        v.sort();
+        assert!(v.windows(2).all(|w| w[0].1 < w[1].1), "aggregate {key}: first deliveries out of order: {v:?}");
+    }
+    fx.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_advances_on_a_busy_database_without_outbox_traffic() {
+    common::init_tracing();
+    let fx = Fixture::new("idle").await;
+    let running = Running::start(fx.config());
+    eventually("the connector to create its slot and stream", TIMEOUT, || async {
+        fx.slot_confirmed_flush().await.is_some()
+            && running.metrics.connected.load(std::sync::atomic::Ordering::Relaxed) == 1
+    })
+    .await;
+    let before: Lsn = fx.slot_confirmed_flush().await.unwrap().parse().unwrap();
+
+    fx.admin
+        .batch_execute(&format!("CREATE TABLE public.busy_{} (x int, pad text)", fx.name))
+        .await
+        .unwrap();
+    let busy_table = format!("busy_{}", fx.name);
+    let mut advanced = false;
+    for _ in 0..40 {
+        fx.admin
+            .batch_execute(&format!(
+                "INSERT INTO public.{busy_table} SELECT g, repeat('x', 100) FROM generate_series(1, 500) g"
+            ))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now: Lsn = fx.slot_confirmed_flush().await.unwrap().parse().unwrap();
+        if now > before {
+            advanced = true;
+            break;
+        }
+    }
+    assert!(advanced, "confirmed_flush_lsn stayed at {before} while other tables were written");
+    running.stop().await.expect("graceful stop");
+    fx.admin.batch_execute(&format!("DROP TABLE public.{busy_table}")).await.unwrap();
+    fx.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuses_to_start_when_the_slot_was_dropped_and_recreated() {
+    common::init_tracing();
+    let fx = Fixture::new("lost").await;
+    let running = Running::start(fx.config());
+    fx.write_tx(&[("order", "l1", payload(1))], true).await;
+    consume(&fx.topic_prefix, 1, TIMEOUT, Duration::from_millis(200));
+    running.stop().await.expect("graceful stop");
+
+    // Dropped behind the connector's back: refused, with the way forward.
+    fx.admin
+        .execute("SELECT pg_drop_replication_slot($1)", &[&fx.slot])
+        .await
+        .unwrap();
+    let err = Running::start(fx.config())
+        .finished(TIMEOUT)
+        .await
+        .expect_err("start must be refused when the slot is gone");
+    assert!(
+        matches!(err, PipelineError::Refused(StartRefused::SlotLost { .. })),
+        "unexpected error: {err}"
+    );
+    assert!(!err.is_retryable());
+
+    // ... and recreated by someone else: still refused (it is ahead of the offset).
+    fx.write_tx(&[("order", "l1", payload(2))], true).await;
+    fx.admin
+        .execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&fx.slot])
+        .await
+        .unwrap();
+    let err = Running::start(fx.config())
+        .finished(TIMEOUT)
+        .await
+        .expect_err("start must be refused when the slot was recreated");
+    assert!(
+        matches!(err, PipelineError::Refused(StartRefused::SlotAhead { .. })),
+        "unexpected error: {err}"
+    );
+
+    // The explicit flag recreates and streams again.
+    fx.admin
+        .execute("SELECT pg_drop_replication_slot($1)", &[&fx.slot])
+        .await
+        .unwrap();
+    let running = Running::start_with(fx.config(), RunOptions { recreate_slot: true });
+    eventually("the recreated slot to be active", TIMEOUT, || async {
+        running.metrics.connected.load(std::sync::atomic::Ordering::Relaxed) == 1
+    })
+    .await;
+    running.stop().await.expect("graceful stop");
+    fx.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuses_an_offset_stored_for_another_cluster() {
+    common::init_tracing();
+    let fx = Fixture::new("cluster").await;
+    {
+        let store = OffsetStore::open(&fx.offsets_path()).unwrap();
+        store.persist(&fx.slot, Lsn::new(1), "1234567890").unwrap();
+    }
+    let err = Running::start(fx.config())
+        .finished(TIMEOUT)
+        .await
+        .expect_err("start must be refused for another cluster's offset");
+    assert!(
+        matches!(err, PipelineError::Refused(StartRefused::OtherCluster { .. })),
+        "unexpected error: {err}"
+    );
+    assert!(err.to_string().contains("1234567890"));
+    fx.cleanup().await;
+}
