@@ -68,6 +68,8 @@ ALTER TABLE $SCHEMA.events REPLICA IDENTITY FULL;
 -- update of another column sends it as 'u' (unchanged TOAST)
 CREATE TABLE $SCHEMA.docs (id integer PRIMARY KEY, title text, body text);
 ALTER TABLE $SCHEMA.docs ALTER COLUMN body SET STORAGE EXTERNAL;
+-- not published: committing a write here flushes WAL (see step)
+CREATE TABLE $SCHEMA.wal_flush (n integer);
 CREATE PUBLICATION $PUB FOR TABLE $SCHEMA.accounts, $SCHEMA.events, $SCHEMA.docs;
 SELECT pg_create_logical_replication_slot('$SLOT', 'pgoutput');
 SQL
@@ -85,6 +87,10 @@ seq=0
 step() {
     local name=$1
     sql >/dev/null # the step's SQL comes on stdin
+    # The slot function decodes only flushed WAL, and a non-transactional
+    # message has no commit to flush it. A committed write to an unpublished
+    # table flushes everything before it and adds no message of its own.
+    sql -c "INSERT INTO $SCHEMA.wal_flush VALUES (1)"
     local rows
     rows=$(sql -F $'\t' -c "SELECT lsn, xid, encode(data, 'hex')
         FROM pg_logical_slot_get_binary_changes('$SLOT', NULL, NULL,
