@@ -51,6 +51,12 @@ impl DecodeError {
     pub fn kind(&self) -> &DecodeErrorKind {
         &self.kind
     }
+
+    /// Always false: the server sends the same bytes for the same WAL again,
+    /// so reconnecting cannot cure a decoding error.
+    pub fn is_retryable(&self) -> bool {
+        false
+    }
 }
 
 /// The ways a pgoutput message can be malformed or unexpected.
@@ -146,6 +152,7 @@ mod tests {
             "pgoutput message 'I' at offset 7: truncated: needed 4 bytes, 2 available \
              (reading column value length)"
         );
+        assert!(!e.is_retryable());
     }
 
     #[test]
