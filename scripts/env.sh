@@ -144,6 +144,13 @@ ensure_prerequisites() {
     command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
     if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openssl; }; then missing+=(libssl-dev); fi
     if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists zlib; }; then missing+=(zlib1g-dev); fi
+    if [[ " ${missing[*]-} " == *" postgresql-15 "* ]]; then
+        # Debian's package would create and start its own default cluster on
+        # port 5432; ours is made by initdb below, so ask it not to.
+        mkdir -p /etc/postgresql-common/createcluster.d
+        printf '# written by outbox-cdc scripts/env.sh\ncreate_main_cluster = false\n' \
+            >/etc/postgresql-common/createcluster.d/outbox-cdc.conf
+    fi
     if ((${#missing[@]})); then apt_install "${missing[@]}"; fi
 
     id postgres >/dev/null 2>&1 ||
@@ -418,6 +425,8 @@ ensure_kafka_jars() {
     fi
     rm -rf "$KAFKA_JARS"
     mkdir -p "$KAFKA_JARS"
+    command -v mvn >/dev/null 2>&1 ||
+        die "Maven (mvn) is not on PATH; install it (\`apt-get install maven\`) and rerun \`scripts/env.sh up\`"
     log "resolving Kafka $KAFKA_VERSION jars with Maven into $KAFKA_JARS"
     local mvn_log="$CACHE_ROOT/mvn-kafka-$KAFKA_VERSION.log"
     if ! (cd "$ROOT/scripts/kafka" && mvn -B -q -Dstyle.color=never -f pom.xml \
