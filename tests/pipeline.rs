@@ -23,7 +23,7 @@ fn payload(i: usize) -> String {
 async fn publishes_committed_rows_with_key_partition_headers_and_payload() {
     common::init_tracing();
     let fx = Fixture::new("happy").await;
-    let running = Running::start(fx.config());
+    let running = Running::start(fx.config()).await;
 
     let mut committed: Vec<(String, &str, &str, String)> = Vec::new();
     for i in 0..20 {
@@ -81,7 +81,7 @@ async fn publishes_committed_rows_with_key_partition_headers_and_payload() {
 async fn per_aggregate_order_holds_over_interleaved_multi_event_transactions() {
     common::init_tracing();
     let fx = Fixture::new("order").await;
-    let running = Running::start(fx.config());
+    let running = Running::start(fx.config()).await;
 
     let mut expected = 0;
     for t in 0..60 {
@@ -121,7 +121,7 @@ async fn graceful_restart_loses_nothing_and_duplicates_nothing() {
     let fx = Fixture::new("restart").await;
     let mut all = Vec::new();
 
-    let running = Running::start(fx.config());
+    let running = Running::start(fx.config()).await;
     for i in 0..30 {
         all.extend(fx.write_tx(&[("order", &format!("g{}", i % 4), payload(i))], true).await);
     }
@@ -133,7 +133,7 @@ async fn graceful_restart_loses_nothing_and_duplicates_nothing() {
     for i in 30..60 {
         all.extend(fx.write_tx(&[("order", &format!("g{}", i % 4), payload(i))], true).await);
     }
-    let running = Running::start(fx.config());
+    let running = Running::start(fx.config()).await;
     for i in 60..70 {
         all.extend(fx.write_tx(&[("order", &format!("g{}", i % 4), payload(i))], true).await);
     }
@@ -159,6 +159,7 @@ async fn kill_9_then_restart_loses_nothing() {
     let mut all = Vec::new();
 
     let mut child = spawn_binary(&config_path);
+    fx.wait_for_slot().await;
     // Events flow while the process is killed at some point mid-stream.
     for round in 0..3 {
         for i in 0..40 {
@@ -172,13 +173,11 @@ async fn kill_9_then_restart_loses_nothing() {
             );
         }
         tokio::time::sleep(Duration::from_millis(150 * round as u64)).await;
-        child.kill().expect("SIGKILL the connector");
-        let _ = child.wait();
+        child.kill9();
         child = spawn_binary(&config_path);
     }
     let records = consume(&fx.topic_prefix, all.len(), TIMEOUT, Duration::from_secs(3));
-    let _ = child.kill();
-    let _ = child.wait();
+    child.kill9();
 
     let seen: BTreeSet<&str> = records.iter().map(|r| r.header("event_id")).collect();
     let lost: Vec<&String> = all.iter().filter(|id| !seen.contains(id.as_str())).collect();
@@ -203,7 +202,7 @@ async fn kill_9_then_restart_loses_nothing() {
 async fn slot_advances_on_a_busy_database_without_outbox_traffic() {
     common::init_tracing();
     let fx = Fixture::new("idle").await;
-    let running = Running::start(fx.config());
+    let running = Running::start(fx.config()).await;
     eventually("the connector to create its slot and stream", TIMEOUT, || async {
         fx.slot_confirmed_flush().await.is_some()
             && running.metrics.connected.load(std::sync::atomic::Ordering::Relaxed) == 1
@@ -241,7 +240,7 @@ async fn slot_advances_on_a_busy_database_without_outbox_traffic() {
 async fn refuses_to_start_when_the_slot_was_dropped_and_recreated() {
     common::init_tracing();
     let fx = Fixture::new("lost").await;
-    let running = Running::start(fx.config());
+    let running = Running::start(fx.config()).await;
     fx.write_tx(&[("order", "l1", payload(1))], true).await;
     consume(&fx.topic_prefix, 1, TIMEOUT, Duration::from_millis(200));
     running.stop().await.expect("graceful stop");
@@ -251,7 +250,7 @@ async fn refuses_to_start_when_the_slot_was_dropped_and_recreated() {
         .execute("SELECT pg_drop_replication_slot($1)", &[&fx.slot])
         .await
         .unwrap();
-    let err = Running::start(fx.config())
+    let err = Running::spawn(fx.config(), RunOptions::default())
         .finished(TIMEOUT)
         .await
         .expect_err("start must be refused when the slot is gone");
@@ -267,7 +266,7 @@ async fn refuses_to_start_when_the_slot_was_dropped_and_recreated() {
         .execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&fx.slot])
         .await
         .unwrap();
-    let err = Running::start(fx.config())
+    let err = Running::spawn(fx.config(), RunOptions::default())
         .finished(TIMEOUT)
         .await
         .expect_err("start must be refused when the slot was recreated");
@@ -281,7 +280,7 @@ async fn refuses_to_start_when_the_slot_was_dropped_and_recreated() {
         .execute("SELECT pg_drop_replication_slot($1)", &[&fx.slot])
         .await
         .unwrap();
-    let running = Running::start_with(fx.config(), RunOptions { recreate_slot: true });
+    let running = Running::spawn(fx.config(), RunOptions { recreate_slot: true });
     eventually("the recreated slot to be active", TIMEOUT, || async {
         running.metrics.connected.load(std::sync::atomic::Ordering::Relaxed) == 1
     })
@@ -298,7 +297,7 @@ async fn refuses_an_offset_stored_for_another_cluster() {
         let store = OffsetStore::open(&fx.offsets_path()).unwrap();
         store.persist(&fx.slot, Lsn::new(1), "1234567890").unwrap();
     }
-    let err = Running::start(fx.config())
+    let err = Running::spawn(fx.config(), RunOptions::default())
         .finished(TIMEOUT)
         .await
         .expect_err("start must be refused for another cluster's offset");

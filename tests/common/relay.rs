@@ -168,6 +168,15 @@ max_backoff_ms = 2000
         if commit { ids } else { Vec::new() }
     }
 
+    /// Waits until the slot exists (a connector process created it).
+    pub async fn wait_for_slot(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.slot_confirmed_flush().await.is_none() {
+            assert!(Instant::now() < deadline, "slot {} was not created within 60 s", self.slot);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub async fn slot_confirmed_flush(&self) -> Option<String> {
         let row = self
             .admin
@@ -223,23 +232,28 @@ pub struct Running {
 }
 
 impl Running {
-    pub fn start(config: Config) -> Running {
-        Running::start_with(config, RunOptions::default())
+    /// Starts the connector and waits until it streams (so that its slot
+    /// exists before the test writes: a slot only sees changes made after it).
+    pub async fn start(config: Config) -> Running {
+        let running = Running::spawn(config, RunOptions::default());
+        running.wait_streaming().await;
+        running
     }
 
-    pub fn start_with(config: Config, options: RunOptions) -> Running {
+    /// Starts the connector without waiting (for starts that must be refused).
+    pub fn spawn(config: Config, options: RunOptions) -> Running {
         let metrics = Arc::new(Metrics::default());
         let (stop, stop_rx) = watch::channel(false);
-        let handle = tokio::spawn(pipeline::run(
-            Arc::new(config),
-            options,
-            metrics.clone(),
-            stop_rx,
-        ));
-        Running {
-            metrics,
-            stop,
-            handle,
+        let handle = tokio::spawn(pipeline::run(Arc::new(config), options, metrics.clone(), stop_rx));
+        Running { metrics, stop, handle }
+    }
+
+    pub async fn wait_streaming(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.metrics.connected.load(std::sync::atomic::Ordering::Relaxed) != 1 {
+            assert!(!self.handle.is_finished(), "the connector stopped before streaming");
+            assert!(Instant::now() < deadline, "the connector did not start streaming within 60 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -261,15 +275,42 @@ impl Running {
     }
 }
 
-/// Runs the real binary with `config` as a child process.
-pub fn spawn_binary(config: &Path) -> std::process::Child {
-    std::process::Command::new(env!("CARGO_BIN_EXE_outbox-cdc"))
+/// The real binary running as a child process; killed (SIGKILL) when dropped,
+/// so a failing test leaves nothing behind.
+pub struct ChildProcess(std::process::Child);
+
+impl ChildProcess {
+    /// SIGKILL, like `kill -9`, and reap.
+    pub fn kill9(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Runs the real binary with `config`; its log goes to `<config dir>/connector.log`.
+pub fn spawn_binary(config: &Path) -> ChildProcess {
+    let log_path = config.with_file_name("connector.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .expect("open connector log");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-cdc"))
         .args(["run", "--config"])
         .arg(config)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
+        .stderr(log)
         .spawn()
-        .expect("spawn outbox-cdc")
+        .expect("spawn outbox-cdc");
+    ChildProcess(child)
 }
 
 /// Reads every record of topics matching `^<prefix>\.` until `expected`
