@@ -8,6 +8,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod failpoint;
 pub mod http;
 pub mod metrics;
 pub mod outbox;

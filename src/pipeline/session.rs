@@ -187,6 +187,7 @@ impl<'a> Session<'a> {
                     lsn: wal_start,
                     source,
                 })?;
+                crate::failpoint!("after-receive");
                 self.on_message(wal_start, message).await
             }
             ReplicationEvent::Keepalive { wal_end, .. } => {
@@ -334,6 +335,7 @@ impl<'a> Session<'a> {
             lsn,
             source,
         })?;
+        crate::failpoint!("after-produce-before-ack");
         self.metrics
             .in_flight_events
             .store(self.tracker.in_flight_events() as u64, Ordering::Relaxed);
@@ -353,6 +355,7 @@ impl<'a> Session<'a> {
                 if self.tracker.delivered(token).is_some() {
                     self.mark_dirty();
                 }
+                crate::failpoint!("after-ack-before-persist");
                 Ok(())
             }
             Err(source) => {
@@ -401,6 +404,7 @@ impl<'a> Session<'a> {
             return Ok(());
         }
         let durable = tokio::task::block_in_place(|| self.store.persist(&self.config.postgres.slot, acked, &self.system_id))?;
+        crate::failpoint!("after-persist-before-status-update");
         self.feedback.set_flushed(durable.lsn());
         self.metrics.set_acked(durable.lsn());
         self.durable = durable;
@@ -429,6 +433,7 @@ impl<'a> Session<'a> {
                 Ok(None) | Err(_) => break,
             }
         }
+        crate::failpoint!("during-shutdown");
         self.persist()?;
         info!(acked = %self.durable.lsn(), "final acknowledged position persisted");
         if let Err(e) = stream.shutdown().await {
