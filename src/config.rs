@@ -73,6 +73,8 @@ pub struct Config {
     pub http: HttpSettings,
     #[serde(default)]
     pub retry: RetrySettings,
+    #[serde(default)]
+    pub monitor: MonitorSettings,
 }
 
 /// `[postgres]`: the source database and its replication slot.
@@ -218,6 +220,51 @@ impl RetrySettings {
     }
 }
 
+/// `[monitor]`: the slot-lag poller and the optional heartbeat.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MonitorSettings {
+    /// How often `pg_replication_slots` and `pg_current_wal_lsn()` are polled for
+    /// the slot gauges, in milliseconds. Default 5000.
+    #[serde(default = "default_slot_poll_interval_ms")]
+    pub slot_poll_interval_ms: u64,
+    /// Every this many milliseconds, `SELECT pg_logical_emit_message(false, <prefix>, now()::text)`
+    /// writes a small WAL record into this database, so something reaches the
+    /// connector and the slot advances while the outbox is quiet. Default 0: off.
+    #[serde(default)]
+    pub heartbeat_interval_ms: u64,
+    /// Prefix of the heartbeat messages. Default `outbox-cdc-heartbeat`.
+    #[serde(default = "default_heartbeat_prefix")]
+    pub heartbeat_prefix: String,
+}
+
+impl Default for MonitorSettings {
+    fn default() -> Self {
+        MonitorSettings {
+            slot_poll_interval_ms: default_slot_poll_interval_ms(),
+            heartbeat_interval_ms: 0,
+            heartbeat_prefix: default_heartbeat_prefix(),
+        }
+    }
+}
+
+impl MonitorSettings {
+    pub fn slot_poll_interval(&self) -> Duration {
+        Duration::from_millis(self.slot_poll_interval_ms)
+    }
+    /// `None` when the heartbeat is off.
+    pub fn heartbeat_interval(&self) -> Option<Duration> {
+        (self.heartbeat_interval_ms > 0).then(|| Duration::from_millis(self.heartbeat_interval_ms))
+    }
+}
+
+fn default_slot_poll_interval_ms() -> u64 {
+    5_000
+}
+fn default_heartbeat_prefix() -> String {
+    "outbox-cdc-heartbeat".into()
+}
+
 fn default_slot() -> String {
     "outbox_cdc".into()
 }
@@ -346,13 +393,7 @@ impl Config {
                 format!("between 1 and retry.max_backoff_ms ({})", retry.max_backoff_ms),
             ));
         }
-        if self.outbox.on_poison == crate::outbox::PoisonPolicy::DeadLetter {
-            return Err(ConfigError::invalid(
-                "outbox.on_poison",
-                "dead-letter",
-                "\"fail\" (the dead-letter policy is not implemented yet in this version)",
-            ));
-        }
+        self.monitor.validate(&self.outbox.message_prefix)?;
         self.outbox.validate().map_err(|e| ConfigError::Invalid {
             key: e.key.clone(),
             value: e.value.clone(),
@@ -374,6 +415,34 @@ impl Config {
                     allowed: other.to_string(),
                 });
             }
+        }
+        Ok(())
+    }
+}
+
+impl MonitorSettings {
+    fn validate(&self, message_prefix: &str) -> Result<(), ConfigError> {
+        if !(100..=3_600_000).contains(&self.slot_poll_interval_ms) {
+            return Err(ConfigError::invalid(
+                "monitor.slot_poll_interval_ms",
+                self.slot_poll_interval_ms,
+                "100 to 3600000",
+            ));
+        }
+        if self.heartbeat_interval_ms != 0 && !(100..=3_600_000).contains(&self.heartbeat_interval_ms) {
+            return Err(ConfigError::invalid(
+                "monitor.heartbeat_interval_ms",
+                self.heartbeat_interval_ms,
+                "0 (off) or 100 to 3600000",
+            ));
+        }
+        // A heartbeat that shared the event prefix would read as a (malformed) event.
+        if self.heartbeat_prefix.is_empty() || self.heartbeat_prefix == message_prefix {
+            return Err(ConfigError::invalid(
+                "monitor.heartbeat_prefix",
+                &self.heartbeat_prefix,
+                "a non-empty prefix different from outbox.message_prefix",
+            ));
         }
         Ok(())
     }
@@ -597,6 +666,28 @@ mod tests {
         let err = parse(MINIMAL, &[("OUTBOX_CDC__POSTGRES__SLOT", "Bad-Slot")]).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("Bad-Slot") && text.contains("a-z"), "{text}");
+    }
+
+    #[test]
+    fn monitor_section_defaults_and_bounds() {
+        let c = parse(MINIMAL, &[]).unwrap();
+        assert_eq!(c.monitor.slot_poll_interval_ms, 5_000);
+        assert_eq!(c.monitor.heartbeat_interval(), None);
+        assert_eq!(c.monitor.heartbeat_prefix, "outbox-cdc-heartbeat");
+        let on = parse(MINIMAL, &[("OUTBOX_CDC__MONITOR__HEARTBEAT_INTERVAL_MS", "1000")]).unwrap();
+        assert_eq!(on.monitor.heartbeat_interval(), Some(Duration::from_secs(1)));
+        let cases: &[(&str, &str)] = &[
+            ("OUTBOX_CDC__MONITOR__SLOT_POLL_INTERVAL_MS", "0"),
+            ("OUTBOX_CDC__MONITOR__HEARTBEAT_INTERVAL_MS", "5"),
+            ("OUTBOX_CDC__MONITOR__HEARTBEAT_PREFIX", ""),
+        ];
+        for (var, value) in cases {
+            let err = parse(MINIMAL, &[(var, value)]).unwrap_err();
+            assert!(invalid_key(err).starts_with("monitor."), "{var}={value}");
+        }
+        let same = MINIMAL.replace("[kafka]", "[outbox]\nmessage_prefix = \"hb\"\n[kafka]");
+        let err = parse(&same, &[("OUTBOX_CDC__MONITOR__HEARTBEAT_PREFIX", "hb")]).unwrap_err();
+        assert_eq!(invalid_key(err), "monitor.heartbeat_prefix");
     }
 
     #[test]

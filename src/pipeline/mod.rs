@@ -10,6 +10,7 @@
 //! - any delivery failure stops the session without advancing; the next
 //!   session starts from the durable acked LSN, after a backoff with jitter.
 
+mod poison;
 mod resume;
 mod session;
 
@@ -78,6 +79,16 @@ pub enum PipelineError {
         #[source]
         source: SinkError,
     },
+    #[error(
+        "Kafka refused event at LSN {lsn} for good ({reason}); aggregate {aggregate_type}/{aggregate_id} is parked \
+         and the stream restarts from the durable LSN to dead-letter it"
+    )]
+    Parked {
+        aggregate_type: String,
+        aggregate_id: String,
+        lsn: Lsn,
+        reason: String,
+    },
     #[error("the replication stream ended (server closed the copy)")]
     StreamEnded,
 }
@@ -90,7 +101,7 @@ impl PipelineError {
             PipelineError::Sink(e) => !e.is_poison(),
             PipelineError::Store(e) => e.is_retryable(),
             PipelineError::Delivery { source, .. } => !source.is_poison(),
-            PipelineError::StreamEnded => true,
+            PipelineError::StreamEnded | PipelineError::Parked { .. } => true,
             PipelineError::Refused(_)
             | PipelineError::Decode { .. }
             | PipelineError::Protocol { .. }

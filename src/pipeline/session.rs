@@ -12,22 +12,27 @@ use tracing::{debug, info, warn};
 use crate::checkpoint::{AckTracker, DurableLsn, EventToken, OffsetStore};
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::outbox::{BoundRelation, ChangeContext, OutboxEvent, OutboxMapper};
+use crate::outbox::{BoundRelation, ChangeContext, OutboxMapper};
 use crate::pg::QualifiedTable;
 use crate::pg::control;
 use crate::pg::{FeedbackHandle, Lsn, PgConnectConfig, PgTimestamp, ReplicationConnection, ReplicationEvent};
 use crate::pgoutput::{self, Message, RelationCache};
 use crate::sink::{DeliveryReport, KafkaSink};
 
+use super::poison::{PoisonPolicyRouter, Route, row_as_json};
 use super::resume::{self, ResumeInputs, ResumePlan};
 use super::{PipelineError, RunOptions};
 
 /// What travels with each record through librdkafka and comes back in its report.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub(crate) struct InFlight {
     token: EventToken,
     commit_time: PgTimestamp,
     lsn: Lsn,
+    /// Moved out of the event (the sink does not read them): what a broker-side
+    /// poison failure parks under the dead-letter policy.
+    aggregate_type: String,
+    aggregate_id: String,
 }
 
 /// The transaction being received.
@@ -52,6 +57,7 @@ pub(crate) struct Session<'a> {
     bound: HashMap<u32, BoundRelation>,
     open: Option<OpenTx>,
     skip_through: Lsn,
+    poison: PoisonPolicyRouter,
     /// Set when the tracker advanced past `durable`.
     dirty_since: Option<Instant>,
 }
@@ -145,6 +151,7 @@ impl<'a> Session<'a> {
             bound: HashMap::new(),
             open: None,
             skip_through,
+            poison: PoisonPolicyRouter::new(&config.outbox),
             dirty_since: None,
         };
         session.stream_loop(stream, shutdown).await
@@ -273,7 +280,10 @@ impl<'a> Session<'a> {
                 };
                 let commit_time = tx.commit_time;
                 let mapped = self.mapper.map_insert(bound, &insert.new, &ctx);
-                self.publish(mapped, lsn, commit_time).await?;
+                let relation = self.relations.get(insert.relation_oid);
+                let raw = || row_as_json(relation, &insert.new);
+                let route = self.poison.route(mapped, raw, self.store, lsn, commit_time)?;
+                self.publish(route, lsn, commit_time).await?;
             }
             Message::Message(msg) => {
                 let Some(tx) = self.open.as_ref() else {
@@ -287,13 +297,16 @@ impl<'a> Session<'a> {
                     commit_time: tx.commit_time,
                 };
                 let (replayed, commit_time) = (tx.replayed, tx.commit_time);
-                match self.mapper.map_message(&msg, &ctx) {
-                    Ok(None) => {}
-                    Ok(Some(_)) | Err(_) if replayed => {
+                match self.mapper.map_message(&msg, &ctx).transpose() {
+                    None => {}
+                    Some(_) if replayed => {
                         self.metrics.events_deduplicated.fetch_add(1, Ordering::Relaxed);
                     }
-                    Ok(Some(event)) => self.publish(Ok(event), lsn, commit_time).await?,
-                    Err(e) => self.publish(Err(e), lsn, commit_time).await?,
+                    Some(mapped) => {
+                        let raw = || msg.content.clone();
+                        let route = self.poison.route(mapped, raw, self.store, lsn, commit_time)?;
+                        self.publish(route, lsn, commit_time).await?;
+                    }
                 }
             }
             // Updates, deletes and truncates of the outbox table are not events
@@ -303,23 +316,14 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    /// Sends one mapped row (or applies the poison policy) in commit order.
-    async fn publish(
-        &mut self,
-        mapped: Result<OutboxEvent, crate::outbox::MapError>,
-        lsn: Lsn,
-        commit_time: PgTimestamp,
-    ) -> Result<(), PipelineError> {
-        let event = match mapped {
-            Ok(event) => event,
-            Err(source) if source.is_poison() => {
-                return Err(PipelineError::Poison {
-                    event_id: source.event_id().unwrap_or("unknown").to_owned(),
-                    lsn,
-                    reason: source.to_string(),
-                });
+    /// Sends one routed record, in commit order.
+    async fn publish(&mut self, route: Route, lsn: Lsn, commit_time: PgTimestamp) -> Result<(), PipelineError> {
+        let mut event = match route {
+            Route::Publish(event) => event,
+            Route::DeadLetter(event) => {
+                self.metrics.events_dead_lettered.fetch_add(1, Ordering::Relaxed);
+                event
             }
-            Err(source) => return Err(PipelineError::Mapping { lsn, source }),
         };
         let token = self
             .tracker
@@ -329,6 +333,8 @@ impl<'a> Session<'a> {
             token,
             commit_time,
             lsn,
+            aggregate_type: std::mem::take(&mut event.aggregate_type),
+            aggregate_id: std::mem::take(&mut event.aggregate_id),
         };
         self.sink.send(&event, in_flight).await.map_err(|source| PipelineError::Delivery {
             event_id: event.event_id.clone(),
@@ -346,7 +352,13 @@ impl<'a> Session<'a> {
     }
 
     fn on_report(&mut self, report: DeliveryReport<InFlight>) -> Result<(), PipelineError> {
-        let InFlight { token, commit_time, lsn } = report.token;
+        let InFlight {
+            token,
+            commit_time,
+            lsn,
+            aggregate_type,
+            aggregate_id,
+        } = report.token;
         match report.result {
             Ok(_) => {
                 self.metrics.events_published.fetch_add(1, Ordering::Relaxed);
@@ -357,6 +369,20 @@ impl<'a> Session<'a> {
                 }
                 crate::failpoint!("after-ack-before-persist");
                 Ok(())
+            }
+            Err(source) if source.is_poison() && self.poison.dead_letters() && !aggregate_id.is_empty() => {
+                // Later events of this aggregate may already be in flight: park it,
+                // end the session, and replay from the durable LSN, where this
+                // event and every later one of its aggregate go to the dead-letter topic.
+                self.metrics.events_failed.fetch_add(1, Ordering::Relaxed);
+                let reason = source.to_string();
+                self.store.park(&aggregate_type, &aggregate_id, &reason, lsn)?;
+                Err(PipelineError::Parked {
+                    aggregate_type,
+                    aggregate_id,
+                    lsn,
+                    reason,
+                })
             }
             Err(source) => {
                 self.metrics.events_failed.fetch_add(1, Ordering::Relaxed);
@@ -449,3 +475,4 @@ fn protocol(lsn: Lsn, what: impl std::fmt::Display) -> PipelineError {
         what: what.to_string(),
     }
 }
+

@@ -1,0 +1,253 @@
+//! The poison policy (DESIGN.md §7): what happens to a row that cannot become
+//! a record, or a record the broker refuses for good.
+//!
+//! `fail`: the session stops with the event id, LSN and reason; nothing after
+//! it is acknowledged, so a fixed row or config resumes exactly there.
+//! `dead-letter`: the record goes to the dead-letter topic with the reason, and
+//! its aggregate is parked in the offset store; every later event of a parked
+//! aggregate follows it to the dead-letter topic, in order, until an operator
+//! runs `outbox-cdc release`. Order inside the main topic is never silently
+//! broken: an aggregate's events after a poison one never reach it.
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+
+use crate::checkpoint::OffsetStore;
+use crate::outbox::{MapError, OutboxEvent, OutboxSettings, PoisonPolicy};
+use crate::pg::{Lsn, PgTimestamp};
+use crate::pgoutput::{ColumnValue, Relation, TupleData};
+
+use super::PipelineError;
+
+/// Header names added to dead-lettered records.
+pub(crate) const H_DLQ_REASON: &str = "dlq_reason";
+pub(crate) const H_DLQ_ORIGINAL_TOPIC: &str = "dlq_original_topic";
+
+/// Where one mapped (or unmappable) row goes.
+pub(crate) enum Route {
+    Publish(OutboxEvent),
+    DeadLetter(OutboxEvent),
+}
+
+pub(crate) struct PoisonPolicyRouter {
+    policy: PoisonPolicy,
+    dead_letter_topic: String,
+}
+
+impl PoisonPolicyRouter {
+    pub(crate) fn new(settings: &OutboxSettings) -> PoisonPolicyRouter {
+        PoisonPolicyRouter {
+            policy: settings.on_poison,
+            dead_letter_topic: settings.dead_letter_topic.clone(),
+        }
+    }
+
+    pub(crate) fn dead_letters(&self) -> bool {
+        self.policy == PoisonPolicy::DeadLetter
+    }
+
+    /// Applies the policy to one mapping result. `raw` is what a dead-letter
+    /// record carries when mapping failed (the row as JSON, or the message).
+    pub(crate) fn route(
+        &self,
+        mapped: Result<OutboxEvent, MapError>,
+        raw: impl FnOnce() -> Bytes,
+        store: &OffsetStore,
+        lsn: Lsn,
+        commit_time: PgTimestamp,
+    ) -> Result<Route, PipelineError> {
+        match mapped {
+            Ok(event) => {
+                if self.dead_letters() && store.is_parked(&event.aggregate_type, &event.aggregate_id)? {
+                    let reason = format!(
+                        "aggregate {}/{} is parked after an earlier poison event; release it with `outbox-cdc release`",
+                        event.aggregate_type, event.aggregate_id
+                    );
+                    return Ok(Route::DeadLetter(self.redirect(event, &reason)));
+                }
+                Ok(Route::Publish(event))
+            }
+            Err(source) if !source.is_poison() => Err(PipelineError::Mapping { lsn, source }),
+            Err(source) if !self.dead_letters() => Err(PipelineError::Poison {
+                event_id: source.event_id().unwrap_or("unknown").to_owned(),
+                lsn,
+                reason: source.to_string(),
+            }),
+            Err(source) => {
+                let reason = source.to_string();
+                if let Some((agg_type, agg_id)) = source.aggregate() {
+                    store.park(agg_type, agg_id, &reason, lsn)?;
+                }
+                Ok(Route::DeadLetter(self.unmappable(&source, raw(), lsn, commit_time, &reason)))
+            }
+        }
+    }
+
+    /// The same record, sent to the dead-letter topic with the reason.
+    fn redirect(&self, mut event: OutboxEvent, reason: &str) -> OutboxEvent {
+        let original = std::mem::replace(&mut event.topic, self.dead_letter_topic.clone());
+        event
+            .headers
+            .push((Cow::Borrowed(H_DLQ_REASON), Bytes::from(reason.to_owned())));
+        event
+            .headers
+            .push((Cow::Borrowed(H_DLQ_ORIGINAL_TOPIC), Bytes::from(original)));
+        event
+    }
+
+    /// A record for a row that could not be mapped: what is known of it.
+    fn unmappable(&self, source: &MapError, raw: Bytes, lsn: Lsn, commit_time: PgTimestamp, reason: &str) -> OutboxEvent {
+        let row = source.row();
+        let text = |v: Option<&Option<String>>| v.and_then(|s| s.clone()).unwrap_or_default();
+        let event_id = text(row.map(|r| &r.event_id));
+        let aggregate_type = text(row.map(|r| &r.aggregate_type));
+        let aggregate_id = text(row.map(|r| &r.aggregate_id));
+        let mut headers: Vec<(Cow<'static, str>, Bytes)> = Vec::with_capacity(5);
+        for (name, value) in [
+            ("event_id", &event_id),
+            ("aggregate_type", &aggregate_type),
+            ("aggregate_id", &aggregate_id),
+        ] {
+            if !value.is_empty() {
+                headers.push((Cow::Borrowed(name), Bytes::from(value.clone())));
+            }
+        }
+        headers.push((Cow::Borrowed("lsn"), Bytes::from(lsn.to_string())));
+        headers.push((Cow::Borrowed(H_DLQ_REASON), Bytes::from(reason.to_owned())));
+        OutboxEvent {
+            topic: self.dead_letter_topic.clone(),
+            key: Bytes::from(if aggregate_id.is_empty() { event_id.clone() } else { aggregate_id.clone() }),
+            payload: raw,
+            headers,
+            timestamp_ms: commit_time.unix_millis(),
+            event_id: if event_id.is_empty() { format!("unknown@{lsn}") } else { event_id },
+            aggregate_type,
+            aggregate_id,
+            lsn,
+        }
+    }
+}
+
+/// A row as a JSON object of its columns' text values, for dead-letter records.
+pub(crate) fn row_as_json(relation: Option<&Relation>, tuple: &TupleData) -> Bytes {
+    let mut object = serde_json::Map::new();
+    for (i, value) in tuple.columns.iter().enumerate() {
+        let name = relation
+            .and_then(|r| r.columns.get(i))
+            .map_or_else(|| format!("column_{i}"), |c| c.name.clone());
+        let json = match value {
+            ColumnValue::Null => serde_json::Value::Null,
+            ColumnValue::UnchangedToast => serde_json::Value::String("(unchanged TOAST value, not sent)".into()),
+            ColumnValue::Text(b) => serde_json::Value::String(String::from_utf8_lossy(b).into_owned()),
+            ColumnValue::Binary(b) => serde_json::Value::String(format!("(binary, {} bytes)", b.len())),
+        };
+        object.insert(name, json);
+    }
+    Bytes::from(serde_json::Value::Object(object).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outbox::RowRef;
+
+    fn settings(policy: &str) -> OutboxSettings {
+        let text = format!("on_poison = \"{policy}\"\ndead_letter_topic = \"dlq\"\n");
+        toml::from_str(&text).unwrap()
+    }
+
+    fn poison() -> MapError {
+        MapError::NullColumn {
+            column: "payload".into(),
+            at: Box::new(RowRef {
+                source: "public.outbox_events".into(),
+                lsn: Lsn::new(42),
+                event_id: Some("e1".into()),
+                aggregate_type: Some("order".into()),
+                aggregate_id: Some("o1".into()),
+            }),
+        }
+    }
+
+    fn event(agg_id: &str) -> OutboxEvent {
+        OutboxEvent {
+            topic: "outbox.event.order".into(),
+            key: Bytes::from(agg_id.to_owned()),
+            payload: Bytes::from_static(b"{}"),
+            headers: vec![(Cow::Borrowed("event_id"), Bytes::from_static(b"e2"))],
+            timestamp_ms: 0,
+            event_id: "e2".into(),
+            aggregate_type: "order".into(),
+            aggregate_id: agg_id.into(),
+            lsn: Lsn::new(50),
+        }
+    }
+
+    #[test]
+    fn fail_policy_stops_with_event_id_and_lsn() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        let router = PoisonPolicyRouter::new(&settings("fail"));
+        let err = router
+            .route(Err(poison()), Bytes::new, &store, Lsn::new(42), PgTimestamp(0))
+            .err()
+            .expect("fail policy must stop");
+        assert!(matches!(&err, PipelineError::Poison { event_id, .. } if event_id == "e1"), "{err}");
+        assert!(!err.is_retryable());
+    }
+
+    #[test]
+    fn dead_letter_policy_parks_the_aggregate_and_redirects_its_later_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        let router = PoisonPolicyRouter::new(&settings("dead-letter"));
+        let raw = || Bytes::from_static(b"{\"payload\":null}");
+        let Route::DeadLetter(dlq) = router
+            .route(Err(poison()), raw, &store, Lsn::new(42), PgTimestamp(0))
+            .unwrap()
+        else {
+            panic!("poison row must be dead-lettered");
+        };
+        assert_eq!(dlq.topic, "dlq");
+        assert_eq!(dlq.key.as_ref(), b"o1");
+        assert_eq!(dlq.payload.as_ref(), b"{\"payload\":null}");
+        assert!(dlq.headers.iter().any(|(k, v)| k == H_DLQ_REASON && v.starts_with(b"public.outbox_events")));
+        assert!(store.is_parked("order", "o1").unwrap());
+
+        // A later, valid event of the parked aggregate follows it.
+        let Route::DeadLetter(later) = router
+            .route(Ok(event("o1")), Bytes::new, &store, Lsn::new(50), PgTimestamp(0))
+            .unwrap()
+        else {
+            panic!("events of a parked aggregate must be dead-lettered");
+        };
+        assert_eq!(later.topic, "dlq");
+        assert!(later
+            .headers
+            .iter()
+            .any(|(k, v)| k == H_DLQ_ORIGINAL_TOPIC && v.as_ref() == b"outbox.event.order"));
+
+        // Other aggregates are unaffected; a released one flows again.
+        assert!(matches!(
+            router.route(Ok(event("o2")), Bytes::new, &store, Lsn::new(51), PgTimestamp(0)).unwrap(),
+            Route::Publish(_)
+        ));
+        store.release("order", "o1").unwrap();
+        assert!(matches!(
+            router.route(Ok(event("o1")), Bytes::new, &store, Lsn::new(52), PgTimestamp(0)).unwrap(),
+            Route::Publish(_)
+        ));
+    }
+
+    #[test]
+    fn rows_render_as_json_objects() {
+        let json = row_as_json(
+            None,
+            &TupleData {
+                columns: vec![ColumnValue::Null, ColumnValue::Text(Bytes::from_static(b"x"))],
+            },
+        );
+        assert_eq!(json.as_ref(), br#"{"column_0":null,"column_1":"x"}"#);
+    }
+}

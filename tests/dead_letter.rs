@@ -1,0 +1,73 @@
+//! The dead-letter poison policy end to end: a poison row goes to the
+//! dead-letter topic with its reason, its aggregate is parked so later events
+//! of that aggregate follow it there in order, other aggregates flow on, and a
+//! released aggregate flows to its topic again.
+
+mod common;
+
+use std::time::Duration;
+
+use common::relay::{Fixture, Running, consume};
+use outbox_cdc::checkpoint::OffsetStore;
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_rows_are_dead_lettered_and_park_their_aggregate_until_released() {
+    common::init_tracing();
+    let fx = Fixture::new("dlq").await;
+    let dlq_topic = format!("{}.dlq", fx.topic_prefix);
+    let env = format!(
+        "OUTBOX_CDC__OUTBOX__ON_POISON=dead-letter OUTBOX_CDC__OUTBOX__DEAD_LETTER_TOPIC={dlq_topic} \
+         OUTBOX_CDC__OUTBOX__MAX_RECORD_BYTES=2000"
+    );
+    let running = Running::start(fx.config_with(&env)).await;
+
+    let small = |n: usize| format!(r#"{{"n": {n}}}"#);
+    let huge = format!(r#"{{"blob": "{}"}}"#, "x".repeat(5000));
+    let ok_before = fx.write_tx(&[("order", "a1", small(1))], true).await;
+    let poison = fx.write_tx(&[("order", "a1", huge)], true).await;
+    let parked_later = fx.write_tx(&[("order", "a1", small(3))], true).await;
+    let other = fx.write_tx(&[("order", "a2", small(4))], true).await;
+
+    let records = consume(&fx.topic_prefix, 4, TIMEOUT, Duration::from_secs(2));
+    let find = |id: &str| {
+        records
+            .iter()
+            .find(|r| r.header("event_id") == id)
+            .unwrap_or_else(|| panic!("event {id} not published; got {records:#?}"))
+    };
+    assert_eq!(find(&ok_before[0]).topic, format!("{}.order", fx.topic_prefix));
+    assert_eq!(find(&other[0]).topic, format!("{}.order", fx.topic_prefix));
+
+    let p = find(&poison[0]);
+    assert_eq!(p.topic, dlq_topic, "the poison row goes to the dead-letter topic");
+    assert_eq!(p.key, "a1");
+    assert!(p.header("dlq_reason").contains("max_record_bytes"), "reason: {}", p.header("dlq_reason"));
+    let row: serde_json::Value = serde_json::from_str(&p.payload).expect("dead-letter payload is the row as JSON");
+    assert_eq!(row["aggregate_id"], "a1");
+
+    let later = find(&parked_later[0]);
+    assert_eq!(later.topic, dlq_topic, "later events of a parked aggregate follow it");
+    assert_eq!(later.header("dlq_original_topic"), format!("{}.order", fx.topic_prefix));
+    assert!(later.header("dlq_reason").contains("parked"));
+    assert!(running.metrics.events_dead_lettered.load(std::sync::atomic::Ordering::Relaxed) >= 2);
+    running.stop().await.expect("graceful stop");
+
+    // Release the aggregate (what `outbox-cdc release` does) and restart.
+    {
+        let store = OffsetStore::open(&fx.offsets_path()).unwrap();
+        assert!(store.is_parked("order", "a1").unwrap(), "the aggregate is parked in the store");
+        assert!(store.release("order", "a1").unwrap());
+    }
+    let running = Running::start(fx.config_with(&env)).await;
+    let released = fx.write_tx(&[("order", "a1", small(5))], true).await;
+    let records = consume(&fx.topic_prefix, 5, TIMEOUT, Duration::from_secs(2));
+    let r = records
+        .iter()
+        .find(|r| r.header("event_id") == released[0])
+        .expect("event after release published");
+    assert_eq!(r.topic, format!("{}.order", fx.topic_prefix), "a released aggregate flows to its topic again");
+    running.stop().await.expect("graceful stop");
+    fx.cleanup().await;
+}
