@@ -1,0 +1,188 @@
+//! The inbox transaction: dedupe row and business effect commit together.
+//!
+//! Per record, in ONE PostgreSQL transaction:
+//!   INSERT INTO <inbox> (consumer_name, event_id) ... ON CONFLICT DO NOTHING RETURNING
+//!   -- only when a row came back (first delivery):
+//!   INSERT INTO <effects> (event_id, order_id, sku, qty) ...
+//!   COMMIT
+//! A crash before COMMIT leaves neither; after COMMIT both, and the redelivered
+//! record finds the inbox row and changes nothing. Writing the two in separate
+//! transactions would reopen the dual-write gap the outbox closed upstream.
+
+use outbox_cdc::pg::{PgConnectConfig, PgError, QualifiedTable};
+use tokio_postgres::{Client, Statement};
+
+use crate::failpoint;
+use crate::record::InboxRecord;
+
+/// What one delivery did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// First delivery: the effect was applied.
+    Applied,
+    /// The inbox already held the event id: nothing changed.
+    Duplicate,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum InboxError {
+    #[error("cannot connect to PostgreSQL: {0}")]
+    Connect(#[from] PgError),
+    #[error("inbox transaction for event {event_id} ({place}) failed during {during}: {source}")]
+    Sql {
+        event_id: String,
+        place: String,
+        during: &'static str,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+}
+
+impl InboxError {
+    /// Lost connections, restarts, overload and serialization failures pass;
+    /// anything else (a missing table, a privilege) needs an operator.
+    pub(crate) fn is_retryable(&self) -> bool {
+        match self {
+            InboxError::Connect(e) => e.is_retryable(),
+            InboxError::Sql { source, .. } => {
+                if source.is_closed() {
+                    return true;
+                }
+                match source.code() {
+                    Some(code) => sqlstate_is_retryable(code.code()),
+                    // No SQLSTATE: the error came from the transport, not the server.
+                    None => source.as_db_error().is_none(),
+                }
+            }
+        }
+    }
+}
+
+/// Connection exceptions (08), insufficient resources (53), operator
+/// intervention (57P01-57P03), serialization failure and deadlock.
+fn sqlstate_is_retryable(code: &str) -> bool {
+    code.starts_with("08") || code.starts_with("53") || matches!(code, "57P01" | "57P02" | "57P03" | "40001" | "40P01")
+}
+
+struct Connected {
+    client: Client,
+    dedupe: Statement,
+    effect: Statement,
+}
+
+pub(crate) struct Inbox {
+    pg: PgConnectConfig,
+    consumer_name: String,
+    inbox_table: QualifiedTable,
+    effects_table: QualifiedTable,
+    conn: Option<Connected>,
+}
+
+impl Inbox {
+    pub(crate) fn new(
+        pg: PgConnectConfig,
+        consumer_name: String,
+        inbox_table: QualifiedTable,
+        effects_table: QualifiedTable,
+    ) -> Inbox {
+        Inbox {
+            pg,
+            consumer_name,
+            inbox_table,
+            effects_table,
+            conn: None,
+        }
+    }
+
+    /// Connects (if needed) and prepares the two statements.
+    pub(crate) async fn connect(&mut self) -> Result<(), InboxError> {
+        ensure_connected(&mut self.conn, &self.pg, &self.inbox_table, &self.effects_table).await?;
+        Ok(())
+    }
+
+    /// One record, one transaction. On error the connection is dropped (the
+    /// open transaction, if any, dies with it) and the caller may retry.
+    pub(crate) async fn apply(&mut self, rec: &InboxRecord) -> Result<Outcome, InboxError> {
+        let conn = ensure_connected(&mut self.conn, &self.pg, &self.inbox_table, &self.effects_table).await?;
+        let result = apply_in(conn, &self.consumer_name, rec).await;
+        if result.is_err() {
+            self.conn = None;
+        }
+        result
+    }
+}
+
+async fn ensure_connected<'c>(
+    conn: &'c mut Option<Connected>,
+    pg: &PgConnectConfig,
+    inbox_table: &QualifiedTable,
+    effects_table: &QualifiedTable,
+) -> Result<&'c mut Connected, InboxError> {
+    if conn.as_ref().is_some_and(|c| c.client.is_closed()) {
+        *conn = None;
+    }
+    if let Some(c) = conn {
+        return Ok(c);
+    }
+    let client = pg.connect_sql().await?;
+    let sql_err = |during, source| InboxError::Sql {
+        event_id: "-".into(),
+        place: "-".into(),
+        during,
+        source,
+    };
+    let dedupe = client
+        .prepare(&format!(
+            "INSERT INTO {inbox_table} (consumer_name, event_id) VALUES ($1, $2::text::uuid) \
+             ON CONFLICT DO NOTHING RETURNING event_id"
+        ))
+        .await
+        .map_err(|e| sql_err("prepare the inbox insert", e))?;
+    let effect = client
+        .prepare(&format!(
+            "INSERT INTO {effects_table} (event_id, order_id, sku, qty) VALUES ($1::text::uuid, $2, $3, $4)"
+        ))
+        .await
+        .map_err(|e| sql_err("prepare the effect insert", e))?;
+    Ok(conn.insert(Connected { client, dedupe, effect }))
+}
+
+async fn apply_in(conn: &mut Connected, consumer_name: &str, rec: &InboxRecord) -> Result<Outcome, InboxError> {
+    let err = |during: &'static str| {
+        move |source| InboxError::Sql {
+            event_id: rec.event_id.clone(),
+            place: rec.place.to_string(),
+            during,
+            source,
+        }
+    };
+    let tx = conn.client.transaction().await.map_err(err("BEGIN"))?;
+    let first = tx
+        .query_opt(&conn.dedupe, &[&consumer_name, &rec.event_id])
+        .await
+        .map_err(err("the inbox insert"))?
+        .is_some();
+    if first {
+        tx.execute(&conn.effect, &[&rec.event_id, &rec.order_id, &rec.sku, &rec.qty])
+            .await
+            .map_err(err("the effect insert"))?;
+    }
+    failpoint::hit("before-business-commit");
+    tx.commit().await.map_err(err("COMMIT"))?;
+    Ok(if first { Outcome::Applied } else { Outcome::Duplicate })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sqlstate_is_retryable;
+
+    #[test]
+    fn sqlstate_classes() {
+        for code in ["08006", "08001", "57P01", "57P03", "53300", "40001", "40P01"] {
+            assert!(sqlstate_is_retryable(code), "{code}");
+        }
+        for code in ["42P01", "42501", "23505", "22P02", "28P01"] {
+            assert!(!sqlstate_is_retryable(code), "{code}");
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! Reference idempotent consumer of the outbox topics (the inbox pattern).
+//!
+//! Reads every topic matching a regex in a consumer group, with automatic
+//! offset commits OFF. Per record: one PostgreSQL transaction inserts
+//! (consumer_name, event_id) into the inbox with ON CONFLICT DO NOTHING and,
+//! only when that inserted a row, applies the business effect (a demo
+//! inventory reservation); it commits; only then the record's Kafka offset is
+//! committed (synchronously). A crash anywhere redelivers at most the records
+//! after the last committed offset, and the inbox turns each redelivery into a
+//! no-op: at-least-once delivery, effectively-once effect.
+//!
+//! This covers effects in the consumer's own database only. A call to another
+//! system (a payment provider, an e-mail service) cannot join this
+//! transaction: pass `event_id` to it as the idempotency key instead.
+//!
+//! Crash points for the chaos tests: see `failpoint.rs`.
+
+mod failpoint;
+mod inbox;
+mod record;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use outbox_cdc::pg::{PgConnectConfig, QualifiedTable};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use tracing::{debug, error, info, warn};
+
+use inbox::{Inbox, Outcome};
+use record::{InboxRecord, Place};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "reference-consumer",
+    about = "Idempotent consumer of the outbox topics: inbox row and business effect in one PostgreSQL transaction, Kafka offset committed after"
+)]
+struct Args {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "CONSUMER_BOOTSTRAP_SERVERS", default_value = "127.0.0.1:19092")]
+    bootstrap_servers: String,
+    /// PostgreSQL connection string (URL or key=value) of the consumer's database.
+    #[arg(long, env = "CONSUMER_PG_URL")]
+    pg_url: String,
+    /// Kafka consumer group.
+    #[arg(long, env = "CONSUMER_GROUP", default_value = "inventory")]
+    group: String,
+    /// Static group membership (`group.instance.id`): a restarted instance takes
+    /// its partitions back at once instead of waiting for the session timeout.
+    #[arg(long, env = "CONSUMER_INSTANCE_ID")]
+    instance_id: Option<String>,
+    /// The consumer's name in the inbox (one inbox serves several consumers).
+    #[arg(long, env = "CONSUMER_NAME", default_value = "inventory")]
+    consumer_name: String,
+    /// Topics to read: a regular expression (librdkafka syntax, must start with `^`).
+    #[arg(long, env = "CONSUMER_TOPIC_REGEX", default_value = r"^outbox\..*")]
+    topic_regex: String,
+    /// Inbox table: (consumer_name text, event_id uuid, PRIMARY KEY (consumer_name, event_id)).
+    #[arg(long, env = "CONSUMER_INBOX_TABLE", default_value = "public.processed_events")]
+    inbox_table: String,
+    /// Business effect table: (event_id uuid, order_id text, sku text, qty int).
+    #[arg(long, env = "CONSUMER_EFFECTS_TABLE", default_value = "public.inventory_reservations")]
+    effects_table: String,
+    /// Consumer session timeout, in milliseconds.
+    #[arg(long, env = "CONSUMER_SESSION_TIMEOUT_MS", default_value_t = 10_000)]
+    session_timeout_ms: u32,
+    /// How often new topics matching the regex are looked for, in milliseconds.
+    #[arg(long, env = "CONSUMER_METADATA_REFRESH_MS", default_value_t = 5_000)]
+    metadata_refresh_ms: u32,
+    /// Longest wait between retries of a failed PostgreSQL transaction or offset commit, in milliseconds.
+    #[arg(long, env = "CONSUMER_MAX_BACKOFF_MS", default_value_t = 5_000)]
+    max_backoff_ms: u64,
+    /// Extra librdkafka consumer settings, `key=value` (repeatable).
+    #[arg(long = "kafka", value_name = "KEY=VALUE")]
+    kafka: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e:#}");
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Counts for the final log line.
+#[derive(Default)]
+struct Counts {
+    applied: u64,
+    duplicates: u64,
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let pg = PgConnectConfig::parse(&args.pg_url).context("invalid --pg-url")?;
+    let inbox_table = QualifiedTable::parse(&args.inbox_table).context("invalid --inbox-table")?;
+    let effects_table = QualifiedTable::parse(&args.effects_table).context("invalid --effects-table")?;
+    if !args.topic_regex.starts_with('^') {
+        anyhow::bail!("invalid --topic-regex {:?}: librdkafka takes a pattern only when it starts with ^", args.topic_regex);
+    }
+    let max_backoff = Duration::from_millis(args.max_backoff_ms.max(1));
+    let mut inbox = Inbox::new(pg, args.consumer_name.clone(), inbox_table, effects_table);
+    // Before joining the group: a missing table or privilege stops us here.
+    let mut backoff = Duration::from_millis(100).min(max_backoff);
+    while let Err(e) = inbox.connect().await {
+        if !e.is_retryable() {
+            return Err(e).context("cannot prepare the inbox statements");
+        }
+        warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "PostgreSQL not reachable yet");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(max_backoff);
+    }
+    let consumer = make_consumer(&args)?;
+    consumer
+        .subscribe(&[args.topic_regex.as_str()])
+        .with_context(|| format!("cannot subscribe to {}", args.topic_regex))?;
+    info!(
+        group = %args.group,
+        consumer_name = %args.consumer_name,
+        topics = %args.topic_regex,
+        failpoint = failpoint::describe().as_deref().unwrap_or("none"),
+        "consuming"
+    );
+
+    let mut counts = Counts::default();
+    let mut stop = std::pin::pin!(wait_for_signal());
+    loop {
+        let message = tokio::select! {
+            biased;
+            _ = &mut stop => break,
+            message = consumer.recv() => message,
+        };
+        let message = match message {
+            Ok(m) => m,
+            Err(e) => {
+                // Broker outages and rebalances surface here; the client retries by itself.
+                warn!(error = %e, "Kafka consumer error");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        failpoint::hit("after-receive");
+        let rec = parse_message(&message).context("refusing to skip a record that cannot be deduplicated")?;
+        let outcome = apply_with_retry(&mut inbox, &rec, max_backoff).await?;
+        match outcome {
+            Outcome::Applied => {
+                counts.applied += 1;
+                debug!(event_id = %rec.event_id, at = %rec.place, lsn = %rec.lsn, "applied");
+            }
+            Outcome::Duplicate => {
+                counts.duplicates += 1;
+                info!(event_id = %rec.event_id, at = %rec.place, lsn = %rec.lsn, "duplicate delivery: effect already applied, nothing changed");
+            }
+        }
+        failpoint::hit("after-business-commit-before-offset-commit");
+        commit_with_retry(&consumer, &message, &rec, max_backoff).await;
+        failpoint::hit("after-offset-commit");
+    }
+    info!(applied = counts.applied, duplicates = counts.duplicates, "stopping");
+    Ok(())
+}
+
+fn make_consumer(args: &Args) -> anyhow::Result<StreamConsumer> {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &args.bootstrap_servers)
+        .set("group.id", &args.group)
+        // Offsets are committed by hand, after the inbox transaction commits.
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", args.session_timeout_ms.to_string())
+        .set("topic.metadata.refresh.interval.ms", args.metadata_refresh_ms.to_string());
+    if let Some(id) = &args.instance_id {
+        config.set("group.instance.id", id);
+    }
+    for kv in &args.kafka {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("invalid --kafka {kv:?}: expected key=value"))?;
+        if k.trim() == "enable.auto.commit" && v.trim() != "false" {
+            anyhow::bail!("invalid --kafka {kv:?}: offsets must be committed after the inbox transaction");
+        }
+        config.set(k.trim(), v.trim());
+    }
+    config.create().context("cannot create the Kafka consumer")
+}
+
+fn parse_message(m: &BorrowedMessage<'_>) -> Result<InboxRecord, record::RecordError> {
+    let place = Place {
+        topic: m.topic().to_owned(),
+        partition: m.partition(),
+        offset: m.offset(),
+    };
+    let headers = m.headers().map(|h| h.iter().map(|x| (x.key, x.value)).collect::<Vec<_>>());
+    record::parse(place, m.key(), m.payload(), headers.unwrap_or_default())
+}
+
+/// Retries the inbox transaction until it commits or fails for good. The
+/// record's offset is not committed meanwhile, so giving up (exiting) is safe:
+/// the next instance reads the record again.
+async fn apply_with_retry(inbox: &mut Inbox, rec: &InboxRecord, max_backoff: Duration) -> anyhow::Result<Outcome> {
+    let mut backoff = Duration::from_millis(100).min(max_backoff);
+    loop {
+        match inbox.apply(rec).await {
+            Ok(outcome) => return Ok(outcome),
+            Err(e) if e.is_retryable() => {
+                warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "inbox transaction failed; retrying the same record");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(max_backoff);
+            }
+            Err(e) => return Err(e).context("inbox transaction failed for good; the offset was not committed"),
+        }
+    }
+}
+
+/// Commits the offset after `message`. A commit that keeps failing (the group
+/// moved the partition away, the broker is down for long) is given up after a
+/// few tries: a later commit covers it, or the record is delivered again and
+/// the inbox absorbs it.
+async fn commit_with_retry(consumer: &StreamConsumer, message: &BorrowedMessage<'_>, rec: &InboxRecord, max_backoff: Duration) {
+    let mut backoff = Duration::from_millis(100).min(max_backoff);
+    for attempt in 1..=5 {
+        // A synchronous commit blocks on the broker's reply.
+        match tokio::task::block_in_place(|| consumer.commit_message(message, CommitMode::Sync)) {
+            Ok(()) => return,
+            Err(e) => {
+                warn!(error = %e, at = %rec.place, attempt, "offset commit failed");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(max_backoff);
+            }
+        }
+    }
+    warn!(at = %rec.place, event_id = %rec.event_id, "offset not committed; the record may be delivered again (the inbox makes that a no-op)");
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
