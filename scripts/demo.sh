@@ -10,6 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
+was_up=0
+if scripts/env.sh status >/dev/null 2>&1; then was_up=1; fi
+
 pids=()
 cleanup() {
   trap - INT TERM EXIT
@@ -17,7 +20,8 @@ cleanup() {
   echo "demo: stopping"
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  scripts/env.sh down || true
+  # Servers that were running before the demo (a developer's own) stay up.
+  if [[ "$was_up" == 0 ]]; then scripts/env.sh down || true; fi
 }
 trap cleanup INT TERM EXIT
 

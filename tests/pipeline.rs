@@ -152,6 +152,43 @@ async fn graceful_restart_loses_nothing_and_duplicates_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_persists_and_exits_zero() {
+    common::init_tracing();
+    let fx = Fixture::new("sigterm").await;
+    let config_path = fx.write_config_file();
+    let mut child = spawn_binary(&config_path);
+    fx.wait_for_slot().await;
+
+    let mut all = Vec::new();
+    for i in 0..50 {
+        all.extend(fx.write_tx(&[("order", &format!("s{}", i % 3), payload(i))], true).await);
+    }
+    // Stop while events may still be in flight: SIGTERM waits for them.
+    let status = child.terminate(Duration::from_secs(60));
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+    let flushed: Lsn = fx.slot_confirmed_flush().await.unwrap().parse().unwrap();
+
+    let mut child = spawn_binary(&config_path);
+    for i in 50..60 {
+        all.extend(fx.write_tx(&[("order", &format!("s{}", i % 3), payload(i))], true).await);
+    }
+    let records = consume(&fx.topic_prefix, all.len(), TIMEOUT, Duration::from_secs(3));
+    let status = child.terminate(Duration::from_secs(60));
+    assert!(status.success(), "exit status after the second SIGTERM: {status}");
+
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for r in &records {
+        *counts.entry(r.header("event_id")).or_default() += 1;
+    }
+    for id in &all {
+        assert_eq!(counts.get(id.as_str()), Some(&1), "event {id}: lost or duplicated across SIGTERM");
+    }
+    let after: Lsn = fx.slot_confirmed_flush().await.unwrap().parse().unwrap();
+    assert!(after > flushed, "the final status update reported progress ({flushed} -> {after})");
+    fx.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_then_restart_loses_nothing() {
     common::init_tracing();
     let fx = Fixture::new("kill").await;

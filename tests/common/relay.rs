@@ -280,6 +280,21 @@ impl Running {
 pub struct ChildProcess(std::process::Child);
 
 impl ChildProcess {
+    /// SIGTERM, then wait (bounded) for the exit status.
+    pub fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
+        let pid = self.0.id().to_string();
+        let sent = std::process::Command::new("kill").args(["-TERM", &pid]).status();
+        assert!(sent.is_ok_and(|s| s.success()), "could not send SIGTERM to {pid}");
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.0.try_wait().expect("wait for the connector") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "connector {pid} did not exit within {within:?} after SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// SIGKILL, like `kill -9`, and reap.
     pub fn kill9(&mut self) {
         let _ = self.0.kill();
