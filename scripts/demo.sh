@@ -41,7 +41,17 @@ export OUTBOX_CDC__HTTP__LISTEN="127.0.0.1:9187"
 
 target/debug/outbox-cdc run --config config/example.toml 2> target/demo/connector.log &
 pids+=($!)
-echo "demo: connector running (log: target/demo/connector.log, metrics: http://127.0.0.1:9187/metrics)"
+# Changes made before the slot exists are not in it: wait until the connector streams.
+for _ in $(seq 1 120); do
+  if curl -fsS http://127.0.0.1:9187/readyz >/dev/null 2>&1; then break; fi
+  if ! kill -0 "${pids[0]}" 2>/dev/null; then
+    echo "demo: the connector exited; its log:" >&2
+    tail -20 target/demo/connector.log >&2
+    exit 1
+  fi
+  sleep 0.5
+done
+echo "demo: connector streaming (log: target/demo/connector.log, metrics: http://127.0.0.1:9187/metrics)"
 
 target/debug/examples/tail_events "$OUTBOX_CDC_TEST_KAFKA" &
 pids+=($!)
