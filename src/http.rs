@@ -1,8 +1,10 @@
-//! A minimal HTTP/1.1 endpoint for `/metrics`, `/healthz` and `/readyz`.
+//! A minimal HTTP/1.1 endpoint for `/metrics`, `/healthz` and `/readyz`, and
+//! the matching client `status` uses to read a running connector.
 //!
 //! Only GET of three fixed paths, one request per connection, bounded request
 //! size: small enough that a framework would add more than it saves.
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -13,6 +15,91 @@ use tokio::task::JoinHandle;
 use tracing::debug;
 
 use crate::metrics::Metrics;
+
+/// Largest response body [`get`] accepts.
+const MAX_RESPONSE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Why [`get`] got no body.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("http.listen = {listen:?} is not an IP:port address")]
+    Address { listen: String },
+    #[error("GET http://{addr}{path}: {source}")]
+    Io {
+        addr: SocketAddr,
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("GET http://{addr}{path}: no answer within {timeout:?}")]
+    Timeout {
+        addr: SocketAddr,
+        path: String,
+        timeout: Duration,
+    },
+    #[error("GET http://{addr}{path}: {status}")]
+    Status {
+        addr: SocketAddr,
+        path: String,
+        status: String,
+    },
+}
+
+/// Where a client on this host reaches a server listening on `listen`: an
+/// unspecified address (`0.0.0.0`, `::`) is reached on loopback.
+pub fn client_address(listen: &str) -> Result<SocketAddr, HttpError> {
+    let mut addr: SocketAddr = listen.parse().map_err(|_| HttpError::Address {
+        listen: listen.to_owned(),
+    })?;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr.ip() {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        });
+    }
+    Ok(addr)
+}
+
+/// `GET path` with `Connection: close`; the body of a 200 answer.
+pub async fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<String, HttpError> {
+    let request = async {
+        let mut socket = tokio::net::TcpStream::connect(addr).await?;
+        let head = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+        socket.write_all(head.as_bytes()).await?;
+        let mut raw = Vec::new();
+        socket
+            .take(MAX_RESPONSE_BYTES)
+            .read_to_end(&mut raw)
+            .await?;
+        Ok::<_, std::io::Error>(raw)
+    };
+    let raw = tokio::time::timeout(timeout, request)
+        .await
+        .map_err(|_| HttpError::Timeout {
+            addr,
+            path: path.to_owned(),
+            timeout,
+        })?
+        .map_err(|source| HttpError::Io {
+            addr,
+            path: path.to_owned(),
+            source,
+        })?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.lines().next().unwrap_or_default();
+    if status.split_whitespace().nth(1) != Some("200") {
+        return Err(HttpError::Status {
+            addr,
+            path: path.to_owned(),
+            status: if status.is_empty() {
+                "empty answer".to_owned()
+            } else {
+                status.to_owned()
+            },
+        });
+    }
+    Ok(body.to_owned())
+}
 
 /// Starts serving on `listen` ("" disables). Returns the task, which runs until aborted.
 pub async fn serve(listen: &str, metrics: Arc<Metrics>) -> std::io::Result<Option<JoinHandle<()>>> {
@@ -28,7 +115,8 @@ pub async fn serve(listen: &str, metrics: Arc<Metrics>) -> std::io::Result<Optio
             let metrics = metrics.clone();
             tokio::spawn(async move {
                 let mut buf = [0u8; 2048];
-                let read = tokio::time::timeout(Duration::from_secs(5), socket.read(&mut buf)).await;
+                let read =
+                    tokio::time::timeout(Duration::from_secs(5), socket.read(&mut buf)).await;
                 let Ok(Ok(n)) = read else { return };
                 let (status, content_type, body) = respond(&buf[..n], &metrics);
                 let head = format!(
@@ -47,7 +135,10 @@ pub async fn serve(listen: &str, metrics: Arc<Metrics>) -> std::io::Result<Optio
 }
 
 fn respond(request: &[u8], metrics: &Metrics) -> (&'static str, &'static str, String) {
-    let line = request.split(|b| *b == b'\r' || *b == b'\n').next().unwrap_or_default();
+    let line = request
+        .split(|b| *b == b'\r' || *b == b'\n')
+        .next()
+        .unwrap_or_default();
     let line = String::from_utf8_lossy(line);
     let mut parts = line.split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
@@ -57,8 +148,14 @@ fn respond(request: &[u8], metrics: &Metrics) -> (&'static str, &'static str, St
     match path {
         "/metrics" => ("200 OK", "text/plain; version=0.0.4", metrics.render()),
         "/healthz" => ("200 OK", "text/plain", "ok\n".into()),
-        "/readyz" if metrics.connected.load(Ordering::Relaxed) == 1 => ("200 OK", "text/plain", "streaming\n".into()),
-        "/readyz" => ("503 Service Unavailable", "text/plain", "not streaming\n".into()),
+        "/readyz" if metrics.connected.load(Ordering::Relaxed) == 1 => {
+            ("200 OK", "text/plain", "streaming\n".into())
+        }
+        "/readyz" => (
+            "503 Service Unavailable",
+            "text/plain",
+            "not streaming\n".into(),
+        ),
         _ => ("404 Not Found", "text/plain", "not found\n".into()),
     }
 }
@@ -71,14 +168,72 @@ mod tests {
     fn routes() {
         let m = Metrics::default();
         assert_eq!(respond(b"GET /healthz HTTP/1.1\r\n\r\n", &m).0, "200 OK");
-        assert_eq!(respond(b"GET /readyz HTTP/1.1\r\n\r\n", &m).0, "503 Service Unavailable");
+        assert_eq!(
+            respond(b"GET /readyz HTTP/1.1\r\n\r\n", &m).0,
+            "503 Service Unavailable"
+        );
         m.connected.store(1, Ordering::Relaxed);
         assert_eq!(respond(b"GET /readyz HTTP/1.1\r\n\r\n", &m).0, "200 OK");
         let (status, _, body) = respond(b"GET /metrics HTTP/1.1\r\n\r\n", &m);
         assert_eq!(status, "200 OK");
         assert!(body.contains("outbox_cdc_connected 1"));
-        assert_eq!(respond(b"POST /metrics HTTP/1.1\r\n\r\n", &m).0, "405 Method Not Allowed");
-        assert_eq!(respond(b"GET /nope HTTP/1.1\r\n\r\n", &m).0, "404 Not Found");
+        assert_eq!(
+            respond(b"POST /metrics HTTP/1.1\r\n\r\n", &m).0,
+            "405 Method Not Allowed"
+        );
+        assert_eq!(
+            respond(b"GET /nope HTTP/1.1\r\n\r\n", &m).0,
+            "404 Not Found"
+        );
         assert_eq!(respond(b"", &m).0, "405 Method Not Allowed");
+    }
+
+    #[test]
+    fn clients_reach_wildcard_listeners_on_loopback() {
+        assert_eq!(
+            client_address("0.0.0.0:9187").unwrap(),
+            "127.0.0.1:9187".parse().unwrap()
+        );
+        assert_eq!(
+            client_address("[::]:9187").unwrap(),
+            "[::1]:9187".parse().unwrap()
+        );
+        assert_eq!(
+            client_address("127.0.0.2:1").unwrap(),
+            "127.0.0.2:1".parse().unwrap()
+        );
+        assert!(matches!(
+            client_address("localhost:1"),
+            Err(HttpError::Address { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_client_reads_what_the_server_serves() {
+        let m = Arc::new(Metrics::default());
+        m.connected.store(1, Ordering::Relaxed);
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let server = serve(&addr.to_string(), m).await.unwrap().unwrap();
+        let body = get(addr, "/metrics", Duration::from_secs(5)).await.unwrap();
+        assert!(body.contains("outbox_cdc_connected 1\n"), "{body}");
+        assert_eq!(
+            get(addr, "/readyz", Duration::from_secs(5)).await.unwrap(),
+            "streaming\n"
+        );
+        let missing = get(addr, "/nope", Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&missing, HttpError::Status { status, .. } if status.contains("404")),
+            "{missing}"
+        );
+        server.abort();
+        let _ = server.await;
+        let refused = get(addr, "/metrics", Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(matches!(refused, HttpError::Io { .. }), "{refused}");
     }
 }

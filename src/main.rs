@@ -1,20 +1,30 @@
 //! `outbox-cdc` command line: run the relay, or inspect its state.
 
+mod check;
+mod heartbeat;
+mod monitor;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use tokio::sync::watch;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
+use outbox_cdc::checkpoint::OffsetStore;
 use outbox_cdc::config::Config;
 use outbox_cdc::metrics::Metrics;
 use outbox_cdc::{http, pipeline, status};
 
 #[derive(Parser)]
-#[command(name = "outbox-cdc", version, about = "Transactional outbox relay: PostgreSQL logical replication (pgoutput) to Kafka")]
+#[command(
+    name = "outbox-cdc",
+    version,
+    about = "Transactional outbox relay: PostgreSQL logical replication (pgoutput) to Kafka"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -32,13 +42,34 @@ enum Command {
         #[arg(long)]
         recreate_slot: bool,
     },
-    /// Show the stored offset and the slot's position and lag.
+    /// Show the stored offset, the running connector (if any) and the slot's
+    /// position and lag. Works while the connector runs and while it is stopped.
+    /// Exits 1 when the database cannot be asked.
     Status {
         #[arg(long, short)]
         config: PathBuf,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+    },
+    /// Preflight the database and Kafka for this configuration; prints PASS/FAIL
+    /// per check with the fix for each failure. Exits 1 unless every check passes.
+    Check {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Release a parked aggregate (on_poison = "dead-letter"): its later events go
+    /// to their topic again. Stop the connector first (it holds the offset store).
+    Release {
+        #[arg(long, short)]
+        config: PathBuf,
+        aggregate_type: String,
+        aggregate_id: String,
+    },
+    /// List the parked aggregates. Stop the connector first (it holds the offset store).
+    Parked {
+        #[arg(long, short)]
+        config: PathBuf,
     },
     /// Parse and validate the configuration file, then exit.
     ValidateConfig {
@@ -56,7 +87,10 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -64,7 +98,8 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(dispatch(cli.command)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
         Err(e) => {
             error!("{e:#}");
             eprintln!("error: {e:#}");
@@ -73,22 +108,15 @@ fn main() -> ExitCode {
     }
 }
 
-async fn dispatch(command: Command) -> anyhow::Result<()> {
+/// Runs one command; `Ok(false)` means "done, but exit non-zero".
+async fn dispatch(command: Command) -> anyhow::Result<bool> {
     match command {
-        Command::Run { config, recreate_slot } => {
-            let config = Arc::new(load(&config)?);
-            let metrics = Arc::new(Metrics::default());
-            let (stop_tx, stop_rx) = watch::channel(false);
-            tokio::spawn(async move {
-                wait_for_signal().await;
-                info!("signal received: stopping");
-                let _ = stop_tx.send(true);
-            });
-            let _http = http::serve(&config.http.listen, metrics.clone())
-                .await
-                .with_context(|| format!("cannot listen on http.listen = {}", config.http.listen))?;
-            pipeline::run(config, pipeline::RunOptions { recreate_slot }, metrics, stop_rx).await?;
-            Ok(())
+        Command::Run {
+            config,
+            recreate_slot,
+        } => {
+            run(Arc::new(load(&config)?), recreate_slot).await?;
+            Ok(true)
         }
         Command::Status { config, json } => {
             let config = load(&config)?;
@@ -98,15 +126,105 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             } else {
                 print!("{}", report.to_table());
             }
-            Ok(())
+            Ok(report.database_error.is_none())
+        }
+        Command::Check { config } => {
+            let config = load(&config)?;
+            let results = check::run(&config).await;
+            print!("{}", check::render(&results));
+            Ok(check::all_passed(&results))
+        }
+        Command::Release {
+            config,
+            aggregate_type,
+            aggregate_id,
+        } => {
+            let config = load(&config)?;
+            let store = OffsetStore::open(&config.offsets.path)?;
+            if store.release(&aggregate_type, &aggregate_id)? {
+                println!(
+                    "released {aggregate_type}/{aggregate_id}: its next events go to their topic"
+                );
+                Ok(true)
+            } else {
+                println!("{aggregate_type}/{aggregate_id} was not parked");
+                Ok(false)
+            }
+        }
+        Command::Parked { config } => {
+            let config = load(&config)?;
+            let store = OffsetStore::open(&config.offsets.path)?;
+            for p in store.parked()? {
+                println!(
+                    "{}\t{}\tLSN {}\t{}",
+                    p.aggregate_type, p.aggregate_id, p.lsn, p.reason
+                );
+            }
+            Ok(true)
         }
         Command::ValidateConfig { config } => {
             let cfg = load(&config)?;
-            println!("{}: ok (slot {}, table {})", config.display(), cfg.postgres.slot, cfg.outbox.table);
-            Ok(())
+            println!(
+                "{}: ok (slot {}, table {})",
+                config.display(),
+                cfg.postgres.slot,
+                cfg.outbox.table
+            );
+            Ok(true)
         }
     }
 }
+
+/// The relay with its companions: the HTTP endpoint, the slot monitor and the
+/// optional heartbeat run next to the pipeline and stop with it.
+async fn run(config: Arc<Config>, recreate_slot: bool) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop_tx = Arc::new(stop_tx);
+    let on_signal = stop_tx.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        info!("signal received: stopping");
+        on_signal.send_replace(true);
+    });
+    let http = http::serve(&config.http.listen, metrics.clone())
+        .await
+        .with_context(|| format!("cannot listen on http.listen = {}", config.http.listen))?;
+    let monitor = monitor::spawn(config.clone(), metrics.clone(), stop_rx.clone());
+    let heartbeat = heartbeat::spawn(config.clone(), metrics.clone(), stop_rx.clone());
+
+    let result = pipeline::run(
+        config,
+        pipeline::RunOptions { recreate_slot },
+        metrics,
+        stop_rx,
+    )
+    .await;
+
+    stop_tx.send_replace(true);
+    let companions = async {
+        let _ = monitor.await;
+        if let Some(h) = heartbeat {
+            let _ = h.await;
+        }
+    };
+    if tokio::time::timeout(COMPANION_STOP_TIMEOUT, companions)
+        .await
+        .is_err()
+    {
+        warn!(
+            "slot monitor or heartbeat did not stop in time; leaving them to the runtime's shutdown"
+        );
+    }
+    if let Some(h) = http {
+        h.abort();
+    }
+    Ok(result?)
+}
+
+/// How long `run` waits for the monitor and heartbeat after the pipeline returned
+/// (each is at most one bounded SQL round trip away from noticing the stop).
+const COMPANION_STOP_TIMEOUT: Duration = Duration::from_secs(12);
 
 fn load(path: &std::path::Path) -> anyhow::Result<Config> {
     Ok(Config::load(path)?)
@@ -114,7 +232,10 @@ fn load(path: &std::path::Path) -> anyhow::Result<Config> {
 
 async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         // Without signal handlers the process still stops on SIGKILL; nothing else to do.
         std::future::pending::<()>().await;
         return;

@@ -1,26 +1,66 @@
 //! `outbox-cdc status`: the stored offset and the slot's position and lag, for a
-//! person (a table) or a script (JSON).
+//! person (a table) or a script (JSON); and the slot poll the running connector's
+//! monitor shares with it.
+//!
+//! A running connector holds the sled store's lock for its whole life, so while
+//! it runs the acknowledged position is read from its `/metrics` at `http.listen`
+//! (`outbox_cdc_acked_lsn` is only ever set from a flushed store write, so it is
+//! the stored offset). The store is opened only when no connector answers there,
+//! and never created: `status` has no side effects on a connector's state.
+
+use std::collections::HashMap;
+use std::time::Duration;
 
 use serde::Serialize;
+use tokio_postgres::Client;
 
-use crate::checkpoint::OffsetStore;
+use crate::checkpoint::{OffsetStore, StoreError};
 use crate::config::Config;
+use crate::http;
+use crate::metrics::{self, SlotGauges};
 use crate::pg::control;
-use crate::pg::{Lsn, PgConnectConfig};
+use crate::pg::{Lsn, PgConnectConfig, PgError};
 
+/// How long `status` waits for the running connector's `/metrics`.
+const METRICS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Everything `status` reports. Field names are the JSON keys.
 #[derive(Debug, Serialize)]
 pub struct StatusReport {
     pub slot_name: String,
-    /// The acked LSN in the local store; `None` before the first start. While the
-    /// connector runs, the store is locked and this reads `stored_lsn_note`.
+    /// The acknowledged LSN this instance stored; `None` before the first start
+    /// or when it cannot be read (then `stored_lsn_note` says why).
     pub stored_lsn: Option<Lsn>,
+    /// `"store"` (read from the offset store: no connector running here) or
+    /// `"connector"` (the running connector's `/metrics`, which holds the store).
+    pub stored_lsn_source: Option<&'static str>,
     pub stored_system_id: Option<String>,
     pub stored_lsn_note: Option<String>,
-    pub current_wal_lsn: Lsn,
+    /// The running connector, when one answers at `http.listen`.
+    pub connector: Option<ConnectorStatus>,
+    pub current_wal_lsn: Option<Lsn>,
+    /// Why the database could not be asked (then `slot` is unknown, not missing).
+    pub database_error: Option<String>,
+    /// `None`: the slot does not exist (or the database could not be asked).
     pub slot: Option<SlotStatus>,
 }
 
-#[derive(Debug, Serialize)]
+/// What the running connector's `/metrics` says about itself.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct ConnectorStatus {
+    pub metrics_url: String,
+    pub connected: bool,
+    pub acked_lsn: Option<Lsn>,
+    pub received_lsn: Option<Lsn>,
+    pub events_published: Option<u64>,
+    pub events_failed: Option<u64>,
+    pub in_flight_events: Option<u64>,
+    pub oldest_unacked_age_seconds: Option<f64>,
+    pub reconnects: Option<u64>,
+}
+
+/// The slot's row with lags computed against `pg_current_wal_lsn()`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct SlotStatus {
     pub confirmed_flush_lsn: Option<Lsn>,
     pub restart_lsn: Option<Lsn>,
@@ -31,20 +71,35 @@ pub struct SlotStatus {
     pub safe_wal_size: Option<i64>,
 }
 
-pub async fn collect(config: &Config) -> anyhow::Result<StatusReport> {
-    let slot_name = config.postgres.slot.clone();
-    let (stored_lsn, stored_system_id, stored_lsn_note) = match OffsetStore::open(&config.offsets.path) {
-        Ok(store) => match store.load(&slot_name)? {
-            Some(s) => (Some(s.lsn), Some(s.system_id), None),
-            None => (None, None, Some("no offset stored yet".to_owned())),
-        },
-        Err(e) => (None, None, Some(format!("offset store unavailable ({e}); a running connector holds it"))),
-    };
-    let pg = PgConnectConfig::parse(&config.postgres.url)?;
-    let client = pg.connect_sql().await?;
-    let current_wal_lsn = control::current_wal_lsn(&client).await?;
-    let slot = control::slot_info(&client, &slot_name).await?.map(|info| SlotStatus {
-        lag_bytes: info.confirmed_flush_lsn.map(|l| current_wal_lsn.bytes_since(l)),
+impl SlotStatus {
+    /// The values the slot gauges show.
+    pub fn gauges(&self) -> SlotGauges {
+        SlotGauges {
+            lag_bytes: self.lag_bytes,
+            restart_lag_bytes: self.restart_lag_bytes,
+            safe_wal_size: self.safe_wal_size,
+            wal_status: self.wal_status.clone(),
+            active: self.active_pid.is_some(),
+        }
+    }
+}
+
+/// One poll of the slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotSnapshot {
+    pub current_wal_lsn: Lsn,
+    pub slot: Option<SlotStatus>,
+}
+
+/// Reads the slot's row, then `pg_current_wal_lsn()` (in this order, so that the
+/// lags are never negative).
+pub async fn poll_slot(client: &Client, slot: &str) -> Result<SlotSnapshot, PgError> {
+    let info = control::slot_info(client, slot).await?;
+    let current_wal_lsn = control::current_wal_lsn(client).await?;
+    let slot = info.map(|info| SlotStatus {
+        lag_bytes: info
+            .confirmed_flush_lsn
+            .map(|l| current_wal_lsn.bytes_since(l)),
         restart_lag_bytes: info.restart_lsn.map(|l| current_wal_lsn.bytes_since(l)),
         confirmed_flush_lsn: info.confirmed_flush_lsn,
         restart_lsn: info.restart_lsn,
@@ -52,41 +107,293 @@ pub async fn collect(config: &Config) -> anyhow::Result<StatusReport> {
         wal_status: info.wal_status,
         safe_wal_size: info.safe_wal_size,
     });
-    Ok(StatusReport {
-        slot_name,
-        stored_lsn,
-        stored_system_id,
-        stored_lsn_note,
+    Ok(SlotSnapshot {
         current_wal_lsn,
         slot,
     })
 }
 
+/// Gathers the report. Fails only on a configuration error; an unreachable
+/// database or an unreadable store is reported in the fields.
+pub async fn collect(config: &Config) -> anyhow::Result<StatusReport> {
+    let slot_name = config.postgres.slot.clone();
+    let connector = running_connector(&config.http.listen).await;
+
+    let mut stored = Stored::default();
+    match &connector {
+        Some(c) => {
+            stored.lsn = c.acked_lsn;
+            stored.source = c.acked_lsn.map(|_| "connector");
+            stored.note = Some(format!(
+                "a connector is running here: it holds the offset store, so the stored LSN is its \
+                 outbox_cdc_acked_lsn from {}",
+                c.metrics_url
+            ));
+        }
+        None => stored = read_store(config),
+    }
+
+    let pg = PgConnectConfig::parse(&config.postgres.url)?;
+    let (current_wal_lsn, slot, database_error) = match pg.connect_sql().await {
+        Ok(client) => match poll_slot(&client, &slot_name).await {
+            Ok(snapshot) => (Some(snapshot.current_wal_lsn), snapshot.slot, None),
+            Err(e) => (None, None, Some(e.to_string())),
+        },
+        Err(e) => (None, None, Some(e.to_string())),
+    };
+    Ok(StatusReport {
+        slot_name,
+        stored_lsn: stored.lsn,
+        stored_lsn_source: stored.source,
+        stored_system_id: stored.system_id,
+        stored_lsn_note: stored.note,
+        connector,
+        current_wal_lsn,
+        database_error,
+        slot,
+    })
+}
+
+#[derive(Default)]
+struct Stored {
+    lsn: Option<Lsn>,
+    source: Option<&'static str>,
+    system_id: Option<String>,
+    note: Option<String>,
+}
+
+fn read_store(config: &Config) -> Stored {
+    let path = &config.offsets.path;
+    let note = |text: String| Stored {
+        note: Some(text),
+        ..Stored::default()
+    };
+    // sled creates a missing directory on open; status must not.
+    if !path.exists() {
+        return note(format!(
+            "no offset store at {} (offsets.path): this instance never started",
+            path.display()
+        ));
+    }
+    let store = match OffsetStore::open(path) {
+        Ok(store) => store,
+        Err(e @ StoreError::Locked { .. }) => {
+            let hint = if config.http.listen.is_empty() {
+                "http.listen is \"\", so its position cannot be read".to_owned()
+            } else {
+                format!("nothing answered at http.listen = {}", config.http.listen)
+            };
+            return note(format!("{e}; a connector probably runs but {hint}"));
+        }
+        Err(e) => return note(e.to_string()),
+    };
+    match store.load(&config.postgres.slot) {
+        Ok(Some(offset)) => Stored {
+            lsn: Some(offset.lsn),
+            source: Some("store"),
+            system_id: Some(offset.system_id),
+            note: None,
+        },
+        Ok(None) => note(format!(
+            "no offset stored for slot {:?} in {}",
+            config.postgres.slot,
+            path.display()
+        )),
+        Err(e) => note(e.to_string()),
+    }
+}
+
+/// The connector at `listen`, if one answers `/metrics` there.
+async fn running_connector(listen: &str) -> Option<ConnectorStatus> {
+    if listen.is_empty() {
+        return None;
+    }
+    let addr = http::client_address(listen).ok()?;
+    let body = http::get(addr, "/metrics", METRICS_TIMEOUT).await.ok()?;
+    let samples = parse_samples(&body);
+    // Something else may listen there; only our own exposition counts.
+    samples.get(metrics::CONNECTED)?;
+    Some(connector_status(format!("http://{addr}/metrics"), &samples))
+}
+
+fn connector_status(metrics_url: String, samples: &HashMap<&str, &str>) -> ConnectorStatus {
+    let int = |name: &str| samples.get(name).and_then(|v| v.parse::<u64>().ok());
+    let lsn = |name: &str| int(name).filter(|v| *v != 0).map(Lsn::new);
+    ConnectorStatus {
+        metrics_url,
+        connected: int(metrics::CONNECTED) == Some(1),
+        acked_lsn: lsn(metrics::ACKED_LSN),
+        received_lsn: lsn(metrics::RECEIVED_LSN),
+        events_published: int(metrics::EVENTS_PUBLISHED),
+        events_failed: int(metrics::EVENTS_FAILED),
+        in_flight_events: int(metrics::IN_FLIGHT_EVENTS),
+        oldest_unacked_age_seconds: samples
+            .get(metrics::OLDEST_UNACKED_AGE)
+            .and_then(|v| v.parse().ok()),
+        reconnects: int(metrics::RECONNECTS),
+    }
+}
+
+/// Unlabelled samples of a Prometheus text exposition: name → value text.
+fn parse_samples(text: &str) -> HashMap<&str, &str> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.contains('{'))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(name, value)| (name, value.trim()))
+        .collect()
+}
+
 impl StatusReport {
     pub fn to_table(&self) -> String {
         let opt = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
+        let lsn = |v: Option<Lsn>| opt(v.map(|l| l.to_string()));
         let mut rows: Vec<(&str, String)> = vec![
             ("slot", self.slot_name.clone()),
-            ("stored acked LSN", opt(self.stored_lsn.map(|l| l.to_string()))),
+            ("stored acked LSN", lsn(self.stored_lsn)),
+            (
+                "  read from",
+                opt(self.stored_lsn_source.map(str::to_owned)),
+            ),
             ("stored system id", opt(self.stored_system_id.clone())),
-            ("current WAL LSN", self.current_wal_lsn.to_string()),
         ];
         if let Some(note) = &self.stored_lsn_note {
-            rows.push(("note", note.clone()));
+            rows.push(("  note", note.clone()));
         }
-        match &self.slot {
-            None => rows.push(("slot state", "MISSING".to_owned())),
-            Some(s) => {
-                rows.push(("confirmed_flush_lsn", opt(s.confirmed_flush_lsn.map(|l| l.to_string()))));
-                rows.push(("restart_lsn", opt(s.restart_lsn.map(|l| l.to_string()))));
-                rows.push(("active pid", opt(s.active_pid.map(|p| p.to_string()))));
-                rows.push(("lag (bytes)", opt(s.lag_bytes.map(|b| b.to_string()))));
-                rows.push(("retained WAL (bytes)", opt(s.restart_lag_bytes.map(|b| b.to_string()))));
-                rows.push(("wal_status", opt(s.wal_status.clone())));
-                rows.push(("safe_wal_size", opt(s.safe_wal_size.map(|b| b.to_string()))));
+        match &self.connector {
+            None => rows.push(("connector", "not answering at http.listen".to_owned())),
+            Some(c) => {
+                let state = if c.connected {
+                    "streaming"
+                } else {
+                    "running, not streaming"
+                };
+                rows.push(("connector", format!("{state} ({})", c.metrics_url)));
+                rows.push(("  received LSN", lsn(c.received_lsn)));
+                rows.push(("  acked LSN", lsn(c.acked_lsn)));
+                rows.push((
+                    "  events published",
+                    opt(c.events_published.map(|n| n.to_string())),
+                ));
+                rows.push((
+                    "  events failed",
+                    opt(c.events_failed.map(|n| n.to_string())),
+                ));
+                rows.push((
+                    "  in flight",
+                    opt(c.in_flight_events.map(|n| n.to_string())),
+                ));
+                rows.push((
+                    "  oldest unacked (s)",
+                    opt(c.oldest_unacked_age_seconds.map(|n| n.to_string())),
+                ));
+                rows.push(("  reconnects", opt(c.reconnects.map(|n| n.to_string()))));
+            }
+        }
+        if let Some(e) = &self.database_error {
+            rows.push(("database", format!("UNREACHABLE: {e}")));
+        } else {
+            rows.push(("current WAL LSN", lsn(self.current_wal_lsn)));
+            match &self.slot {
+                None => rows.push(("slot state", "MISSING".to_owned())),
+                Some(s) => {
+                    rows.push(("confirmed_flush_lsn", lsn(s.confirmed_flush_lsn)));
+                    rows.push(("restart_lsn", lsn(s.restart_lsn)));
+                    rows.push((
+                        "active pid",
+                        s.active_pid
+                            .map_or_else(|| "- (no consumer)".to_owned(), |p| p.to_string()),
+                    ));
+                    rows.push(("lag (bytes)", opt(s.lag_bytes.map(|b| b.to_string()))));
+                    rows.push((
+                        "retained WAL (bytes)",
+                        opt(s.restart_lag_bytes.map(|b| b.to_string())),
+                    ));
+                    rows.push(("wal_status", opt(s.wal_status.clone())));
+                    rows.push((
+                        "safe_wal_size",
+                        s.safe_wal_size
+                            .map_or_else(|| "- (unlimited)".to_owned(), |b| b.to_string()),
+                    ));
+                }
             }
         }
         let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
-        rows.iter().map(|(k, v)| format!("{k:<width$}  {v}\n")).collect()
+        rows.iter()
+            .map(|(k, v)| format!("{k:<width$}  {v}\n"))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn reads_the_connector_back_from_its_own_exposition() {
+        let m = Metrics::default();
+        m.connected.store(1, Ordering::Relaxed);
+        m.set_acked(Lsn::new(0x16_B374_D848));
+        m.set_received(Lsn::new(0x16_B374_D900));
+        m.events_published.store(42, Ordering::Relaxed);
+        m.oldest_unacked_age_micros
+            .store(1_500_000, Ordering::Relaxed);
+        let text = m.render();
+        let samples = parse_samples(&text);
+        let c = connector_status("u".into(), &samples);
+        assert_eq!(
+            c,
+            ConnectorStatus {
+                metrics_url: "u".into(),
+                connected: true,
+                acked_lsn: Some("16/B374D848".parse().unwrap()),
+                received_lsn: Some("16/B374D900".parse().unwrap()),
+                events_published: Some(42),
+                events_failed: Some(0),
+                in_flight_events: Some(0),
+                oldest_unacked_age_seconds: Some(1.5),
+                reconnects: Some(0),
+            }
+        );
+        let idle = Metrics::default();
+        let c = connector_status("u".into(), &parse_samples(&idle.render()));
+        assert!(!c.connected);
+        assert_eq!(c.acked_lsn, None, "0 means not yet known");
+    }
+
+    #[test]
+    fn json_has_the_documented_keys() {
+        let report = StatusReport {
+            slot_name: "s".into(),
+            stored_lsn: Some(Lsn::new(16)),
+            stored_lsn_source: Some("store"),
+            stored_system_id: Some("7".into()),
+            stored_lsn_note: None,
+            connector: None,
+            current_wal_lsn: Some(Lsn::new(32)),
+            database_error: None,
+            slot: Some(SlotStatus {
+                confirmed_flush_lsn: Some(Lsn::new(16)),
+                restart_lsn: Some(Lsn::new(8)),
+                active_pid: None,
+                lag_bytes: Some(16),
+                restart_lag_bytes: Some(24),
+                wal_status: Some("reserved".into()),
+                safe_wal_size: None,
+            }),
+        };
+        let v = serde_json::to_value(&report).unwrap();
+        assert_eq!(v["stored_lsn"], "0/10");
+        assert_eq!(v["slot"]["confirmed_flush_lsn"], "0/10");
+        assert_eq!(v["slot"]["restart_lsn"], "0/8");
+        assert!(v["slot"]["active_pid"].is_null());
+        assert_eq!(v["slot"]["lag_bytes"], 16);
+        assert_eq!(v["slot"]["wal_status"], "reserved");
+        let table = report.to_table();
+        assert!(
+            table.contains("no consumer") && table.contains("unlimited"),
+            "{table}"
+        );
     }
 }

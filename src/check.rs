@@ -1,0 +1,1007 @@
+//! `outbox-cdc check`: preflight of the configured database and Kafka, with the
+//! exact fix for each failure (DESIGN.md §7).
+//!
+//! Read-only: it only queries catalogs and settings, and asks Kafka for
+//! metadata. Each check yields one PASS, FAIL or SKIP line (SKIP: a check it
+//! depends on failed); a FAIL carries the SQL or setting that fixes it.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+use outbox_cdc::config::Config;
+use outbox_cdc::outbox::settings::{ColumnNames, TableName};
+use outbox_cdc::pg::{PgConnectConfig, quote_ident};
+use outbox_cdc::sink;
+
+/// How long the Kafka check waits for cluster metadata.
+const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The result of one check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Pass(String),
+    Fail { problem: String, fix: String },
+    Skip(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CheckResult {
+    pub(crate) name: &'static str,
+    pub(crate) outcome: Outcome,
+}
+
+fn pass(name: &'static str, detail: impl Into<String>) -> CheckResult {
+    CheckResult {
+        name,
+        outcome: Outcome::Pass(detail.into()),
+    }
+}
+
+fn fail(name: &'static str, problem: impl Into<String>, fix: impl Into<String>) -> CheckResult {
+    CheckResult {
+        name,
+        outcome: Outcome::Fail {
+            problem: problem.into(),
+            fix: fix.into(),
+        },
+    }
+}
+
+fn skip(name: &'static str, why: impl Into<String>) -> CheckResult {
+    CheckResult {
+        name,
+        outcome: Outcome::Skip(why.into()),
+    }
+}
+
+fn query_fail(name: &'static str, e: &tokio_postgres::Error) -> CheckResult {
+    fail(
+        name,
+        format!("the catalog query failed: {e}"),
+        "run `outbox-cdc check` as the role in postgres.url against a PostgreSQL 15 or later server",
+    )
+}
+
+/// Runs every check; the Kafka check runs while the database is examined.
+pub(crate) async fn run(config: &Config) -> Vec<CheckResult> {
+    let kafka = tokio::spawn(check_kafka(config.kafka.clone()));
+    let mut results = check_postgres(config).await;
+    results.push(match kafka.await {
+        Ok(result) => result,
+        Err(e) => fail(
+            "kafka",
+            format!("the check task failed: {e}"),
+            "run the check again",
+        ),
+    });
+    results
+}
+
+/// The report printed to stdout: one line per check, a fix line under each
+/// failure, and a summary.
+pub(crate) fn render(results: &[CheckResult]) -> String {
+    let width = results.iter().map(|r| r.name.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for r in results {
+        match &r.outcome {
+            Outcome::Pass(detail) => {
+                let _ = writeln!(out, "PASS  {:<width$}  {detail}", r.name);
+            }
+            Outcome::Skip(why) => {
+                let _ = writeln!(out, "SKIP  {:<width$}  {why}", r.name);
+            }
+            Outcome::Fail { problem, fix } => {
+                let _ = writeln!(out, "FAIL  {:<width$}  {problem}", r.name);
+                for (i, line) in fix.lines().enumerate() {
+                    let label = if i == 0 { "fix:" } else { "" };
+                    let _ = writeln!(out, "      {:<width$}  {label:<4} {line}", "");
+                }
+            }
+        }
+    }
+    let count = |f: fn(&Outcome) -> bool| results.iter().filter(|r| f(&r.outcome)).count();
+    let failed = count(|o| matches!(o, Outcome::Fail { .. }));
+    let skipped = count(|o| matches!(o, Outcome::Skip(_)));
+    let passed = count(|o| matches!(o, Outcome::Pass(_)));
+    let verdict = if failed == 0 && skipped == 0 {
+        "OK"
+    } else {
+        "FAILED"
+    };
+    let _ = writeln!(
+        out,
+        "check {verdict}: {passed} passed, {failed} failed, {skipped} skipped"
+    );
+    out
+}
+
+/// True when every check passed.
+pub(crate) fn all_passed(results: &[CheckResult]) -> bool {
+    results
+        .iter()
+        .all(|r| matches!(r.outcome, Outcome::Pass(_)))
+}
+
+async fn check_kafka(settings: sink::KafkaSettings) -> CheckResult {
+    let bootstrap = settings.bootstrap_servers().unwrap_or_default().to_owned();
+    match sink::check_reachable(&settings, KAFKA_TIMEOUT).await {
+        Ok(info) => pass(
+            "kafka",
+            format!(
+                "{} broker(s) at {bootstrap}: {} (answered by {})",
+                info.broker_count,
+                info.brokers.join(", "),
+                info.answered_by
+            ),
+        ),
+        Err(e) => fail(
+            "kafka",
+            format!("no cluster metadata from {bootstrap:?} within {KAFKA_TIMEOUT:?}: {e}"),
+            "start the brokers or correct kafka.\"bootstrap.servers\"; the addresses must be reachable \
+             from here and match the brokers' advertised.listeners; check security.protocol, sasl.* and \
+             ssl.* in [kafka]",
+        ),
+    }
+}
+
+/// What the database checks learn and later checks use.
+struct Facts {
+    user: String,
+    table: TableName,
+    columns: ColumnNames,
+}
+
+async fn check_postgres(config: &Config) -> Vec<CheckResult> {
+    const DB_CHECKS: [&str; 11] = [
+        "wal_level",
+        "replication slots",
+        "slot",
+        "wal senders",
+        "replication privilege",
+        "outbox table",
+        "select privilege",
+        "outbox columns",
+        "publication",
+        "publication tables",
+        "publication publishes",
+    ];
+    let mut results = Vec::new();
+    let skip_all = |results: &mut Vec<CheckResult>, why: &str| {
+        results.extend(DB_CHECKS.iter().map(|name| skip(name, why)));
+    };
+    let (table, columns) = match (config.outbox.table_name(), config.outbox.column_names()) {
+        (Ok(t), Ok(c)) => (t, c),
+        // `Config::load` validated both already; kept for a library caller.
+        (Err(e), _) | (_, Err(e)) => {
+            results.push(fail(
+                "configuration",
+                e.to_string(),
+                "correct the [outbox] section",
+            ));
+            return results;
+        }
+    };
+    let pg = match PgConnectConfig::parse(&config.postgres.url) {
+        Ok(pg) => pg,
+        Err(e) => {
+            results.push(fail(
+                "postgres connection",
+                e.to_string(),
+                "correct postgres.url",
+            ));
+            skip_all(&mut results, "no database connection");
+            return results;
+        }
+    };
+    let client = match pg.connect_sql().await {
+        Ok(c) => c,
+        Err(e) => {
+            results.push(fail(
+                "postgres connection",
+                format!("cannot connect to {}: {e}", pg.redacted()),
+                "correct postgres.url (host, port, dbname, user, sslmode); give the password in the URL \
+                 or PGPASSWORD; make sure pg_hba.conf admits this host and user",
+            ));
+            skip_all(&mut results, "no database connection");
+            return results;
+        }
+    };
+    let user = match client
+        .query_one(
+            "SELECT current_user::text, current_setting('server_version')",
+            &[],
+        )
+        .await
+    {
+        Ok(row) => {
+            let user: String = row.get(0);
+            let version: String = row.get(1);
+            results.push(pass(
+                "postgres connection",
+                format!("{} as {user} (PostgreSQL {version})", pg.redacted()),
+            ));
+            user
+        }
+        Err(e) => {
+            results.push(query_fail("postgres connection", &e));
+            skip_all(&mut results, "no database connection");
+            return results;
+        }
+    };
+    let facts = Facts {
+        user,
+        table,
+        columns,
+    };
+    results.push(wal_level(&client).await);
+    let (slots, slot) = replication_slots(&client, &config.postgres.slot).await;
+    results.push(slots);
+    results.push(slot);
+    results.push(wal_senders(&client, &config.postgres.slot).await);
+    results.push(replication_privilege(&client, &facts).await);
+    match table_oid(&client, &facts).await {
+        Ok(oid) => {
+            results.push(pass("outbox table", format!("{} exists", facts.table)));
+            results.push(select_privilege(&client, oid, &facts).await);
+            results.push(outbox_columns(&client, oid, &facts, &config.outbox.extra_headers).await);
+        }
+        Err(result) => {
+            results.push(result);
+            results.push(skip("select privilege", "the outbox table is missing"));
+            results.push(skip("outbox columns", "the outbox table is missing"));
+        }
+    }
+    results.extend(publication(&client, config, &facts).await);
+    if let Some(interval) = config.monitor.heartbeat_interval() {
+        results.push(heartbeat(&client, &config.monitor.heartbeat_prefix, interval).await);
+    }
+    results
+}
+
+async fn wal_level(client: &Client) -> CheckResult {
+    const NAME: &str = "wal_level";
+    match client
+        .query_one("SELECT current_setting('wal_level')", &[])
+        .await
+    {
+        Ok(row) => {
+            let level: String = row.get(0);
+            if level == "logical" {
+                pass(NAME, "logical")
+            } else {
+                fail(
+                    NAME,
+                    format!("wal_level is {level:?}; logical decoding needs \"logical\""),
+                    "ALTER SYSTEM SET wal_level = logical;  -- as a superuser, then restart PostgreSQL",
+                )
+            }
+        }
+        Err(e) => query_fail(NAME, &e),
+    }
+}
+
+/// A row of pg_replication_slots, as far as `check` needs it.
+struct SlotRow {
+    name: String,
+    plugin: Option<String>,
+    database: Option<String>,
+    active: bool,
+    wal_status: Option<String>,
+}
+
+/// Capacity for our slot, then the slot itself if it exists.
+async fn replication_slots(client: &Client, slot: &str) -> (CheckResult, CheckResult) {
+    const CAPACITY: &str = "replication slots";
+    const SLOT: &str = "slot";
+    let rows = match client
+        .query(
+            "SELECT slot_name::text, plugin::text, database::text, active, wal_status, \
+                    current_setting('max_replication_slots')::int, current_database()::text \
+             FROM (SELECT 1) AS one LEFT JOIN pg_replication_slots ON true",
+            &[],
+        )
+        .await
+    {
+        Ok(rows) => rows,
+        Err(e) => {
+            return (
+                query_fail(CAPACITY, &e),
+                skip(SLOT, "the slot query failed"),
+            );
+        }
+    };
+    let max: i32 = rows.first().map_or(0, |r| r.get(5));
+    let database: String = rows.first().map_or_else(String::new, |r| r.get(6));
+    let slots: Vec<SlotRow> = rows
+        .iter()
+        .filter_map(|r| {
+            Some(SlotRow {
+                name: r.get::<_, Option<String>>(0)?,
+                plugin: r.get(1),
+                database: r.get(2),
+                active: r.get::<_, Option<bool>>(3).unwrap_or(false),
+                wal_status: r.get(4),
+            })
+        })
+        .collect();
+    let used = slots.len() as i32;
+    let ours = slots.iter().find(|s| s.name == slot);
+
+    let capacity = match ours {
+        Some(_) => pass(
+            CAPACITY,
+            format!("slot {slot:?} exists ({used} of {max} slots used)"),
+        ),
+        None if used < max => pass(
+            CAPACITY,
+            format!("{} of {max} free for slot {slot:?}", max - used),
+        ),
+        None => {
+            let idle: Vec<&str> = slots
+                .iter()
+                .filter(|s| !s.active)
+                .map(|s| s.name.as_str())
+                .collect();
+            let drop_hint = match idle.first() {
+                Some(name) => format!(
+                    "\nor drop an unused slot (inactive now: {}): SELECT pg_drop_replication_slot('{name}');",
+                    idle.join(", ")
+                ),
+                None => String::new(),
+            };
+            fail(
+                CAPACITY,
+                format!(
+                    "all {max} replication slots (max_replication_slots) are in use; slot {slot:?} cannot be created"
+                ),
+                format!(
+                    "ALTER SYSTEM SET max_replication_slots = {};  -- as a superuser, then restart PostgreSQL{drop_hint}",
+                    max + 1
+                ),
+            )
+        }
+    };
+    let slot_check = match ours {
+        None => pass(
+            SLOT,
+            format!("{slot:?} does not exist yet; `run` creates it (postgres.create_slot)"),
+        ),
+        Some(SlotRow {
+            plugin,
+            database: db,
+            active,
+            wal_status,
+            ..
+        }) => {
+            let drop_sql = format!(
+                "SELECT pg_drop_replication_slot('{}');",
+                slot.replace('\'', "''")
+            );
+            if plugin.as_deref() != Some("pgoutput") {
+                fail(
+                    SLOT,
+                    format!("slot {slot:?} uses plugin {plugin:?}, not pgoutput"),
+                    format!("choose another postgres.slot, or drop it: {drop_sql}"),
+                )
+            } else if db.as_deref() != Some(database.as_str()) {
+                fail(
+                    SLOT,
+                    format!("slot {slot:?} belongs to database {db:?}, not {database:?}"),
+                    "choose another postgres.slot, or point postgres.url at that database",
+                )
+            } else if wal_status.as_deref() == Some("lost") {
+                fail(
+                    SLOT,
+                    format!(
+                        "slot {slot:?} is lost (wal_status = lost): the WAL it needed was removed"
+                    ),
+                    format!(
+                        "events committed since its confirmed position may be unpublished: {drop_sql}\n\
+                         then `outbox-cdc run --recreate-slot` and replay the outbox rows committed since \
+                         (docs/operations.md, \"Slot lost\")"
+                    ),
+                )
+            } else {
+                let state = if *active {
+                    "active (a consumer streams from it)"
+                } else {
+                    "inactive"
+                };
+                pass(
+                    SLOT,
+                    format!(
+                        "{slot:?}: pgoutput, database {database}, {state}, wal_status {}",
+                        wal_status.as_deref().unwrap_or("-")
+                    ),
+                )
+            }
+        }
+    };
+    (capacity, slot_check)
+}
+
+async fn wal_senders(client: &Client, slot: &str) -> CheckResult {
+    const NAME: &str = "wal senders";
+    let row = match client
+        .query_one(
+            "SELECT current_setting('max_wal_senders')::int, \
+                    (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender')::int, \
+                    EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active)",
+            &[&slot],
+        )
+        .await
+    {
+        Ok(row) => row,
+        Err(e) => return query_fail(NAME, &e),
+    };
+    let (max, used, ours_active): (i32, i32, bool) = (row.get(0), row.get(1), row.get(2));
+    if ours_active {
+        pass(
+            NAME,
+            format!("{used} of {max} in use, one of them streams slot {slot:?}"),
+        )
+    } else if used < max {
+        pass(NAME, format!("{} of {max} free", max - used))
+    } else {
+        fail(
+            NAME,
+            format!(
+                "all {max} WAL senders (max_wal_senders) are in use; the replication connection would be refused"
+            ),
+            format!(
+                "ALTER SYSTEM SET max_wal_senders = {};  -- as a superuser, then restart PostgreSQL",
+                max + 1
+            ),
+        )
+    }
+}
+
+async fn replication_privilege(client: &Client, facts: &Facts) -> CheckResult {
+    const NAME: &str = "replication privilege";
+    match client
+        .query_one(
+            "SELECT rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .await
+    {
+        Ok(row) => {
+            let (replication, superuser): (bool, bool) = (row.get(0), row.get(1));
+            if superuser {
+                pass(NAME, format!("{} is a superuser", facts.user))
+            } else if replication {
+                pass(NAME, format!("{} has REPLICATION", facts.user))
+            } else {
+                fail(
+                    NAME,
+                    format!(
+                        "role {} lacks the REPLICATION attribute, so it cannot stream from a slot",
+                        facts.user
+                    ),
+                    format!(
+                        "ALTER ROLE {} WITH REPLICATION;  -- as a superuser",
+                        quote_ident(&facts.user)
+                    ),
+                )
+            }
+        }
+        Err(e) => query_fail(NAME, &e),
+    }
+}
+
+async fn table_oid(client: &Client, facts: &Facts) -> Result<u32, CheckResult> {
+    const NAME: &str = "outbox table";
+    let row = client
+        .query_opt(
+            "SELECT c.oid, c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2",
+            &[&facts.table.schema, &facts.table.name],
+        )
+        .await
+        .map_err(|e| query_fail(NAME, &e))?;
+    let Some(row) = row else {
+        return Err(fail(
+            NAME,
+            format!("table {} does not exist (outbox.table)", facts.table),
+            "create it: apply migrations/001_outbox.sql (docs/outbox-table.md), or set outbox.table to the \
+             existing outbox table",
+        ));
+    };
+    let (oid, kind): (u32, String) = (row.get(0), row.get(1));
+    if kind == "r" || kind == "p" {
+        Ok(oid)
+    } else {
+        Err(fail(
+            NAME,
+            format!(
+                "{} is not a table (pg_class.relkind = {kind:?}); only tables can be published",
+                facts.table
+            ),
+            "set outbox.table to the outbox table itself",
+        ))
+    }
+}
+
+async fn select_privilege(client: &Client, oid: u32, facts: &Facts) -> CheckResult {
+    const NAME: &str = "select privilege";
+    match client
+        .query_one("SELECT has_table_privilege($1::oid, 'SELECT')", &[&oid])
+        .await
+    {
+        Ok(row) if row.get::<_, bool>(0) => pass(
+            NAME,
+            format!("{} may SELECT from {}", facts.user, facts.table),
+        ),
+        Ok(_) => fail(
+            NAME,
+            format!("role {} has no SELECT on {}", facts.user, facts.table),
+            format!(
+                "GRANT SELECT ON {} TO {};",
+                facts.table.quoted(),
+                quote_ident(&facts.user)
+            ),
+        ),
+        Err(e) => query_fail(NAME, &e),
+    }
+}
+
+/// Which column types each mapped column may have. The mapper takes every
+/// value in PostgreSQL's text form; these are the types whose text form means
+/// what the record needs (a payload of type bytea would arrive as `\x...` hex).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ColumnRole {
+    /// event_id, aggregate_id: text-like, uuid or an integer.
+    Id,
+    /// aggregate_type, event_type: text-like (they become topic names and headers).
+    Name,
+    /// payload: JSON or text.
+    Payload,
+    /// aggregate_sequence, schema_version: an integer.
+    Integer,
+    /// extra header columns: any type.
+    Any,
+}
+
+const TEXT_TYPES: [&str; 5] = ["text", "varchar", "bpchar", "name", "citext"];
+const INT_TYPES: [&str; 3] = ["int2", "int4", "int8"];
+
+impl ColumnRole {
+    fn accepts(self, base_type: &str) -> bool {
+        let text = TEXT_TYPES.contains(&base_type);
+        let int = INT_TYPES.contains(&base_type);
+        match self {
+            ColumnRole::Id => text || int || base_type == "uuid",
+            ColumnRole::Name => text,
+            ColumnRole::Payload => text || base_type == "jsonb" || base_type == "json",
+            ColumnRole::Integer => int,
+            ColumnRole::Any => true,
+        }
+    }
+
+    fn allowed(self) -> &'static str {
+        match self {
+            ColumnRole::Id => "text, varchar, char, uuid or an integer type",
+            ColumnRole::Name => "text, varchar or char",
+            ColumnRole::Payload => "jsonb, json, text or varchar",
+            ColumnRole::Integer => "smallint, integer or bigint",
+            ColumnRole::Any => "any type",
+        }
+    }
+
+    /// The type a fix should create or convert to.
+    fn fix_type(self) -> &'static str {
+        match self {
+            ColumnRole::Id | ColumnRole::Name | ColumnRole::Any => "text",
+            ColumnRole::Payload => "jsonb",
+            ColumnRole::Integer => "bigint",
+        }
+    }
+}
+
+/// (config key, column name, role) for every column the mapping reads.
+fn mapped_columns(
+    columns: &ColumnNames,
+    extra_headers: &[String],
+) -> Vec<(String, String, ColumnRole)> {
+    let mut out = vec![
+        (
+            "outbox.columns.event_id".to_owned(),
+            columns.event_id.clone(),
+            ColumnRole::Id,
+        ),
+        (
+            "outbox.columns.aggregate_type".to_owned(),
+            columns.aggregate_type.clone(),
+            ColumnRole::Name,
+        ),
+        (
+            "outbox.columns.aggregate_id".to_owned(),
+            columns.aggregate_id.clone(),
+            ColumnRole::Id,
+        ),
+        (
+            "outbox.columns.event_type".to_owned(),
+            columns.event_type.clone(),
+            ColumnRole::Name,
+        ),
+        (
+            "outbox.columns.payload".to_owned(),
+            columns.payload.clone(),
+            ColumnRole::Payload,
+        ),
+    ];
+    if let Some(c) = &columns.aggregate_sequence {
+        out.push((
+            "outbox.columns.aggregate_sequence".to_owned(),
+            c.clone(),
+            ColumnRole::Integer,
+        ));
+    }
+    if let Some(c) = &columns.schema_version {
+        out.push((
+            "outbox.columns.schema_version".to_owned(),
+            c.clone(),
+            ColumnRole::Integer,
+        ));
+    }
+    for h in extra_headers {
+        out.push((
+            "outbox.extra_headers".to_owned(),
+            h.clone(),
+            ColumnRole::Any,
+        ));
+    }
+    out
+}
+
+async fn outbox_columns(
+    client: &Client,
+    oid: u32,
+    facts: &Facts,
+    extra_headers: &[String],
+) -> CheckResult {
+    const NAME: &str = "outbox columns";
+    let rows = match client
+        .query(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), \
+                    CASE WHEN t.typtype = 'd' THEN bt.typname ELSE t.typname END::text \
+             FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+             LEFT JOIN pg_type bt ON bt.oid = t.typbasetype \
+             WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped",
+            &[&oid],
+        )
+        .await
+    {
+        Ok(rows) => rows,
+        Err(e) => return query_fail(NAME, &e),
+    };
+    let present: Vec<(String, String, String)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let table = facts.table.quoted();
+    let mut found = Vec::new();
+    let mut problems = Vec::new();
+    let mut fixes = Vec::new();
+    for (key, column, role) in mapped_columns(&facts.columns, extra_headers) {
+        match present.iter().find(|(name, _, _)| *name == column) {
+            None => {
+                problems.push(format!("column {column:?} ({key}) is missing"));
+                fixes.push(format!(
+                    "ALTER TABLE {table} ADD COLUMN {} {};  -- or set {key} to an existing column",
+                    quote_ident(&column),
+                    role.fix_type()
+                ));
+            }
+            Some((_, shown, base)) if !role.accepts(base) => {
+                problems.push(format!(
+                    "column {column:?} ({key}) is {shown}, expected {}",
+                    role.allowed()
+                ));
+                let to = role.fix_type();
+                fixes.push(format!(
+                    "ALTER TABLE {table} ALTER COLUMN {col} TYPE {to} USING {col}::{to};  -- or set {key} to a column of {}",
+                    role.allowed(),
+                    col = quote_ident(&column),
+                ));
+            }
+            Some((_, shown, _)) => found.push(format!("{column} {shown}")),
+        }
+    }
+    if problems.is_empty() {
+        pass(NAME, found.join(", "))
+    } else {
+        fail(NAME, problems.join("; "), fixes.join("\n"))
+    }
+}
+
+/// Existence, tables (exactly the outbox table, all mapped columns, no row
+/// filter) and operations (inserts only) of the publication.
+async fn publication(client: &Client, config: &Config, facts: &Facts) -> Vec<CheckResult> {
+    const EXISTS: &str = "publication";
+    const TABLES: &str = "publication tables";
+    const PUBLISHES: &str = "publication publishes";
+    let name = &config.postgres.publication;
+    let quoted = quote_ident(name);
+    let table = facts.table.quoted();
+    let create_sql =
+        format!("CREATE PUBLICATION {quoted} FOR TABLE {table} WITH (publish = 'insert');");
+    let row = match client
+        .query_opt(
+            "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1",
+            &[name],
+        )
+        .await
+    {
+        Ok(row) => row,
+        Err(e) => {
+            return vec![
+                query_fail(EXISTS, &e),
+                skip(TABLES, "the publication query failed"),
+                skip(PUBLISHES, "the publication query failed"),
+            ];
+        }
+    };
+    let Some(row) = row else {
+        let missing = if config.postgres.create_publication {
+            can_create_publication(client, facts, &create_sql).await
+        } else {
+            fail(
+                EXISTS,
+                format!("publication {name:?} does not exist (postgres.publication)"),
+                format!(
+                    "{create_sql}  -- as the table's owner\nor set postgres.create_publication = true"
+                ),
+            )
+        };
+        let why = "the publication does not exist yet";
+        return vec![missing, skip(TABLES, why), skip(PUBLISHES, why)];
+    };
+    let (all_tables, insert, update, delete, truncate): (bool, bool, bool, bool, bool) =
+        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    let mut results = vec![pass(EXISTS, format!("{name:?} exists"))];
+
+    results.push(if all_tables {
+        fail(
+            TABLES,
+            format!("publication {name:?} is FOR ALL TABLES: every table's changes are decoded and sent to the connector"),
+            format!("DROP PUBLICATION {quoted};\n{create_sql}"),
+        )
+    } else {
+        publication_tables(client, name, facts).await
+    });
+
+    let mut extra = Vec::new();
+    for (on, op) in [
+        (update, "update"),
+        (delete, "delete"),
+        (truncate, "truncate"),
+    ] {
+        if on {
+            extra.push(op);
+        }
+    }
+    let set_insert = format!("ALTER PUBLICATION {quoted} SET (publish = 'insert');");
+    results.push(if !insert {
+        fail(
+            PUBLISHES,
+            format!("publication {name:?} does not publish inserts, so no outbox row would reach the connector"),
+            set_insert,
+        )
+    } else if !extra.is_empty() {
+        fail(
+            PUBLISHES,
+            format!(
+                "publication {name:?} also publishes {}: retention deletes and any update of the outbox are decoded \
+                 and sent for nothing, and UPDATE/DELETE on a table without a replica identity fail while it \
+                 publishes them",
+                extra.join(", ")
+            ),
+            set_insert,
+        )
+    } else {
+        pass(PUBLISHES, "insert only")
+    });
+    results
+}
+
+/// With `create_publication = true`, `run` creates a missing publication: that
+/// needs CREATE on the database and ownership of the table.
+async fn can_create_publication(client: &Client, facts: &Facts, create_sql: &str) -> CheckResult {
+    const NAME: &str = "publication";
+    let row = client
+        .query_one(
+            "SELECT has_database_privilege(current_database(), 'CREATE'), \
+                    COALESCE((SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_class c \
+                              JOIN pg_namespace n ON n.oid = c.relnamespace \
+                              WHERE n.nspname = $1 AND c.relname = $2), false)",
+            &[&facts.table.schema, &facts.table.name],
+        )
+        .await;
+    match row {
+        Ok(row) if row.get::<_, bool>(0) && row.get::<_, bool>(1) => pass(
+            NAME,
+            "missing; `run` creates it (postgres.create_publication = true)",
+        ),
+        Ok(_) => fail(
+            NAME,
+            format!(
+                "the publication is missing and role {} cannot create it (it needs CREATE on the database and \
+                 ownership of {})",
+                facts.user, facts.table
+            ),
+            format!("{create_sql}  -- as the table's owner"),
+        ),
+        Err(e) => query_fail(NAME, &e),
+    }
+}
+
+async fn publication_tables(client: &Client, name: &str, facts: &Facts) -> CheckResult {
+    const NAME: &str = "publication tables";
+    let quoted = quote_ident(name);
+    let table = facts.table.quoted();
+    let rows = match client
+        .query(
+            "SELECT schemaname::text, tablename::text, attnames::text[], rowfilter \
+             FROM pg_publication_tables WHERE pubname = $1",
+            &[&name],
+        )
+        .await
+    {
+        Ok(rows) => rows,
+        Err(e) => return query_fail(NAME, &e),
+    };
+    let mut ours = None;
+    let mut others = BTreeSet::new();
+    for row in &rows {
+        let (schema, relname): (String, String) = (row.get(0), row.get(1));
+        if schema == facts.table.schema && relname == facts.table.name {
+            ours = Some((
+                row.get::<_, Option<Vec<String>>>(2),
+                row.get::<_, Option<String>>(3),
+            ));
+        } else {
+            others.insert(
+                TableName {
+                    schema,
+                    name: relname,
+                }
+                .quoted(),
+            );
+        }
+    }
+    let Some((attnames, rowfilter)) = ours else {
+        let mut fix = format!("ALTER PUBLICATION {quoted} ADD TABLE {table};");
+        if !others.is_empty() {
+            let list: Vec<&str> = others.iter().map(String::as_str).collect();
+            let _ = write!(
+                fix,
+                "\nALTER PUBLICATION {quoted} DROP TABLE {};",
+                list.join(", ")
+            );
+        }
+        return fail(
+            NAME,
+            format!(
+                "publication {name:?} does not contain {} (it holds {} other table(s))",
+                facts.table,
+                others.len()
+            ),
+            fix,
+        );
+    };
+    if !others.is_empty() {
+        let list: Vec<&str> = others.iter().map(String::as_str).collect();
+        return fail(
+            NAME,
+            format!(
+                "publication {name:?} also holds {}: their changes are decoded and sent to the connector for nothing",
+                list.join(", ")
+            ),
+            format!("ALTER PUBLICATION {quoted} DROP TABLE {};", list.join(", ")),
+        );
+    }
+    if let Some(filter) = rowfilter {
+        return fail(
+            NAME,
+            format!(
+                "publication {name:?} filters {} with WHERE ({filter}): filtered rows would never be published",
+                facts.table
+            ),
+            format!(
+                "ALTER PUBLICATION {quoted} SET TABLE {table};  -- publishes every row and column"
+            ),
+        );
+    }
+    if let Some(published) = attnames {
+        let missing: Vec<String> = mapped_columns(&facts.columns, &[])
+            .into_iter()
+            .map(|(_, column, _)| column)
+            .filter(|c| !published.contains(c))
+            .collect();
+        if !missing.is_empty() {
+            return fail(
+                NAME,
+                format!(
+                    "publication {name:?} publishes only some columns of {}; missing: {}",
+                    facts.table,
+                    missing.join(", ")
+                ),
+                format!("ALTER PUBLICATION {quoted} SET TABLE {table};  -- publishes every column"),
+            );
+        }
+    }
+    pass(NAME, format!("exactly {}", facts.table))
+}
+
+async fn heartbeat(client: &Client, prefix: &str, interval: Duration) -> CheckResult {
+    const NAME: &str = "heartbeat";
+    match client
+        .query_one(
+            "SELECT has_function_privilege('pg_logical_emit_message(boolean, text, text)', 'EXECUTE')",
+            &[],
+        )
+        .await
+    {
+        Ok(row) if row.get::<_, bool>(0) => pass(
+            NAME,
+            format!("every {} ms with prefix {prefix:?}", interval.as_millis()),
+        ),
+        Ok(_) => fail(
+            NAME,
+            "the role may not execute pg_logical_emit_message",
+            "GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO <the role in postgres.url>;\n\
+             or set monitor.heartbeat_interval_ms = 0",
+        ),
+        Err(e) => query_fail(NAME, &e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn column_roles_accept_usable_types_only() {
+        assert!(
+            ColumnRole::Id.accepts("uuid")
+                && ColumnRole::Id.accepts("int8")
+                && ColumnRole::Id.accepts("text")
+        );
+        assert!(!ColumnRole::Id.accepts("jsonb"));
+        assert!(ColumnRole::Name.accepts("varchar") && !ColumnRole::Name.accepts("uuid"));
+        assert!(ColumnRole::Payload.accepts("jsonb") && ColumnRole::Payload.accepts("json"));
+        assert!(ColumnRole::Payload.accepts("text") && !ColumnRole::Payload.accepts("bytea"));
+        assert!(ColumnRole::Integer.accepts("int4") && !ColumnRole::Integer.accepts("numeric"));
+        assert!(!ColumnRole::Integer.accepts("text"));
+    }
+
+    #[test]
+    fn report_has_a_line_per_check_and_the_fix_under_each_failure() {
+        let results = vec![
+            pass("wal_level", "logical"),
+            fail(
+                "publication",
+                "publication \"p\" does not exist",
+                "CREATE PUBLICATION ...;\nor set x",
+            ),
+            skip("publication tables", "the publication does not exist yet"),
+        ];
+        let text = render(&results);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("PASS  wal_level"), "{text}");
+        assert!(lines[1].starts_with("FAIL  publication "), "{text}");
+        assert!(
+            lines[2].trim_start().starts_with("fix: CREATE PUBLICATION"),
+            "{text}"
+        );
+        assert!(lines[3].trim_start().starts_with("or set x"), "{text}");
+        assert!(lines[4].starts_with("SKIP  publication tables"), "{text}");
+        assert_eq!(lines[5], "check FAILED: 1 passed, 1 failed, 1 skipped");
+        assert!(!all_passed(&results));
+        assert!(all_passed(&results[..1]));
+    }
+}

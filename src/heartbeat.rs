@@ -1,0 +1,137 @@
+//! The optional heartbeat: every `monitor.heartbeat_interval_ms`,
+//! `SELECT pg_logical_emit_message(false, <monitor.heartbeat_prefix>, now()::text)`
+//! on its own SQL connection.
+//!
+//! Why: the pipeline acknowledges a keepalive's `wal_end` only when a keepalive
+//! reaches it while nothing is in flight (the idle-advance rule). When this
+//! database is quiet, whether and when the server sends one depends on what its
+//! walsender happens to read, so on a server whose other databases write a lot
+//! the slot's `restart_lsn` can stay behind and pin their WAL. A heartbeat puts
+//! a record into THIS database's WAL every interval, so something reaches the
+//! connector and the slot advances at least that often.
+//!
+//! The message is non-transactional (written at once, no transaction, never an
+//! event: the pipeline only maps transactional messages, and config validation
+//! keeps its prefix apart from `outbox.message_prefix`). Failures count
+//! `outbox_cdc_heartbeat_errors_total` and reconnect on the next tick.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use outbox_cdc::config::Config;
+use outbox_cdc::metrics::Metrics;
+use outbox_cdc::pg::{PgConnectConfig, PgError};
+
+const HEARTBEAT_SQL: &str = "SELECT pg_logical_emit_message(false, $1, now()::text)::text";
+
+/// Upper bound of one heartbeat (connect + statement).
+const BEAT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Starts the heartbeat when `monitor.heartbeat_interval_ms` is not 0.
+pub(crate) fn spawn(
+    config: Arc<Config>,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
+) -> Option<JoinHandle<()>> {
+    let interval = config.monitor.heartbeat_interval()?;
+    Some(tokio::spawn(run(config, interval, metrics, shutdown)))
+}
+
+async fn run(
+    config: Arc<Config>,
+    interval: Duration,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let pg = match PgConnectConfig::parse(&config.postgres.url) {
+        Ok(pg) => pg,
+        Err(e) => {
+            warn!(error = %e, "heartbeat disabled: postgres.url does not parse");
+            return;
+        }
+    };
+    let prefix = config.monitor.heartbeat_prefix.as_str();
+    info!(
+        prefix,
+        interval_ms = interval.as_millis() as u64,
+        "heartbeat on"
+    );
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut client: Option<tokio_postgres::Client> = None;
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = shutdown.changed() => {
+                if changed.is_err() || *shutdown.borrow() {
+                    debug!("heartbeat stopped");
+                    return;
+                }
+                continue;
+            }
+        }
+        let outcome = tokio::time::timeout(BEAT_TIMEOUT, beat(&pg, prefix, &mut client)).await;
+        match outcome {
+            Ok(Ok(lsn)) => {
+                metrics.heartbeats.fetch_add(1, Ordering::Relaxed);
+                debug!(%lsn, "heartbeat written");
+                if failing {
+                    info!("heartbeat: writing again");
+                    failing = false;
+                }
+            }
+            Ok(Err(e)) => {
+                client = None;
+                metrics.heartbeat_errors.fetch_add(1, Ordering::Relaxed);
+                if !failing {
+                    warn!(error = %e, "heartbeat failed; retrying every interval");
+                    failing = true;
+                }
+            }
+            Err(_) => {
+                client = None;
+                metrics.heartbeat_errors.fetch_add(1, Ordering::Relaxed);
+                if !failing {
+                    warn!(
+                        timeout_ms = BEAT_TIMEOUT.as_millis() as u64,
+                        "heartbeat timed out"
+                    );
+                    failing = true;
+                }
+            }
+        }
+    }
+}
+
+/// Why a heartbeat was not written.
+#[derive(Debug, thiserror::Error)]
+enum BeatError {
+    #[error(transparent)]
+    Connect(#[from] PgError),
+    #[error("pg_logical_emit_message(false, {prefix:?}, ...): {source}")]
+    Emit {
+        prefix: String,
+        source: tokio_postgres::Error,
+    },
+}
+
+/// Writes one heartbeat; returns the LSN of its WAL record.
+async fn beat(
+    pg: &PgConnectConfig,
+    prefix: &str,
+    client: &mut Option<tokio_postgres::Client>,
+) -> Result<String, BeatError> {
+    let c = crate::monitor::connected(pg, client).await?;
+    let emit = |source| BeatError::Emit {
+        prefix: prefix.to_owned(),
+        source,
+    };
+    let row = c.query_one(HEARTBEAT_SQL, &[&prefix]).await.map_err(emit)?;
+    row.try_get(0).map_err(emit)
+}
