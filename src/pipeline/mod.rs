@@ -113,6 +113,10 @@ impl PipelineError {
 
 /// Runs sessions until shutdown is signalled (returns Ok) or a definite error
 /// occurs. Retryable failures reconnect with exponential backoff and full jitter.
+///
+/// Needs a multi-threaded tokio runtime: offsets are flushed to disk with
+/// `block_in_place`, which keeps the replication task's order of events and
+/// lets other tasks (the feedback writer among them) run meanwhile.
 pub async fn run(
     config: Arc<Config>,
     options: RunOptions,

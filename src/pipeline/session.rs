@@ -176,8 +176,19 @@ impl<'a> Session<'a> {
                         return self.shutdown(stream).await;
                     }
                 }
-                Some(report) = self.reports.recv() => self.on_report(report)?,
+                // The tick comes first so that a steady flood of delivery
+                // reports can never starve persisting (and so feedback).
                 _ = tick.tick() => self.on_tick()?,
+                Some(report) = self.reports.recv() => {
+                    self.on_report(report)?;
+                    // Take what else has arrived in one go, bounded, then read again.
+                    for _ in 0..1024 {
+                        match self.reports.try_recv() {
+                            Ok(report) => self.on_report(report)?,
+                            Err(_) => break,
+                        }
+                    }
+                }
                 event = stream.recv(), if has_room => match event? {
                     Some(event) => self.on_replication_event(event).await?,
                     None => return Err(PipelineError::StreamEnded),
