@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
+use outbox_cdc::checkpoint::OffsetStore;
 use outbox_cdc::config::Config;
 use outbox_cdc::outbox::settings::{ColumnNames, TableName};
 use outbox_cdc::pg::{PgConnectConfig, quote_ident};
@@ -237,7 +238,7 @@ async fn check_postgres(config: &Config) -> Vec<CheckResult> {
         columns,
     };
     results.push(wal_level(&client).await);
-    let (slots, slot) = replication_slots(&client, &config.postgres.slot).await;
+    let (slots, slot) = replication_slots(&client, config).await;
     results.push(slots);
     results.push(slot);
     results.push(wal_senders(&client, &config.postgres.slot).await);
@@ -293,7 +294,8 @@ struct SlotRow {
 }
 
 /// Capacity for our slot, then the slot itself if it exists.
-async fn replication_slots(client: &Client, slot: &str) -> (CheckResult, CheckResult) {
+async fn replication_slots(client: &Client, config: &Config) -> (CheckResult, CheckResult) {
+    let slot = config.postgres.slot.as_str();
     const CAPACITY: &str = "replication slots";
     const SLOT: &str = "slot";
     let rows = match client
@@ -365,10 +367,7 @@ async fn replication_slots(client: &Client, slot: &str) -> (CheckResult, CheckRe
         }
     };
     let slot_check = match ours {
-        None => pass(
-            SLOT,
-            format!("{slot:?} does not exist yet; `run` creates it (postgres.create_slot)"),
-        ),
+        None => missing_slot(config, slot),
         Some(SlotRow {
             plugin,
             database: db,
@@ -423,12 +422,58 @@ async fn replication_slots(client: &Client, slot: &str) -> (CheckResult, CheckRe
     (capacity, slot_check)
 }
 
+/// The slot does not exist: fine before the first start, a lost slot when an
+/// offset is stored (the start would be refused), a refused start when the
+/// connector may not create it.
+fn missing_slot(config: &Config, slot: &str) -> CheckResult {
+    const SLOT: &str = "slot";
+    let path = &config.offsets.path;
+    // Only an existing, unlocked store is read: sled creates missing
+    // directories, and a running connector holds the lock.
+    let stored = if path.exists() {
+        OffsetStore::open(path)
+            .ok()
+            .and_then(|store| store.load(slot).ok().flatten())
+    } else {
+        None
+    };
+    if let Some(offset) = stored {
+        return fail(
+            SLOT,
+            format!(
+                "slot {slot:?} does not exist, but {} holds offset {} for it: the slot was lost, and changes \
+                 committed after {} may never be published; `run` refuses to start",
+                path.display(),
+                offset.lsn,
+                offset.lsn
+            ),
+            "outbox-cdc run --recreate-slot --config <this file>\n\
+             then replay the outbox rows committed since the slot was lost (docs/operations.md, \"Slot lost\")",
+        );
+    }
+    if config.postgres.create_slot {
+        pass(
+            SLOT,
+            format!("{slot:?} does not exist yet; `run` creates it (postgres.create_slot)"),
+        )
+    } else {
+        fail(
+            SLOT,
+            format!("slot {slot:?} does not exist and postgres.create_slot = false"),
+            format!(
+                "SELECT pg_create_logical_replication_slot('{}', 'pgoutput');\nor set postgres.create_slot = true",
+                slot.replace('\'', "''")
+            ),
+        )
+    }
+}
+
 async fn wal_senders(client: &Client, slot: &str) -> CheckResult {
     const NAME: &str = "wal senders";
     let row = match client
         .query_one(
             "SELECT current_setting('max_wal_senders')::int, \
-                    (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender')::int, \
+                    (SELECT count(*) FROM pg_stat_get_wal_senders())::int, \
                     EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active)",
             &[&slot],
         )

@@ -1,0 +1,177 @@
+//! The metrics say why while Kafka is down: slot lag and the oldest
+//! unacknowledged age rise, the acked LSN stands still; after Kafka is back the
+//! events arrive and the lag falls. This file stops the shared broker
+//! (`scripts/env.sh kafka-stop`, then `kafka-start`, also on failure), so it
+//! holds exactly one test (cargo runs test files one after another).
+
+mod common;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::relay::{Fixture, consume, eventually, spawn_binary};
+use outbox_cdc::pg::Lsn;
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+fn env_sh(arg: &str) {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let status = Command::new("bash")
+        .arg(format!("{root}/scripts/env.sh"))
+        .arg(arg)
+        .current_dir(root)
+        .status()
+        .unwrap_or_else(|e| panic!("scripts/env.sh {arg}: {e}"));
+    assert!(status.success(), "scripts/env.sh {arg} failed: {status}");
+}
+
+/// Starts Kafka again even when the test fails half-way.
+struct KafkaBackOnDrop(bool);
+
+impl KafkaBackOnDrop {
+    fn restore(&mut self) {
+        if !self.0 {
+            self.0 = true;
+            env_sh("kafka-start");
+        }
+    }
+}
+
+impl Drop for KafkaBackOnDrop {
+    fn drop(&mut self) {
+        self.restore();
+    }
+}
+
+fn free_port() -> u16 {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    probe.local_addr().expect("local addr").port()
+}
+
+async fn metric(port: u16, name: &str) -> f64 {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let body = outbox_cdc::http::get(addr, "/metrics", Duration::from_secs(2))
+        .await
+        .unwrap_or_else(|e| panic!("the connector does not answer /metrics: {e}"));
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+}
+
+async fn current_wal_lsn(fx: &Fixture) -> Lsn {
+    let row = fx
+        .admin
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .expect("pg_current_wal_lsn");
+    row.get::<_, String>(0).parse().expect("LSN")
+}
+
+fn log_of(config: &Path) -> String {
+    std::fs::read_to_string(config.with_file_name("connector.log")).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lag_and_unacked_age_rise_while_kafka_is_down_and_fall_after() {
+    common::init_tracing();
+    let fx = Fixture::new("opskafka").await;
+    let port = free_port();
+    let text = fx
+        .config_text()
+        .replace("listen = \"\"", &format!("listen = \"127.0.0.1:{port}\""));
+    let config = fx.offsets_dir.path().join("ops.toml");
+    std::fs::write(
+        &config,
+        format!("{text}\n[monitor]\nslot_poll_interval_ms = 200\n"),
+    )
+    .expect("write config");
+    let mut child = spawn_binary(&config);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while outbox_cdc::http::get(addr, "/readyz", Duration::from_secs(1))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "not streaming:\n{}",
+            log_of(&config)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let mut written = Vec::new();
+    for i in 0..5 {
+        written.extend(
+            fx.write_tx(&[("order", "k", format!(r#"{{"n": {i}}}"#))], true)
+                .await,
+        );
+    }
+    consume(&fx.topic_prefix, written.len(), TIMEOUT, Duration::ZERO);
+    eventually("the first events are acknowledged", TIMEOUT, || async {
+        metric(port, "outbox_cdc_events_published_total").await >= 5.0
+    })
+    .await;
+
+    let mut kafka = KafkaBackOnDrop(false);
+    env_sh("kafka-stop");
+    let before = current_wal_lsn(&fx).await;
+    for i in 5..25 {
+        written.extend(
+            fx.write_tx(&[("order", "k", format!(r#"{{"n": {i}}}"#))], true)
+                .await,
+        );
+    }
+    let wal_written = current_wal_lsn(&fx).await.bytes_since(before) as f64;
+    let acked_at_outage = metric(port, "outbox_cdc_acked_lsn").await;
+
+    eventually(
+        "slot lag covers the WAL written during the outage",
+        Duration::from_secs(60),
+        || async { metric(port, "outbox_cdc_slot_lag_bytes").await >= wal_written },
+    )
+    .await;
+    eventually(
+        "the oldest unacknowledged event ages",
+        Duration::from_secs(60),
+        || async { metric(port, "outbox_cdc_oldest_unacked_age_seconds").await >= 2.0 },
+    )
+    .await;
+    assert!(
+        metric(port, "outbox_cdc_acked_lsn").await <= before.as_u64() as f64,
+        "nothing written during the outage is acknowledged"
+    );
+    assert!(metric(port, "outbox_cdc_acked_lsn").await >= acked_at_outage);
+    assert!(metric(port, "outbox_cdc_events_published_total").await < 25.0);
+    let lag_during = metric(port, "outbox_cdc_slot_lag_bytes").await;
+
+    kafka.restore();
+
+    let expected: HashSet<&str> = written.iter().map(String::as_str).collect();
+    let records = consume(
+        &fx.topic_prefix,
+        expected.len(),
+        TIMEOUT,
+        Duration::from_secs(2),
+    );
+    let got: HashSet<&str> = records.iter().map(|r| r.header("event_id")).collect();
+    let missing: Vec<&&str> = expected.iter().filter(|id| !got.contains(**id)).collect();
+    assert!(
+        missing.is_empty(),
+        "events lost over the outage: {missing:?}\n{}",
+        log_of(&config)
+    );
+    eventually("the lag falls once Kafka acknowledges", TIMEOUT, || async {
+        metric(port, "outbox_cdc_slot_lag_bytes").await < lag_during
+            && metric(port, "outbox_cdc_oldest_unacked_age_seconds").await == 0.0
+    })
+    .await;
+    assert!(metric(port, "outbox_cdc_acked_lsn").await > before.as_u64() as f64);
+
+    let exit = child.terminate(Duration::from_secs(60));
+    assert!(exit.success(), "graceful stop: {exit}");
+    fx.cleanup().await;
+}
