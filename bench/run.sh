@@ -1,0 +1,476 @@
+#!/usr/bin/env bash
+# outbox-cdc benchmark (DESIGN.md §10). Measures, on the test environment
+# (scripts/env.sh up; it is never stopped here):
+#
+#  1. Catch-up. With the connector stopped, two logical slots are created on one
+#     publication, then a backlog of BENCH_EVENTS outbox rows (~300-byte JSON
+#     payloads, BENCH_AGGREGATES aggregates) is written by server-side SQL, once
+#     per transaction size in BENCH_TX_SIZES. Then, one after the other:
+#       (a) pg_recvlogical (pgoutput, proto_version 1) drains one slot to
+#           /dev/null up to the backlog's end LSN: the physical limit of
+#           server-side decoding on this machine;
+#       (b) outbox-cdc (release build) drains the other slot into Kafka
+#           (acks=all) until its acked LSN (/metrics outbox_cdc_acked_lsn,
+#           which is persisted and reported to PostgreSQL) reaches the end LSN.
+#     Reported: events/s of both (from process start), their ratio, the
+#     connector's peak RSS (VmHWM).
+#  2. Steady state. pgbench (bench/steady.pgbench: an order row plus its outbox
+#     row through outbox_emit() per transaction) runs BENCH_CLIENTS clients for
+#     BENCH_STEADY_SECONDS at full speed (or BENCH_RATE tps) while the connector
+#     runs. Latency = Kafka consume time minus record timestamp (the commit
+#     time) for every record, read by a consumer started before the load;
+#     the connector's own commit-to-ack histogram is reported beside it. Slot
+#     lag (pg_current_wal_lsn - confirmed_flush_lsn) is sampled every 200 ms.
+#
+# Output: bench/results/latest.json, bench/results/latest.png (BENCH_OUT sets
+# the directory); intermediate files and logs in target/bench/run-<id>/.
+#
+# Usage:
+#   scripts/env.sh up && bench/run.sh                 # full run (1,000,000 events)
+#   BENCH_EVENTS=200000 BENCH_STEADY_SECONDS=30 bench/run.sh   # quicker
+#   BENCH_PHASES=drain bench/run.sh                   # only the catch-up
+#
+# Settings (environment):
+#   BENCH_EVENTS=1000000      backlog size per transaction size
+#   BENCH_TX_SIZES="1 100"    events per transaction of the backlogs
+#   BENCH_AGGREGATES=10000    distinct aggregate ids
+#   BENCH_PARTITIONS=3        partitions of each benchmark topic
+#   BENCH_PHASES="drain steady"
+#   BENCH_STEADY_SECONDS=60  BENCH_CLIENTS=4  BENCH_THREADS=2  BENCH_RATE=(unset: max)
+#   BENCH_DRAIN_TIMEOUT=1800  seconds allowed for one drain
+#   BENCH_NO_BUILD=1          use target/release/outbox-cdc as it is
+#   BENCH_OUT=bench/results   where latest.json / latest.png go
+#   BENCH_PERF=1              record a perf profile (cpu-clock, DWARF stacks) of the
+#                             connector during each drain into the run dir
+#   BENCH_KEEP_RUN_DIR=0      1 keeps target/bench/run-<id>/ (latency samples, logs)
+#   OUTBOX_CDC__*             passed through to the connector (e.g.
+#                             OUTBOX_CDC__KAFKA__LINGER_MS=10); the benchmark sets
+#                             only the URL, slot, topic, offsets path and http.listen.
+#
+# Everything the run creates has a unique name (database bench_<id>, slots
+# bench_<id>_*, topics bench.<id>.*) and is dropped at the end, also on failure
+# or Ctrl-C. Needs: psql, pgbench, pg_recvlogical (PostgreSQL 15 client
+# binaries), curl, python3 (a venv with confluent-kafka and matplotlib is made
+# under target/bench/venv on first use).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+EVENTS=${BENCH_EVENTS:-1000000}
+TX_SIZES=${BENCH_TX_SIZES:-"1 100"}
+AGGREGATES=${BENCH_AGGREGATES:-10000}
+PARTITIONS=${BENCH_PARTITIONS:-3}
+PHASES=${BENCH_PHASES:-"drain steady"}
+STEADY_SECONDS=${BENCH_STEADY_SECONDS:-60}
+CLIENTS=${BENCH_CLIENTS:-4}
+THREADS=${BENCH_THREADS:-2}
+RATE=${BENCH_RATE:-}
+DRAIN_TIMEOUT=${BENCH_DRAIN_TIMEOUT:-1800}
+OUT=${BENCH_OUT:-bench/results}
+PG_BIN=${OUTBOX_CDC_PG_BIN:-/usr/lib/postgresql/15/bin}
+
+log() { printf 'bench: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+[[ -f target/env/test.env ]] || die "target/env/test.env is missing: run scripts/env.sh up first"
+# shellcheck disable=SC1091
+. target/env/test.env
+PG_BIN=${OUTBOX_CDC_PG_BIN:-$PG_BIN}
+for tool in psql pgbench pg_recvlogical; do
+  [[ -x "$PG_BIN/$tool" ]] || die "$PG_BIN/$tool not found (PostgreSQL 15 client binaries)"
+done
+command -v curl >/dev/null || die "curl not found"
+[[ "$EVENTS" =~ ^[0-9]+$ && "$EVENTS" -gt 0 ]] || die "BENCH_EVENTS must be a positive integer"
+
+id="$(date +%Y%m%d%H%M%S)_$$"
+DB="bench_$id"
+run="$root/target/bench/run-$id"
+mkdir -p "$run" "$OUT"
+topic_prefix="bench.$id"
+
+# URLs for the benchmark's database: same server and roles, other dbname.
+with_db() {
+  local url=$1 base query
+  base=${url%%\?*}
+  query=${url#"$base"}
+  printf '%s/%s%s' "${base%/*}" "$DB" "$query"
+}
+ADMIN_URL=$OUTBOX_CDC_TEST_PG_ADMIN
+ADMIN_DB_URL=$(with_db "$OUTBOX_CDC_TEST_PG_ADMIN")
+DB_URL=$(with_db "$OUTBOX_CDC_TEST_PG")
+
+sql() { "$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 "$ADMIN_DB_URL" "$@"; }
+
+pids=()
+created_db=0
+topics=()
+cleanup() {
+  local status=$?
+  trap - INT TERM EXIT
+  set +e
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
+  if (( created_db )); then
+    # Slots pin WAL for the whole cluster: never leave ours behind.
+    "$PG_BIN/psql" -X -q -At "$ADMIN_URL" -c "
+      SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+       WHERE slot_name LIKE 'bench\_${id}\_%' AND active_pid IS NOT NULL" >/dev/null
+    for _ in $(seq 1 50); do
+      left=$("$PG_BIN/psql" -X -q -At "$ADMIN_URL" -c "
+        SELECT count(pg_drop_replication_slot(slot_name)) FILTER (WHERE NOT active), count(*)
+          FROM pg_replication_slots WHERE slot_name LIKE 'bench\_${id}\_%'" | cut -d'|' -f2)
+      [[ "$left" == 0 ]] && break
+      sleep 0.2
+    done
+    "$PG_BIN/psql" -X -q -At "$ADMIN_URL" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null \
+      && log "dropped database $DB and its slots"
+  fi
+  if (( ${#topics[@]} )); then
+    "$PY" bench/tools/bench.py topics-delete "$OUTBOX_CDC_TEST_KAFKA" "${topics[@]}" >&2
+  fi
+  if [[ "${BENCH_KEEP_RUN_DIR:-0}" != 1 && $status -eq 0 ]]; then
+    rm -rf "$run"
+  else
+    log "run files kept in $run"
+  fi
+  exit "$status"
+}
+trap cleanup INT TERM EXIT
+
+# --- tools -------------------------------------------------------------------
+venv="$root/target/bench/venv"
+PY="$venv/bin/python"
+if ! "$PY" -c 'import confluent_kafka, matplotlib' 2>/dev/null; then
+  log "installing confluent-kafka and matplotlib into $venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q confluent-kafka matplotlib
+fi
+
+BIN="$root/target/release/outbox-cdc"
+if [[ "${BENCH_NO_BUILD:-0}" != 1 ]]; then
+  log "building the connector (release)"
+  cargo build --release --quiet --bin outbox-cdc
+fi
+[[ -x "$BIN" ]] || die "$BIN not found (cargo build --release)"
+
+free_port() {
+  "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# --- machine -----------------------------------------------------------------
+"$PG_BIN/psql" -X -q -At "$ADMIN_URL" -c 'SELECT 1' >/dev/null || die "PostgreSQL is not reachable: scripts/env.sh status"
+pg_version=$("$PG_BIN/psql" -X -q -At "$ADMIN_URL" -c 'SHOW server_version')
+kafka_version=$(sed -n 's|.*kafka-\([0-9][0-9.]*\).*|\1|p' <<<"${OUTBOX_CDC_KAFKA_CLASSPATH:-}")
+"$PY" - "$run/machine.json" "$pg_version" "${kafka_version:-unknown}" <<'PY'
+import json, os, platform, subprocess, sys, datetime
+def first(path, key):
+    with open(path) as f:
+        for line in f:
+            if line.startswith(key):
+                return line.split(":", 1)[1].strip()
+mem_kib = int(first("/proc/meminfo", "MemTotal").split()[0])
+def out(*cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
+    except Exception:
+        return None
+json.dump({
+    "nproc": os.cpu_count(),
+    "cpu_model": first("/proc/cpuinfo", "model name"),
+    "memory_gib": round(mem_kib / 1024 / 1024, 1),
+    "kernel": platform.release(),
+    "postgresql": sys.argv[2],
+    "kafka": sys.argv[3],
+    "rustc": out("rustc", "--version"),
+    "git_commit": out("git", "rev-parse", "--short", "HEAD"),
+    "loadavg_at_start": open("/proc/loadavg").read().split()[:3],
+    "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    "note": "PostgreSQL, Kafka, the connector, pgbench and the consumer share these cores",
+}, open(sys.argv[1], "w"), indent=2)
+PY
+env | grep '^OUTBOX_CDC__' | sed 's|://[^@]*@|://***@|' | sort >"$run/connector_env_overrides.txt" || true
+"$PY" - "$run/config.json" "$run/connector_env_overrides.txt" <<PY
+import json, sys
+overrides = dict(l.rstrip("\n").split("=", 1) for l in open(sys.argv[2]) if "=" in l)
+json.dump({
+    "events": $EVENTS, "tx_sizes": [int(x) for x in "$TX_SIZES".split()],
+    "aggregates": $AGGREGATES, "partitions": $PARTITIONS,
+    "steady_seconds": $STEADY_SECONDS, "clients": $CLIENTS, "threads": $THREADS,
+    "rate": "${RATE:-max}", "connector_config": "config/example.toml",
+    "connector_env_overrides": overrides,
+}, open(sys.argv[1], "w"), indent=2)
+PY
+
+# --- database and topics -------------------------------------------------------
+log "run $id: database $DB, topics $topic_prefix.*, files $run"
+"$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 "$ADMIN_URL" -c "CREATE DATABASE $DB" >/dev/null
+created_db=1
+for f in migrations/*.sql bench/sql/setup.sql; do sql -f "$f" >/dev/null; done
+sql -c "GRANT SELECT ON public.outbox_events TO outbox" >/dev/null
+
+lsn_num() { sql -c "SELECT pg_wal_lsn_diff('$1', '0/0')::numeric(20,0)"; }
+
+create_slot() { sql -c "SELECT lsn FROM pg_create_logical_replication_slot('$1', 'pgoutput')" >/dev/null; }
+drop_slot() {
+  local slot=$1
+  for _ in $(seq 1 50); do
+    sql -c "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+             WHERE slot_name = '$slot' AND active_pid IS NOT NULL" >/dev/null
+    if [[ $(sql -c "SELECT count(pg_drop_replication_slot(slot_name)) FILTER (WHERE NOT active), count(*)
+                      FROM pg_replication_slots WHERE slot_name = '$slot'" | cut -d'|' -f2) == 0 ]]; then
+      return 0
+    fi
+    sleep 0.2
+  done
+  log "warning: slot $slot still exists; dropped at cleanup"
+}
+
+now() { date +%s.%N; }
+tck=$(getconf CLK_TCK)
+# CPU seconds (user + system, all threads) a process has used so far; 0 when gone.
+cpu_secs() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || { echo 0; return; }
+  awk -v t="$tck" '{ printf "%.2f", ($12 + $13) / t }' <<<"${stat##*) }"
+}
+kafka_pid() { cat "${OUTBOX_CDC_ENV_DIR:-target/env}/kafka.pid" 2>/dev/null || echo 0; }
+slot_pid() { sql -c "SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = '$1'"; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
+rate() { awk -v n="$1" -v s="$2" 'BEGIN { printf "%.0f", n / s }'; }
+
+# Starts the connector in the background; sets conn_pid and conn_port.
+start_connector() {
+  local slot=$1 name=$2
+  conn_port=$(free_port)
+  rm -rf "$run/offsets-$name"
+  OUTBOX_CDC__POSTGRES__URL="$DB_URL" \
+  OUTBOX_CDC__POSTGRES__SLOT="$slot" \
+  OUTBOX_CDC__POSTGRES__PUBLICATION=outbox_pub \
+  OUTBOX_CDC__POSTGRES__CREATE_SLOT=false \
+  OUTBOX_CDC__POSTGRES__CREATE_PUBLICATION=false \
+  OUTBOX_CDC__OUTBOX__TOPIC="$topic_prefix.{aggregate_type}" \
+  OUTBOX_CDC__KAFKA__BOOTSTRAP_SERVERS="$OUTBOX_CDC_TEST_KAFKA" \
+  OUTBOX_CDC__OFFSETS__PATH="$run/offsets-$name" \
+  OUTBOX_CDC__HTTP__LISTEN="127.0.0.1:$conn_port" \
+    "$BIN" run --config config/example.toml 2>"$run/connector-$name.log" &
+  conn_pid=$!
+  pids+=("$conn_pid")
+}
+
+metric() { # metric NAME < metrics text
+  awk -v n="$1" '$1 == n { printf "%.0f", $2; found = 1 } END { if (!found) print 0 }'
+}
+
+peak_rss_mib() {
+  awk '/^VmHWM:/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status" 2>/dev/null || echo 0
+}
+
+stop_pid() {
+  local pid=$1
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for _ in $(seq 1 300); do
+    kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
+    sleep 0.1
+  done
+  log "warning: process $pid did not stop within 30 s; killing it"
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+
+# --- 1. catch-up ---------------------------------------------------------------
+drain() {
+  local tx=$1
+  local agg_type="drain$tx" rl_slot="bench_${id}_rl$tx" cdc_slot="bench_${id}_cdc$tx" topic="$topic_prefix.drain$tx"
+  "$PY" bench/tools/bench.py topics-create "$OUTBOX_CDC_TEST_KAFKA" "$PARTITIONS" "$topic" >&2
+  topics+=("$topic")
+  sql -c "TRUNCATE public.outbox_events, public.outbox_aggregate_sequences" >/dev/null
+  create_slot "$rl_slot"
+  create_slot "$cdc_slot"
+
+  log "drain tx=$tx: writing $EVENTS events in transactions of $tx"
+  local start_lsn end_lsn end_num t0 t1
+  start_lsn=$(sql -c "SELECT pg_current_wal_insert_lsn()")
+  t0=$(now)
+  sql -c "SET synchronous_commit = off" -c "CALL bench_fill($EVENTS, $tx, '$agg_type', $AGGREGATES)"
+  t1=$(now)
+  end_lsn=$(sql -c "SELECT pg_current_wal_insert_lsn()")
+  end_num=$(lsn_num "$end_lsn")
+  local write_s wal_bytes
+  write_s=$(elapsed "$t0" "$t1")
+  wal_bytes=$(sql -c "SELECT pg_wal_lsn_diff('$end_lsn', '$start_lsn')::bigint")
+  log "drain tx=$tx: backlog written in ${write_s}s ($(rate "$EVENTS" "$write_s") events/s), WAL $start_lsn..$end_lsn ($wal_bytes bytes)"
+
+  # (a) pg_recvlogical
+  log "drain tx=$tx: pg_recvlogical → /dev/null up to $end_lsn"
+  local kpid k0 k1 wpid=0 wcpu=0 c
+  kpid=$(kafka_pid)
+  t0=$(now)
+  /usr/bin/time -f '%M %U %S' -o "$run/recvlogical-$tx.rss" \
+    "$PG_BIN/pg_recvlogical" -d "$DB_URL" --slot="$rl_slot" --start --no-loop \
+      --endpos="$end_lsn" -F 0 -f /dev/null \
+      -o proto_version=1 -o publication_names=outbox_pub 2>"$run/recvlogical-$tx.log" &
+  local rl_pid=$!
+  pids+=("$rl_pid")
+  local rl_deadline=$(( SECONDS + DRAIN_TIMEOUT ))
+  while kill -0 "$rl_pid" 2>/dev/null; do
+    (( SECONDS < rl_deadline )) || die "pg_recvlogical did not reach $end_lsn within ${DRAIN_TIMEOUT}s"
+    # The walsender exits with pg_recvlogical: keep its last CPU reading.
+    if (( wpid == 0 )); then wpid=$(slot_pid "$rl_slot"); fi
+    if (( wpid != 0 )); then c=$(cpu_secs "$wpid"); [[ "$c" == 0 ]] || wcpu=$c; fi
+    sleep 0.05
+  done
+  wait "$rl_pid" || die "pg_recvlogical failed: $(tail -5 "$run/recvlogical-$tx.log")"
+  t1=$(now)
+  local rl_s rl_rss rl_cpu rl_wal_cpu=$wcpu
+  rl_s=$(elapsed "$t0" "$t1")
+  rl_rss=$(awk '{ printf "%.1f", $1 / 1024 }' "$run/recvlogical-$tx.rss")
+  rl_cpu=$(awk '{ printf "%.2f", $2 + $3 }' "$run/recvlogical-$tx.rss")
+  log "drain tx=$tx: pg_recvlogical ${rl_s}s → $(rate "$EVENTS" "$rl_s") events/s"
+
+  # (b) the connector
+  log "drain tx=$tx: outbox-cdc → Kafka (acks=all) until acked LSN >= $end_lsn"
+  k0=$(cpu_secs "$kpid")
+  t0=$(now)
+  start_connector "$cdc_slot" "drain$tx"
+  local perf_pid=0
+  if [[ -n "${BENCH_PERF:-}" ]]; then
+    # Sampling profile of the connector (software clock: works without PMU access).
+    perf record -q -e cpu-clock -F "${BENCH_PERF_FREQ:-499}" --call-graph dwarf,32768 \
+      -p "$conn_pid" -o "$run/perf-drain$tx.data" >"$run/perf-drain$tx.log" 2>&1 &
+    perf_pid=$!
+    pids+=("$perf_pid")
+  fi
+  wpid=0
+  local pub_t="" ack_t="" m acked published deadline=$(( SECONDS + DRAIN_TIMEOUT ))
+  while :; do
+    kill -0 "$conn_pid" 2>/dev/null || die "the connector exited: $(tail -5 "$run/connector-drain$tx.log")"
+    (( SECONDS < deadline )) || die "the connector did not reach $end_lsn within ${DRAIN_TIMEOUT}s"
+    if m=$(curl -fsS --max-time 2 "http://127.0.0.1:$conn_port/metrics" 2>/dev/null); then
+      published=$(metric outbox_cdc_events_published_total <<<"$m")
+      acked=$(metric outbox_cdc_acked_lsn <<<"$m")
+      if [[ -z "$pub_t" ]] && (( published >= EVENTS )); then pub_t=$(now); fi
+      if (( wpid == 0 )); then wpid=$(slot_pid "$cdc_slot"); fi
+      if awk -v a="$acked" -v e="$end_num" 'BEGIN { exit !(a >= e) }'; then ack_t=$(now); break; fi
+    fi
+    sleep 0.1
+  done
+  local conn_rss conn_s pub_s conn_cpu conn_wal_cpu kafka_cpu
+  conn_rss=$(peak_rss_mib "$conn_pid")
+  conn_cpu=$(cpu_secs "$conn_pid")
+  conn_wal_cpu=$(cpu_secs "$wpid")
+  k1=$(cpu_secs "$kpid")
+  kafka_cpu=$(awk -v a="$k0" -v b="$k1" 'BEGIN { printf "%.2f", b - a }')
+  if (( perf_pid != 0 )); then kill -INT "$perf_pid" 2>/dev/null; wait "$perf_pid" 2>/dev/null || true; fi
+  stop_pid "$conn_pid"
+  conn_s=$(elapsed "$t0" "$ack_t")
+  pub_s=$(elapsed "$t0" "${pub_t:-$ack_t}")
+  log "drain tx=$tx: outbox-cdc ${conn_s}s → $(rate "$EVENTS" "$conn_s") events/s (all published after ${pub_s}s), peak RSS ${conn_rss} MiB"
+  log "drain tx=$tx: CPU s: pg_recvlogical ${rl_cpu} + its walsender ${rl_wal_cpu}; connector ${conn_cpu} + its walsender ${conn_wal_cpu} + Kafka ${kafka_cpu}"
+  drop_slot "$rl_slot"
+  drop_slot "$cdc_slot"
+  sql -c "TRUNCATE public.outbox_events, public.outbox_aggregate_sequences" >/dev/null
+
+  cat >"$run/drain_tx$(printf '%04d' "$tx").json" <<JSON
+{
+  "tx_size": $tx,
+  "events": $EVENTS,
+  "wal_bytes": $wal_bytes,
+  "write_seconds": $write_s,
+  "pg_recvlogical_seconds": $rl_s,
+  "pg_recvlogical_events_per_s": $(rate "$EVENTS" "$rl_s"),
+  "pg_recvlogical_peak_rss_mib": $rl_rss,
+  "pg_recvlogical_cpu_s": $rl_cpu,
+  "pg_recvlogical_walsender_cpu_s": $rl_wal_cpu,
+  "connector_cpu_s": $conn_cpu,
+  "connector_walsender_cpu_s": $conn_wal_cpu,
+  "kafka_broker_cpu_s": $kafka_cpu,
+  "connector_seconds": $conn_s,
+  "connector_events_per_s": $(rate "$EVENTS" "$conn_s"),
+  "connector_all_published_seconds": $pub_s,
+  "peak_rss_mib": $conn_rss
+}
+JSON
+}
+
+# --- 2. steady state -------------------------------------------------------------
+steady() {
+  local slot="bench_${id}_steady" topic="$topic_prefix.steady"
+  "$PY" bench/tools/bench.py topics-create "$OUTBOX_CDC_TEST_KAFKA" "$PARTITIONS" "$topic" >&2
+  topics+=("$topic")
+  sql -c "TRUNCATE public.outbox_events, public.outbox_aggregate_sequences, public.orders" >/dev/null
+  create_slot "$slot"
+  start_connector "$slot" steady
+  local deadline=$(( SECONDS + 60 )) m
+  until m=$(curl -fsS --max-time 2 "http://127.0.0.1:$conn_port/metrics" 2>/dev/null) \
+        && [[ $(metric outbox_cdc_connected <<<"$m") == 1 ]]; do
+    kill -0 "$conn_pid" 2>/dev/null || die "the connector exited: $(tail -5 "$run/connector-steady.log")"
+    (( SECONDS < deadline )) || die "the connector did not connect within 60 s"
+    sleep 0.1
+  done
+
+  rm -f "$run/consumer.stop"
+  "$PY" -u bench/tools/bench.py consume "$OUTBOX_CDC_TEST_KAFKA" "$topic" "$run/latency.txt" \
+    "$run/consumer.stop" $(( STEADY_SECONDS + 300 )) >"$run/consumer.log" 2>&1 &
+  local consumer_pid=$!
+  pids+=("$consumer_pid")
+  deadline=$(( SECONDS + 60 ))
+  until grep -q 'consumer ready' "$run/consumer.log"; do
+    kill -0 "$consumer_pid" 2>/dev/null || die "the consumer exited: $(tail -5 "$run/consumer.log")"
+    (( SECONDS < deadline )) || die "the consumer did not start within 60 s"
+    sleep 0.1
+  done
+
+  # psql's \watch repeats the query in one session until stopped.
+  "$PG_BIN/psql" -X -q -At "$ADMIN_DB_URL" >"$run/slot_lag.txt" 2>"$run/slot_lag.log" <<SQL &
+SELECT extract(epoch FROM clock_timestamp()), pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
+  FROM pg_replication_slots WHERE slot_name = '$slot' \watch 0.2
+SQL
+  local watch_pid=$!
+  pids+=("$watch_pid")
+
+  local rate_args=()
+  [[ -n "$RATE" ]] && rate_args=(-R "$RATE")
+  log "steady: pgbench -c $CLIENTS -j $THREADS -T $STEADY_SECONDS ${rate_args[*]:-(max rate)}"
+  "$PG_BIN/pgbench" -n -M prepared -f bench/steady.pgbench -c "$CLIENTS" -j "$THREADS" \
+    -T "$STEADY_SECONDS" -P 5 "${rate_args[@]}" "$ADMIN_DB_URL" >"$run/pgbench.log" 2>&1 \
+    || die "pgbench failed: $(tail -5 "$run/pgbench.log")"
+  local tps events
+  tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p' "$run/pgbench.log")
+  events=$(sql -c "SELECT count(*) FROM public.outbox_events")
+  log "steady: pgbench $tps tps, $events events; waiting for the consumer to read them all"
+  deadline=$(( SECONDS + 300 ))
+  while (( $(wc -l <"$run/latency.txt") < events )); do
+    if (( SECONDS >= deadline )); then log "warning: the consumer read $(wc -l <"$run/latency.txt") of $events events in 300 s"; break; fi
+    sleep 0.5
+  done
+  curl -fsS --max-time 5 "http://127.0.0.1:$conn_port/metrics" >"$run/steady_metrics.txt"
+  local rss
+  rss=$(peak_rss_mib "$conn_pid")
+  touch "$run/consumer.stop"
+  wait "$consumer_pid" || log "warning: the consumer failed: $(tail -3 "$run/consumer.log")"
+  stop_pid "$watch_pid"
+  stop_pid "$conn_pid"
+  drop_slot "$slot"
+  cat >"$run/steady.json" <<JSON
+{
+  "tps": ${tps:-0},
+  "events": $events,
+  "seconds": $STEADY_SECONDS,
+  "clients": $CLIENTS,
+  "threads": $THREADS,
+  "rate_limit_tps": "${RATE:-none}",
+  "peak_rss_mib": $rss
+}
+JSON
+}
+
+for phase in $PHASES; do
+  case $phase in
+    drain) for tx in $TX_SIZES; do drain "$tx"; done ;;
+    steady) steady ;;
+    *) die "unknown phase $phase (drain, steady)" ;;
+  esac
+done
+
+"$PY" bench/tools/bench.py report "$run" "$OUT/latest.json" "$OUT/latest.png"
+log "results: $OUT/latest.json, $OUT/latest.png"

@@ -1,0 +1,51 @@
+-- Benchmark helpers, applied in the benchmark's own database after
+-- migrations/*.sql. Nothing here is used by the connector itself.
+
+-- The JSON payload of event number i: about 300 bytes as text (jsonb output),
+-- shaped like an order.
+CREATE OR REPLACE FUNCTION bench_payload(i bigint)
+RETURNS jsonb
+LANGUAGE sql
+IMMUTABLE
+AS $$
+    SELECT jsonb_build_object(
+        'order_id', 'order-' || i,
+        'customer_id', 'customer-' || (i % 5000),
+        'amount_cents', (i * 7919) % 1000000,
+        'currency', 'EUR',
+        'status', 'PLACED',
+        'lines', jsonb_build_array(
+            jsonb_build_object('sku', 'SKU-' || (i % 997), 'qty', 1 + i % 5, 'price_cents', (i * 31) % 10000),
+            jsonb_build_object('sku', 'SKU-' || (i % 991), 'qty', 1 + i % 3, 'price_cents', (i * 17) % 10000)),
+        'note', md5(i::text) || md5((i + 1)::text))
+$$;
+
+-- Writes p_events outbox rows in transactions of p_tx_size rows each, spread
+-- over p_aggregates aggregates (aggregate_id = 'agg-' || i % p_aggregates,
+-- numbered 1, 2, ... per aggregate in commit order). Plain inserts instead of
+-- outbox_emit(): the backlog must be written fast; what the relay reads is the
+-- same row. Call with synchronous_commit = off in the session: the backlog's
+-- durability is not what is measured.
+CREATE OR REPLACE PROCEDURE bench_fill(
+    p_events bigint,
+    p_tx_size integer,
+    p_aggregate_type text,
+    p_aggregates integer)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    done bigint := 0;
+    n bigint;
+BEGIN
+    WHILE done < p_events LOOP
+        n := least(p_tx_size, p_events - done);
+        INSERT INTO public.outbox_events
+            (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload)
+        SELECT gen_random_uuid(), p_aggregate_type, 'agg-' || (i % p_aggregates),
+               i / p_aggregates + 1, 'OrderPlaced', bench_payload(i)
+        FROM generate_series(done, done + n - 1) AS i;
+        COMMIT;
+        done := done + n;
+    END LOOP;
+END
+$$;

@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""Helpers of bench/run.sh: Kafka topics, the latency consumer, the report.
+
+Subcommands:
+  topics-create BOOTSTRAP PARTITIONS TOPIC...   create topics (replication 1)
+  topics-delete BOOTSTRAP TOPIC...              delete topics
+  consume BOOTSTRAP TOPIC OUT STOP_FILE MAX_S   read TOPIC from its beginning;
+        per record write "<commit_ms> <consume_ms>" to OUT; stop when STOP_FILE
+        exists and nothing arrived for 2 s, or after MAX_S seconds
+  histogram METRICS_FILE                        quantiles of the connector's
+        commit-to-ack histogram (Prometheus text) as JSON
+  report RUN_DIR JSON_OUT PNG_OUT               combine a run's fragments
+"""
+
+import glob
+import json
+import math
+import os
+import sys
+import time
+
+
+def topics_create(bootstrap, partitions, topics):
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics(
+        [NewTopic(t, num_partitions=int(partitions), replication_factor=1) for t in topics],
+        request_timeout=30,
+    )
+    for topic, fut in futures.items():
+        fut.result(timeout=60)
+        print(f"bench: created topic {topic} ({partitions} partitions)")
+
+
+def topics_delete(bootstrap, topics):
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.delete_topics(list(topics), request_timeout=30)
+    for topic, fut in futures.items():
+        try:
+            fut.result(timeout=60)
+            print(f"bench: deleted topic {topic}")
+        except Exception as e:  # a missing topic is fine at cleanup
+            print(f"bench: deleting topic {topic}: {e}", file=sys.stderr)
+
+
+def consume(bootstrap, topic, out_path, stop_file, max_seconds):
+    """Record timestamps are the transaction's commit time (CreateTime set by
+    the connector, Unix ms, truncated); the consume time is taken when the
+    batch holding the record is returned by the client."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{os.getpid()}",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 5,
+            "fetch.min.bytes": 1,
+            "isolation.level": "read_uncommitted",
+        }
+    )
+    meta = consumer.list_topics(topic, timeout=30)
+    parts = meta.topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+    deadline = time.monotonic() + float(max_seconds)
+    last = time.monotonic()
+    n = 0
+    with open(out_path, "w") as out:
+        # An open (not yet stopped) consumer signals readiness with this line.
+        print("bench: consumer ready", flush=True)
+        while time.monotonic() < deadline:
+            # poll() returns as soon as one record is there (consume(n, t)
+            # would wait for n records or t); then take what is buffered.
+            first = consumer.poll(0.05)
+            now_ms = time.time() * 1000.0
+            batch = [] if first is None else [first] + consumer.consume(num_messages=2000, timeout=0)
+            if batch:
+                last = time.monotonic()
+            lines = []
+            for msg in batch:
+                if msg.error():
+                    continue
+                _, ts = msg.timestamp()
+                lines.append(f"{ts} {now_ms:.3f}\n")
+            n += len(lines)
+            out.writelines(lines)
+            if lines:
+                out.flush()  # run.sh counts the lines while the load runs
+            if os.path.exists(stop_file) and time.monotonic() - last > 2.0:
+                break
+    consumer.close()
+    print(f"bench: consumer read {n} records", flush=True)
+
+
+def parse_histogram(text, name="outbox_cdc_commit_to_ack_seconds"):
+    buckets = []
+    count = 0.0
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "_bucket{le=\""):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            value = float(line.rsplit(" ", 1)[1])
+            buckets.append((math.inf if le == "+Inf" else float(le), value))
+        elif line.startswith(name + "_count "):
+            count = float(line.rsplit(" ", 1)[1])
+        elif line.startswith(name + "_sum "):
+            total = float(line.rsplit(" ", 1)[1])
+    buckets.sort()
+    return buckets, count, total
+
+
+def histogram_quantile(q, buckets, count):
+    """Prometheus histogram_quantile: linear interpolation inside the bucket."""
+    if count <= 0 or not buckets:
+        return None
+    rank = q * count
+    prev_bound, prev_count = 0.0, 0.0
+    for bound, cum in buckets:
+        if cum >= rank:
+            if math.isinf(bound):
+                return prev_bound  # above the last finite bound: report it
+            if cum == prev_count:
+                return bound
+            return prev_bound + (bound - prev_bound) * (rank - prev_count) / (cum - prev_count)
+        prev_bound, prev_count = bound, cum
+    return prev_bound
+
+
+def histogram_summary(path):
+    with open(path) as f:
+        buckets, count, total = parse_histogram(f.read())
+    res = {"count": int(count), "mean_ms": round(1000 * total / count, 3) if count else None}
+    for label, q in (("p50_ms", 0.5), ("p99_ms", 0.99), ("p999_ms", 0.999)):
+        v = histogram_quantile(q, buckets, count)
+        res[label] = None if v is None else round(v * 1000, 3)
+    # The bucket holding the slowest observation bounds the maximum.
+    below = [b for b, c in buckets if c >= count and not math.isinf(b)]
+    res["max_bucket_le_ms"] = round(below[0] * 1000, 3) if below else None
+    return res
+
+
+def quantile(sorted_values, q):
+    if not sorted_values:
+        return None
+    idx = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return sorted_values[idx]
+
+
+def load_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def report(run_dir, json_out, png_out):
+    machine = load_json(os.path.join(run_dir, "machine.json"))
+    config = load_json(os.path.join(run_dir, "config.json"))
+    drains = [load_json(p) for p in sorted(glob.glob(os.path.join(run_dir, "drain_tx*.json")))]
+    drains.sort(key=lambda d: d["tx_size"])
+    result = {"machine": machine, "config": config}
+
+    if drains:
+        for d in drains:
+            d["ratio"] = round(d["connector_events_per_s"] / d["pg_recvlogical_events_per_s"], 3)
+        # Headline: the run with the lower ratio (the harder case for the relay).
+        head = min(drains, key=lambda d: d["ratio"])
+        result["drain"] = {
+            "events": head["events"],
+            "tx_size": head["tx_size"],
+            "pg_recvlogical_events_per_s": head["pg_recvlogical_events_per_s"],
+            "connector_events_per_s": head["connector_events_per_s"],
+            "ratio": head["ratio"],
+            "peak_rss_mib": max(d["peak_rss_mib"] for d in drains),
+            "headline": "the transaction size with the lower ratio; peak_rss_mib is the max over all runs",
+            "runs": drains,
+        }
+
+    steady_path = os.path.join(run_dir, "steady.json")
+    lat_sorted = []
+    samples = []
+    if os.path.exists(steady_path):
+        steady = load_json(steady_path)
+        lat_path = os.path.join(run_dir, "latency.txt")
+        if os.path.exists(lat_path):
+            with open(lat_path) as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) == 2:
+                        ts, now = float(parts[0]), float(parts[1])
+                        samples.append((ts, now - ts))
+        lat_sorted = sorted(s[1] for s in samples)
+        hist = histogram_summary(os.path.join(run_dir, "steady_metrics.txt"))
+        lags = []
+        lag_path = os.path.join(run_dir, "slot_lag.txt")
+        if os.path.exists(lag_path):
+            with open(lag_path) as f:
+                for line in f:
+                    parts = line.strip().split("|")
+                    if len(parts) == 2 and parts[1]:
+                        lags.append((float(parts[0]), int(float(parts[1]))))
+        steady.update(
+            {
+                "consumed_records": len(lat_sorted),
+                "p50_ms": round(quantile(lat_sorted, 0.50), 1) if lat_sorted else None,
+                "p99_ms": round(quantile(lat_sorted, 0.99), 1) if lat_sorted else None,
+                "p999_ms": round(quantile(lat_sorted, 0.999), 1) if lat_sorted else None,
+                "max_ms": round(lat_sorted[-1], 1) if lat_sorted else None,
+                "latency_source": "Kafka consumer: consume time minus record timestamp (the commit "
+                "time, truncated to ms), over every record of the run",
+                "connector_histogram": hist,
+                "max_slot_lag_bytes": max((l for _, l in lags), default=None),
+                "slot_lag_samples": len(lags),
+            }
+        )
+        result["steady"] = steady
+        result["_lags"] = lags
+
+    lags = result.pop("_lags", [])
+    with open(json_out, "w") as f:
+        json.dump(result, f, indent=2, sort_keys=False)
+        f.write("\n")
+    print(json.dumps({k: v for k, v in result.items() if k in ("drain", "steady")}, indent=2))
+    plot(result, samples, lat_sorted, lags, png_out)
+
+
+def plot(result, samples, lat_sorted, lags, png_out):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    title = f"outbox-cdc bench ({result['machine'].get('cpu_model', '?')}, {result['machine'].get('nproc')} cores)"
+    fig.suptitle(title)
+
+    ax = axes[0][0]
+    drain = result.get("drain")
+    if drain:
+        labels, rl, cdc = [], [], []
+        for d in drain["runs"]:
+            labels.append(f"{d['tx_size']} ev/tx")
+            rl.append(d["pg_recvlogical_events_per_s"])
+            cdc.append(d["connector_events_per_s"])
+        x = range(len(labels))
+        ax.bar([i - 0.2 for i in x], rl, width=0.4, label="pg_recvlogical → /dev/null")
+        ax.bar([i + 0.2 for i in x], cdc, width=0.4, label="outbox-cdc → Kafka (acks=all)")
+        for i, d in enumerate(drain["runs"]):
+            ax.text(i + 0.2, cdc[i], f"{d['ratio']:.2f}×", ha="center", va="bottom")
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels)
+        ax.set_ylabel("events/s")
+        ax.set_title(f"Catch-up of {drain['events']:,} events")
+        ax.legend(fontsize=8)
+    else:
+        ax.set_axis_off()
+
+    ax = axes[0][1]
+    if lat_sorted:
+        n = len(lat_sorted)
+        ax.plot(lat_sorted, [(i + 1) / n for i in range(n)])
+        ax.set_xscale("log")
+        ax.set_xlabel("commit → consumed (ms)")
+        ax.set_ylabel("fraction of events")
+        s = result["steady"]
+        ax.set_title(f"Steady state latency: p50 {s['p50_ms']} ms, p99 {s['p99_ms']} ms")
+        ax.grid(True, which="both", alpha=0.3)
+    else:
+        ax.set_axis_off()
+
+    ax = axes[1][0]
+    if samples:
+        t0 = min(s[0] for s in samples)
+        per_sec = {}
+        for ts, lat in samples:
+            per_sec.setdefault(int((ts - t0) / 1000), []).append(lat)
+        secs = sorted(per_sec)
+        ax.plot(secs, [quantile(sorted(per_sec[s]), 0.5) for s in secs], label="p50")
+        ax.plot(secs, [quantile(sorted(per_sec[s]), 0.99) for s in secs], label="p99")
+        ax.plot(secs, [max(per_sec[s]) for s in secs], label="max", alpha=0.5)
+        ax.set_yscale("log")
+        ax.set_xlabel("s since first commit")
+        ax.set_ylabel("ms")
+        ax.set_title("Latency per second of commit")
+        ax.legend(fontsize=8)
+    else:
+        ax.set_axis_off()
+
+    ax = axes[1][1]
+    if lags:
+        t0 = lags[0][0]
+        ax.plot([t - t0 for t, _ in lags], [l / 1024 for _, l in lags])
+        ax.set_xlabel("s")
+        ax.set_ylabel("KiB")
+        ax.set_title("Slot lag (pg_current_wal_lsn - confirmed_flush_lsn)")
+    else:
+        ax.set_axis_off()
+
+    fig.tight_layout()
+    fig.savefig(png_out, dpi=100)
+    print(f"bench: wrote {png_out}")
+
+
+def main(argv):
+    if len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    cmd, args = argv[1], argv[2:]
+    if cmd == "topics-create":
+        topics_create(args[0], args[1], args[2:])
+    elif cmd == "topics-delete":
+        topics_delete(args[0], args[1:])
+    elif cmd == "consume":
+        consume(*args)
+    elif cmd == "histogram":
+        print(json.dumps(histogram_summary(args[0])))
+    elif cmd == "report":
+        report(*args)
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
