@@ -521,6 +521,10 @@ mod tests {
                 [SLOT_LAG_BYTES, OLDEST_UNACKED_AGE, CONNECTED],
             ),
             (
+                "docs/operations.md",
+                [SLOT_LAG_BYTES, SLOT_SAFE_WAL_SIZE_BYTES, CONNECTED],
+            ),
+            (
                 "docs/dashboards/outbox-cdc.json",
                 [SLOT_LAG_BYTES, OLDEST_UNACKED_AGE, COMMIT_TO_ACK],
             ),

@@ -35,6 +35,9 @@ pub struct StatusReport {
     /// `"connector"` (the running connector's `/metrics`, which holds the store).
     pub stored_lsn_source: Option<&'static str>,
     pub stored_system_id: Option<String>,
+    /// When the stored LSN was written (Unix milliseconds; only read from the
+    /// store). Replays after a lost slot start from about this time.
+    pub stored_at_unix_ms: Option<i64>,
     pub stored_lsn_note: Option<String>,
     /// The running connector, when one answers at `http.listen`.
     pub connector: Option<ConnectorStatus>,
@@ -146,6 +149,7 @@ pub async fn collect(config: &Config) -> anyhow::Result<StatusReport> {
         stored_lsn: stored.lsn,
         stored_lsn_source: stored.source,
         stored_system_id: stored.system_id,
+        stored_at_unix_ms: stored.at_unix_ms,
         stored_lsn_note: stored.note,
         connector,
         current_wal_lsn,
@@ -159,6 +163,7 @@ struct Stored {
     lsn: Option<Lsn>,
     source: Option<&'static str>,
     system_id: Option<String>,
+    at_unix_ms: Option<i64>,
     note: Option<String>,
 }
 
@@ -192,6 +197,7 @@ fn read_store(config: &Config) -> Stored {
             lsn: Some(offset.lsn),
             source: Some("store"),
             system_id: Some(offset.system_id),
+            at_unix_ms: Some(offset.updated_at_unix_ms),
             note: None,
         },
         Ok(None) => note(format!(
@@ -255,6 +261,10 @@ impl StatusReport {
                 opt(self.stored_lsn_source.map(str::to_owned)),
             ),
             ("stored system id", opt(self.stored_system_id.clone())),
+            (
+                "stored at (unix ms)",
+                opt(self.stored_at_unix_ms.map(|t| t.to_string())),
+            ),
         ];
         if let Some(note) = &self.stored_lsn_note {
             rows.push(("  note", note.clone()));
@@ -369,6 +379,7 @@ mod tests {
             stored_lsn: Some(Lsn::new(16)),
             stored_lsn_source: Some("store"),
             stored_system_id: Some("7".into()),
+            stored_at_unix_ms: Some(1_700_000_000_000),
             stored_lsn_note: None,
             connector: None,
             current_wal_lsn: Some(Lsn::new(32)),

@@ -274,6 +274,12 @@ async fn status_reports_while_running_and_while_stopped() {
             .as_str()
             .is_some_and(|s| !s.is_empty())
     );
+    assert!(
+        stopped["stored_at_unix_ms"]
+            .as_i64()
+            .is_some_and(|t| t > 1_600_000_000_000),
+        "{stopped}"
+    );
     let stored_after = lsn(&stopped["stored_lsn"]);
     let confirmed_after = lsn(&stopped["slot"]["confirmed_flush_lsn"]);
     assert!(stored_after >= stored, "the stored offset never moves back");
