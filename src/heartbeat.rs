@@ -76,7 +76,13 @@ async fn run(
                 continue;
             }
         }
-        let outcome = tokio::time::timeout(BEAT_TIMEOUT, beat(&pg, prefix, &mut client)).await;
+        let outcome = tokio::select! {
+            outcome = tokio::time::timeout(BEAT_TIMEOUT, beat(&pg, prefix, &mut client)) => outcome,
+            _ = shutdown.changed() => {
+                debug!("heartbeat stopped during a beat");
+                return;
+            }
+        };
         match outcome {
             Ok(Ok(lsn)) => {
                 metrics.heartbeats.fetch_add(1, Ordering::Relaxed);

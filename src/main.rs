@@ -222,9 +222,9 @@ async fn run(config: Arc<Config>, recreate_slot: bool) -> anyhow::Result<()> {
     Ok(result?)
 }
 
-/// How long `run` waits for the monitor and heartbeat after the pipeline returned
-/// (each is at most one bounded SQL round trip away from noticing the stop).
-const COMPANION_STOP_TIMEOUT: Duration = Duration::from_secs(12);
+/// How long `run` waits for the monitor and heartbeat after the pipeline
+/// returned; both stop as soon as they see the stop signal, even mid-query.
+const COMPANION_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn load(path: &std::path::Path) -> anyhow::Result<Config> {
     Ok(Config::load(path)?)

@@ -59,7 +59,14 @@ async fn run(config: Arc<Config>, metrics: Arc<Metrics>, mut shutdown: watch::Re
                 continue;
             }
         }
-        match tokio::time::timeout(POLL_TIMEOUT, poll(&pg, slot, &mut client, &metrics)).await {
+        let outcome = tokio::select! {
+            outcome = tokio::time::timeout(POLL_TIMEOUT, poll(&pg, slot, &mut client, &metrics)) => outcome,
+            _ = shutdown.changed() => {
+                debug!("slot monitor stopped during a poll");
+                return;
+            }
+        };
+        match outcome {
             Ok(Ok(())) => {
                 if failing {
                     info!(slot, "slot monitor: polling again");

@@ -667,3 +667,64 @@ async fn check_reports_a_lost_slot_and_a_slot_it_may_not_create() {
     );
     fx.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_slot_monitor_counts_failures_quietly_while_the_database_is_unreachable() {
+    common::init_tracing();
+    let fx = Fixture::new("opsmondown").await;
+    let port = free_port();
+    let config = write_config(&fx, port, "");
+    let text = std::fs::read_to_string(&config)
+        .expect("read config")
+        .replace(
+            &common::pg_url(),
+            "postgres://outbox:outbox@127.0.0.1:1/app",
+        );
+    std::fs::write(&config, text).expect("write config");
+    let mut child = spawn_binary(&config);
+    eventually("poll errors are counted", TIMEOUT, || async {
+        match scrape(port).await {
+            Some(m) => m
+                .get("outbox_cdc_slot_poll_errors_total")
+                .is_some_and(|n| *n >= 5.0),
+            None => false,
+        }
+    })
+    .await;
+    let samples = scrape(port).await.expect("metrics");
+    assert_eq!(
+        samples["outbox_cdc_slot_exists"], -1.0,
+        "never polled successfully"
+    );
+    assert_eq!(samples["outbox_cdc_slot_last_poll_timestamp_seconds"], 0.0);
+    assert_eq!(samples["outbox_cdc_connected"], 0.0);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    assert!(
+        outbox_cdc::http::get(addr, "/healthz", Duration::from_secs(2))
+            .await
+            .is_ok()
+    );
+    assert!(
+        outbox_cdc::http::get(addr, "/readyz", Duration::from_secs(2))
+            .await
+            .is_err()
+    );
+    let log = std::fs::read_to_string(config.with_file_name("connector.log")).unwrap_or_default();
+    assert_eq!(
+        log.matches("slot monitor: poll failed").count(),
+        1,
+        "one warning per outage, not one per poll:\n{log}"
+    );
+    let started = Instant::now();
+    let exit = child.terminate(Duration::from_secs(30));
+    assert!(
+        exit.success(),
+        "stops cleanly during the reconnect backoff: {exit}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "stopped in {:?}",
+        started.elapsed()
+    );
+    fx.cleanup().await;
+}
