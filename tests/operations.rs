@@ -728,3 +728,37 @@ async fn the_slot_monitor_counts_failures_quietly_while_the_database_is_unreacha
     );
     fx.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_and_release_work_on_a_stopped_connectors_store() {
+    let fx = Fixture::new("opsrelease").await;
+    let config = fx.write_config_file();
+    let path = config.to_str().expect("utf-8 path");
+    {
+        let store =
+            outbox_cdc::checkpoint::OffsetStore::open(&fx.offsets_path()).expect("open store");
+        assert!(
+            store
+                .park("order", "o-7", "payload is null", Lsn::new(0x1234))
+                .expect("park")
+        );
+    }
+    let (code, out, err) = run_cli(&["parked", "--config", path], &[]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("order\to-7\tLSN 0/1234\tpayload is null"),
+        "{out}"
+    );
+
+    let (code, out, err) = run_cli(&["release", "--config", path, "order", "o-7"], &[]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("released order/o-7"), "{out}");
+    let (code, out, _) = run_cli(&["release", "--config", path, "order", "o-7"], &[]).await;
+    assert_eq!(code, 1, "releasing twice says it was not parked: {out}");
+    assert!(out.contains("was not parked"), "{out}");
+
+    let store =
+        outbox_cdc::checkpoint::OffsetStore::open(&fx.offsets_path()).expect("reopen store");
+    assert!(!store.is_parked("order", "o-7").expect("is_parked"));
+    fx.cleanup().await;
+}
