@@ -61,7 +61,9 @@ impl InboxError {
 /// Connection exceptions (08), insufficient resources (53), operator
 /// intervention (57P01-57P03), serialization failure and deadlock.
 fn sqlstate_is_retryable(code: &str) -> bool {
-    code.starts_with("08") || code.starts_with("53") || matches!(code, "57P01" | "57P02" | "57P03" | "40001" | "40P01")
+    code.starts_with("08")
+        || code.starts_with("53")
+        || matches!(code, "57P01" | "57P02" | "57P03" | "40001" | "40P01")
 }
 
 struct Connected {
@@ -96,14 +98,26 @@ impl Inbox {
 
     /// Connects (if needed) and prepares the two statements.
     pub(crate) async fn connect(&mut self) -> Result<(), InboxError> {
-        ensure_connected(&mut self.conn, &self.pg, &self.inbox_table, &self.effects_table).await?;
+        ensure_connected(
+            &mut self.conn,
+            &self.pg,
+            &self.inbox_table,
+            &self.effects_table,
+        )
+        .await?;
         Ok(())
     }
 
     /// One record, one transaction. On error the connection is dropped (the
     /// open transaction, if any, dies with it) and the caller may retry.
     pub(crate) async fn apply(&mut self, rec: &InboxRecord) -> Result<Outcome, InboxError> {
-        let conn = ensure_connected(&mut self.conn, &self.pg, &self.inbox_table, &self.effects_table).await?;
+        let conn = ensure_connected(
+            &mut self.conn,
+            &self.pg,
+            &self.inbox_table,
+            &self.effects_table,
+        )
+        .await?;
         let result = apply_in(conn, &self.consumer_name, rec).await;
         if result.is_err() {
             self.conn = None;
@@ -144,10 +158,18 @@ async fn ensure_connected<'c>(
         ))
         .await
         .map_err(|e| sql_err("prepare the effect insert", e))?;
-    Ok(conn.insert(Connected { client, dedupe, effect }))
+    Ok(conn.insert(Connected {
+        client,
+        dedupe,
+        effect,
+    }))
 }
 
-async fn apply_in(conn: &mut Connected, consumer_name: &str, rec: &InboxRecord) -> Result<Outcome, InboxError> {
+async fn apply_in(
+    conn: &mut Connected,
+    consumer_name: &str,
+    rec: &InboxRecord,
+) -> Result<Outcome, InboxError> {
     let err = |during: &'static str| {
         move |source| InboxError::Sql {
             event_id: rec.event_id.clone(),
@@ -163,13 +185,20 @@ async fn apply_in(conn: &mut Connected, consumer_name: &str, rec: &InboxRecord) 
         .map_err(err("the inbox insert"))?
         .is_some();
     if first {
-        tx.execute(&conn.effect, &[&rec.event_id, &rec.order_id, &rec.sku, &rec.qty])
-            .await
-            .map_err(err("the effect insert"))?;
+        tx.execute(
+            &conn.effect,
+            &[&rec.event_id, &rec.order_id, &rec.sku, &rec.qty],
+        )
+        .await
+        .map_err(err("the effect insert"))?;
     }
     failpoint::hit("before-business-commit");
     tx.commit().await.map_err(err("COMMIT"))?;
-    Ok(if first { Outcome::Applied } else { Outcome::Duplicate })
+    Ok(if first {
+        Outcome::Applied
+    } else {
+        Outcome::Duplicate
+    })
 }
 
 #[cfg(test)]
@@ -178,7 +207,9 @@ mod tests {
 
     #[test]
     fn sqlstate_classes() {
-        for code in ["08006", "08001", "57P01", "57P03", "53300", "40001", "40P01"] {
+        for code in [
+            "08006", "08001", "57P01", "57P03", "53300", "40001", "40P01",
+        ] {
             assert!(sqlstate_is_retryable(code), "{code}");
         }
         for code in ["42P01", "42501", "23505", "22P02", "28P01"] {

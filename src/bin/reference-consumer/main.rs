@@ -40,7 +40,11 @@ use record::{InboxRecord, Place};
 )]
 struct Args {
     /// Kafka bootstrap servers.
-    #[arg(long, env = "CONSUMER_BOOTSTRAP_SERVERS", default_value = "127.0.0.1:19092")]
+    #[arg(
+        long,
+        env = "CONSUMER_BOOTSTRAP_SERVERS",
+        default_value = "127.0.0.1:19092"
+    )]
     bootstrap_servers: String,
     /// PostgreSQL connection string (URL or key=value) of the consumer's database.
     #[arg(long, env = "CONSUMER_PG_URL")]
@@ -59,10 +63,18 @@ struct Args {
     #[arg(long, env = "CONSUMER_TOPIC_REGEX", default_value = r"^outbox\..*")]
     topic_regex: String,
     /// Inbox table: (consumer_name text, event_id uuid, PRIMARY KEY (consumer_name, event_id)).
-    #[arg(long, env = "CONSUMER_INBOX_TABLE", default_value = "public.processed_events")]
+    #[arg(
+        long,
+        env = "CONSUMER_INBOX_TABLE",
+        default_value = "public.processed_events"
+    )]
     inbox_table: String,
     /// Business effect table: (event_id uuid, order_id text, sku text, qty int).
-    #[arg(long, env = "CONSUMER_EFFECTS_TABLE", default_value = "public.inventory_reservations")]
+    #[arg(
+        long,
+        env = "CONSUMER_EFFECTS_TABLE",
+        default_value = "public.inventory_reservations"
+    )]
     effects_table: String,
     /// Consumer session timeout, in milliseconds.
     #[arg(long, env = "CONSUMER_SESSION_TIMEOUT_MS", default_value_t = 10_000)]
@@ -87,7 +99,10 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -114,9 +129,13 @@ struct Counts {
 async fn run(args: Args) -> anyhow::Result<()> {
     let pg = PgConnectConfig::parse(&args.pg_url).context("invalid --pg-url")?;
     let inbox_table = QualifiedTable::parse(&args.inbox_table).context("invalid --inbox-table")?;
-    let effects_table = QualifiedTable::parse(&args.effects_table).context("invalid --effects-table")?;
+    let effects_table =
+        QualifiedTable::parse(&args.effects_table).context("invalid --effects-table")?;
     if !args.topic_regex.starts_with('^') {
-        anyhow::bail!("invalid --topic-regex {:?}: librdkafka takes a pattern only when it starts with ^", args.topic_regex);
+        anyhow::bail!(
+            "invalid --topic-regex {:?}: librdkafka takes a pattern only when it starts with ^",
+            args.topic_regex
+        );
     }
     let max_backoff = Duration::from_millis(args.max_backoff_ms.max(1));
     let mut inbox = Inbox::new(pg, args.consumer_name.clone(), inbox_table, effects_table);
@@ -160,7 +179,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
         };
         failpoint::hit("after-receive");
-        let rec = parse_message(&message).context("refusing to skip a record that cannot be deduplicated")?;
+        let rec = parse_message(&message)
+            .context("refusing to skip a record that cannot be deduplicated")?;
         let outcome = apply_with_retry(&mut inbox, &rec, max_backoff).await?;
         match outcome {
             Outcome::Applied => {
@@ -176,7 +196,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         commit_with_retry(&consumer, &message, &rec, max_backoff).await;
         failpoint::hit("after-offset-commit");
     }
-    info!(applied = counts.applied, duplicates = counts.duplicates, "stopping");
+    info!(
+        applied = counts.applied,
+        duplicates = counts.duplicates,
+        "stopping"
+    );
     Ok(())
 }
 
@@ -190,7 +214,10 @@ fn make_consumer(args: &Args) -> anyhow::Result<StreamConsumer> {
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("session.timeout.ms", args.session_timeout_ms.to_string())
-        .set("topic.metadata.refresh.interval.ms", args.metadata_refresh_ms.to_string());
+        .set(
+            "topic.metadata.refresh.interval.ms",
+            args.metadata_refresh_ms.to_string(),
+        );
     if let Some(id) = &args.instance_id {
         config.set("group.instance.id", id);
     }
@@ -199,7 +226,9 @@ fn make_consumer(args: &Args) -> anyhow::Result<StreamConsumer> {
             .split_once('=')
             .with_context(|| format!("invalid --kafka {kv:?}: expected key=value"))?;
         if k.trim() == "enable.auto.commit" && v.trim() != "false" {
-            anyhow::bail!("invalid --kafka {kv:?}: offsets must be committed after the inbox transaction");
+            anyhow::bail!(
+                "invalid --kafka {kv:?}: offsets must be committed after the inbox transaction"
+            );
         }
         config.set(k.trim(), v.trim());
     }
@@ -212,14 +241,20 @@ fn parse_message(m: &BorrowedMessage<'_>) -> Result<InboxRecord, record::RecordE
         partition: m.partition(),
         offset: m.offset(),
     };
-    let headers = m.headers().map(|h| h.iter().map(|x| (x.key, x.value)).collect::<Vec<_>>());
+    let headers = m
+        .headers()
+        .map(|h| h.iter().map(|x| (x.key, x.value)).collect::<Vec<_>>());
     record::parse(place, m.key(), m.payload(), headers.unwrap_or_default())
 }
 
 /// Retries the inbox transaction until it commits or fails for good. The
 /// record's offset is not committed meanwhile, so giving up (exiting) is safe:
 /// the next instance reads the record again.
-async fn apply_with_retry(inbox: &mut Inbox, rec: &InboxRecord, max_backoff: Duration) -> anyhow::Result<Outcome> {
+async fn apply_with_retry(
+    inbox: &mut Inbox,
+    rec: &InboxRecord,
+    max_backoff: Duration,
+) -> anyhow::Result<Outcome> {
     let mut backoff = Duration::from_millis(100).min(max_backoff);
     loop {
         match inbox.apply(rec).await {
@@ -229,7 +264,10 @@ async fn apply_with_retry(inbox: &mut Inbox, rec: &InboxRecord, max_backoff: Dur
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(max_backoff);
             }
-            Err(e) => return Err(e).context("inbox transaction failed for good; the offset was not committed"),
+            Err(e) => {
+                return Err(e)
+                    .context("inbox transaction failed for good; the offset was not committed");
+            }
         }
     }
 }
@@ -238,7 +276,12 @@ async fn apply_with_retry(inbox: &mut Inbox, rec: &InboxRecord, max_backoff: Dur
 /// moved the partition away, the broker is down for long) is given up after a
 /// few tries: a later commit covers it, or the record is delivered again and
 /// the inbox absorbs it.
-async fn commit_with_retry(consumer: &StreamConsumer, message: &BorrowedMessage<'_>, rec: &InboxRecord, max_backoff: Duration) {
+async fn commit_with_retry(
+    consumer: &StreamConsumer,
+    message: &BorrowedMessage<'_>,
+    rec: &InboxRecord,
+    max_backoff: Duration,
+) {
     let mut backoff = Duration::from_millis(100).min(max_backoff);
     for attempt in 1..=5 {
         // A synchronous commit blocks on the broker's reply.
@@ -256,7 +299,10 @@ async fn commit_with_retry(consumer: &StreamConsumer, message: &BorrowedMessage<
 
 async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         std::future::pending::<()>().await;
         return;
     };

@@ -64,7 +64,10 @@ pub(crate) fn parse<'a>(
         return Err(RecordError::MissingEventId { place });
     };
     if !is_uuid(&event_id) {
-        return Err(RecordError::BadEventId { place, value: event_id });
+        return Err(RecordError::BadEventId {
+            place,
+            value: event_id,
+        });
     }
     let order_id = aggregate_id
         .or_else(|| key.map(|k| String::from_utf8_lossy(k).into_owned()))
@@ -136,10 +139,22 @@ mod tests {
 
     #[test]
     fn falls_back_to_the_key_and_tolerates_other_payloads() {
-        let r = parse(place(), Some(b"key-1"), Some(b"not json"), [("event_id", Some(ID.as_bytes()))]).unwrap();
+        let r = parse(
+            place(),
+            Some(b"key-1"),
+            Some(b"not json"),
+            [("event_id", Some(ID.as_bytes()))],
+        )
+        .unwrap();
         assert_eq!(r.order_id, "key-1");
         assert_eq!((r.sku, r.qty), (None, None));
-        let r = parse(place(), None, Some(br#"{"qty": 99999999999}"#), [("event_id", Some(ID.as_bytes()))]).unwrap();
+        let r = parse(
+            place(),
+            None,
+            Some(br#"{"qty": 99999999999}"#),
+            [("event_id", Some(ID.as_bytes()))],
+        )
+        .unwrap();
         assert_eq!((r.order_id.as_str(), r.qty), ("", None));
     }
 

@@ -1,0 +1,638 @@
+//! The chaos run: set-up, kill/restart cycles with outages, drain, verdict.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use outbox_cdc::checkpoint::OffsetStore;
+use outbox_cdc::pg::Lsn;
+use tokio::sync::watch;
+
+use super::infra::Infra;
+use super::procs::{
+    CONNECTOR_FAILPOINTS, CONNECTOR_SHUTDOWN_FAILPOINT, CONSUMER_FAILPOINTS, Death, Kind, Launcher,
+    Plan, Proc, tail,
+};
+use super::rng::Rng;
+use super::schema::{Names, work_dir};
+use super::verify::{DbState, KafkaReader, Tp, Verdict, Window, verify};
+use super::workload::{self, TxRecord, Workload};
+use super::{Admin, admin_client, kafka_bootstrap, unique_name};
+
+/// Knobs, from the environment.
+pub struct Options {
+    /// Kill/restart cycles (process deaths), `OUTBOX_CDC_SOAK_CYCLES`, default 50.
+    pub cycles: u64,
+    /// `OUTBOX_CDC_CHAOS_SEED`; printed, so a failing run can be replayed.
+    pub seed: u64,
+    pub workload: Workload,
+}
+
+fn env_num<T: std::str::FromStr>(var: &str, default: T) -> T {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{var}={v:?} is not a valid number")),
+        _ => default,
+    }
+}
+
+impl Options {
+    pub fn from_env() -> Options {
+        let time_seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        Options {
+            cycles: env_num("OUTBOX_CDC_SOAK_CYCLES", 50),
+            seed: env_num("OUTBOX_CDC_CHAOS_SEED", time_seed),
+            workload: Workload {
+                writers: env_num("OUTBOX_CDC_CHAOS_WRITERS", 2),
+                tx_per_sec: env_num("OUTBOX_CDC_CHAOS_TX_PER_SEC", 25.0),
+                aggregates: env_num("OUTBOX_CDC_CHAOS_AGGREGATES", 300),
+            },
+        }
+    }
+}
+
+/// What happened during the run (besides the verdict).
+#[derive(Default)]
+struct Tally {
+    cycles: u64,
+    deaths: BTreeMap<String, u64>,
+    failpoint_hits: BTreeMap<String, u64>,
+    missed_failpoints: u64,
+    kafka_outages: u32,
+    pg_restarts: u32,
+    /// Writer connections cut mid-work (pg_terminate_backend).
+    writer_kills: u64,
+    /// Offset store and slot after each connector death.
+    offset_violations: Vec<String>,
+    last_stored: Option<Lsn>,
+    /// Partition ends around each crash/outage: the in-flight windows.
+    windows: Vec<Window>,
+    cycle_log: Vec<String>,
+}
+
+impl Tally {
+    fn add_window(
+        &mut self,
+        before: Result<BTreeMap<Tp, i64>, String>,
+        after: Result<BTreeMap<Tp, i64>, String>,
+    ) {
+        match (before, after) {
+            (Ok(before), Ok(after)) => self.windows.push(Window { before, after }),
+            (before, after) => self.cycle_log.push(format!(
+                "partition ends around a crash or outage not readable ({:?}, {:?}): its duplicates count as unexplained",
+                before.err(),
+                after.err()
+            )),
+        }
+    }
+}
+
+/// One plan per start; the first starts of each kind walk through every
+/// failpoint and stop mode once, later ones are drawn at random.
+fn next_plan(kind: Kind, start: u32, rng: &mut Rng) -> Plan {
+    let modes: u64 = match kind {
+        Kind::Connector => 7,
+        Kind::Consumer => 6,
+    };
+    let mode = if u64::from(start) <= modes {
+        u64::from(start) - 1
+    } else {
+        // Failpoints twice as likely as the other modes.
+        let m = rng.range(0, modes + 3);
+        if m >= modes { rng.range(0, 3) } else { m }
+    };
+    let after = |rng: &mut Rng| rng.millis(300, 3000);
+    match (kind, mode) {
+        (Kind::Connector, 0..=3) => {
+            let point = CONNECTOR_FAILPOINTS[mode as usize];
+            let n = if point == "after-persist-before-status-update" {
+                rng.range(1, 6)
+            } else {
+                rng.range(1, 40)
+            };
+            Plan::Failpoint { point, n }
+        }
+        (Kind::Connector, 4) => Plan::TermInShutdown { after: after(rng) },
+        (Kind::Connector, 5) | (Kind::Consumer, 4) => Plan::Kill { after: after(rng) },
+        (Kind::Connector, _) | (Kind::Consumer, 5) => Plan::Term { after: after(rng) },
+        (Kind::Consumer, _) => Plan::Failpoint {
+            point: CONSUMER_FAILPOINTS[mode as usize % 4],
+            n: rng.range(1, 25),
+        },
+    }
+}
+
+struct Slot {
+    kind: Kind,
+    proc: Option<Proc>,
+    starts: u32,
+    respawn_at: Instant,
+}
+
+pub async fn run(opts: Options) {
+    // Same feature set as the binary under test (cargo builds both at once).
+    if !cfg!(feature = "failpoints") {
+        panic!(
+            "the chaos test needs the connector built with its crash points, and this build has none: \
+             run it as `cargo test --features failpoints --test chaos` (scripts/soak.sh does)"
+        );
+    }
+    super::verify::self_check();
+    let infra = Infra::from_env();
+    let names = Names::new(unique_name("chaos"));
+    let dir = work_dir(&names.base);
+    eprintln!(
+        "chaos: seed={} cycles={} writers={} tx_per_sec={} aggregates={} files in {}",
+        opts.seed,
+        opts.cycles,
+        opts.workload.writers,
+        opts.workload.tx_per_sec,
+        opts.workload.aggregates,
+        dir.display()
+    );
+    let admin = admin_client().await;
+    admin
+        .batch_execute(&names.create_sql())
+        .await
+        .unwrap_or_else(|e| panic!("creating the chaos tables of {}: {e}", names.base));
+    let offsets = dir.join("offsets");
+    let config_path = dir.join("connector.toml");
+    std::fs::write(&config_path, names.connector_config(&offsets)).expect("write connector config");
+    let launcher = Launcher {
+        connector_config: config_path,
+        consumer_args: names.consumer_args(),
+        dir: dir.clone(),
+    };
+    let mut rng = Rng::new(opts.seed);
+    let mut reader = KafkaReader::new(&kafka_bootstrap(), &names.topic_prefix);
+
+    let result = chaos(
+        &opts,
+        &names,
+        &launcher,
+        &infra,
+        &offsets,
+        &mut rng,
+        &mut reader,
+    )
+    .await;
+    let (ledger, mut tally) = match result {
+        Ok(x) => x,
+        Err(e) => fail(&launcher, &dir, &format!("chaos phase failed: {e}")),
+    };
+
+    // Verdict.
+    if let Err(e) = reader.catch_up(Duration::from_secs(60)) {
+        fail(&launcher, &dir, &format!("final read of the topics: {e}"));
+    }
+    let admin = admin_client().await;
+    let db = DbState::read(&admin, &names).await;
+    let mut verdict = verify(&ledger, &db, &reader.records, &tally.windows);
+    verdict.malformed = reader.malformed.clone();
+    verdict
+        .outbox_mismatches
+        .append(&mut tally.offset_violations);
+    let redeliveries = count_lines(&launcher.log_path(Kind::Consumer), "duplicate delivery");
+    report(&opts, &tally, &verdict, redeliveries);
+    println!("{}", verdict.soak_line(tally.cycles));
+    if !verdict.is_clean() {
+        fail(
+            &launcher,
+            &dir,
+            &format!("invariants violated:\n{}", verdict.details()),
+        );
+    }
+    let coverage = coverage_gaps(&tally);
+    if !coverage.is_empty() {
+        fail(
+            &launcher,
+            &dir,
+            &format!("the run did not exercise: {}", coverage.join(", ")),
+        );
+    }
+    assert!(tally.cycles >= opts.cycles);
+    assert!(verdict.events > 0, "no events were written");
+
+    // Clean up only after a pass: a failure leaves everything for inspection.
+    cleanup(&admin, &names).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn chaos(
+    opts: &Options,
+    names: &Names,
+    launcher: &Launcher,
+    infra: &Infra,
+    offsets: &Path,
+    rng: &mut Rng,
+    reader: &mut KafkaReader,
+) -> Result<(Vec<TxRecord>, Tally), String> {
+    let mut tally = Tally::default();
+    let mut admin = Admin::default();
+
+    // The slot must exist before anything is written: it only sees later changes.
+    let mut connector = Slot {
+        kind: Kind::Connector,
+        proc: Some(launcher.spawn(Kind::Connector, Plan::Steady, 0)),
+        starts: 0,
+        respawn_at: Instant::now(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let row = admin
+            .get()
+            .await
+            .query_opt(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+                &[&names.slot],
+            )
+            .await
+            .map_err(|e| format!("read slot: {e}"))?;
+        if row.is_some_and(|r| r.get::<_, bool>(0)) {
+            break;
+        }
+        if let Some(p) = connector.proc.as_mut() {
+            p.poll()?;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the connector did not create and use slot {} within 60 s",
+                names.slot
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut consumer = Slot {
+        kind: Kind::Consumer,
+        proc: Some(launcher.spawn(Kind::Consumer, Plan::Steady, 0)),
+        starts: 0,
+        respawn_at: Instant::now(),
+    };
+    // The first processes end at a random moment, like any other.
+    for slot in [&mut connector, &mut consumer] {
+        if let Some(p) = slot.proc.as_mut() {
+            p.plan = Plan::Kill {
+                after: p.started.elapsed() + rng.millis(300, 2000),
+            };
+        }
+    }
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let writers = workload::spawn(&opts.workload, names, rng, stop_rx);
+
+    let outages = 1 + opts.cycles / 500;
+    let kafka_at: Vec<u64> = (0..outages)
+        .map(|i| (opts.cycles * (3 * i + 1)) / (3 * outages))
+        .collect();
+    let pg_at: Vec<u64> = (0..outages)
+        .map(|i| (opts.cycles * (3 * i + 2)) / (3 * outages))
+        .collect();
+    let budget = Duration::from_secs(600 + opts.cycles * 10);
+    let t0 = Instant::now();
+    let writer_app = workload::application_name(&names.base);
+    let mut next_writer_kill = rng.range(2, 6);
+    while tally.cycles < opts.cycles
+        || (tally.kafka_outages as usize) < kafka_at.len()
+        || (tally.pg_restarts as usize) < pg_at.len()
+    {
+        if t0.elapsed() > budget {
+            return Err(format!(
+                "{} cycles not done within {budget:?} (done {})",
+                opts.cycles, tally.cycles
+            ));
+        }
+        for slot in [&mut connector, &mut consumer] {
+            step(
+                slot, launcher, offsets, names, &mut admin, rng, reader, &mut tally,
+            )
+            .await?;
+        }
+        if tally.cycles >= next_writer_kill {
+            next_writer_kill = tally.cycles + rng.range(2, 6);
+            // The application's own crash: its open transactions roll back, a
+            // COMMIT in flight has an outcome it does not learn.
+            if let Ok(rows) = admin
+                .get()
+                .await
+                .query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+                    &[&writer_app],
+                )
+                .await
+            {
+                tally.writer_kills += rows.len() as u64;
+            }
+        }
+        if let Some(&at) = kafka_at.get(tally.kafka_outages as usize) {
+            if tally.cycles >= at {
+                let before = reader.watermarks(Duration::from_secs(5));
+                let took = infra.kafka_outage(Duration::from_secs(2)).await?;
+                tally.kafka_outages += 1;
+                tally.cycle_log.push(format!(
+                    "cycle {}: Kafka stopped and started ({took:?})",
+                    tally.cycles
+                ));
+                tally.add_window(before, reader.watermarks(Duration::from_secs(30)));
+            }
+        }
+        if let Some(&at) = pg_at.get(tally.pg_restarts as usize) {
+            if tally.cycles >= at {
+                let before = reader.watermarks(Duration::from_secs(5));
+                let took = infra.pg_restart().await?;
+                tally.pg_restarts += 1;
+                tally.cycle_log.push(format!(
+                    "cycle {}: PostgreSQL restarted ({took:?})",
+                    tally.cycles
+                ));
+                // The connector reconnects after a backoff; its resends come later still.
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                tally.add_window(before, reader.watermarks(Duration::from_secs(5)));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+
+    // Drain: stop writing, run both undisturbed until everything committed is
+    // published and applied, then stop them gracefully.
+    let _ = stop_tx.send(true);
+    let mut ledger = Vec::new();
+    for w in writers {
+        let (records, _stats) = w.await.map_err(|e| format!("writer task: {e}"))?;
+        ledger.extend(records);
+    }
+    for slot in [&mut connector, &mut consumer] {
+        if let Some(mut p) = slot.proc.take() {
+            p.abandon();
+            // A crash at the end is a window too: its duplicates are in flight.
+            if slot.kind == Kind::Connector {
+                after_connector_death(offsets, names, &mut admin, reader, &mut tally).await;
+            }
+        }
+        slot.starts += 1;
+        slot.proc = Some(launcher.spawn(slot.kind, Plan::Steady, slot.starts));
+    }
+    drain(
+        names,
+        &mut admin,
+        reader,
+        &mut [&mut connector, &mut consumer],
+    )
+    .await?;
+    for slot in [&mut connector, &mut consumer] {
+        if let Some(p) = slot.proc.as_mut() {
+            p.stop().await?;
+        }
+    }
+    Ok((ledger, tally))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn step(
+    slot: &mut Slot,
+    launcher: &Launcher,
+    offsets: &Path,
+    names: &Names,
+    admin: &mut Admin,
+    rng: &mut Rng,
+    reader: &KafkaReader,
+    tally: &mut Tally,
+) -> Result<(), String> {
+    let Some(p) = slot.proc.as_mut() else {
+        if Instant::now() >= slot.respawn_at {
+            slot.starts += 1;
+            let plan = next_plan(slot.kind, slot.starts, rng);
+            slot.proc = Some(launcher.spawn(slot.kind, plan, slot.starts));
+        }
+        return Ok(());
+    };
+    let Some(death) = p.poll()? else {
+        return Ok(());
+    };
+    let (plan, lived) = (p.plan, p.started.elapsed());
+    slot.proc = None;
+    tally.cycles += 1;
+    let label = match death {
+        Death::Failpoint(point) => {
+            *tally
+                .failpoint_hits
+                .entry(format!("{}:{point}", slot.kind.name()))
+                .or_default() += 1;
+            format!("failpoint {point}")
+        }
+        Death::Killed {
+            failpoint_missed: true,
+        } => {
+            tally.missed_failpoints += 1;
+            format!("kill -9 ({plan} not reached)")
+        }
+        Death::Killed { .. } => "kill -9".to_owned(),
+        Death::Clean => "clean stop".to_owned(),
+    };
+    *tally
+        .deaths
+        .entry(format!("{}: {label}", slot.kind.name()))
+        .or_default() += 1;
+    let mut line = format!(
+        "cycle {}: {} #{} ({plan}) ended by {label} after {} ms",
+        tally.cycles,
+        slot.kind.name(),
+        slot.starts,
+        lived.as_millis()
+    );
+    if slot.kind == Kind::Connector {
+        if let Some(lsn) = after_connector_death(offsets, names, admin, reader, tally).await {
+            let _ = write!(line, "; stored offset {lsn}");
+        }
+    }
+    tally.cycle_log.push(line);
+    // A short, random pause: sometimes a backlog builds, sometimes none.
+    slot.respawn_at = Instant::now() + rng.millis(0, 400);
+    Ok(())
+}
+
+/// After the connector died: its stored offset only moves forward, the slot
+/// was never confirmed beyond it, and the partitions' ends mark the edge of
+/// the in-flight window.
+async fn after_connector_death(
+    offsets: &Path,
+    names: &Names,
+    admin: &mut Admin,
+    reader: &KafkaReader,
+    tally: &mut Tally,
+) -> Option<Lsn> {
+    // Requests the dead process had on the wire may still be appended.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let now = reader.watermarks(Duration::from_secs(3));
+    tally.add_window(now.clone(), now);
+    let stored = match OffsetStore::open(offsets).and_then(|s| s.load(&names.slot)) {
+        Ok(s) => s.map(|s| s.lsn),
+        Err(e) => {
+            tally
+                .offset_violations
+                .push(format!("cannot read the offset store after a crash: {e}"));
+            return None;
+        }
+    };
+    let stored = stored?;
+    if let Some(prev) = tally.last_stored {
+        if stored < prev {
+            tally
+                .offset_violations
+                .push(format!("stored offset went back from {prev} to {stored}"));
+        }
+    }
+    tally.last_stored = Some(stored);
+    if let Ok(Some(row)) = admin
+        .get()
+        .await
+        .query_opt(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&names.slot],
+        )
+        .await
+    {
+        let confirmed: Option<Lsn> = row.get::<_, Option<String>>(0).and_then(|s| s.parse().ok());
+        if let Some(confirmed) = confirmed.filter(|c| *c > stored) {
+            tally.offset_violations.push(format!(
+                "slot confirmed up to {confirmed}, beyond the durably stored offset {stored}"
+            ));
+        }
+    }
+    Some(stored)
+}
+
+/// Waits until every committed outbox row is in Kafka and has its effect.
+async fn drain(
+    names: &Names,
+    admin: &mut Admin,
+    reader: &mut KafkaReader,
+    slots: &mut [&mut Slot],
+) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let committed_sql = format!("SELECT count(*) FROM public.{}", names.outbox);
+    let applied_sql = format!(
+        "SELECT count(DISTINCT event_id) FROM public.{}",
+        names.effects
+    );
+    loop {
+        for slot in slots.iter_mut() {
+            if let Some(p) = slot.proc.as_mut() {
+                p.poll()?;
+            }
+        }
+        let _ = reader.catch_up(Duration::from_secs(30));
+        let published = reader.distinct_event_ids().len() as i64;
+        let client = admin.get().await;
+        let (committed, applied) = match (
+            client.query_one(&committed_sql, &[]).await,
+            client.query_one(&applied_sql, &[]).await,
+        ) {
+            (Ok(c), Ok(a)) => (c.get::<_, i64>(0), a.get::<_, i64>(0)),
+            _ => (i64::MAX, 0),
+        };
+        if published >= committed && applied >= committed {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            // Not an error here: the verdict names what is missing.
+            eprintln!(
+                "chaos: drain timed out: {published} of {committed} published, {applied} applied"
+            );
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn coverage_gaps(tally: &Tally) -> Vec<String> {
+    let mut gaps = Vec::new();
+    let points = CONNECTOR_FAILPOINTS
+        .iter()
+        .chain([&CONNECTOR_SHUTDOWN_FAILPOINT])
+        .map(|p| format!("connector:{p}"))
+        .chain(CONSUMER_FAILPOINTS.iter().map(|p| format!("consumer:{p}")));
+    for p in points {
+        if !tally.failpoint_hits.contains_key(&p) {
+            gaps.push(if p.starts_with("connector:") {
+                format!("{p} (never fired: was the connector built with --features failpoints?)")
+            } else {
+                format!("{p} (never fired)")
+            });
+        }
+    }
+    if tally.kafka_outages == 0 {
+        gaps.push("a Kafka outage".into());
+    }
+    if tally.pg_restarts == 0 {
+        gaps.push("a PostgreSQL restart".into());
+    }
+    gaps
+}
+
+fn report(opts: &Options, tally: &Tally, v: &Verdict, redeliveries: usize) {
+    for line in &tally.cycle_log {
+        eprintln!("chaos: {line}");
+    }
+    eprintln!(
+        "chaos: seed={} cycles={} missed_failpoints={}",
+        opts.seed, tally.cycles, tally.missed_failpoints
+    );
+    for (what, n) in &tally.deaths {
+        eprintln!("chaos:   {what}: {n}");
+    }
+    eprintln!(
+        "chaos: transactions committed={} rolled_back={} failed={} commit_reply_lost={} (resolved: {} committed, {} not)",
+        v.committed_txs + v.unknown_committed,
+        v.rolled_back_txs,
+        v.failed_txs,
+        v.unknown_committed + v.unknown_rolled_back,
+        v.unknown_committed,
+        v.unknown_rolled_back
+    );
+    eprintln!(
+        "chaos: events={} records={} duplicates={} unexplained_duplicates={} consumer_redeliveries={} kafka_outages={} pg_restarts={} writer_connections_cut={}",
+        v.events,
+        v.records,
+        v.duplicates,
+        v.unexplained_duplicates.len(),
+        redeliveries,
+        tally.kafka_outages,
+        tally.pg_restarts,
+        tally.writer_kills
+    );
+}
+
+fn count_lines(path: &Path, needle: &str) -> usize {
+    std::fs::read_to_string(path)
+        .map(|t| t.lines().filter(|l| l.contains(needle)).count())
+        .unwrap_or(0)
+}
+
+async fn cleanup(admin: &tokio_postgres::Client, names: &Names) {
+    let _ = admin
+        .execute("SELECT pg_drop_replication_slot($1)", &[&names.slot])
+        .await;
+    let _ = admin.batch_execute(&names.drop_sql()).await;
+}
+
+fn fail(launcher: &Launcher, dir: &Path, why: &str) -> ! {
+    let logs: String = [Kind::Connector, Kind::Consumer]
+        .iter()
+        .map(|k| {
+            let path = launcher.log_path(*k);
+            format!(
+                "--- last lines of {} ---\n{}\n",
+                path.display(),
+                tail(&path, 40)
+            )
+        })
+        .collect();
+    panic!("{why}\n{logs}(files kept in {})", dir.display());
+}

@@ -1,0 +1,174 @@
+//! Private objects of one chaos run: tables, publication, slot, topics and
+//! consumer group all carry one unique name, so no other test's data mixes in.
+
+use std::path::{Path, PathBuf};
+
+use super::{kafka_bootstrap, pg_url};
+
+pub struct Names {
+    pub base: String,
+    /// Outbox table (same shape as public.outbox_events).
+    pub outbox: String,
+    /// The business table: one row per order (the aggregate).
+    pub orders: String,
+    /// The business change each event describes: one row per order line.
+    pub lines: String,
+    /// Written by transactions that touch no outbox row at all.
+    pub noise: String,
+    /// The consumer's inbox (same shape as public.processed_events).
+    pub inbox: String,
+    /// The consumer's business effect, deliberately WITHOUT a unique key on
+    /// event_id: a second application of an event would show as a second row.
+    pub effects: String,
+    pub publication: String,
+    pub slot: String,
+    pub topic_prefix: String,
+    pub group: String,
+    pub consumer_name: String,
+}
+
+impl Names {
+    pub fn new(base: String) -> Names {
+        Names {
+            outbox: format!("ob_{base}"),
+            orders: format!("orders_{base}"),
+            lines: format!("lines_{base}"),
+            noise: format!("noise_{base}"),
+            inbox: format!("inbox_{base}"),
+            effects: format!("eff_{base}"),
+            publication: format!("pub_{base}"),
+            slot: format!("slot_{base}"),
+            topic_prefix: base.clone(),
+            group: format!("g_{base}"),
+            consumer_name: format!("inventory_{base}"),
+            base,
+        }
+    }
+
+    /// librdkafka regex subscription of this run's topics.
+    pub fn topic_regex(&self) -> String {
+        format!("^{}\\..*", self.topic_prefix)
+    }
+
+    pub fn create_sql(&self) -> String {
+        let Names {
+            outbox,
+            orders,
+            lines,
+            noise,
+            inbox,
+            effects,
+            publication,
+            ..
+        } = self;
+        format!(
+            "CREATE TABLE public.{outbox} (LIKE public.outbox_events INCLUDING ALL);
+             GRANT SELECT ON public.{outbox} TO outbox;
+             CREATE TABLE public.{orders} (order_id text PRIMARY KEY, customer text, changes int NOT NULL DEFAULT 0);
+             CREATE TABLE public.{lines} (line_id text PRIMARY KEY, order_id text NOT NULL, sku text, qty int);
+             CREATE TABLE public.{noise} (id bigserial PRIMARY KEY, note text);
+             CREATE TABLE public.{inbox} (LIKE public.processed_events INCLUDING ALL);
+             CREATE TABLE public.{effects} (event_id uuid NOT NULL, order_id text, sku text, qty int,
+                                            applied_at timestamptz NOT NULL DEFAULT clock_timestamp());
+             -- The orders table is published too: its inserts reach the relay and must be ignored.
+             CREATE PUBLICATION {publication} FOR TABLE public.{outbox}, public.{orders} WITH (publish = 'insert');"
+        )
+    }
+
+    pub fn drop_sql(&self) -> String {
+        format!(
+            "DROP PUBLICATION IF EXISTS {}; DROP TABLE IF EXISTS public.{}, public.{}, public.{}, public.{}, public.{}, public.{};",
+            self.publication,
+            self.outbox,
+            self.orders,
+            self.lines,
+            self.noise,
+            self.inbox,
+            self.effects
+        )
+    }
+
+    /// The connector's configuration file.
+    pub fn connector_config(&self, offsets: &Path) -> String {
+        format!(
+            r#"
+[postgres]
+url = "{url}"
+slot = "{slot}"
+publication = "{publication}"
+status_interval_ms = 1000
+
+[outbox]
+table = "public.{table}"
+topic = "{prefix}.{{aggregate_type}}"
+
+[kafka]
+"bootstrap.servers" = "{kafka}"
+"linger.ms" = "5"
+
+[offsets]
+path = "{offsets}"
+flush_interval_ms = 20
+
+[limits]
+shutdown_timeout_ms = 5000
+
+[http]
+listen = ""
+
+[retry]
+initial_backoff_ms = 100
+max_backoff_ms = 1000
+"#,
+            url = pg_url(),
+            slot = self.slot,
+            publication = self.publication,
+            table = self.outbox,
+            prefix = self.topic_prefix,
+            kafka = kafka_bootstrap(),
+            offsets = offsets.display(),
+        )
+    }
+
+    /// Arguments of the reference consumer (static membership, so that a
+    /// restarted instance gets its partitions back without a session timeout).
+    pub fn consumer_args(&self) -> Vec<String> {
+        [
+            "--bootstrap-servers",
+            &kafka_bootstrap(),
+            "--pg-url",
+            &super::pg_admin_url(),
+            "--group",
+            &self.group,
+            "--instance-id",
+            &format!("{}_1", self.group),
+            "--consumer-name",
+            &self.consumer_name,
+            "--topic-regex",
+            &self.topic_regex(),
+            "--inbox-table",
+            &format!("public.{}", self.inbox),
+            "--effects-table",
+            &format!("public.{}", self.effects),
+            "--session-timeout-ms",
+            "6000",
+            "--metadata-refresh-ms",
+            "500",
+            "--max-backoff-ms",
+            "1000",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+}
+
+/// Where this run's files go: config, offsets, process logs. Kept when the test fails.
+pub fn work_dir(base: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("chaos")
+        .join(base);
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    dir
+}

@@ -1,0 +1,736 @@
+//! Reading everything back and checking the four invariants of the seed:
+//!
+//! 1. every committed business change has exactly one outbox row, every
+//!    rolled-back one none (writer's ledger against the tables);
+//! 2. every outbox row was published at least once (all topics read from the
+//!    beginning by a fresh reader);
+//! 3. the consumer's effect happened exactly once per event (effects table,
+//!    which has no unique key, counted per event id);
+//! 4. per aggregate, first deliveries arrive in increasing sequence within one
+//!    partition; and duplicates are counted and must each straddle a crash or
+//!    outage boundary (the in-flight window), never sit within one session.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use super::schema::Names;
+use super::workload::{Outcome, TxRecord};
+
+pub type Tp = (String, i32);
+
+/// One record as the fresh reader saw it.
+#[derive(Debug, Clone)]
+pub struct Rec {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: String,
+    pub event_id: String,
+    pub sequence: i64,
+    pub lsn: String,
+}
+
+impl Rec {
+    fn place(&self) -> String {
+        format!(
+            "{}[{}]@{} lsn {}",
+            self.topic, self.partition, self.offset, self.lsn
+        )
+    }
+}
+
+/// Reads the run's topics from the beginning, incrementally.
+pub struct KafkaReader {
+    consumer: BaseConsumer,
+    prefix: String,
+    next: BTreeMap<Tp, i64>,
+    pub records: Vec<Rec>,
+    pub malformed: Vec<String>,
+}
+
+impl KafkaReader {
+    pub fn new(bootstrap: &str, prefix: &str) -> KafkaReader {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", super::unique_name("chaos_reader"))
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .expect("create the verification reader");
+        KafkaReader {
+            consumer,
+            prefix: format!("{prefix}."),
+            next: BTreeMap::new(),
+            records: Vec::new(),
+            malformed: Vec::new(),
+        }
+    }
+
+    /// High watermark of every partition of the run's topics.
+    pub fn watermarks(&self, timeout: Duration) -> Result<BTreeMap<Tp, i64>, String> {
+        let md = self
+            .consumer
+            .fetch_metadata(None, timeout)
+            .map_err(|e| format!("metadata: {e}"))?;
+        let mut out = BTreeMap::new();
+        for t in md
+            .topics()
+            .iter()
+            .filter(|t| t.name().starts_with(&self.prefix))
+        {
+            for p in t.partitions() {
+                let (_, high) = self
+                    .consumer
+                    .fetch_watermarks(t.name(), p.id(), timeout)
+                    .map_err(|e| format!("watermarks of {}[{}]: {e}", t.name(), p.id()))?;
+                out.insert((t.name().to_owned(), p.id()), high);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads up to the current end of every partition.
+    pub fn catch_up(&mut self, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        let ends = self.watermarks(Duration::from_secs(10))?;
+        let behind = |next: &BTreeMap<Tp, i64>| {
+            ends.iter()
+                .any(|(tp, end)| next.get(tp).copied().unwrap_or(0) < *end)
+        };
+        if !behind(&self.next) {
+            return Ok(());
+        }
+        let mut tpl = TopicPartitionList::new();
+        for tp in ends.keys() {
+            let at = self.next.get(tp).copied().unwrap_or(0);
+            tpl.add_partition_offset(&tp.0, tp.1, Offset::Offset(at))
+                .map_err(|e| format!("assign {}[{}]: {e}", tp.0, tp.1))?;
+        }
+        self.consumer
+            .assign(&tpl)
+            .map_err(|e| format!("assign: {e}"))?;
+        while behind(&self.next) {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "reader did not reach the end offsets {ends:?} within {timeout:?} (at {:?})",
+                    self.next
+                ));
+            }
+            if let Some(Ok(m)) = self.consumer.poll(Duration::from_millis(200)) {
+                {
+                    let tp = (m.topic().to_owned(), m.partition());
+                    self.next.insert(tp, m.offset() + 1);
+                    let header = |name: &str| {
+                        m.headers()
+                            .and_then(|h| h.iter().find(|x| x.key == name).and_then(|x| x.value))
+                            .map(|v| String::from_utf8_lossy(v).into_owned())
+                    };
+                    let rec = Rec {
+                        topic: m.topic().to_owned(),
+                        partition: m.partition(),
+                        offset: m.offset(),
+                        key: m
+                            .key()
+                            .map(|k| String::from_utf8_lossy(k).into_owned())
+                            .unwrap_or_default(),
+                        event_id: header("event_id").unwrap_or_default(),
+                        sequence: header("aggregate_sequence")
+                            .and_then(|s| s.parse().ok())
+                            .unwrap_or(-1),
+                        lsn: header("lsn").unwrap_or_default(),
+                    };
+                    if rec.event_id.is_empty() || rec.sequence < 0 {
+                        self.malformed.push(rec.place());
+                    }
+                    self.records.push(rec);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn distinct_event_ids(&self) -> HashSet<&str> {
+        self.records.iter().map(|r| r.event_id.as_str()).collect()
+    }
+}
+
+/// One outbox row as stored.
+#[derive(Debug, Clone)]
+pub struct OutboxRow {
+    pub event_id: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub sequence: i64,
+    pub line_id: Option<String>,
+}
+
+/// What the database holds at the end.
+pub struct DbState {
+    pub outbox: Vec<OutboxRow>,
+    pub lines: HashSet<String>,
+    /// Effect rows per event id (no unique key: a double effect is a count of 2).
+    pub effects: HashMap<String, u64>,
+    pub inbox: HashSet<String>,
+}
+
+impl DbState {
+    pub async fn read(client: &tokio_postgres::Client, names: &Names) -> DbState {
+        let q = |sql: String| async move {
+            client
+                .query(&sql, &[])
+                .await
+                .unwrap_or_else(|e| panic!("verification query failed: {sql}: {e}"))
+        };
+        let outbox = q(format!(
+            "SELECT event_id::text, aggregate_type, aggregate_id, aggregate_sequence, payload->>'line_id' FROM public.{}",
+            names.outbox
+        ))
+        .await
+        .iter()
+        .map(|r| OutboxRow {
+            event_id: r.get(0),
+            aggregate_type: r.get(1),
+            aggregate_id: r.get(2),
+            sequence: r.get(3),
+            line_id: r.get(4),
+        })
+        .collect();
+        let lines = q(format!("SELECT line_id FROM public.{}", names.lines))
+            .await
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let effects = q(format!(
+            "SELECT event_id::text, count(*) FROM public.{} GROUP BY 1",
+            names.effects
+        ))
+        .await
+        .iter()
+        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
+        .collect();
+        let inbox = q(format!(
+            "SELECT event_id::text FROM public.{} WHERE consumer_name = '{}'",
+            names.inbox, names.consumer_name
+        ))
+        .await
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+        DbState {
+            outbox,
+            lines,
+            effects,
+            inbox,
+        }
+    }
+}
+
+/// Findings; every list holds printable details of one violation each.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    pub events: usize,
+    pub records: usize,
+    pub duplicates: usize,
+    pub committed_txs: usize,
+    pub rolled_back_txs: usize,
+    pub failed_txs: usize,
+    pub unknown_committed: usize,
+    pub unknown_rolled_back: usize,
+    /// Invariant 1 (ledger against tables).
+    pub outbox_mismatches: Vec<String>,
+    /// Invariant 2.
+    pub lost: Vec<String>,
+    /// Published but never committed (invariant 1 seen from Kafka).
+    pub phantoms: Vec<String>,
+    /// Invariant 3.
+    pub double_effects: Vec<String>,
+    pub missing_effects: Vec<String>,
+    /// Invariant 4.
+    pub order_violations: Vec<String>,
+    pub unexplained_duplicates: Vec<String>,
+    pub malformed: Vec<String>,
+}
+
+impl Verdict {
+    pub fn soak_line(&self, cycles: u64) -> String {
+        format!(
+            "soak: cycles={cycles} events={} duplicates={} lost={} order_violations={} double_effects={}",
+            self.events,
+            self.duplicates,
+            self.lost.len(),
+            self.order_violations.len(),
+            self.double_effects.len()
+        )
+    }
+
+    pub fn is_clean(&self) -> bool {
+        self.violations().iter().all(|(_, v)| v.is_empty())
+    }
+
+    pub fn violations(&self) -> Vec<(&'static str, &Vec<String>)> {
+        vec![
+            (
+                "outbox rows not matching the committed business changes",
+                &self.outbox_mismatches,
+            ),
+            ("committed events never published (lost)", &self.lost),
+            ("published events that were never committed", &self.phantoms),
+            (
+                "events whose effect was applied more than once",
+                &self.double_effects,
+            ),
+            (
+                "events whose effect was never applied",
+                &self.missing_effects,
+            ),
+            ("per-aggregate order violations", &self.order_violations),
+            (
+                "duplicates outside any crash/outage window",
+                &self.unexplained_duplicates,
+            ),
+            (
+                "records without event_id/aggregate_sequence headers",
+                &self.malformed,
+            ),
+        ]
+    }
+
+    pub fn details(&self) -> String {
+        let mut out = String::new();
+        for (what, list) in self.violations() {
+            if list.is_empty() {
+                continue;
+            }
+            let _ = writeln!(out, "{} {what}:", list.len());
+            for line in list.iter().take(25) {
+                let _ = writeln!(out, "  {line}");
+            }
+            if list.len() > 25 {
+                let _ = writeln!(out, "  ... and {} more", list.len() - 25);
+            }
+        }
+        out
+    }
+}
+
+/// Marks unknown commits as committed or not from the tables.
+fn resolve(tx: &TxRecord, db: &DbState, v: &mut Verdict) -> bool {
+    match &tx.outcome {
+        Outcome::Committed => {
+            v.committed_txs += 1;
+            true
+        }
+        Outcome::RolledBack => {
+            v.rolled_back_txs += 1;
+            false
+        }
+        Outcome::Failed(_) => {
+            v.failed_txs += 1;
+            false
+        }
+        Outcome::Unknown(why) => {
+            let present = tx
+                .lines
+                .iter()
+                .filter(|l| db.lines.contains(&l.line_id))
+                .count();
+            if present != 0 && present != tx.lines.len() {
+                v.outbox_mismatches.push(format!(
+                    "writer {} tx {} (commit reply lost: {why}): {present} of {} lines exist: a torn transaction",
+                    tx.writer,
+                    tx.number,
+                    tx.lines.len()
+                ));
+            }
+            if present > 0 {
+                v.unknown_committed += 1;
+            } else {
+                v.unknown_rolled_back += 1;
+            }
+            present > 0
+        }
+    }
+}
+
+/// The partitions' end offsets just before and just after a crash or an
+/// outage (the same for a process crash, which is instantaneous).
+#[derive(Debug, Clone)]
+pub struct Window {
+    pub before: BTreeMap<Tp, i64>,
+    pub after: BTreeMap<Tp, i64>,
+}
+
+impl Window {
+    /// Whether copies at offsets `first` < `second` of `tp` straddle this
+    /// window: the first was in the log by its end, the second appended after
+    /// its start. A resend can only follow a crash or a broken session.
+    fn straddled_by(&self, tp: &Tp, first: i64, second: i64) -> bool {
+        match (self.before.get(tp), self.after.get(tp)) {
+            (Some(&lo), Some(&hi)) => first < hi && second >= lo,
+            // The topic did not exist yet at the window's start.
+            (None, Some(&hi)) => first < hi,
+            _ => false,
+        }
+    }
+}
+
+/// `windows`: every crash and outage of the run; a duplicate must straddle one.
+pub fn verify(ledger: &[TxRecord], db: &DbState, records: &[Rec], windows: &[Window]) -> Verdict {
+    let mut v = Verdict::default();
+
+    // 1. Ledger against tables.
+    let mut rows_by_line: HashMap<&str, Vec<&OutboxRow>> = HashMap::new();
+    for row in &db.outbox {
+        match row.line_id.as_deref() {
+            Some(l) => rows_by_line.entry(l).or_default().push(row),
+            None => v
+                .outbox_mismatches
+                .push(format!("outbox row {} has no line_id", row.event_id)),
+        }
+    }
+    let mut known_lines = HashSet::new();
+    for tx in ledger {
+        let committed = resolve(tx, db, &mut v);
+        for line in &tx.lines {
+            known_lines.insert(line.line_id.as_str());
+            let rows = rows_by_line
+                .get(line.line_id.as_str())
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
+            let has_line = db.lines.contains(&line.line_id);
+            if committed {
+                if !has_line {
+                    v.outbox_mismatches.push(format!(
+                        "committed line {} (writer {} tx {}) is missing",
+                        line.line_id, tx.writer, tx.number
+                    ));
+                }
+                match rows {
+                    [row]
+                        if row.event_id == line.event_id
+                            && row.sequence == line.aggregate_sequence => {}
+                    _ => v.outbox_mismatches.push(format!(
+                        "committed line {} (event {}, {} seq {}) has {} outbox rows: {:?}",
+                        line.line_id,
+                        line.event_id,
+                        tx.aggregate_id,
+                        line.aggregate_sequence,
+                        rows.len(),
+                        rows.iter()
+                            .map(|r| (&r.event_id, r.sequence))
+                            .collect::<Vec<_>>()
+                    )),
+                }
+            } else if has_line || !rows.is_empty() {
+                v.outbox_mismatches.push(format!(
+                    "line {} of a transaction that did not commit ({:?}) exists: line row {has_line}, {} outbox rows",
+                    line.line_id,
+                    tx.outcome,
+                    rows.len()
+                ));
+            }
+        }
+    }
+    for row in &db.outbox {
+        if let Some(l) = row.line_id.as_deref() {
+            if !known_lines.contains(l) {
+                v.outbox_mismatches.push(format!(
+                    "outbox row {} for line {l}, which no writer wrote",
+                    row.event_id
+                ));
+            }
+        }
+    }
+
+    // 2. Published at least once.
+    let committed: HashMap<&str, &OutboxRow> =
+        db.outbox.iter().map(|r| (r.event_id.as_str(), r)).collect();
+    v.events = committed.len();
+    v.records = records.len();
+    let mut copies: HashMap<&str, Vec<&Rec>> = HashMap::new();
+    for r in records {
+        copies.entry(r.event_id.as_str()).or_default().push(r);
+    }
+    v.duplicates = records.len() - copies.len();
+    let partitions_of: HashMap<&str, BTreeSet<i32>> =
+        records.iter().fold(HashMap::new(), |mut m, r| {
+            m.entry(r.topic.as_str()).or_default().insert(r.partition);
+            m
+        });
+    for (id, row) in &committed {
+        if !copies.contains_key(id) {
+            let topic_hint = partitions_of
+                .iter()
+                .find(|(t, _)| t.ends_with(&format!(".{}", row.aggregate_type)))
+                .map(|(t, ps)| {
+                    let n = ps.iter().max().map_or(1, |m| m + 1);
+                    format!(
+                        "{t}[{}]",
+                        outbox_cdc::sink::java_partition(row.aggregate_id.as_bytes(), n)
+                    )
+                })
+                .unwrap_or_else(|| "no topic yet".into());
+            v.lost.push(format!(
+                "event {id}: {} {} seq {} line {:?}, expected in {topic_hint}",
+                row.aggregate_type, row.aggregate_id, row.sequence, row.line_id
+            ));
+        }
+    }
+    for (id, recs) in &copies {
+        if !committed.contains_key(id) {
+            v.phantoms.push(format!(
+                "event {id} at {}",
+                recs.iter()
+                    .map(|r| r.place())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        } else if let Some(r) = recs.iter().find(|r| r.sequence != committed[id].sequence) {
+            v.order_violations.push(format!(
+                "event {id} carries sequence {} at {}, stored {}",
+                r.sequence,
+                r.place(),
+                committed[id].sequence
+            ));
+        }
+    }
+
+    // 4a. Duplicates only across crash/outage boundaries.
+    for (id, recs) in &copies {
+        let mut recs: Vec<&&Rec> = recs.iter().collect();
+        recs.sort_by_key(|r| (r.partition, r.offset));
+        for pair in recs.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            if a.topic != b.topic || a.partition != b.partition {
+                v.order_violations.push(format!(
+                    "event {id} published to two partitions: {} and {}",
+                    a.place(),
+                    b.place()
+                ));
+                continue;
+            }
+            let tp = (a.topic.clone(), a.partition);
+            let explained = windows
+                .iter()
+                .any(|w| w.straddled_by(&tp, a.offset, b.offset));
+            if !explained {
+                v.unexplained_duplicates.push(format!(
+                    "event {id}: copies at {} and {} with no crash in between",
+                    a.place(),
+                    b.place()
+                ));
+            }
+        }
+    }
+
+    // 4b. Per aggregate, first deliveries in increasing sequence in one partition.
+    let mut first: HashMap<&str, &Rec> = HashMap::new();
+    for r in records {
+        first
+            .entry(r.event_id.as_str())
+            .and_modify(|f| {
+                if (r.partition, r.offset) < (f.partition, f.offset) {
+                    *f = r;
+                }
+            })
+            .or_insert(r);
+    }
+    let mut by_aggregate: BTreeMap<(&str, &str), Vec<&Rec>> = BTreeMap::new();
+    for r in first.values() {
+        by_aggregate
+            .entry((r.topic.as_str(), r.key.as_str()))
+            .or_default()
+            .push(r);
+    }
+    for ((topic, key), mut recs) in by_aggregate {
+        let parts: BTreeSet<i32> = recs.iter().map(|r| r.partition).collect();
+        if parts.len() > 1 {
+            v.order_violations.push(format!(
+                "aggregate {key} in {topic} spread over partitions {parts:?}"
+            ));
+            continue;
+        }
+        recs.sort_by_key(|r| r.offset);
+        for pair in recs.windows(2) {
+            if pair[0].sequence >= pair[1].sequence {
+                v.order_violations.push(format!(
+                    "aggregate {key}: seq {} (event {} at {}) before seq {} (event {} at {})",
+                    pair[0].sequence,
+                    pair[0].event_id,
+                    pair[0].place(),
+                    pair[1].sequence,
+                    pair[1].event_id,
+                    pair[1].place()
+                ));
+            }
+        }
+    }
+
+    // 3. Effects exactly once.
+    for id in committed.keys() {
+        let places = || {
+            copies
+                .get(id)
+                .map(|rs| rs.iter().map(|r| r.place()).collect::<Vec<_>>().join(", "))
+                .unwrap_or_default()
+        };
+        match db.effects.get(*id).copied().unwrap_or(0) {
+            1 => {}
+            0 => v
+                .missing_effects
+                .push(format!("event {id} (published at {})", places())),
+            n => v.double_effects.push(format!(
+                "event {id}: effect applied {n} times (published at {})",
+                places()
+            )),
+        }
+        if db.effects.contains_key(*id) != db.inbox.contains(*id) {
+            v.missing_effects.push(format!(
+                "event {id}: inbox row {} but effect rows {:?}",
+                db.inbox.contains(*id),
+                db.effects.get(*id)
+            ));
+        }
+    }
+    for (id, n) in &db.effects {
+        if !committed.contains_key(id.as_str()) {
+            v.double_effects.push(format!(
+                "effect for event {id} ({n} rows), which was never committed"
+            ));
+        }
+    }
+    v
+}
+
+/// The checks must be able to fail: a hand-made run with one violation of
+/// each kind, and its corrected twin, which must pass. Run before the chaos.
+pub fn self_check() {
+    use super::workload::Line;
+    let tp = |p: i32| ("t.order".to_owned(), p);
+    let line = |id: &str, ev: &str, seq: i64| Line {
+        line_id: id.into(),
+        event_id: ev.into(),
+        aggregate_sequence: seq,
+    };
+    let tx = |n: u64, agg: &str, lines: Vec<Line>, outcome: Outcome| TxRecord {
+        writer: 0,
+        number: n,
+        aggregate_type: "order".into(),
+        aggregate_id: agg.into(),
+        lines,
+        outcome,
+    };
+    let ledger = vec![
+        tx(
+            1,
+            "a",
+            vec![line("l1", "e1", 1), line("l2", "e2", 2)],
+            Outcome::Committed,
+        ),
+        tx(2, "a", vec![line("l3", "e3", 3)], Outcome::RolledBack),
+        tx(
+            3,
+            "b",
+            vec![line("l4", "e4", 1)],
+            Outcome::Unknown("lost".into()),
+        ),
+        tx(4, "b", vec![line("l5", "e5", 2)], Outcome::Committed),
+    ];
+    let row = |ev: &str, agg: &str, seq: i64, l: &str| OutboxRow {
+        event_id: ev.into(),
+        aggregate_type: "order".into(),
+        aggregate_id: agg.into(),
+        sequence: seq,
+        line_id: Some(l.into()),
+    };
+    let rec = |ev: &str, key: &str, seq: i64, p: i32, off: i64| Rec {
+        topic: "t.order".into(),
+        partition: p,
+        offset: off,
+        key: key.into(),
+        event_id: ev.into(),
+        sequence: seq,
+        lsn: "0/1".into(),
+    };
+    let good_db = || DbState {
+        outbox: vec![
+            row("e1", "a", 1, "l1"),
+            row("e2", "a", 2, "l2"),
+            row("e4", "b", 1, "l4"),
+            row("e5", "b", 2, "l5"),
+        ],
+        lines: ["l1", "l2", "l4", "l5"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        effects: ["e1", "e2", "e4", "e5"]
+            .iter()
+            .map(|s| (s.to_string(), 1))
+            .collect(),
+        inbox: ["e1", "e2", "e4", "e5"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    };
+    let window = Window {
+        before: BTreeMap::from([(tp(0), 2), (tp(1), 1)]),
+        after: BTreeMap::from([(tp(0), 2), (tp(1), 1)]),
+    };
+    // Clean: e1 resent across the crash window.
+    let good_records = vec![
+        rec("e1", "a", 1, 0, 0),
+        rec("e2", "a", 2, 0, 1),
+        rec("e1", "a", 1, 0, 2),
+        rec("e4", "b", 1, 1, 0),
+        rec("e5", "b", 2, 1, 1),
+    ];
+    let v = verify(
+        &ledger,
+        &good_db(),
+        &good_records,
+        std::slice::from_ref(&window),
+    );
+    assert!(
+        v.is_clean(),
+        "harness self-check: a clean run was flagged:\n{}",
+        v.details()
+    );
+    assert_eq!((v.events, v.duplicates, v.unknown_committed), (4, 1, 1));
+
+    // Broken: the rolled-back l3 has an outbox row, e5 is lost, aggregate a
+    // arrives out of order, e2 is resent with no crash in between, e1's
+    // effect applied twice, e4's never.
+    let mut db = good_db();
+    db.outbox.push(row("e3", "a", 3, "l3"));
+    db.effects.insert("e1".into(), 2);
+    db.effects.remove("e4");
+    db.inbox.remove("e4");
+    let records = vec![
+        rec("e2", "a", 2, 0, 0),
+        rec("e1", "a", 1, 0, 1),
+        rec("e2", "a", 2, 0, 3),
+        rec("e3", "a", 3, 0, 4),
+        rec("e4", "b", 1, 1, 0),
+    ];
+    let v = verify(&ledger, &db, &records, &[]);
+    for (what, list) in [
+        ("rolled-back row", &v.outbox_mismatches),
+        ("lost", &v.lost),
+        ("phantom", &v.phantoms),
+        ("order", &v.order_violations),
+        ("unexplained duplicate", &v.unexplained_duplicates),
+        ("double effect", &v.double_effects),
+        ("missing effect", &v.missing_effects),
+    ] {
+        assert!(
+            !list.is_empty(),
+            "harness self-check: the {what} check did not fire:\n{}",
+            v.details()
+        );
+    }
+}

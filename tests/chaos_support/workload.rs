@@ -1,0 +1,263 @@
+//! The writer: the application side of the outbox. Each transaction upserts
+//! an order (the aggregate, whose row lock serialises its writers), adds 1 to
+//! 3 order lines (the business changes) each with its outbox row, and commits
+//! or (about 10%) rolls back. Some transactions touch only another table.
+//!
+//! Every writer keeps a ledger of what it meant and what it got back. A
+//! COMMIT whose reply was lost (PostgreSQL restarting) is `Unknown` and is
+//! resolved at the end by looking for its rows.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_postgres::Client;
+
+use super::rng::Rng;
+use super::schema::Names;
+
+#[derive(Debug, Clone)]
+pub struct Line {
+    pub line_id: String,
+    pub event_id: String,
+    pub aggregate_sequence: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Committed,
+    /// Rolled back on purpose.
+    RolledBack,
+    /// Failed before COMMIT was sent: nothing of it can exist.
+    Failed(String),
+    /// COMMIT was sent and its reply lost (or abandoned on purpose).
+    Unknown(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct TxRecord {
+    pub writer: usize,
+    pub number: u64,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    /// Lines whose INSERTs returned before the outcome (all of them unless Failed).
+    pub lines: Vec<Line>,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct WriterStats {
+    pub noise_txs: u64,
+    pub reconnects: u64,
+}
+
+pub struct Workload {
+    pub writers: usize,
+    pub tx_per_sec: f64,
+    pub aggregates: u64,
+}
+
+pub type WriterHandle = JoinHandle<(Vec<TxRecord>, WriterStats)>;
+
+/// The application_name of the writers' connections of run `base`.
+pub fn application_name(base: &str) -> String {
+    format!("chaos-writer-{base}")
+}
+
+pub fn spawn(
+    workload: &Workload,
+    names: &Names,
+    rng: &mut Rng,
+    stop: watch::Receiver<bool>,
+) -> Vec<WriterHandle> {
+    let pause = Duration::from_secs_f64(workload.writers as f64 / workload.tx_per_sec.max(0.1));
+    (0..workload.writers)
+        .map(|w| {
+            let writer = Writer {
+                id: w,
+                rng: rng.fork(),
+                outbox: names.outbox.clone(),
+                orders: names.orders.clone(),
+                lines: names.lines.clone(),
+                noise: names.noise.clone(),
+                application_name: application_name(&names.base),
+                aggregates: workload.aggregates,
+                pause,
+            };
+            tokio::spawn(writer.run(stop.clone()))
+        })
+        .collect()
+}
+
+struct Writer {
+    id: usize,
+    rng: Rng,
+    outbox: String,
+    orders: String,
+    lines: String,
+    noise: String,
+    application_name: String,
+    aggregates: u64,
+    pause: Duration,
+}
+
+/// The aggregate type of aggregate `k`: two types, so two topics.
+pub fn aggregate(k: u64) -> (&'static str, String) {
+    let t = if k % 4 == 0 { "return" } else { "order" };
+    (t, format!("{t}-{k}"))
+}
+
+impl Writer {
+    async fn run(mut self, stop: watch::Receiver<bool>) -> (Vec<TxRecord>, WriterStats) {
+        let mut ledger = Vec::new();
+        let mut stats = WriterStats::default();
+        let mut client: Option<Client> = None;
+        let mut number = 0u64;
+        while !*stop.borrow() {
+            let c = match client.take().filter(|c| !c.is_closed()) {
+                Some(c) => c,
+                None => match super::try_admin_client_named(&self.application_name).await {
+                    Ok(c) => {
+                        stats.reconnects += 1;
+                        c
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    }
+                },
+            };
+            let mut c = c;
+            number += 1;
+            if self.rng.chance(0.08) {
+                // Touches only a table outside the outbox: no event may come of it.
+                let note = format!("w{} tx{number}", self.id);
+                let _ = c
+                    .execute(
+                        &format!("INSERT INTO public.{} (note) VALUES ($1)", self.noise),
+                        &[&note],
+                    )
+                    .await;
+                stats.noise_txs += 1;
+                client = Some(c);
+            } else {
+                let record = self.order_tx(&mut c, number).await;
+                // After an abandoned COMMIT the connection is dropped, as a
+                // crashed application's would be.
+                if !matches!(record.outcome, Outcome::Unknown(_)) {
+                    client = Some(c);
+                }
+                ledger.push(record);
+            }
+            let jitter = self.rng.range(50, 150) as f64 / 100.0;
+            tokio::time::sleep(self.pause.mul_f64(jitter)).await;
+        }
+        (ledger, stats)
+    }
+
+    async fn order_tx(&mut self, client: &mut Client, number: u64) -> TxRecord {
+        let k = self.rng.range(1, self.aggregates);
+        let (aggregate_type, aggregate_id) = aggregate(k);
+        let n_lines = self.rng.range(1, 3);
+        let rollback = self.rng.chance(0.10);
+        let mut record = TxRecord {
+            writer: self.id,
+            number,
+            aggregate_type: aggregate_type.to_owned(),
+            aggregate_id: aggregate_id.clone(),
+            lines: Vec::new(),
+            outcome: Outcome::Failed(String::new()),
+        };
+        let planned: Vec<(String, String, i32)> = (0..n_lines)
+            .map(|i| {
+                (
+                    format!("w{}-t{number}-l{i}", self.id),
+                    format!("sku-{}", self.rng.range(1, 50)),
+                    self.rng.range(1, 9) as i32,
+                )
+            })
+            .collect();
+        let tx = match client.transaction().await {
+            Ok(tx) => tx,
+            Err(e) => {
+                record.outcome = Outcome::Failed(e.to_string());
+                return record;
+            }
+        };
+        // The upsert locks the order row until the end of the transaction: the
+        // next writer of this aggregate waits, then sees this one's sequence.
+        let upsert = format!(
+            "INSERT INTO public.{o} (order_id, customer) VALUES ($1, $2)
+             ON CONFLICT (order_id) DO UPDATE SET changes = {o}.changes + 1",
+            o = self.orders
+        );
+        if let Err(e) = tx
+            .execute(&upsert, &[&aggregate_id, &format!("customer-{k}")])
+            .await
+        {
+            record.outcome = Outcome::Failed(e.to_string());
+            return record;
+        }
+        let insert_line = format!(
+            "INSERT INTO public.{} (line_id, order_id, sku, qty) VALUES ($1, $2, $3, $4)",
+            self.lines
+        );
+        let insert_event = format!(
+            "INSERT INTO public.{ob} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload)
+             VALUES (gen_random_uuid(), $1, $2,
+                     (SELECT coalesce(max(aggregate_sequence), 0) + 1 FROM public.{ob}
+                       WHERE aggregate_type = $1 AND aggregate_id = $2),
+                     'OrderLineAdded',
+                     jsonb_build_object('line_id', $3::text, 'order_id', $2::text, 'sku', $4::text, 'qty', $5::int))
+             RETURNING event_id::text, aggregate_sequence",
+            ob = self.outbox
+        );
+        for (line_id, sku, qty) in &planned {
+            // Application think time: a restart may catch the transaction open.
+            tokio::time::sleep(self.rng.millis(0, 4)).await;
+            if let Err(e) = tx
+                .execute(&insert_line, &[line_id, &aggregate_id, sku, qty])
+                .await
+            {
+                record.outcome = Outcome::Failed(e.to_string());
+                return record;
+            }
+            match tx
+                .query_one(
+                    &insert_event,
+                    &[&aggregate_type, &aggregate_id, line_id, sku, qty],
+                )
+                .await
+            {
+                Ok(row) => record.lines.push(Line {
+                    line_id: line_id.clone(),
+                    event_id: row.get(0),
+                    aggregate_sequence: row.get(1),
+                }),
+                Err(e) => {
+                    record.outcome = Outcome::Failed(e.to_string());
+                    return record;
+                }
+            }
+        }
+        record.outcome = if rollback {
+            // Whether or not the reply arrives, nothing of it was committed.
+            let _ = tx.rollback().await;
+            Outcome::RolledBack
+        } else if self.rng.chance(0.02) {
+            // The application dies right after sending COMMIT: it cannot know
+            // the outcome and must find out by looking (resolved at the end).
+            match tokio::time::timeout(Duration::from_micros(1), tx.commit()).await {
+                Ok(Ok(())) => Outcome::Committed,
+                Ok(Err(e)) => Outcome::Unknown(e.to_string()),
+                Err(_) => Outcome::Unknown("COMMIT sent, reply abandoned".into()),
+            }
+        } else {
+            match tx.commit().await {
+                Ok(()) => Outcome::Committed,
+                Err(e) => Outcome::Unknown(e.to_string()),
+            }
+        };
+        record
+    }
+}
