@@ -312,7 +312,13 @@ impl Config {
             path: path.to_owned(),
             source,
         })?;
-        Config::from_sources(&path.display().to_string(), &text, std::env::vars())
+        // vars_os: an unrelated variable that is not UTF-8 must not stop us.
+        let env = std::env::vars_os().filter_map(|(k, v)| {
+            let k = k.into_string().ok()?;
+            k.starts_with(ENV_PREFIX).then_some(())?;
+            Some((k, v.into_string().unwrap_or_default()))
+        });
+        Config::from_sources(&path.display().to_string(), &text, env)
     }
 
     /// Parses TOML `text` (named `origin` in errors), overlays `env` (only
@@ -322,18 +328,19 @@ impl Config {
         text: &str,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Config, ConfigError> {
-        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError::Syntax {
-            path: origin.to_owned(),
-            message: e.to_string(),
-        })?;
+        let mut table: toml::Table =
+            text.parse()
+                .map_err(|e: toml::de::Error| ConfigError::Syntax {
+                    path: origin.to_owned(),
+                    message: e.to_string(),
+                })?;
         overlay_env(&mut table, env)?;
         stringify_kafka_values(&mut table);
-        let config: Config = Config::deserialize(toml::Value::Table(table)).map_err(|e| {
-            ConfigError::Syntax {
+        let config: Config =
+            Config::deserialize(toml::Value::Table(table)).map_err(|e| ConfigError::Syntax {
                 path: origin.to_owned(),
                 message: e.to_string(),
-            }
-        })?;
+            })?;
         config.validate()?;
         Ok(config)
     }
@@ -341,7 +348,11 @@ impl Config {
     fn validate(&self) -> Result<(), ConfigError> {
         let pg = &self.postgres;
         if pg.url.trim().is_empty() {
-            return Err(ConfigError::invalid("postgres.url", "", "a PostgreSQL URL or key=value connection string"));
+            return Err(ConfigError::invalid(
+                "postgres.url",
+                "",
+                "a PostgreSQL URL or key=value connection string",
+            ));
         }
         check_slot_name("postgres.slot", &pg.slot)?;
         if pg.publication.is_empty() || pg.publication.len() > 63 {
@@ -359,7 +370,11 @@ impl Config {
             ));
         }
         if self.offsets.path.as_os_str().is_empty() {
-            return Err(ConfigError::invalid("offsets.path", "", "a directory path for the sled store"));
+            return Err(ConfigError::invalid(
+                "offsets.path",
+                "",
+                "a directory path for the sled store",
+            ));
         }
         if !(1..=60_000).contains(&self.offsets.flush_interval_ms) {
             return Err(ConfigError::invalid(
@@ -369,7 +384,11 @@ impl Config {
             ));
         }
         if self.limits.max_in_flight_events == 0 {
-            return Err(ConfigError::invalid("limits.max_in_flight_events", 0, "at least 1"));
+            return Err(ConfigError::invalid(
+                "limits.max_in_flight_events",
+                0,
+                "at least 1",
+            ));
         }
         if self.limits.max_in_flight_bytes < 1024 {
             return Err(ConfigError::invalid(
@@ -378,7 +397,8 @@ impl Config {
                 "at least 1024",
             ));
         }
-        if !self.http.listen.is_empty() && self.http.listen.parse::<std::net::SocketAddr>().is_err() {
+        if !self.http.listen.is_empty() && self.http.listen.parse::<std::net::SocketAddr>().is_err()
+        {
             return Err(ConfigError::invalid(
                 "http.listen",
                 &self.http.listen,
@@ -390,7 +410,10 @@ impl Config {
             return Err(ConfigError::invalid(
                 "retry.initial_backoff_ms",
                 retry.initial_backoff_ms,
-                format!("between 1 and retry.max_backoff_ms ({})", retry.max_backoff_ms),
+                format!(
+                    "between 1 and retry.max_backoff_ms ({})",
+                    retry.max_backoff_ms
+                ),
             ));
         }
         self.monitor.validate(&self.outbox.message_prefix)?;
@@ -401,7 +424,11 @@ impl Config {
         })?;
         match self.kafka.validate() {
             Ok(()) => {}
-            Err(crate::sink::SinkError::Config { key, value, allowed }) => {
+            Err(crate::sink::SinkError::Config {
+                key,
+                value,
+                allowed,
+            }) => {
                 return Err(ConfigError::Invalid {
                     key: format!("kafka.{key}"),
                     value,
@@ -429,7 +456,9 @@ impl MonitorSettings {
                 "100 to 3600000",
             ));
         }
-        if self.heartbeat_interval_ms != 0 && !(100..=3_600_000).contains(&self.heartbeat_interval_ms) {
+        if self.heartbeat_interval_ms != 0
+            && !(100..=3_600_000).contains(&self.heartbeat_interval_ms)
+        {
             return Err(ConfigError::invalid(
                 "monitor.heartbeat_interval_ms",
                 self.heartbeat_interval_ms,
@@ -507,23 +536,57 @@ fn overlay_env(
                 reason: format!("[{section}] is not a table in the config file"),
             });
         };
-        let typed = match section_table.get(&key) {
-            Some(toml::Value::String(_)) => toml::Value::String(value),
-            _ => guess_type(value),
+        let qualified = format!("{section}.{key}");
+        let typed = if section == "kafka" {
+            // librdkafka takes strings; "0123" must stay "0123".
+            toml::Value::String(value)
+        } else {
+            typed_env_value(&var, &qualified, value)?
         };
         section_table.insert(key, typed);
     }
     Ok(())
 }
 
-fn guess_type(value: String) -> toml::Value {
-    if let Ok(b) = value.parse::<bool>() {
-        toml::Value::Boolean(b)
-    } else if let Ok(i) = value.parse::<i64>() {
-        toml::Value::Integer(i)
-    } else {
-        toml::Value::String(value)
+/// Keys whose values are not strings; every other key takes the variable's text as is.
+const NUMBER_KEYS: &[&str] = &[
+    "postgres.status_interval_ms",
+    "outbox.max_record_bytes",
+    "offsets.flush_interval_ms",
+    "limits.max_in_flight_events",
+    "limits.max_in_flight_bytes",
+    "limits.shutdown_timeout_ms",
+    "retry.initial_backoff_ms",
+    "retry.max_backoff_ms",
+    "monitor.slot_poll_interval_ms",
+    "monitor.heartbeat_interval_ms",
+];
+const BOOL_KEYS: &[&str] = &[
+    "postgres.create_slot",
+    "postgres.create_publication",
+    "postgres.allow_slot_ahead",
+];
+
+fn typed_env_value(var: &str, key: &str, value: String) -> Result<toml::Value, ConfigError> {
+    if NUMBER_KEYS.contains(&key) {
+        return value
+            .trim()
+            .parse::<i64>()
+            .map(toml::Value::Integer)
+            .map_err(|_| {
+                ConfigError::invalid(key, format!("{value} (from {var})"), "a whole number")
+            });
     }
+    if BOOL_KEYS.contains(&key) {
+        return value
+            .trim()
+            .parse::<bool>()
+            .map(toml::Value::Boolean)
+            .map_err(|_| {
+                ConfigError::invalid(key, format!("{value} (from {var})"), "true or false")
+            });
+    }
+    Ok(toml::Value::String(value))
 }
 
 /// librdkafka takes every property as a string; accept `linger.ms = 5` in TOML too.
@@ -607,7 +670,11 @@ mod tests {
             let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
             let text = std::fs::read_to_string(&path).unwrap();
             let c = Config::from_sources(file, &text, std::iter::empty());
-            assert!(c.is_ok(), "{file}: {}", c.err().map(|e| e.to_string()).unwrap_or_default());
+            assert!(
+                c.is_ok(),
+                "{file}: {}",
+                c.err().map(|e| e.to_string()).unwrap_or_default()
+            );
         }
     }
 
@@ -627,15 +694,78 @@ mod tests {
         .unwrap();
         assert_eq!(c.postgres.slot, "other_slot");
         assert_eq!(c.limits.max_in_flight_events, 7);
-        assert_eq!(c.postgres.publication, "123", "a key the file holds as a string stays a string");
+        assert_eq!(
+            c.postgres.publication, "123",
+            "a key the file holds as a string stays a string"
+        );
         let dbg = format!("{:?}", c.kafka);
-        assert!(dbg.contains("linger.ms"), "kafka key mapped with dots: {dbg}");
+        assert!(
+            dbg.contains("linger.ms"),
+            "kafka key mapped with dots: {dbg}"
+        );
+    }
+
+    #[test]
+    fn env_typing_table_matches_the_example_config() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/example.toml");
+        let table: toml::Table = std::fs::read_to_string(path).unwrap().parse().unwrap();
+        let mut non_string = Vec::new();
+        for (section, values) in &table {
+            if section == "kafka" {
+                continue;
+            }
+            for (key, value) in values.as_table().unwrap() {
+                match value {
+                    toml::Value::Integer(_) => assert!(
+                        NUMBER_KEYS.contains(&format!("{section}.{key}").as_str()),
+                        "{section}.{key} missing from NUMBER_KEYS"
+                    ),
+                    toml::Value::Boolean(_) => assert!(
+                        BOOL_KEYS.contains(&format!("{section}.{key}").as_str()),
+                        "{section}.{key} missing from BOOL_KEYS"
+                    ),
+                    _ => continue,
+                }
+                non_string.push(format!("{section}.{key}"));
+            }
+        }
+        for key in NUMBER_KEYS.iter().chain(BOOL_KEYS) {
+            assert!(
+                non_string.contains(&key.to_string()),
+                "{key} is not in config/example.toml"
+            );
+        }
+    }
+
+    #[test]
+    fn env_values_keep_their_text_unless_the_key_is_numeric() {
+        let c = parse(
+            MINIMAL,
+            &[
+                ("OUTBOX_CDC__OUTBOX__DEAD_LETTER_TOPIC", "2024"),
+                ("OUTBOX_CDC__KAFKA__SASL_PASSWORD", "0123"),
+                ("OUTBOX_CDC__POSTGRES__CREATE_SLOT", "false"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.outbox.dead_letter_topic, "2024");
+        assert_eq!(c.kafka.get("sasl.password"), Some("0123"));
+        assert!(!c.postgres.create_slot);
+        let err = parse(
+            MINIMAL,
+            &[("OUTBOX_CDC__LIMITS__MAX_IN_FLIGHT_EVENTS", "many")],
+        )
+        .unwrap_err();
+        assert_eq!(invalid_key(err), "limits.max_in_flight_events");
     }
 
     #[test]
     fn malformed_env_names_are_refused_with_the_variable() {
         let err = parse(MINIMAL, &[("OUTBOX_CDC__POSTGRES", "x")]).unwrap_err();
-        assert!(matches!(&err, ConfigError::EnvKey { var, .. } if var == "OUTBOX_CDC__POSTGRES"), "{err}");
+        assert!(
+            matches!(&err, ConfigError::EnvKey { var, .. } if var == "OUTBOX_CDC__POSTGRES"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -650,14 +780,38 @@ mod tests {
     fn bad_values_name_key_value_and_what_is_allowed() {
         let cases: &[(&str, &str, &str)] = &[
             ("OUTBOX_CDC__POSTGRES__SLOT", "Bad-Slot", "postgres.slot"),
-            ("OUTBOX_CDC__LIMITS__MAX_IN_FLIGHT_EVENTS", "0", "limits.max_in_flight_events"),
-            ("OUTBOX_CDC__LIMITS__MAX_IN_FLIGHT_BYTES", "10", "limits.max_in_flight_bytes"),
+            (
+                "OUTBOX_CDC__LIMITS__MAX_IN_FLIGHT_EVENTS",
+                "0",
+                "limits.max_in_flight_events",
+            ),
+            (
+                "OUTBOX_CDC__LIMITS__MAX_IN_FLIGHT_BYTES",
+                "10",
+                "limits.max_in_flight_bytes",
+            ),
             ("OUTBOX_CDC__HTTP__LISTEN", "localhost", "http.listen"),
-            ("OUTBOX_CDC__POSTGRES__STATUS_INTERVAL_MS", "5", "postgres.status_interval_ms"),
-            ("OUTBOX_CDC__OFFSETS__FLUSH_INTERVAL_MS", "0", "offsets.flush_interval_ms"),
-            ("OUTBOX_CDC__RETRY__INITIAL_BACKOFF_MS", "999999", "retry.initial_backoff_ms"),
+            (
+                "OUTBOX_CDC__POSTGRES__STATUS_INTERVAL_MS",
+                "5",
+                "postgres.status_interval_ms",
+            ),
+            (
+                "OUTBOX_CDC__OFFSETS__FLUSH_INTERVAL_MS",
+                "0",
+                "offsets.flush_interval_ms",
+            ),
+            (
+                "OUTBOX_CDC__RETRY__INITIAL_BACKOFF_MS",
+                "999999",
+                "retry.initial_backoff_ms",
+            ),
             ("OUTBOX_CDC__KAFKA__ACKS", "1", "kafka.acks"),
-            ("OUTBOX_CDC__OUTBOX__TOPIC", "bad topic {nope}", "outbox.topic"),
+            (
+                "OUTBOX_CDC__OUTBOX__TOPIC",
+                "bad topic {nope}",
+                "outbox.topic",
+            ),
         ];
         for (var, value, key) in cases {
             let err = parse(MINIMAL, &[(var, value)]).unwrap_err();
@@ -674,8 +828,15 @@ mod tests {
         assert_eq!(c.monitor.slot_poll_interval_ms, 5_000);
         assert_eq!(c.monitor.heartbeat_interval(), None);
         assert_eq!(c.monitor.heartbeat_prefix, "outbox-cdc-heartbeat");
-        let on = parse(MINIMAL, &[("OUTBOX_CDC__MONITOR__HEARTBEAT_INTERVAL_MS", "1000")]).unwrap();
-        assert_eq!(on.monitor.heartbeat_interval(), Some(Duration::from_secs(1)));
+        let on = parse(
+            MINIMAL,
+            &[("OUTBOX_CDC__MONITOR__HEARTBEAT_INTERVAL_MS", "1000")],
+        )
+        .unwrap();
+        assert_eq!(
+            on.monitor.heartbeat_interval(),
+            Some(Duration::from_secs(1))
+        );
         let cases: &[(&str, &str)] = &[
             ("OUTBOX_CDC__MONITOR__SLOT_POLL_INTERVAL_MS", "0"),
             ("OUTBOX_CDC__MONITOR__HEARTBEAT_INTERVAL_MS", "5"),
@@ -702,7 +863,10 @@ mod tests {
             redact_url("postgres://outbox:secret@127.0.0.1:54329/app"),
             "postgres://outbox:***@127.0.0.1:54329/app"
         );
-        assert_eq!(redact_url("host=h user=u password=secret"), "host=h user=u password=***");
+        assert_eq!(
+            redact_url("host=h user=u password=secret"),
+            "host=h user=u password=***"
+        );
         let c = parse(MINIMAL, &[]).unwrap();
         assert!(!format!("{c:?}").contains("secret"));
     }

@@ -37,27 +37,53 @@ async fn poison_rows_are_dead_lettered_and_park_their_aggregate_until_released()
             .find(|r| r.header("event_id") == id)
             .unwrap_or_else(|| panic!("event {id} not published; got {records:#?}"))
     };
-    assert_eq!(find(&ok_before[0]).topic, format!("{}.order", fx.topic_prefix));
+    assert_eq!(
+        find(&ok_before[0]).topic,
+        format!("{}.order", fx.topic_prefix)
+    );
     assert_eq!(find(&other[0]).topic, format!("{}.order", fx.topic_prefix));
 
     let p = find(&poison[0]);
-    assert_eq!(p.topic, dlq_topic, "the poison row goes to the dead-letter topic");
+    assert_eq!(
+        p.topic, dlq_topic,
+        "the poison row goes to the dead-letter topic"
+    );
     assert_eq!(p.key, "a1");
-    assert!(p.header("dlq_reason").contains("max_record_bytes"), "reason: {}", p.header("dlq_reason"));
-    let row: serde_json::Value = serde_json::from_str(&p.payload).expect("dead-letter payload is the row as JSON");
+    assert!(
+        p.header("dlq_reason").contains("max_record_bytes"),
+        "reason: {}",
+        p.header("dlq_reason")
+    );
+    let row: serde_json::Value =
+        serde_json::from_str(&p.payload).expect("dead-letter payload is the row as JSON");
     assert_eq!(row["aggregate_id"], "a1");
 
     let later = find(&parked_later[0]);
-    assert_eq!(later.topic, dlq_topic, "later events of a parked aggregate follow it");
-    assert_eq!(later.header("dlq_original_topic"), format!("{}.order", fx.topic_prefix));
+    assert_eq!(
+        later.topic, dlq_topic,
+        "later events of a parked aggregate follow it"
+    );
+    assert_eq!(
+        later.header("dlq_original_topic"),
+        format!("{}.order", fx.topic_prefix)
+    );
     assert!(later.header("dlq_reason").contains("parked"));
-    assert!(running.metrics.events_dead_lettered.load(std::sync::atomic::Ordering::Relaxed) >= 2);
+    assert!(
+        running
+            .metrics
+            .events_dead_lettered
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 2
+    );
     running.stop().await.expect("graceful stop");
 
     // Release the aggregate (what `outbox-cdc release` does) and restart.
     {
         let store = OffsetStore::open(&fx.offsets_path()).unwrap();
-        assert!(store.is_parked("order", "a1").unwrap(), "the aggregate is parked in the store");
+        assert!(
+            store.is_parked("order", "a1").unwrap(),
+            "the aggregate is parked in the store"
+        );
         assert!(store.release("order", "a1").unwrap());
     }
     let running = Running::start(fx.config_with(&env)).await;
@@ -67,7 +93,11 @@ async fn poison_rows_are_dead_lettered_and_park_their_aggregate_until_released()
         .iter()
         .find(|r| r.header("event_id") == released[0])
         .expect("event after release published");
-    assert_eq!(r.topic, format!("{}.order", fx.topic_prefix), "a released aggregate flows to its topic again");
+    assert_eq!(
+        r.topic,
+        format!("{}.order", fx.topic_prefix),
+        "a released aggregate flows to its topic again"
+    );
     running.stop().await.expect("graceful stop");
     fx.cleanup().await;
 }

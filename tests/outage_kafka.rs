@@ -49,7 +49,12 @@ async fn kafka_down_for_30_seconds_then_everything_arrives_in_order() {
     };
 
     write_batch(&fx, 20, &mut written).await;
-    let before = consume(&fx.topic_prefix, written.len(), Duration::from_secs(60), Duration::ZERO);
+    let before = consume(
+        &fx.topic_prefix,
+        written.len(),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    );
     assert_eq!(before.len(), 20, "delivery works before the outage");
 
     {
@@ -62,18 +67,32 @@ async fn kafka_down_for_30_seconds_then_everything_arrives_in_order() {
         }
         let m = &running.metrics;
         assert!(
-            m.in_flight_events.load(std::sync::atomic::Ordering::Relaxed) > 0
+            m.in_flight_events
+                .load(std::sync::atomic::Ordering::Relaxed)
+                > 0
                 || m.reconnects.load(std::sync::atomic::Ordering::Relaxed) > 0,
             "while Kafka is down, events must be held in flight (or the session must be retrying)"
         );
     } // Kafka starts again here.
 
     write_batch(&fx, 20, &mut written).await;
-    let records = consume(&fx.topic_prefix, written.len(), Duration::from_secs(240), Duration::from_secs(3));
+    let records = consume(
+        &fx.topic_prefix,
+        written.len(),
+        Duration::from_secs(240),
+        Duration::from_secs(3),
+    );
 
     let seen: BTreeSet<&str> = records.iter().map(|r| r.header("event_id")).collect();
-    let lost: Vec<&String> = written.iter().filter(|id| !seen.contains(id.as_str())).collect();
-    assert!(lost.is_empty(), "{} events lost across the outage: {lost:?}", lost.len());
+    let lost: Vec<&String> = written
+        .iter()
+        .filter(|id| !seen.contains(id.as_str()))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} events lost across the outage: {lost:?}",
+        lost.len()
+    );
 
     let mut first: BTreeMap<&str, Vec<(i64, i64)>> = BTreeMap::new();
     let mut dedupe = BTreeSet::new();
@@ -88,9 +107,15 @@ async fn kafka_down_for_30_seconds_then_everything_arrives_in_order() {
     for (key, mut v) in first {
         v.sort();
         let seqs: Vec<i64> = v.iter().map(|x| x.1).collect();
-        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "aggregate {key} out of order: {seqs:?}");
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "aggregate {key} out of order: {seqs:?}"
+        );
     }
 
-    running.stop().await.expect("graceful stop after the outage");
+    running
+        .stop()
+        .await
+        .expect("graceful stop after the outage");
     fx.cleanup().await;
 }

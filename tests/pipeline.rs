@@ -41,13 +41,23 @@ async fn publishes_committed_rows_with_key_partition_headers_and_payload() {
         .unwrap();
     // A multi-event transaction over two aggregate types.
     let multi = fx
-        .write_tx(&[("order", "a2", payload(100)), ("invoice", "i1", payload(101))], true)
+        .write_tx(
+            &[
+                ("order", "a2", payload(100)),
+                ("invoice", "i1", payload(101)),
+            ],
+            true,
+        )
         .await;
     committed.push((multi[0].clone(), "order", "a2", payload(100)));
     committed.push((multi[1].clone(), "invoice", "i1", payload(101)));
 
     let records = consume(&fx.topic_prefix, committed.len(), TIMEOUT, SETTLE);
-    assert_eq!(records.len(), committed.len(), "exactly the committed rows, once each");
+    assert_eq!(
+        records.len(),
+        committed.len(),
+        "exactly the committed rows, once each"
+    );
 
     let by_id: HashMap<&str, _> = records.iter().map(|r| (r.header("event_id"), r)).collect();
     let order_topic = format!("{}.order", fx.topic_prefix);
@@ -66,10 +76,18 @@ async fn publishes_committed_rows_with_key_partition_headers_and_payload() {
         assert_eq!(r.header("event_type"), "TestEvent");
         assert_eq!(r.header("schema_version"), "1");
         assert!(r.header("aggregate_sequence").parse::<i64>().is_ok());
-        assert!(r.header("lsn").parse::<Lsn>().is_ok(), "lsn header {:?}", r.header("lsn"));
+        assert!(
+            r.header("lsn").parse::<Lsn>().is_ok(),
+            "lsn header {:?}",
+            r.header("lsn")
+        );
         assert!(r.timestamp_ms.is_some_and(|t| t > 1_600_000_000_000));
         let n = partition_count(&r.topic);
-        assert_eq!(r.partition, java_partition(agg_id.as_bytes(), n), "murmur2 partition of {agg_id}");
+        assert_eq!(
+            r.partition,
+            java_partition(agg_id.as_bytes(), n),
+            "murmur2 partition of {agg_id}"
+        );
     }
     assert!(partitions >= 1);
 
@@ -87,8 +105,13 @@ async fn per_aggregate_order_holds_over_interleaved_multi_event_transactions() {
     for t in 0..60 {
         // 1 to 5 events per transaction over 100 aggregates, interleaved.
         let n = 1 + t % 5;
-        let ids: Vec<String> = (0..n).map(|k| format!("agg-{}", (t * 7 + k * 13) % 100)).collect();
-        let events: Vec<(&str, &str, String)> = ids.iter().map(|id| ("order", id.as_str(), payload(t))).collect();
+        let ids: Vec<String> = (0..n)
+            .map(|k| format!("agg-{}", (t * 7 + k * 13) % 100))
+            .collect();
+        let events: Vec<(&str, &str, String)> = ids
+            .iter()
+            .map(|id| ("order", id.as_str(), payload(t)))
+            .collect();
         expected += fx.write_tx(&events, true).await.len();
     }
     let records = consume(&fx.topic_prefix, expected, TIMEOUT, SETTLE);
@@ -97,11 +120,18 @@ async fn per_aggregate_order_holds_over_interleaved_multi_event_transactions() {
     let mut by_key: BTreeMap<&str, Vec<(i32, i64, i64)>> = BTreeMap::new();
     for r in &records {
         let seq: i64 = r.header("aggregate_sequence").parse().unwrap();
-        by_key.entry(&r.key).or_default().push((r.partition, r.offset, seq));
+        by_key
+            .entry(&r.key)
+            .or_default()
+            .push((r.partition, r.offset, seq));
     }
     for (key, mut seen) in by_key {
         let partitions: BTreeSet<i32> = seen.iter().map(|s| s.0).collect();
-        assert_eq!(partitions.len(), 1, "aggregate {key} spread over partitions {partitions:?}");
+        assert_eq!(
+            partitions.len(),
+            1,
+            "aggregate {key} spread over partitions {partitions:?}"
+        );
         seen.sort_by_key(|s| s.1);
         let seqs: Vec<i64> = seen.iter().map(|s| s.2).collect();
         assert!(
@@ -123,7 +153,10 @@ async fn graceful_restart_loses_nothing_and_duplicates_nothing() {
 
     let running = Running::start(fx.config()).await;
     for i in 0..30 {
-        all.extend(fx.write_tx(&[("order", &format!("g{}", i % 4), payload(i))], true).await);
+        all.extend(
+            fx.write_tx(&[("order", &format!("g{}", i % 4), payload(i))], true)
+                .await,
+        );
     }
     let first = consume(&fx.topic_prefix, all.len(), TIMEOUT, SETTLE);
     assert_eq!(first.len(), all.len());
@@ -131,11 +164,17 @@ async fn graceful_restart_loses_nothing_and_duplicates_nothing() {
 
     // Written while the connector is down.
     for i in 30..60 {
-        all.extend(fx.write_tx(&[("order", &format!("g{}", i % 4), payload(i))], true).await);
+        all.extend(
+            fx.write_tx(&[("order", &format!("g{}", i % 4), payload(i))], true)
+                .await,
+        );
     }
     let running = Running::start(fx.config()).await;
     for i in 60..70 {
-        all.extend(fx.write_tx(&[("order", &format!("g{}", i % 4), payload(i))], true).await);
+        all.extend(
+            fx.write_tx(&[("order", &format!("g{}", i % 4), payload(i))], true)
+                .await,
+        );
     }
     let records = consume(&fx.topic_prefix, all.len(), TIMEOUT, Duration::from_secs(4));
     running.stop().await.expect("graceful stop");
@@ -145,7 +184,11 @@ async fn graceful_restart_loses_nothing_and_duplicates_nothing() {
         *counts.entry(r.header("event_id")).or_default() += 1;
     }
     for id in &all {
-        assert_eq!(counts.get(id.as_str()), Some(&1), "event {id}: lost or duplicated");
+        assert_eq!(
+            counts.get(id.as_str()),
+            Some(&1),
+            "event {id}: lost or duplicated"
+        );
     }
     assert_eq!(records.len(), all.len(), "no extra records");
     fx.cleanup().await;
@@ -161,7 +204,10 @@ async fn sigterm_drains_in_flight_persists_and_exits_zero() {
 
     let mut all = Vec::new();
     for i in 0..50 {
-        all.extend(fx.write_tx(&[("order", &format!("s{}", i % 3), payload(i))], true).await);
+        all.extend(
+            fx.write_tx(&[("order", &format!("s{}", i % 3), payload(i))], true)
+                .await,
+        );
     }
     // Stop while events may still be in flight: SIGTERM waits for them.
     let status = child.terminate(Duration::from_secs(60));
@@ -170,21 +216,34 @@ async fn sigterm_drains_in_flight_persists_and_exits_zero() {
 
     let mut child = spawn_binary(&config_path);
     for i in 50..60 {
-        all.extend(fx.write_tx(&[("order", &format!("s{}", i % 3), payload(i))], true).await);
+        all.extend(
+            fx.write_tx(&[("order", &format!("s{}", i % 3), payload(i))], true)
+                .await,
+        );
     }
     let records = consume(&fx.topic_prefix, all.len(), TIMEOUT, Duration::from_secs(3));
     let status = child.terminate(Duration::from_secs(60));
-    assert!(status.success(), "exit status after the second SIGTERM: {status}");
+    assert!(
+        status.success(),
+        "exit status after the second SIGTERM: {status}"
+    );
 
     let mut counts: HashMap<&str, usize> = HashMap::new();
     for r in &records {
         *counts.entry(r.header("event_id")).or_default() += 1;
     }
     for id in &all {
-        assert_eq!(counts.get(id.as_str()), Some(&1), "event {id}: lost or duplicated across SIGTERM");
+        assert_eq!(
+            counts.get(id.as_str()),
+            Some(&1),
+            "event {id}: lost or duplicated across SIGTERM"
+        );
     }
     let after: Lsn = fx.slot_confirmed_flush().await.unwrap().parse().unwrap();
-    assert!(after > flushed, "the final status update reported progress ({flushed} -> {after})");
+    assert!(
+        after > flushed,
+        "the final status update reported progress ({flushed} -> {after})"
+    );
     fx.cleanup().await;
 }
 
@@ -203,7 +262,10 @@ async fn kill_9_then_restart_loses_nothing() {
             let n = round * 100 + i;
             all.extend(
                 fx.write_tx(
-                    &[("order", &format!("k{}", n % 5), payload(n)), ("order", &format!("k{}", (n + 1) % 5), payload(n))],
+                    &[
+                        ("order", &format!("k{}", n % 5), payload(n)),
+                        ("order", &format!("k{}", (n + 1) % 5), payload(n)),
+                    ],
                     true,
                 )
                 .await,
@@ -217,7 +279,10 @@ async fn kill_9_then_restart_loses_nothing() {
     child.kill9();
 
     let seen: BTreeSet<&str> = records.iter().map(|r| r.header("event_id")).collect();
-    let lost: Vec<&String> = all.iter().filter(|id| !seen.contains(id.as_str())).collect();
+    let lost: Vec<&String> = all
+        .iter()
+        .filter(|id| !seen.contains(id.as_str()))
+        .collect();
     assert!(lost.is_empty(), "lost after kill -9: {lost:?}");
     // Per aggregate, first deliveries stay in sequence order.
     let mut first_seen: BTreeMap<(&str, i32), Vec<(i64, i64)>> = BTreeMap::new();
@@ -225,12 +290,18 @@ async fn kill_9_then_restart_loses_nothing() {
     for r in &records {
         if dedupe.insert(r.header("event_id")) {
             let seq: i64 = r.header("aggregate_sequence").parse().unwrap();
-            first_seen.entry((&r.key, r.partition)).or_default().push((r.offset, seq));
+            first_seen
+                .entry((&r.key, r.partition))
+                .or_default()
+                .push((r.offset, seq));
         }
     }
     for ((key, _), mut v) in first_seen {
         v.sort();
-        assert!(v.windows(2).all(|w| w[0].1 < w[1].1), "aggregate {key}: first deliveries out of order: {v:?}");
+        assert!(
+            v.windows(2).all(|w| w[0].1 < w[1].1),
+            "aggregate {key}: first deliveries out of order: {v:?}"
+        );
     }
     fx.cleanup().await;
 }
@@ -240,15 +311,26 @@ async fn slot_advances_on_a_busy_database_without_outbox_traffic() {
     common::init_tracing();
     let fx = Fixture::new("idle").await;
     let running = Running::start(fx.config()).await;
-    eventually("the connector to create its slot and stream", TIMEOUT, || async {
-        fx.slot_confirmed_flush().await.is_some()
-            && running.metrics.connected.load(std::sync::atomic::Ordering::Relaxed) == 1
-    })
+    eventually(
+        "the connector to create its slot and stream",
+        TIMEOUT,
+        || async {
+            fx.slot_confirmed_flush().await.is_some()
+                && running
+                    .metrics
+                    .connected
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    == 1
+        },
+    )
     .await;
     let before: Lsn = fx.slot_confirmed_flush().await.unwrap().parse().unwrap();
 
     fx.admin
-        .batch_execute(&format!("CREATE TABLE public.busy_{} (x int, pad text)", fx.name))
+        .batch_execute(&format!(
+            "CREATE TABLE public.busy_{} (x int, pad text)",
+            fx.name
+        ))
         .await
         .unwrap();
     let busy_table = format!("busy_{}", fx.name);
@@ -267,9 +349,15 @@ async fn slot_advances_on_a_busy_database_without_outbox_traffic() {
             break;
         }
     }
-    assert!(advanced, "confirmed_flush_lsn stayed at {before} while other tables were written");
+    assert!(
+        advanced,
+        "confirmed_flush_lsn stayed at {before} while other tables were written"
+    );
     running.stop().await.expect("graceful stop");
-    fx.admin.batch_execute(&format!("DROP TABLE public.{busy_table}")).await.unwrap();
+    fx.admin
+        .batch_execute(&format!("DROP TABLE public.{busy_table}"))
+        .await
+        .unwrap();
     fx.cleanup().await;
 }
 
@@ -300,7 +388,10 @@ async fn refuses_to_start_when_the_slot_was_dropped_and_recreated() {
     // ... and recreated by someone else: still refused (it is ahead of the offset).
     fx.write_tx(&[("order", "l1", payload(2))], true).await;
     fx.admin
-        .execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&fx.slot])
+        .execute(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&fx.slot],
+        )
         .await
         .unwrap();
     let err = Running::spawn(fx.config(), RunOptions::default())
@@ -317,9 +408,18 @@ async fn refuses_to_start_when_the_slot_was_dropped_and_recreated() {
         .execute("SELECT pg_drop_replication_slot($1)", &[&fx.slot])
         .await
         .unwrap();
-    let running = Running::spawn(fx.config(), RunOptions { recreate_slot: true });
+    let running = Running::spawn(
+        fx.config(),
+        RunOptions {
+            recreate_slot: true,
+        },
+    );
     eventually("the recreated slot to be active", TIMEOUT, || async {
-        running.metrics.connected.load(std::sync::atomic::Ordering::Relaxed) == 1
+        running
+            .metrics
+            .connected
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 1
     })
     .await;
     running.stop().await.expect("graceful stop");
@@ -339,7 +439,10 @@ async fn refuses_an_offset_stored_for_another_cluster() {
         .await
         .expect_err("start must be refused for another cluster's offset");
     assert!(
-        matches!(err, PipelineError::Refused(StartRefused::OtherCluster { .. })),
+        matches!(
+            err,
+            PipelineError::Refused(StartRefused::OtherCluster { .. })
+        ),
         "unexpected error: {err}"
     );
     assert!(err.to_string().contains("1234567890"));

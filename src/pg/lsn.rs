@@ -41,7 +41,9 @@ impl fmt::Display for Lsn {
 
 /// Why a text LSN was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid LSN {input:?}: expected two hexadecimal halves of at most 8 digits, like 16/B374D848")]
+#[error(
+    "invalid LSN {input:?}: expected two hexadecimal halves of at most 8 digits, like 16/B374D848"
+)]
 pub struct ParseLsnError {
     input: String,
 }
@@ -50,7 +52,9 @@ impl FromStr for Lsn {
     type Err = ParseLsnError;
 
     fn from_str(s: &str) -> Result<Lsn, ParseLsnError> {
-        let err = || ParseLsnError { input: s.to_owned() };
+        let err = || ParseLsnError {
+            input: s.to_owned(),
+        };
         let (hi, lo) = s.split_once('/').ok_or_else(err)?;
         let half = |h: &str| {
             if h.is_empty() || h.len() > 8 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -88,14 +92,28 @@ mod tests {
 
     #[test]
     fn parses_what_postgres_prints() {
-        assert_eq!("16/B374D848".parse::<Lsn>().unwrap(), Lsn::new(0x16_B374_D848));
+        assert_eq!(
+            "16/B374D848".parse::<Lsn>().unwrap(),
+            Lsn::new(0x16_B374_D848)
+        );
         assert_eq!("0/0".parse::<Lsn>().unwrap(), Lsn::ZERO);
         assert_eq!("a/1".parse::<Lsn>().unwrap(), Lsn::new(0xA_0000_0001));
     }
 
     #[test]
     fn rejects_malformed_text() {
-        for bad in ["", "/", "1/", "/1", "1", "x/1", "1/2/3", "123456789/0", "-1/0", " 1/0"] {
+        for bad in [
+            "",
+            "/",
+            "1/",
+            "/1",
+            "1",
+            "x/1",
+            "1/2/3",
+            "123456789/0",
+            "-1/0",
+            " 1/0",
+        ] {
             assert!(bad.parse::<Lsn>().is_err(), "{bad:?} should be rejected");
         }
     }

@@ -247,6 +247,11 @@ pub struct ReplicationStream {
     last_lsn: Lsn,
     /// The server ended the copy (CopyDone).
     server_done: bool,
+    /// When the last bytes arrived, and when we then asked for a keepalive:
+    /// kept here, not in `fill`, because callers drop and recreate the `recv`
+    /// future (e.g. in a `select!`), which must not restart the clock.
+    last_read_at: tokio::time::Instant,
+    reply_asked_at: Option<tokio::time::Instant>,
 }
 
 impl ReplicationStream {
@@ -276,6 +281,8 @@ impl ReplicationStream {
             options,
             last_lsn: Lsn::ZERO,
             server_done: false,
+            last_read_at: tokio::time::Instant::now(),
+            reply_asked_at: None,
         }
     }
 
@@ -318,26 +325,34 @@ impl ReplicationStream {
     /// Reads more bytes into the buffer, watching for a writer failure and
     /// for a silent server (see `StreamOptions::idle_timeout`).
     async fn fill(&mut self) -> Result<(), PgError> {
-        let mut asked = false;
         reserve_for_read(&mut self.buf);
         loop {
+            let idle = self.options.idle_timeout;
+            let deadline = match self.reply_asked_at {
+                None => self.last_read_at + idle,
+                Some(asked) => asked + idle,
+            };
             tokio::select! {
                 biased;
                 _ = self.state.failed.notified() => return Ok(()),
-                read = tokio::time::timeout(self.options.idle_timeout, self.reader.read_buf(&mut self.buf)) => match read {
+                read = tokio::time::timeout_at(deadline, self.reader.read_buf(&mut self.buf)) => match read {
                     Ok(Ok(0)) => return Err(PgError::Closed { addr: self.addr.clone(), during: "streaming" }),
-                    Ok(Ok(_)) => return Ok(()),
+                    Ok(Ok(_)) => {
+                        self.last_read_at = tokio::time::Instant::now();
+                        self.reply_asked_at = None;
+                        return Ok(());
+                    }
                     Ok(Err(source)) => return Err(PgError::Io { action: "reading from", addr: self.addr.clone(), source }),
                     // A live server answers a reply request with a keepalive at once.
-                    Err(_) if !asked => {
-                        asked = true;
+                    Err(_) if self.reply_asked_at.is_none() => {
+                        self.reply_asked_at = Some(tokio::time::Instant::now());
                         self.feedback().request_reply();
                     }
                     Err(_) => {
                         return Err(PgError::Timeout {
                             addr: self.addr.clone(),
                             during: "waiting for the server (no keepalive in reply to a request)",
-                            after: self.options.idle_timeout * 2,
+                            after: idle * 2,
                         });
                     }
                 },

@@ -98,9 +98,11 @@ impl PipelineError {
     pub fn is_retryable(&self) -> bool {
         match self {
             PipelineError::Pg(e) => e.is_retryable() || matches!(e, PgError::SlotActive { .. }),
-            PipelineError::Sink(e) => !e.is_poison(),
+            PipelineError::Sink(e) => e.is_retryable() || (e.is_fatal() && !e.is_record_refused()),
             PipelineError::Store(e) => e.is_retryable(),
-            PipelineError::Delivery { source, .. } => !source.is_poison(),
+            // A fatal producer error is cured by a new producer (a new session);
+            // a record refused for good is not.
+            PipelineError::Delivery { source, .. } => !source.is_record_refused(),
             PipelineError::StreamEnded | PipelineError::Parked { .. } => true,
             PipelineError::Refused(_)
             | PipelineError::Decode { .. }
@@ -123,12 +125,27 @@ pub async fn run(
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
-    let store = Arc::new(open_store(&config)?);
+    let mut store: Option<OffsetStore> = None;
     let mut backoff = config.retry.initial_backoff();
     loop {
         let started = std::time::Instant::now();
-        let result = session::Session::run(&config, options, &store, &metrics, shutdown.clone()).await;
-        metrics.connected.store(0, std::sync::atomic::Ordering::Relaxed);
+        // Opened inside the loop: a `status` or `release` run may hold the store
+        // for a moment (StoreError::Locked is retryable).
+        let result = match &store {
+            Some(open) => {
+                session::Session::run(&config, options, open, &metrics, shutdown.clone()).await
+            }
+            None => match open_store(&config) {
+                Ok(open) => {
+                    store = Some(open);
+                    continue;
+                }
+                Err(e) => Err(e),
+            },
+        };
+        metrics
+            .connected
+            .store(0, std::sync::atomic::Ordering::Relaxed);
         match result {
             Ok(()) => return Ok(()),
             Err(e) if e.is_retryable() => {
@@ -137,7 +154,9 @@ pub async fn run(
                 }
                 let wait = jitter(backoff);
                 warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "session failed; reconnecting from the durable acked LSN");
-                metrics.reconnects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                metrics
+                    .reconnects
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
                     _ = shutdown.changed() => {

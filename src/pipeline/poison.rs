@@ -33,6 +33,10 @@ pub(crate) enum Route {
 pub(crate) struct PoisonPolicyRouter {
     policy: PoisonPolicy,
     dead_letter_topic: String,
+    /// Largest row JSON a dead-letter record carries; a larger one (the very
+    /// reason it may be poison) is replaced by a note of its size, so the
+    /// dead-letter record itself is never refused for its size.
+    max_raw_bytes: usize,
 }
 
 impl PoisonPolicyRouter {
@@ -40,6 +44,7 @@ impl PoisonPolicyRouter {
         PoisonPolicyRouter {
             policy: settings.on_poison,
             dead_letter_topic: settings.dead_letter_topic.clone(),
+            max_raw_bytes: settings.max_record_bytes / 2,
         }
     }
 
@@ -59,7 +64,9 @@ impl PoisonPolicyRouter {
     ) -> Result<Route, PipelineError> {
         match mapped {
             Ok(event) => {
-                if self.dead_letters() && store.is_parked(&event.aggregate_type, &event.aggregate_id)? {
+                if self.dead_letters()
+                    && store.is_parked(&event.aggregate_type, &event.aggregate_id)?
+                {
                     let reason = format!(
                         "aggregate {}/{} is parked after an earlier poison event; release it with `outbox-cdc release`",
                         event.aggregate_type, event.aggregate_id
@@ -77,9 +84,20 @@ impl PoisonPolicyRouter {
             Err(source) => {
                 let reason = source.to_string();
                 if let Some((agg_type, agg_id)) = source.aggregate() {
-                    store.park(agg_type, agg_id, &reason, lsn)?;
+                    tokio::task::block_in_place(|| store.park(agg_type, agg_id, &reason, lsn))?;
                 }
-                Ok(Route::DeadLetter(self.unmappable(&source, raw(), lsn, commit_time, &reason)))
+                let mut raw = raw();
+                if raw.len() > self.max_raw_bytes {
+                    let note = serde_json::json!({ "omitted": "row too large for the dead-letter record", "bytes": raw.len() });
+                    raw = Bytes::from(note.to_string());
+                }
+                Ok(Route::DeadLetter(self.unmappable(
+                    &source,
+                    raw,
+                    lsn,
+                    commit_time,
+                    &reason,
+                )))
             }
         }
     }
@@ -97,7 +115,14 @@ impl PoisonPolicyRouter {
     }
 
     /// A record for a row that could not be mapped: what is known of it.
-    fn unmappable(&self, source: &MapError, raw: Bytes, lsn: Lsn, commit_time: PgTimestamp, reason: &str) -> OutboxEvent {
+    fn unmappable(
+        &self,
+        source: &MapError,
+        raw: Bytes,
+        lsn: Lsn,
+        commit_time: PgTimestamp,
+        reason: &str,
+    ) -> OutboxEvent {
         let row = source.row();
         let text = |v: Option<&Option<String>>| v.and_then(|s| s.clone()).unwrap_or_default();
         let event_id = text(row.map(|r| &r.event_id));
@@ -117,11 +142,19 @@ impl PoisonPolicyRouter {
         headers.push((Cow::Borrowed(H_DLQ_REASON), Bytes::from(reason.to_owned())));
         OutboxEvent {
             topic: self.dead_letter_topic.clone(),
-            key: Bytes::from(if aggregate_id.is_empty() { event_id.clone() } else { aggregate_id.clone() }),
+            key: Bytes::from(if aggregate_id.is_empty() {
+                event_id.clone()
+            } else {
+                aggregate_id.clone()
+            }),
             payload: raw,
             headers,
             timestamp_ms: commit_time.unix_millis(),
-            event_id: if event_id.is_empty() { format!("unknown@{lsn}") } else { event_id },
+            event_id: if event_id.is_empty() {
+                format!("unknown@{lsn}")
+            } else {
+                event_id
+            },
             aggregate_type,
             aggregate_id,
             lsn,
@@ -130,7 +163,19 @@ impl PoisonPolicyRouter {
 }
 
 /// A row as a JSON object of its columns' text values, for dead-letter records.
-pub(crate) fn row_as_json(relation: Option<&Relation>, tuple: &TupleData) -> Bytes {
+/// When the row is larger than `max_bytes`, values over 256 bytes are replaced
+/// by a note of their size, so the identifying columns always survive.
+pub(crate) fn row_as_json(
+    relation: Option<&Relation>,
+    tuple: &TupleData,
+    max_bytes: usize,
+) -> Bytes {
+    let total: usize = tuple
+        .columns
+        .iter()
+        .map(|v| v.bytes().map_or(0, |b| b.len()))
+        .sum();
+    let shrink = total > max_bytes;
     let mut object = serde_json::Map::new();
     for (i, value) in tuple.columns.iter().enumerate() {
         let name = relation
@@ -138,9 +183,18 @@ pub(crate) fn row_as_json(relation: Option<&Relation>, tuple: &TupleData) -> Byt
             .map_or_else(|| format!("column_{i}"), |c| c.name.clone());
         let json = match value {
             ColumnValue::Null => serde_json::Value::Null,
-            ColumnValue::UnchangedToast => serde_json::Value::String("(unchanged TOAST value, not sent)".into()),
-            ColumnValue::Text(b) => serde_json::Value::String(String::from_utf8_lossy(b).into_owned()),
-            ColumnValue::Binary(b) => serde_json::Value::String(format!("(binary, {} bytes)", b.len())),
+            ColumnValue::UnchangedToast => {
+                serde_json::Value::String("(unchanged TOAST value, not sent)".into())
+            }
+            ColumnValue::Text(b) if shrink && b.len() > 256 => {
+                serde_json::Value::String(format!("(omitted: {} bytes)", b.len()))
+            }
+            ColumnValue::Text(b) => {
+                serde_json::Value::String(String::from_utf8_lossy(b).into_owned())
+            }
+            ColumnValue::Binary(b) => {
+                serde_json::Value::String(format!("(binary, {} bytes)", b.len()))
+            }
         };
         object.insert(name, json);
     }
@@ -190,10 +244,19 @@ mod tests {
         let store = OffsetStore::open(dir.path()).unwrap();
         let router = PoisonPolicyRouter::new(&settings("fail"));
         let err = router
-            .route(Err(poison()), Bytes::new, &store, Lsn::new(42), PgTimestamp(0))
+            .route(
+                Err(poison()),
+                Bytes::new,
+                &store,
+                Lsn::new(42),
+                PgTimestamp(0),
+            )
             .err()
             .expect("fail policy must stop");
-        assert!(matches!(&err, PipelineError::Poison { event_id, .. } if event_id == "e1"), "{err}");
+        assert!(
+            matches!(&err, PipelineError::Poison { event_id, .. } if event_id == "e1"),
+            "{err}"
+        );
         assert!(!err.is_retryable());
     }
 
@@ -212,42 +275,100 @@ mod tests {
         assert_eq!(dlq.topic, "dlq");
         assert_eq!(dlq.key.as_ref(), b"o1");
         assert_eq!(dlq.payload.as_ref(), b"{\"payload\":null}");
-        assert!(dlq.headers.iter().any(|(k, v)| k == H_DLQ_REASON && v.starts_with(b"public.outbox_events")));
+        assert!(
+            dlq.headers
+                .iter()
+                .any(|(k, v)| k == H_DLQ_REASON && v.starts_with(b"public.outbox_events"))
+        );
         assert!(store.is_parked("order", "o1").unwrap());
 
         // A later, valid event of the parked aggregate follows it.
         let Route::DeadLetter(later) = router
-            .route(Ok(event("o1")), Bytes::new, &store, Lsn::new(50), PgTimestamp(0))
+            .route(
+                Ok(event("o1")),
+                Bytes::new,
+                &store,
+                Lsn::new(50),
+                PgTimestamp(0),
+            )
             .unwrap()
         else {
             panic!("events of a parked aggregate must be dead-lettered");
         };
         assert_eq!(later.topic, "dlq");
-        assert!(later
-            .headers
-            .iter()
-            .any(|(k, v)| k == H_DLQ_ORIGINAL_TOPIC && v.as_ref() == b"outbox.event.order"));
+        assert!(
+            later
+                .headers
+                .iter()
+                .any(|(k, v)| k == H_DLQ_ORIGINAL_TOPIC && v.as_ref() == b"outbox.event.order")
+        );
 
         // Other aggregates are unaffected; a released one flows again.
         assert!(matches!(
-            router.route(Ok(event("o2")), Bytes::new, &store, Lsn::new(51), PgTimestamp(0)).unwrap(),
+            router
+                .route(
+                    Ok(event("o2")),
+                    Bytes::new,
+                    &store,
+                    Lsn::new(51),
+                    PgTimestamp(0)
+                )
+                .unwrap(),
             Route::Publish(_)
         ));
         store.release("order", "o1").unwrap();
         assert!(matches!(
-            router.route(Ok(event("o1")), Bytes::new, &store, Lsn::new(52), PgTimestamp(0)).unwrap(),
+            router
+                .route(
+                    Ok(event("o1")),
+                    Bytes::new,
+                    &store,
+                    Lsn::new(52),
+                    PgTimestamp(0)
+                )
+                .unwrap(),
             Route::Publish(_)
         ));
     }
 
     #[test]
+    fn oversized_rows_are_summarised_in_the_dead_letter_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        let mut s = settings("dead-letter");
+        s.max_record_bytes = 100;
+        let router = PoisonPolicyRouter::new(&s);
+        let big = || Bytes::from(vec![b'x'; 500]);
+        let Route::DeadLetter(dlq) = router
+            .route(Err(poison()), big, &store, Lsn::new(42), PgTimestamp(0))
+            .unwrap()
+        else {
+            panic!("poison row must be dead-lettered");
+        };
+        assert!(dlq.payload.len() < 100, "{:?}", dlq.payload);
+        assert!(String::from_utf8_lossy(&dlq.payload).contains("\"bytes\":500"));
+    }
+
+    #[test]
     fn rows_render_as_json_objects() {
-        let json = row_as_json(
-            None,
-            &TupleData {
-                columns: vec![ColumnValue::Null, ColumnValue::Text(Bytes::from_static(b"x"))],
-            },
-        );
+        let tuple = TupleData {
+            columns: vec![
+                ColumnValue::Null,
+                ColumnValue::Text(Bytes::from_static(b"x")),
+            ],
+        };
+        let json = row_as_json(None, &tuple, 1000);
         assert_eq!(json.as_ref(), br#"{"column_0":null,"column_1":"x"}"#);
+        let big = TupleData {
+            columns: vec![
+                ColumnValue::Text(Bytes::from_static(b"a1")),
+                ColumnValue::Text(Bytes::from(vec![b'x'; 5000])),
+            ],
+        };
+        let json = row_as_json(None, &big, 1000);
+        assert_eq!(
+            json.as_ref(),
+            br#"{"column_0":"a1","column_1":"(omitted: 5000 bytes)"}"#
+        );
     }
 }

@@ -42,6 +42,18 @@ pub enum StartRefused {
         server_system_id: String,
     },
     #[error(
+        "the offset store holds slot {slot:?} at {stored_lsn}, beyond the server's WAL end {server_flush_lsn}: \
+         this server is behind the one the offset came from (a restored backup or a promoted standby \
+         of the same cluster), so changes it commits between those positions would be skipped. \
+         Move the offset store aside (offsets.path) and start with --recreate-slot after checking \
+         which outbox rows need replaying"
+    )]
+    OffsetAheadOfServer {
+        slot: String,
+        stored_lsn: Lsn,
+        server_flush_lsn: Lsn,
+    },
+    #[error(
         "replication slot {slot:?} does not exist, but events up to {stored_lsn} were published from it: \
          the slot was dropped, so changes committed after {stored_lsn} may never be published. \
          To continue, run with --recreate-slot (creates the slot at the current WAL position) and \
@@ -85,6 +97,8 @@ pub struct ResumeInputs<'a> {
     pub slot: &'a str,
     pub database: &'a str,
     pub server_system_id: &'a str,
+    /// The server's current WAL flush position (IDENTIFY_SYSTEM xlogpos).
+    pub server_flush_lsn: Lsn,
     pub stored: Option<&'a StoredOffset>,
     pub slot_info: Option<&'a SlotInfo>,
     pub create_slot: bool,
@@ -101,6 +115,15 @@ pub fn decide(input: &ResumeInputs<'_>) -> Result<ResumePlan, StartRefused> {
                 stored_lsn: stored.lsn,
                 stored_system_id: stored.system_id.clone(),
                 server_system_id: input.server_system_id.to_owned(),
+            });
+        }
+        // Every stored offset is a position this cluster had flushed; a server
+        // behind it has lost or never had that WAL.
+        if stored.lsn > input.server_flush_lsn {
+            return Err(StartRefused::OffsetAheadOfServer {
+                slot,
+                stored_lsn: stored.lsn,
+                server_flush_lsn: input.server_flush_lsn,
             });
         }
     }
@@ -140,11 +163,13 @@ pub fn decide(input: &ResumeInputs<'_>) -> Result<ResumePlan, StartRefused> {
             start: confirmed,
             skip_through: Lsn::ZERO,
         }),
-        Some(stored) if confirmed > stored.lsn && !input.allow_slot_ahead => Err(StartRefused::SlotAhead {
-            slot,
-            stored_lsn: stored.lsn,
-            confirmed,
-        }),
+        Some(stored) if confirmed > stored.lsn && !input.allow_slot_ahead => {
+            Err(StartRefused::SlotAhead {
+                slot,
+                stored_lsn: stored.lsn,
+                confirmed,
+            })
+        }
         Some(stored) => Ok(ResumePlan::Resume {
             start: stored.lsn.max(confirmed),
             skip_through: stored.lsn,
@@ -177,11 +202,15 @@ mod tests {
         }
     }
 
-    fn inputs<'a>(stored: Option<&'a StoredOffset>, info: Option<&'a SlotInfo>) -> ResumeInputs<'a> {
+    fn inputs<'a>(
+        stored: Option<&'a StoredOffset>,
+        info: Option<&'a SlotInfo>,
+    ) -> ResumeInputs<'a> {
         ResumeInputs {
             slot: "s",
             database: "app",
             server_system_id: "42",
+            server_flush_lsn: Lsn::new(10_000),
             stored,
             slot_info: info,
             create_slot: true,
@@ -218,6 +247,17 @@ mod tests {
         let err = decide(&inputs(Some(&st), Some(&info))).unwrap_err();
         assert!(matches!(err, StartRefused::OtherCluster { .. }));
         assert!(err.to_string().contains("41") && err.to_string().contains("42"));
+    }
+
+    #[test]
+    fn refuses_an_offset_beyond_the_servers_wal() {
+        let st = stored(20_000, "42");
+        let info = slot(300);
+        let err = decide(&inputs(Some(&st), Some(&info))).unwrap_err();
+        assert!(
+            matches!(err, StartRefused::OffsetAheadOfServer { .. }),
+            "{err}"
+        );
     }
 
     #[test]
@@ -259,9 +299,15 @@ mod tests {
     fn refuses_foreign_plugin_and_database() {
         let mut info = slot(1);
         info.plugin = Some("test_decoding".into());
-        assert!(matches!(decide(&inputs(None, Some(&info))), Err(StartRefused::WrongPlugin { .. })));
+        assert!(matches!(
+            decide(&inputs(None, Some(&info))),
+            Err(StartRefused::WrongPlugin { .. })
+        ));
         let mut info = slot(1);
         info.database = Some("other".into());
-        assert!(matches!(decide(&inputs(None, Some(&info))), Err(StartRefused::WrongDatabase { .. })));
+        assert!(matches!(
+            decide(&inputs(None, Some(&info))),
+            Err(StartRefused::WrongDatabase { .. })
+        ));
     }
 }

@@ -2,7 +2,6 @@
 //! failure or shutdown. A new session is started by the caller after a failure.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -15,7 +14,10 @@ use crate::metrics::Metrics;
 use crate::outbox::{BoundRelation, ChangeContext, OutboxMapper};
 use crate::pg::QualifiedTable;
 use crate::pg::control;
-use crate::pg::{FeedbackHandle, Lsn, PgConnectConfig, PgTimestamp, ReplicationConnection, ReplicationEvent};
+use crate::pg::{
+    FeedbackHandle, Lsn, PgConnectConfig, PgTimestamp, ReplicationConnection, ReplicationEvent,
+    StreamOptions,
+};
 use crate::pgoutput::{self, Message, RelationCache};
 use crate::sink::{DeliveryReport, KafkaSink};
 
@@ -33,6 +35,8 @@ pub(crate) struct InFlight {
     /// poison failure parks under the dead-letter policy.
     aggregate_type: String,
     aggregate_id: String,
+    /// Already on its way to the dead-letter topic: a refusal now is final.
+    dead_lettered: bool,
 }
 
 /// The transaction being received.
@@ -66,7 +70,7 @@ impl<'a> Session<'a> {
     pub(crate) async fn run(
         config: &'a Config,
         options: RunOptions,
-        store: &'a Arc<OffsetStore>,
+        store: &'a OffsetStore,
         metrics: &'a Metrics,
         shutdown: watch::Receiver<bool>,
     ) -> Result<(), PipelineError> {
@@ -77,8 +81,17 @@ impl<'a> Session<'a> {
             what: format!("invalid outbox settings: {e}"),
         })?;
 
+        // The producer first: a Kafka property librdkafka refuses fails here,
+        // before anything is done on the database.
+        let (sink, reports) = KafkaSink::new(&config.kafka)?;
+
         let client = pg.connect_sql().await?;
-        let mut repl = ReplicationConnection::connect(&pg, &config.postgres.application_name).await?;
+        let mut repl =
+            ReplicationConnection::connect(&pg, &config.postgres.application_name).await?;
+        repl.set_stream_options(StreamOptions {
+            status_interval: Duration::from_millis(config.postgres.status_interval_ms),
+            ..StreamOptions::default()
+        });
         let identity = repl.identify_system().await?;
         let database = identity
             .dbname
@@ -100,6 +113,7 @@ impl<'a> Session<'a> {
             slot,
             database: &database,
             server_system_id: &identity.system_id,
+            server_flush_lsn: identity.xlogpos,
             stored: stored.as_ref(),
             slot_info: slot_info.as_ref(),
             create_slot: config.postgres.create_slot,
@@ -113,21 +127,30 @@ impl<'a> Session<'a> {
                 (at, Lsn::ZERO)
             }
             ResumePlan::RecreateSlot { forgotten } => {
-                store.remove(slot)?;
+                tokio::task::block_in_place(|| store.remove(slot))?;
                 let at = control::create_logical_slot(&client, slot).await?;
                 warn!(slot, forgotten = %forgotten, lsn = %at,
                     "recreated lost replication slot; changes between the two positions were NOT published: replay them from the outbox table");
                 (at, Lsn::ZERO)
             }
-            ResumePlan::Resume { start, skip_through } => (start, skip_through),
+            ResumePlan::Resume {
+                start,
+                skip_through,
+            } => (start, skip_through),
         };
         drop(client);
 
         // Persist the start before streaming: it records the cluster identity on
         // first start and gives the first reportable (durable) position.
-        let durable = store.persist(slot, start, &identity.system_id)?;
+        let durable =
+            tokio::task::block_in_place(|| store.persist(slot, start, &identity.system_id))?;
         let stream = repl
-            .start_logical(slot, start, &config.postgres.publication, mapper.wants_messages())
+            .start_logical(
+                slot,
+                start,
+                &config.postgres.publication,
+                mapper.wants_messages(),
+            )
             .await?;
         let feedback = stream.feedback();
         feedback.set_flushed(durable.lsn());
@@ -135,7 +158,6 @@ impl<'a> Session<'a> {
         metrics.connected.store(1, Ordering::Relaxed);
         info!(slot, start = %start, skip_through = %skip_through, system_id = %identity.system_id, "streaming");
 
-        let (sink, reports) = KafkaSink::new(&config.kafka)?;
         let mut session = Session {
             config,
             store,
@@ -167,8 +189,13 @@ impl<'a> Session<'a> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let limits = &self.config.limits;
         loop {
+            // Transactions without events still wait in the tracker behind an
+            // unacknowledged one: bound them too, or a Kafka outage during heavy
+            // traffic on other published tables would grow memory without limit.
             let has_room = self.tracker.in_flight_events() < limits.max_in_flight_events
-                && self.tracker.in_flight_bytes() < limits.max_in_flight_bytes;
+                && self.tracker.in_flight_bytes() < limits.max_in_flight_bytes
+                && self.tracker.pending_transactions()
+                    < limits.max_in_flight_events.saturating_mul(4);
             tokio::select! {
                 biased;
                 changed = shutdown.changed() => {
@@ -199,7 +226,12 @@ impl<'a> Session<'a> {
 
     async fn on_replication_event(&mut self, event: ReplicationEvent) -> Result<(), PipelineError> {
         match event {
-            ReplicationEvent::XLogData { wal_start, wal_end, data, .. } => {
+            ReplicationEvent::XLogData {
+                wal_start,
+                wal_end,
+                data,
+                ..
+            } => {
                 self.metrics.set_received(wal_end.max(wal_start));
                 let message = pgoutput::decode(&data).map_err(|source| PipelineError::Decode {
                     lsn: wal_start,
@@ -232,7 +264,9 @@ impl<'a> Session<'a> {
                 // commit that starts before the stored offset ended at or before it.
                 let replayed = begin.final_lsn < self.skip_through;
                 if !replayed {
-                    self.tracker.begin(begin.commit_time).map_err(|e| protocol(lsn, e))?;
+                    self.tracker
+                        .begin(begin.commit_time)
+                        .map_err(|e| protocol(lsn, e))?;
                 }
                 self.open = Some(OpenTx {
                     commit_time: begin.commit_time,
@@ -254,14 +288,22 @@ impl<'a> Session<'a> {
                         ));
                     }
                     debug!(end_lsn = %commit.end_lsn, "dropped a transaction acknowledged before the restart");
-                } else if self.tracker.commit(commit.end_lsn).map_err(|e| protocol(lsn, e))?.is_some() {
+                } else if self
+                    .tracker
+                    .commit(commit.end_lsn)
+                    .map_err(|e| protocol(lsn, e))?
+                    .is_some()
+                {
                     self.mark_dirty();
                 }
                 self.feedback.set_written(commit.end_lsn);
             }
             Message::Relation(relation) => {
                 if self.mapper.matches(&relation) {
-                    let bound = self.mapper.bind(&relation).map_err(|source| PipelineError::Mapping { lsn, source })?;
+                    let bound = self
+                        .mapper
+                        .bind(&relation)
+                        .map_err(|source| PipelineError::Mapping { lsn, source })?;
                     self.bound.insert(relation.oid, bound);
                 } else {
                     self.bound.remove(&relation.oid);
@@ -276,13 +318,18 @@ impl<'a> Session<'a> {
                     if self.relations.get(insert.relation_oid).is_none() {
                         return Err(protocol(
                             lsn,
-                            format!("Insert for relation OID {} that was never described", insert.relation_oid),
+                            format!(
+                                "Insert for relation OID {} that was never described",
+                                insert.relation_oid
+                            ),
                         ));
                     }
                     return Ok(()); // another table in the publication
                 };
                 if tx.replayed {
-                    self.metrics.events_deduplicated.fetch_add(1, Ordering::Relaxed);
+                    self.metrics
+                        .events_deduplicated
+                        .fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
                 let ctx = ChangeContext {
@@ -292,8 +339,11 @@ impl<'a> Session<'a> {
                 let commit_time = tx.commit_time;
                 let mapped = self.mapper.map_insert(bound, &insert.new, &ctx);
                 let relation = self.relations.get(insert.relation_oid);
-                let raw = || row_as_json(relation, &insert.new);
-                let route = self.poison.route(mapped, raw, self.store, lsn, commit_time)?;
+                let max_raw = self.config.outbox.max_record_bytes / 2;
+                let raw = || row_as_json(relation, &insert.new, max_raw);
+                let route = self
+                    .poison
+                    .route(mapped, raw, self.store, lsn, commit_time)?;
                 self.publish(route, lsn, commit_time).await?;
             }
             Message::Message(msg) => {
@@ -311,29 +361,45 @@ impl<'a> Session<'a> {
                 match self.mapper.map_message(&msg, &ctx).transpose() {
                     None => {}
                     Some(_) if replayed => {
-                        self.metrics.events_deduplicated.fetch_add(1, Ordering::Relaxed);
+                        self.metrics
+                            .events_deduplicated
+                            .fetch_add(1, Ordering::Relaxed);
                     }
                     Some(mapped) => {
                         let raw = || msg.content.clone();
-                        let route = self.poison.route(mapped, raw, self.store, lsn, commit_time)?;
+                        let route = self
+                            .poison
+                            .route(mapped, raw, self.store, lsn, commit_time)?;
                         self.publish(route, lsn, commit_time).await?;
                     }
                 }
             }
             // Updates, deletes and truncates of the outbox table are not events
             // (the Debezium-style writer deletes its rows in the same transaction).
-            Message::Update(_) | Message::Delete(_) | Message::Truncate(_) | Message::Type(_) | Message::Origin(_) => {}
+            Message::Update(_)
+            | Message::Delete(_)
+            | Message::Truncate(_)
+            | Message::Type(_)
+            | Message::Origin(_) => {}
         }
         Ok(())
     }
 
     /// Sends one routed record, in commit order.
-    async fn publish(&mut self, route: Route, lsn: Lsn, commit_time: PgTimestamp) -> Result<(), PipelineError> {
-        let mut event = match route {
-            Route::Publish(event) => event,
+    async fn publish(
+        &mut self,
+        route: Route,
+        lsn: Lsn,
+        commit_time: PgTimestamp,
+    ) -> Result<(), PipelineError> {
+        let (mut event, dead_lettered) = match route {
+            Route::Publish(event) => (event, false),
             Route::DeadLetter(event) => {
-                self.metrics.events_dead_lettered.fetch_add(1, Ordering::Relaxed);
-                event
+                self.metrics.record_dead_lettered(&header_text(
+                    &event,
+                    super::poison::H_DLQ_ORIGINAL_TOPIC,
+                ));
+                (event, true)
             }
         };
         let token = self
@@ -346,12 +412,24 @@ impl<'a> Session<'a> {
             lsn,
             aggregate_type: std::mem::take(&mut event.aggregate_type),
             aggregate_id: std::mem::take(&mut event.aggregate_id),
+            dead_lettered,
         };
-        self.sink.send(&event, in_flight).await.map_err(|source| PipelineError::Delivery {
-            event_id: event.event_id.clone(),
-            lsn,
-            source,
-        })?;
+        if let Err(source) = self.sink.send(&event, in_flight).await {
+            // Refused before it left (e.g. over message.max.bytes): the same
+            // policy as a refusal reported by the broker.
+            let (agg_type, agg_id) = (
+                header_text(&event, "aggregate_type"),
+                header_text(&event, "aggregate_id"),
+            );
+            return Err(self.refused(
+                source,
+                lsn,
+                event.event_id.clone(),
+                agg_type,
+                agg_id,
+                dead_lettered,
+            ));
+        }
         crate::failpoint!("after-produce-before-ack");
         self.metrics
             .in_flight_events
@@ -362,6 +440,55 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
+    /// A record Kafka will not take. Under the dead-letter policy a refused
+    /// main-topic record parks its aggregate and ends the session: later events
+    /// of that aggregate may already be queued behind it, so the stream is
+    /// replayed from the durable LSN, where the parked aggregate's events go to
+    /// the dead-letter topic in order. Anything else stops the session.
+    fn refused(
+        &mut self,
+        source: crate::sink::SinkError,
+        lsn: Lsn,
+        event_id: String,
+        aggregate_type: String,
+        aggregate_id: String,
+        dead_lettered: bool,
+    ) -> PipelineError {
+        self.metrics.events_failed.fetch_add(1, Ordering::Relaxed);
+        if source.is_record_refused()
+            && self.poison.dead_letters()
+            && !dead_lettered
+            && !aggregate_id.is_empty()
+        {
+            let reason = source.to_string();
+            let parked = tokio::task::block_in_place(|| {
+                self.store
+                    .park(&aggregate_type, &aggregate_id, &reason, lsn)
+            });
+            if let Err(e) = parked {
+                return e.into();
+            }
+            return PipelineError::Parked {
+                aggregate_type,
+                aggregate_id,
+                lsn,
+                reason,
+            };
+        }
+        if source.is_record_refused() {
+            return PipelineError::Poison {
+                event_id,
+                lsn,
+                reason: source.to_string(),
+            };
+        }
+        PipelineError::Delivery {
+            event_id,
+            lsn,
+            source,
+        }
+    }
+
     fn on_report(&mut self, report: DeliveryReport<InFlight>) -> Result<(), PipelineError> {
         let InFlight {
             token,
@@ -369,10 +496,13 @@ impl<'a> Session<'a> {
             lsn,
             aggregate_type,
             aggregate_id,
+            dead_lettered,
         } = report.token;
         match report.result {
             Ok(_) => {
-                self.metrics.events_published.fetch_add(1, Ordering::Relaxed);
+                self.metrics
+                    .events_published
+                    .fetch_add(1, Ordering::Relaxed);
                 let age = PgTimestamp::now().0.saturating_sub(commit_time.0).max(0) as u64;
                 self.metrics.commit_to_ack.observe_micros(age);
                 if self.tracker.delivered(token).is_some() {
@@ -381,27 +511,16 @@ impl<'a> Session<'a> {
                 crate::failpoint!("after-ack-before-persist");
                 Ok(())
             }
-            Err(source) if source.is_poison() && self.poison.dead_letters() && !aggregate_id.is_empty() => {
-                // Later events of this aggregate may already be in flight: park it,
-                // end the session, and replay from the durable LSN, where this
-                // event and every later one of its aggregate go to the dead-letter topic.
-                self.metrics.events_failed.fetch_add(1, Ordering::Relaxed);
-                let reason = source.to_string();
-                self.store.park(&aggregate_type, &aggregate_id, &reason, lsn)?;
-                Err(PipelineError::Parked {
+            Err(source) => {
+                let event_id = source.event_id().unwrap_or("unknown").to_owned();
+                Err(self.refused(
+                    source,
+                    lsn,
+                    event_id,
                     aggregate_type,
                     aggregate_id,
-                    lsn,
-                    reason,
-                })
-            }
-            Err(source) => {
-                self.metrics.events_failed.fetch_add(1, Ordering::Relaxed);
-                Err(PipelineError::Delivery {
-                    event_id: source.event_id().unwrap_or("?").to_owned(),
-                    lsn,
-                    source,
-                })
+                    dead_lettered,
+                ))
             }
         }
     }
@@ -422,10 +541,9 @@ impl<'a> Session<'a> {
             .store(self.tracker.in_flight_events() as u64, Ordering::Relaxed);
         m.in_flight_bytes
             .store(self.tracker.in_flight_bytes() as u64, Ordering::Relaxed);
-        let age = self
-            .tracker
-            .oldest_unacked_commit_time()
-            .map_or(0, |t| PgTimestamp::now().0.saturating_sub(t.0).max(0) as u64);
+        let age = self.tracker.oldest_unacked_commit_time().map_or(0, |t| {
+            PgTimestamp::now().0.saturating_sub(t.0).max(0) as u64
+        });
         m.oldest_unacked_age_micros.store(age, Ordering::Relaxed);
         if let Some(fatal) = self.sink.fatal_error() {
             return Err(PipelineError::Sink(fatal));
@@ -440,7 +558,10 @@ impl<'a> Session<'a> {
         if acked <= self.durable.lsn() {
             return Ok(());
         }
-        let durable = tokio::task::block_in_place(|| self.store.persist(&self.config.postgres.slot, acked, &self.system_id))?;
+        let durable = tokio::task::block_in_place(|| {
+            self.store
+                .persist(&self.config.postgres.slot, acked, &self.system_id)
+        })?;
         crate::failpoint!("after-persist-before-status-update");
         self.feedback.set_flushed(durable.lsn());
         self.metrics.set_acked(durable.lsn());
@@ -450,14 +571,23 @@ impl<'a> Session<'a> {
 
     /// Stop reading, wait (bounded) for in-flight deliveries, persist, send a
     /// final status update, close the stream.
-    async fn shutdown(&mut self, stream: crate::pg::ReplicationStream) -> Result<(), PipelineError> {
-        let deadline = Instant::now() + Duration::from_millis(self.config.limits.shutdown_timeout_ms);
-        info!(in_flight = self.tracker.in_flight_events(), "shutting down: waiting for in-flight deliveries");
+    async fn shutdown(
+        &mut self,
+        stream: crate::pg::ReplicationStream,
+    ) -> Result<(), PipelineError> {
+        let deadline =
+            Instant::now() + Duration::from_millis(self.config.limits.shutdown_timeout_ms);
+        info!(
+            in_flight = self.tracker.in_flight_events(),
+            "shutting down: waiting for in-flight deliveries"
+        );
         while self.tracker.in_flight_events() > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                warn!(in_flight = self.tracker.in_flight_events(),
-                    "shutdown timeout: unacknowledged events will be re-sent on the next start");
+                warn!(
+                    in_flight = self.tracker.in_flight_events(),
+                    "shutdown timeout: unacknowledged events will be re-sent on the next start"
+                );
                 break;
             }
             match tokio::time::timeout(left, self.reports.recv()).await {
@@ -487,3 +617,12 @@ fn protocol(lsn: Lsn, what: impl std::fmt::Display) -> PipelineError {
     }
 }
 
+/// A header's value as text ("" when absent); for cold paths only.
+fn header_text(event: &crate::outbox::OutboxEvent, name: &str) -> String {
+    event
+        .headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        .unwrap_or_default()
+}

@@ -165,6 +165,19 @@ impl SinkError {
         }
     }
 
+    /// The broker or librdkafka refused this record for good (too large, not
+    /// authorized, ...), whether or not that also stopped the producer: with
+    /// `enable.gapless.guarantee` a refused record in a batch is fatal to the
+    /// producer, so nothing after it is written. The poison policy decides.
+    pub fn is_record_refused(&self) -> bool {
+        match self {
+            SinkError::Produce { code, .. }
+            | SinkError::Delivery { code, .. }
+            | SinkError::Fatal { code, .. } => poison_code(*code),
+            _ => false,
+        }
+    }
+
     /// The producer is unusable and must be recreated before anything else
     /// can be produced.
     pub fn is_fatal(&self) -> bool {

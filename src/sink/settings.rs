@@ -13,13 +13,16 @@
 //! * no `transactional.id`: the relay uses the idempotent producer without
 //!   Kafka transactions.
 //!
-//! Defaulted (the user may override): `message.timeout.ms=300000`. This is the
-//! delivery timeout: a record not acknowledged within it fails with
-//! `MessageTimedOut`. For the pipeline that is a delivery failure like any
-//! other: it stops, does not advance the acked LSN past the record, and
-//! reconnects from the durable acked LSN. Order is preserved because nothing
-//! after the failed record is acknowledged to PostgreSQL, so it is all produced
-//! again (duplicates, never gaps).
+//! * `message.timeout.ms=0` (and `delivery.timeout.ms`, its alias, 0 if set):
+//!   records never time out. librdkafka's gapless guarantee does not cover
+//!   timed-out records: with a finite timeout, e2 of an aggregate could time out
+//!   while e3 (same key) is written, and the replay after the failure would
+//!   put e2 after e3 in the partition. While Kafka is down the in-flight limits
+//!   fill, the replication socket is not read, and the lag and oldest-unacked
+//!   gauges rise: that is the alert, not a timeout.
+//! * `enable.gapless.guarantee=true`: any other error that would leave a gap in
+//!   a partition's sequence is fatal to the producer; the pipeline recreates it
+//!   and replays from the durable acked LSN.
 //!
 //! Record size: with the defaults, librdkafka's `message.max.bytes` (1,000,000)
 //! is below the broker's (1,048,588), so a record that is too large is refused
@@ -42,8 +45,8 @@ use super::error::SinkError;
 
 pub(crate) const REDACTED: &str = "[redacted]";
 
-/// The default delivery timeout (librdkafka `message.timeout.ms`), in milliseconds.
-pub const DEFAULT_MESSAGE_TIMEOUT_MS: u32 = 300_000;
+/// The delivery timeout (librdkafka `message.timeout.ms`): 0, infinite. See the module docs.
+pub const DEFAULT_MESSAGE_TIMEOUT_MS: u32 = 0;
 
 /// librdkafka properties for the producer, as given in the `[kafka]` table.
 ///
@@ -130,6 +133,30 @@ impl KafkaSettings {
                  default partitioner",
             ));
         }
+        for key in ["message.timeout.ms", "delivery.timeout.ms"] {
+            if let Some(v) = self.get(key)
+                && v.trim() != "0"
+            {
+                return Err(config_error(
+                    key,
+                    v,
+                    "only `0` (infinite, set by outbox-cdc): a record that times out can \
+                     be overtaken by a later record of the same aggregate, and the replay \
+                     would then break per-aggregate order; watch \
+                     outbox_cdc_oldest_unacked_age_seconds instead",
+                ));
+            }
+        }
+        if let Some(v) = self.get("enable.gapless.guarantee")
+            && !is_true(v)
+        {
+            return Err(config_error(
+                "enable.gapless.guarantee",
+                v,
+                "only `true` (set by outbox-cdc): a failed batch must stop the producer \
+                 rather than leave a gap in an aggregate's sequence",
+            ));
+        }
         if let Some(v) = self.get("transactional.id") {
             return Err(config_error(
                 "transactional.id",
@@ -149,9 +176,9 @@ impl KafkaSettings {
         out.set("enable.idempotence", "true");
         out.set("acks", "all");
         out.set("partitioner", "murmur2_random");
-        if out.get("message.timeout.ms").is_none() && out.get("delivery.timeout.ms").is_none() {
-            out.set("message.timeout.ms", DEFAULT_MESSAGE_TIMEOUT_MS.to_string());
-        }
+        out.0.remove("delivery.timeout.ms");
+        out.set("message.timeout.ms", DEFAULT_MESSAGE_TIMEOUT_MS.to_string());
+        out.set("enable.gapless.guarantee", "true");
         Ok(out)
     }
 
@@ -395,18 +422,33 @@ mod tests {
     }
 
     #[test]
-    fn effective_adds_ours_and_keeps_user_timeout() {
+    fn effective_adds_ours_and_refuses_finite_timeouts() {
         let e = settings(&[("linger.ms", "1")]).effective().unwrap();
         assert_eq!(e.get("enable.idempotence"), Some("true"));
         assert_eq!(e.get("acks"), Some("all"));
         assert_eq!(e.get("partitioner"), Some("murmur2_random"));
-        assert_eq!(e.get("message.timeout.ms"), Some("300000"));
+        assert_eq!(e.get("message.timeout.ms"), Some("0"));
+        assert_eq!(e.get("enable.gapless.guarantee"), Some("true"));
         assert_eq!(e.get("linger.ms"), Some("1"));
-        let e = settings(&[("delivery.timeout.ms", "1000")])
+        let e = settings(&[("delivery.timeout.ms", "0")])
             .effective()
             .unwrap();
-        assert_eq!(e.get("message.timeout.ms"), None);
-        assert_eq!(e.get("delivery.timeout.ms"), Some("1000"));
+        assert_eq!(e.get("delivery.timeout.ms"), None);
+        assert_eq!(e.get("message.timeout.ms"), Some("0"));
+        for key in ["message.timeout.ms", "delivery.timeout.ms"] {
+            let err = settings(&[(key, "1000")]).effective().unwrap_err();
+            assert!(
+                matches!(&err, SinkError::Config { key: k, .. } if k == key),
+                "{err}"
+            );
+        }
+        let err = settings(&[("enable.gapless.guarantee", "false")])
+            .validate()
+            .unwrap_err();
+        assert!(
+            matches!(&err, SinkError::Config { key, .. } if key == "enable.gapless.guarantee"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -184,7 +184,7 @@ async fn not_enough_replicas_is_retried_then_delivered() {
 }
 
 #[tokio::test]
-async fn broker_message_too_large_is_a_poison_report() {
+async fn broker_message_too_large_is_a_refused_record_that_stops_the_producer() {
     let topic = "too-large";
     let cluster = mock(1, topic);
     let (sink, mut rx) = KafkaSink::<usize>::new(&settings_for(&cluster)).unwrap();
@@ -196,17 +196,17 @@ async fn broker_message_too_large_is_a_poison_report() {
     let report = collect(&mut rx, 1).await.remove(0);
     assert_eq!(report.token, 0);
     let err = report.result.expect_err("the broker refused the record");
-    assert!(err.is_poison(), "{err}");
-    assert!(!err.is_retryable() && !err.is_fatal(), "{err}");
+    assert!(err.is_record_refused(), "{err}");
     assert_eq!(err.code(), Some(RDKafkaErrorCode::MessageSizeTooLarge));
     assert_eq!(err.event_id(), Some("evt-0"));
     assert_eq!(err.topic(), Some(topic));
-
-    // Other records still succeed on the same producer.
-    sink.send(&event(topic, "k", 1, 10), 1).await.unwrap();
-    let report = collect(&mut rx, 1).await.remove(0);
-    assert_eq!(report.token, 1);
-    report.result.expect("a later record is delivered");
+    // enable.gapless.guarantee: a refused record in a batch stops the producer, so
+    // no later record of the same partition can be written after the gap.
+    assert!(err.is_fatal() && !err.is_retryable(), "{err}");
+    assert!(
+        sink.fatal_error().is_some(),
+        "the producer must be recreated"
+    );
 }
 
 #[tokio::test]
@@ -255,24 +255,31 @@ async fn queue_full_waits_and_still_delivers_everything_in_order() {
 }
 
 #[tokio::test]
-async fn delivery_timeout_is_a_retryable_report() {
+async fn brokers_down_means_waiting_not_failing() {
+    // Records never time out (message.timeout.ms=0): with every broker down the
+    // record stays in flight, and arrives once a broker is back.
     let topic = "down";
     let cluster = mock(1, topic);
     for broker in 1..=3 {
         cluster.broker_down(broker).unwrap();
     }
     let mut settings = settings_for(&cluster);
-    settings.set("message.timeout.ms", "1000");
+    // Reconnect quickly once the brokers are back (the default backoff grows to 10 s).
+    settings.set("reconnect.backoff.max.ms", "200");
     let (sink, mut rx) = KafkaSink::<usize>::new(&settings).unwrap();
     sink.send(&event(topic, "k", 7, 10), 7).await.unwrap();
+    let early = tokio::time::timeout(Duration::from_millis(1500), rx.recv()).await;
+    assert!(
+        early.is_err(),
+        "no report while every broker is down: {early:?}"
+    );
+    assert_eq!(sink.in_flight(), 1);
+    for broker in 1..=3 {
+        cluster.broker_up(broker).unwrap();
+    }
     let report = collect(&mut rx, 1).await.remove(0);
     assert_eq!(report.token, 7);
-    let err = report.result.expect_err("no broker is up");
-    assert_eq!(err.code(), Some(RDKafkaErrorCode::MessageTimedOut), "{err}");
-    assert!(
-        err.is_retryable() && !err.is_poison() && !err.is_fatal(),
-        "{err}"
-    );
+    report.result.expect("delivered once a broker is back");
 }
 
 #[tokio::test]

@@ -172,7 +172,11 @@ max_backoff_ms = 2000
     pub async fn wait_for_slot(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         while self.slot_confirmed_flush().await.is_none() {
-            assert!(Instant::now() < deadline, "slot {} was not created within 60 s", self.slot);
+            assert!(
+                Instant::now() < deadline,
+                "slot {} was not created within 60 s",
+                self.slot
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -244,15 +248,35 @@ impl Running {
     pub fn spawn(config: Config, options: RunOptions) -> Running {
         let metrics = Arc::new(Metrics::default());
         let (stop, stop_rx) = watch::channel(false);
-        let handle = tokio::spawn(pipeline::run(Arc::new(config), options, metrics.clone(), stop_rx));
-        Running { metrics, stop, handle }
+        let handle = tokio::spawn(pipeline::run(
+            Arc::new(config),
+            options,
+            metrics.clone(),
+            stop_rx,
+        ));
+        Running {
+            metrics,
+            stop,
+            handle,
+        }
     }
 
     pub async fn wait_streaming(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while self.metrics.connected.load(std::sync::atomic::Ordering::Relaxed) != 1 {
-            assert!(!self.handle.is_finished(), "the connector stopped before streaming");
-            assert!(Instant::now() < deadline, "the connector did not start streaming within 60 s");
+        while self
+            .metrics
+            .connected
+            .load(std::sync::atomic::Ordering::Relaxed)
+            != 1
+        {
+            assert!(
+                !self.handle.is_finished(),
+                "the connector stopped before streaming"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "the connector did not start streaming within 60 s"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -283,14 +307,22 @@ impl ChildProcess {
     /// SIGTERM, then wait (bounded) for the exit status.
     pub fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
         let pid = self.0.id().to_string();
-        let sent = std::process::Command::new("kill").args(["-TERM", &pid]).status();
-        assert!(sent.is_ok_and(|s| s.success()), "could not send SIGTERM to {pid}");
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status();
+        assert!(
+            sent.is_ok_and(|s| s.success()),
+            "could not send SIGTERM to {pid}"
+        );
         let deadline = Instant::now() + within;
         loop {
             if let Some(status) = self.0.try_wait().expect("wait for the connector") {
                 return status;
             }
-            assert!(Instant::now() < deadline, "connector {pid} did not exit within {within:?} after SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "connector {pid} did not exit within {within:?} after SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
