@@ -34,6 +34,7 @@
 #   BENCH_EVENTS=1000000      backlog size per transaction size
 #   BENCH_TX_SIZES="1 100"    events per transaction of the backlogs
 #   BENCH_AGGREGATES=10000    distinct aggregate ids
+#   BENCH_WRITERS=2           parallel sessions writing a backlog
 #   BENCH_PARTITIONS=3        partitions of each benchmark topic
 #   BENCH_PHASES="drain steady"
 #   BENCH_STEADY_SECONDS=60  BENCH_CLIENTS=4  BENCH_THREADS=2  BENCH_RATE=(unset: max)
@@ -43,6 +44,11 @@
 #   BENCH_PERF=1              record a perf profile (cpu-clock, DWARF stacks) of the
 #                             connector during each drain into the run dir
 #   BENCH_KEEP_RUN_DIR=0      1 keeps target/bench/run-<id>/ (latency samples, logs)
+#   BENCH_VARIANTS="default"  connector variants draining the same backlogs, each
+#                             from its own slot: "name[:KEY=VALUE,...]" separated by
+#                             spaces, KEY = an OUTBOX_CDC__* override or BIN (another
+#                             binary), e.g. "default linger50:OUTBOX_CDC__KAFKA__LINGER_MS=50";
+#                             the first is the headline
 #   OUTBOX_CDC__*             passed through to the connector (e.g.
 #                             OUTBOX_CDC__KAFKA__LINGER_MS=10); the benchmark sets
 #                             only the URL, slot, topic, offsets path and http.listen.
@@ -59,6 +65,7 @@ root=$(pwd)
 EVENTS=${BENCH_EVENTS:-1000000}
 TX_SIZES=${BENCH_TX_SIZES:-"1 100"}
 AGGREGATES=${BENCH_AGGREGATES:-10000}
+WRITERS=${BENCH_WRITERS:-2}
 PARTITIONS=${BENCH_PARTITIONS:-3}
 PHASES=${BENCH_PHASES:-"drain steady"}
 STEADY_SECONDS=${BENCH_STEADY_SECONDS:-60}
@@ -194,7 +201,7 @@ import json, sys
 overrides = dict(l.rstrip("\n").split("=", 1) for l in open(sys.argv[2]) if "=" in l)
 json.dump({
     "events": $EVENTS, "tx_sizes": [int(x) for x in "$TX_SIZES".split()],
-    "aggregates": $AGGREGATES, "partitions": $PARTITIONS,
+    "aggregates": $AGGREGATES, "partitions": $PARTITIONS, "backlog_writers": $WRITERS,
     "steady_seconds": $STEADY_SECONDS, "clients": $CLIENTS, "threads": $THREADS,
     "rate": "${RATE:-max}", "connector_config": "config/example.toml",
     "connector_env_overrides": overrides,
@@ -233,16 +240,53 @@ cpu_secs() {
   stat=$(cat "/proc/$1/stat" 2>/dev/null) || { echo 0; return; }
   awk -v t="$tck" '{ printf "%.2f", ($12 + $13) / t }' <<<"${stat##*) }"
 }
+# Per-thread CPU seconds and context switches of a process, as JSON members.
+thread_stats() {
+  local pid=$1 t name stat ctx
+  local -A cpu=() sw=()
+  for t in /proc/"$pid"/task/*; do
+    name=$(cat "$t/comm" 2>/dev/null) || continue
+    name=${name//[^A-Za-z0-9:_-]/_}
+    name=${name%%[0-9]*}  # rdk:broker1 / sled-io-3 → one bucket per kind
+    stat=$(cat "$t/stat" 2>/dev/null) || continue
+    ctx=$(awk '/ctxt_switches/ { n += $2 } END { print n + 0 }' "$t/status" 2>/dev/null)
+    stat=${stat##*) }
+    read -r -a f <<<"$stat"
+    cpu[$name]=$(( ${cpu[$name]:-0} + f[11] + f[12] ))
+    sw[$name]=$(( ${sw[$name]:-0} + ctx ))
+  done
+  local first=1
+  printf '{'
+  for name in "${!cpu[@]}"; do
+    (( first )) || printf ', '
+    first=0
+    printf '"%s": {"cpu_s": %s, "context_switches": %s}' "$name" \
+      "$(awk -v c="${cpu[$name]}" -v t="$tck" 'BEGIN { printf "%.2f", c / t }')" "${sw[$name]}"
+  done
+  printf '}'
+}
 kafka_pid() { cat "${OUTBOX_CDC_ENV_DIR:-target/env}/kafka.pid" 2>/dev/null || echo 0; }
 slot_pid() { sql -c "SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = '$1'"; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
 rate() { awk -v n="$1" -v s="$2" 'BEGIN { printf "%.0f", n / s }'; }
 
-# Starts the connector in the background; sets conn_pid and conn_port.
+conn_env=()
+conn_bin=$BIN
+perf_pid=0
+# Starts the connector in the background; sets conn_pid and conn_port, and
+# perf_pid when BENCH_PERF is set and this is a drain (perf runs the connector
+# as its child, so threads created later, e.g. librdkafka's, are sampled too).
 start_connector() {
   local slot=$1 name=$2
+  local wrapper=()
   conn_port=$(free_port)
   rm -rf "$run/offsets-$name"
+  perf_pid=0
+  if [[ -n "${BENCH_PERF:-}" && $name == drain* ]]; then
+    # Software clock: works without access to hardware counters.
+    wrapper=(perf record -q -e cpu-clock -F "${BENCH_PERF_FREQ:-499}" --call-graph "dwarf,32768"
+             -o "$run/perf-$name.data" --)
+  fi
   OUTBOX_CDC__POSTGRES__URL="$DB_URL" \
   OUTBOX_CDC__POSTGRES__SLOT="$slot" \
   OUTBOX_CDC__POSTGRES__PUBLICATION=outbox_pub \
@@ -252,9 +296,20 @@ start_connector() {
   OUTBOX_CDC__KAFKA__BOOTSTRAP_SERVERS="$OUTBOX_CDC_TEST_KAFKA" \
   OUTBOX_CDC__OFFSETS__PATH="$run/offsets-$name" \
   OUTBOX_CDC__HTTP__LISTEN="127.0.0.1:$conn_port" \
-    "$BIN" run --config config/example.toml 2>"$run/connector-$name.log" &
+    "${wrapper[@]}" env "${conn_env[@]}" "$conn_bin" run --config config/example.toml 2>"$run/connector-$name.log" &
   conn_pid=$!
   pids+=("$conn_pid")
+  if (( ${#wrapper[@]} )); then
+    perf_pid=$conn_pid
+    conn_pid=""
+    for _ in $(seq 1 100); do
+      conn_pid=$(pgrep -P "$perf_pid" || true)
+      [[ -n "$conn_pid" ]] && break
+      sleep 0.05
+    done
+    [[ -n "$conn_pid" ]] || die "the connector did not start under perf: $(tail -3 "$run/connector-$name.log")"
+    pids+=("$conn_pid")
+  fi
 }
 
 metric() { # metric NAME < metrics text
@@ -278,20 +333,35 @@ stop_pid() {
 }
 
 # --- 1. catch-up ---------------------------------------------------------------
+# Variants: "name[:KEY=VALUE[,KEY=VALUE...]]" separated by spaces; KEY is an
+# OUTBOX_CDC__* override or BIN (another connector binary). Each variant drains
+# the same backlog from a slot of its own; the first is the headline.
+VARIANTS=${BENCH_VARIANTS:-default}
+
 drain() {
   local tx=$1
-  local agg_type="drain$tx" rl_slot="bench_${id}_rl$tx" cdc_slot="bench_${id}_cdc$tx" topic="$topic_prefix.drain$tx"
+  local agg_type="drain$tx" rl_slot="bench_${id}_rl$tx" topic="$topic_prefix.drain$tx"
+  local variants=() v k
+  read -r -a variants <<<"$VARIANTS"
   "$PY" bench/tools/bench.py topics-create "$OUTBOX_CDC_TEST_KAFKA" "$PARTITIONS" "$topic" >&2
   topics+=("$topic")
   sql -c "TRUNCATE public.outbox_events, public.outbox_aggregate_sequences" >/dev/null
+  # Every slot exists before the backlog is written, so each sees all of it.
   create_slot "$rl_slot"
-  create_slot "$cdc_slot"
+  for k in "${!variants[@]}"; do create_slot "bench_${id}_cdc${tx}_$k"; done
 
   log "drain tx=$tx: writing $EVENTS events in transactions of $tx"
   local start_lsn end_lsn end_num t0 t1
   start_lsn=$(sql -c "SELECT pg_current_wal_insert_lsn()")
   t0=$(now)
-  sql -c "SET synchronous_commit = off" -c "CALL bench_fill($EVENTS, $tx, '$agg_type', $AGGREGATES)"
+  local writers=() w
+  for (( w = 0; w < WRITERS; w++ )); do
+    sql -c "SET synchronous_commit = off" \
+        -c "CALL bench_fill($EVENTS, $tx, '$agg_type', $AGGREGATES, $w, $WRITERS)" &
+    writers+=($!)
+  done
+  for w in "${writers[@]}"; do wait "$w" || die "writing the backlog failed"; done
+  [[ $(sql -c "SELECT count(*) FROM public.outbox_events") == "$EVENTS" ]] || die "the backlog is not $EVENTS rows"
   t1=$(now)
   end_lsn=$(sql -c "SELECT pg_current_wal_insert_lsn()")
   end_num=$(lsn_num "$end_lsn")
@@ -302,8 +372,7 @@ drain() {
 
   # (a) pg_recvlogical
   log "drain tx=$tx: pg_recvlogical → /dev/null up to $end_lsn"
-  local kpid k0 k1 wpid=0 wcpu=0 c
-  kpid=$(kafka_pid)
+  local wpid=0 wcpu=0 c
   t0=$(now)
   /usr/bin/time -f '%M %U %S' -o "$run/recvlogical-$tx.rss" \
     "$PG_BIN/pg_recvlogical" -d "$DB_URL" --slot="$rl_slot" --start --no-loop \
@@ -326,53 +395,30 @@ drain() {
   rl_rss=$(awk '{ printf "%.1f", $1 / 1024 }' "$run/recvlogical-$tx.rss")
   rl_cpu=$(awk '{ printf "%.2f", $2 + $3 }' "$run/recvlogical-$tx.rss")
   log "drain tx=$tx: pg_recvlogical ${rl_s}s → $(rate "$EVENTS" "$rl_s") events/s"
-
-  # (b) the connector
-  log "drain tx=$tx: outbox-cdc → Kafka (acks=all) until acked LSN >= $end_lsn"
-  k0=$(cpu_secs "$kpid")
-  t0=$(now)
-  start_connector "$cdc_slot" "drain$tx"
-  local perf_pid=0
-  if [[ -n "${BENCH_PERF:-}" ]]; then
-    # Sampling profile of the connector (software clock: works without PMU access).
-    perf record -q -e cpu-clock -F "${BENCH_PERF_FREQ:-499}" --call-graph dwarf,32768 \
-      -p "$conn_pid" -o "$run/perf-drain$tx.data" >"$run/perf-drain$tx.log" 2>&1 &
-    perf_pid=$!
-    pids+=("$perf_pid")
-  fi
-  wpid=0
-  local pub_t="" ack_t="" m acked published deadline=$(( SECONDS + DRAIN_TIMEOUT ))
-  while :; do
-    kill -0 "$conn_pid" 2>/dev/null || die "the connector exited: $(tail -5 "$run/connector-drain$tx.log")"
-    (( SECONDS < deadline )) || die "the connector did not reach $end_lsn within ${DRAIN_TIMEOUT}s"
-    if m=$(curl -fsS --max-time 2 "http://127.0.0.1:$conn_port/metrics" 2>/dev/null); then
-      published=$(metric outbox_cdc_events_published_total <<<"$m")
-      acked=$(metric outbox_cdc_acked_lsn <<<"$m")
-      if [[ -z "$pub_t" ]] && (( published >= EVENTS )); then pub_t=$(now); fi
-      if (( wpid == 0 )); then wpid=$(slot_pid "$cdc_slot"); fi
-      if awk -v a="$acked" -v e="$end_num" 'BEGIN { exit !(a >= e) }'; then ack_t=$(now); break; fi
-    fi
-    sleep 0.1
-  done
-  local conn_rss conn_s pub_s conn_cpu conn_wal_cpu kafka_cpu
-  conn_rss=$(peak_rss_mib "$conn_pid")
-  conn_cpu=$(cpu_secs "$conn_pid")
-  conn_wal_cpu=$(cpu_secs "$wpid")
-  k1=$(cpu_secs "$kpid")
-  kafka_cpu=$(awk -v a="$k0" -v b="$k1" 'BEGIN { printf "%.2f", b - a }')
-  if (( perf_pid != 0 )); then kill -INT "$perf_pid" 2>/dev/null; wait "$perf_pid" 2>/dev/null || true; fi
-  stop_pid "$conn_pid"
-  conn_s=$(elapsed "$t0" "$ack_t")
-  pub_s=$(elapsed "$t0" "${pub_t:-$ack_t}")
-  log "drain tx=$tx: outbox-cdc ${conn_s}s → $(rate "$EVENTS" "$conn_s") events/s (all published after ${pub_s}s), peak RSS ${conn_rss} MiB"
-  log "drain tx=$tx: CPU s: pg_recvlogical ${rl_cpu} + its walsender ${rl_wal_cpu}; connector ${conn_cpu} + its walsender ${conn_wal_cpu} + Kafka ${kafka_cpu}"
   drop_slot "$rl_slot"
-  drop_slot "$cdc_slot"
-  sql -c "TRUNCATE public.outbox_events, public.outbox_aggregate_sequences" >/dev/null
 
-  cat >"$run/drain_tx$(printf '%04d' "$tx").json" <<JSON
+  # (b) the connector, once per variant
+  for k in "${!variants[@]}"; do
+    v=${variants[$k]}
+    conn_env=()
+    conn_bin=$BIN
+    if [[ $v == *:* ]]; then
+      local kv kvs
+      IFS=, read -r -a kvs <<<"${v#*:}"
+      for kv in "${kvs[@]}"; do
+        case $kv in
+          BIN=*) conn_bin=${kv#BIN=} ;;
+          OUTBOX_CDC__*=*) conn_env+=("$kv") ;;
+          *) die "variant $v: $kv is neither BIN=... nor OUTBOX_CDC__...=..." ;;
+        esac
+      done
+    fi
+    drain_connector "$tx" "${v%%:*}" "bench_${id}_cdc${tx}_$k" "$end_lsn" "$end_num" "$k"
+    cat >"$run/drain_tx$(printf '%04d' "$tx")_v$k.json" <<JSON
 {
   "tx_size": $tx,
+  "variant": "${v%%:*}",
+  "variant_settings": "$( [[ $v == *:* ]] && printf '%s' "${v#*:}" )",
   "events": $EVENTS,
   "wal_bytes": $wal_bytes,
   "write_seconds": $write_s,
@@ -381,14 +427,64 @@ drain() {
   "pg_recvlogical_peak_rss_mib": $rl_rss,
   "pg_recvlogical_cpu_s": $rl_cpu,
   "pg_recvlogical_walsender_cpu_s": $rl_wal_cpu,
-  "connector_cpu_s": $conn_cpu,
-  "connector_walsender_cpu_s": $conn_wal_cpu,
-  "kafka_broker_cpu_s": $kafka_cpu,
+$(cat "$run/connector-drain${tx}_$k.json")
+}
+JSON
+  done
+  sql -c "TRUNCATE public.outbox_events, public.outbox_aggregate_sequences" >/dev/null
+}
+
+# Runs the connector (conn_bin, conn_env) on one slot until its acked LSN
+# reaches the end; writes its figures as JSON members to connector-drain<tx>_<k>.json.
+drain_connector() {
+  local tx=$1 variant=$2 slot=$3 end_lsn=$4 end_num=$5 k=$6
+  local name="drain${tx}_$k" kpid k0 k1 t0 wpid=0
+  log "drain tx=$tx [$variant]: outbox-cdc → Kafka (acks=all) until acked LSN >= $end_lsn"
+  kpid=$(kafka_pid)
+  k0=$(cpu_secs "$kpid")
+  t0=$(now)
+  start_connector "$slot" "$name"
+  local pub_t="" ack_t="" m acked published deadline=$(( SECONDS + DRAIN_TIMEOUT ))
+  while :; do
+    kill -0 "$conn_pid" 2>/dev/null || die "the connector exited: $(tail -5 "$run/connector-$name.log")"
+    (( SECONDS < deadline )) || die "the connector did not reach $end_lsn within ${DRAIN_TIMEOUT}s"
+    if m=$(curl -fsS --max-time 2 "http://127.0.0.1:$conn_port/metrics" 2>/dev/null); then
+      published=$(metric outbox_cdc_events_published_total <<<"$m")
+      acked=$(metric outbox_cdc_acked_lsn <<<"$m")
+      if [[ -z "$pub_t" ]] && (( published >= EVENTS )); then pub_t=$(now); fi
+      if (( wpid == 0 )); then wpid=$(slot_pid "$slot"); fi
+      if awk -v a="$acked" -v e="$end_num" 'BEGIN { exit !(a >= e) }'; then ack_t=$(now); break; fi
+    fi
+    sleep 0.1
+  done
+  local conn_rss conn_s pub_s conn_cpu conn_wal_cpu kafka_cpu
+  conn_rss=$(peak_rss_mib "$conn_pid")
+  conn_cpu=$(cpu_secs "$conn_pid")
+  local threads
+  threads=$(thread_stats "$conn_pid")
+  conn_wal_cpu=$(cpu_secs "$wpid")
+  k1=$(cpu_secs "$kpid")
+  kafka_cpu=$(awk -v a="$k0" -v b="$k1" 'BEGIN { printf "%.2f", b - a }')
+  stop_pid "$conn_pid"
+  if (( perf_pid != 0 )); then
+    # perf writes its data and exits once its child has.
+    for _ in $(seq 1 200); do kill -0 "$perf_pid" 2>/dev/null || break; sleep 0.1; done
+    stop_pid "$perf_pid"
+  fi
+  conn_s=$(elapsed "$t0" "$ack_t")
+  pub_s=$(elapsed "$t0" "${pub_t:-$ack_t}")
+  log "drain tx=$tx [$variant]: outbox-cdc ${conn_s}s → $(rate "$EVENTS" "$conn_s") events/s (all published after ${pub_s}s), peak RSS ${conn_rss} MiB"
+  log "drain tx=$tx [$variant]: CPU s: connector ${conn_cpu} + its walsender ${conn_wal_cpu} + Kafka broker ${kafka_cpu}; connector threads $threads"
+  drop_slot "$slot"
+  cat >"$run/connector-$name.json" <<JSON
   "connector_seconds": $conn_s,
   "connector_events_per_s": $(rate "$EVENTS" "$conn_s"),
   "connector_all_published_seconds": $pub_s,
+  "connector_cpu_s": $conn_cpu,
+  "connector_walsender_cpu_s": $conn_wal_cpu,
+  "kafka_broker_cpu_s": $kafka_cpu,
+  "connector_threads": $threads,
   "peak_rss_mib": $conn_rss
-}
 JSON
 }
 
@@ -399,6 +495,8 @@ steady() {
   topics+=("$topic")
   sql -c "TRUNCATE public.outbox_events, public.outbox_aggregate_sequences, public.orders" >/dev/null
   create_slot "$slot"
+  conn_env=()
+  conn_bin=$BIN
   start_connector "$slot" steady
   local deadline=$(( SECONDS + 60 )) m
   until m=$(curl -fsS --max-time 2 "http://127.0.0.1:$conn_port/metrics" 2>/dev/null) \

@@ -20,32 +20,34 @@ AS $$
         'note', md5(i::text) || md5((i + 1)::text))
 $$;
 
--- Writes p_events outbox rows in transactions of p_tx_size rows each, spread
--- over p_aggregates aggregates (aggregate_id = 'agg-' || i % p_aggregates,
--- numbered 1, 2, ... per aggregate in commit order). Plain inserts instead of
--- outbox_emit(): the backlog must be written fast; what the relay reads is the
--- same row. Call with synchronous_commit = off in the session: the backlog's
--- durability is not what is measured.
+-- Writes the events i of 0..p_events-1 with i % p_parts = p_part (one
+-- writer of p_parts running in parallel) in transactions of p_tx_size rows,
+-- spread over p_aggregates aggregates (aggregate_id = 'agg-' || i %
+-- p_aggregates, aggregate_sequence = i / p_aggregates + 1: unique, though with
+-- several writers not always increasing in commit order). Plain inserts
+-- instead of outbox_emit(): the backlog must be written fast, and the relay
+-- reads the same row. Call with synchronous_commit = off in the session: the
+-- backlog's durability is not what is measured.
 CREATE OR REPLACE PROCEDURE bench_fill(
     p_events bigint,
     p_tx_size integer,
     p_aggregate_type text,
-    p_aggregates integer)
+    p_aggregates integer,
+    p_part integer DEFAULT 0,
+    p_parts integer DEFAULT 1)
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    done bigint := 0;
-    n bigint;
+    next_i bigint := p_part;
 BEGIN
-    WHILE done < p_events LOOP
-        n := least(p_tx_size, p_events - done);
+    WHILE next_i < p_events LOOP
         INSERT INTO public.outbox_events
             (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload)
         SELECT gen_random_uuid(), p_aggregate_type, 'agg-' || (i % p_aggregates),
                i / p_aggregates + 1, 'OrderPlaced', bench_payload(i)
-        FROM generate_series(done, done + n - 1) AS i;
+        FROM generate_series(next_i, least(next_i + (p_tx_size - 1)::bigint * p_parts, p_events - 1), p_parts) AS i;
         COMMIT;
-        done := done + n;
+        next_i := next_i + p_tx_size::bigint * p_parts;
     END LOOP;
 END
 $$;

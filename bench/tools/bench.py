@@ -157,13 +157,15 @@ def load_json(path):
 def report(run_dir, json_out, png_out):
     machine = load_json(os.path.join(run_dir, "machine.json"))
     config = load_json(os.path.join(run_dir, "config.json"))
-    drains = [load_json(p) for p in sorted(glob.glob(os.path.join(run_dir, "drain_tx*.json")))]
-    drains.sort(key=lambda d: d["tx_size"])
+    runs = [load_json(p) for p in sorted(glob.glob(os.path.join(run_dir, "drain_tx*_v*.json")))]
+    for d in runs:
+        d["ratio"] = round(d["connector_events_per_s"] / d["pg_recvlogical_events_per_s"], 3)
+        d["connector_cpu_us_per_event"] = round(1e6 * d["connector_cpu_s"] / d["events"], 1)
+    first_variant = runs[0]["variant"] if runs else None
+    drains = sorted((d for d in runs if d["variant"] == first_variant), key=lambda d: d["tx_size"])
     result = {"machine": machine, "config": config}
 
     if drains:
-        for d in drains:
-            d["ratio"] = round(d["connector_events_per_s"] / d["pg_recvlogical_events_per_s"], 3)
         # Headline: the run with the lower ratio (the harder case for the relay).
         head = min(drains, key=lambda d: d["ratio"])
         result["drain"] = {
@@ -176,6 +178,9 @@ def report(run_dir, json_out, png_out):
             "headline": "the transaction size with the lower ratio; peak_rss_mib is the max over all runs",
             "runs": drains,
         }
+        others = [d for d in runs if d["variant"] != first_variant]
+        if others:
+            result["drain"]["variants"] = others
 
     steady_path = os.path.join(run_dir, "steady.json")
     lat_sorted = []
