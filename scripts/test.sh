@@ -13,9 +13,26 @@ ROOT="$(pwd -P)"
 was_up=0
 if scripts/env.sh status >/dev/null 2>&1; then was_up=1; fi
 
+# Process group of the cargo run in progress (see run_cargo).
+cargo_group=""
+
+# Ends whatever a cargo run left in its process group: a connector child that a
+# failing test did not reap would otherwise live on after the tests.
+end_group() {
+    local group="$1" i
+    [[ -n "$group" ]] || return 0
+    kill -TERM -- "-$group" 2>/dev/null || return 0
+    for ((i = 0; i < 50; i++)); do
+        kill -0 -- "-$group" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    kill -KILL -- "-$group" 2>/dev/null || true
+}
+
 # shellcheck disable=SC2317 # invoked by the EXIT trap
 teardown() {
     local rc=$?
+    end_group "$cargo_group"
     if [[ "$was_up" == 0 ]]; then
         # Quiet unless it fails, so that the tests' summary stays the last output.
         if ! scripts/env.sh down >"$ROOT/target/env-down.log" 2>&1; then
@@ -36,10 +53,29 @@ export RUST_BACKTRACE=1
 
 mkdir -p target
 out="$ROOT/target/test-output.log"
+: >"$out"
+
+# run_cargo ARGS...: `cargo ARGS` in a process group of its own, its output
+# appended to $out and shown as it comes. The output goes to a file, not a pipe:
+# a process a test leaked would hold a pipe open and stall the script.
+run_cargo() {
+    local part="$out.part" rc=0
+    : >"$part"
+    setsid -w cargo "$@" >>"$part" 2>&1 </dev/null &
+    cargo_group=$!
+    tail -n +1 -s 0.2 --pid="$cargo_group" -f "$part" || true
+    wait "$cargo_group" || rc=$?
+    end_group "$cargo_group"
+    cargo_group=""
+    cat "$part" >>"$out"
+    rm -f "$part"
+    return "$rc"
+}
+
 status=0
-cargo test --all-targets "$@" 2>&1 | tee "$out" || status=$?
+run_cargo test --all-targets --no-fail-fast "$@" || status=$?
 doc_status=0
-cargo test --doc "$@" 2>&1 | tee -a "$out" || doc_status=$?
+run_cargo test --doc "$@" || doc_status=$?
 if [[ "$status" == 0 ]]; then status=$doc_status; fi
 
 # One closing line over every `test result:` line of both runs.
@@ -48,5 +84,8 @@ while read -r p f; do
     passed=$((passed + p))
     failed=$((failed + f))
 done < <(sed -n 's/^test result: [A-Za-z]*\. \([0-9]*\) passed; \([0-9]*\) failed;.*/\1 \2/p' "$out")
+if [[ "$status" != 0 && "$failed" == 0 ]]; then
+    echo "test.sh: cargo test exited with status $status without a failed test: a build error or a crashed test binary (see above)"
+fi
 echo "tests: $passed passed, $failed failed"
 exit "$status"
