@@ -184,12 +184,22 @@ pub async fn run(opts: Options) {
     .await;
     let (ledger, mut tally) = match result {
         Ok(x) => x,
-        Err(e) => fail(&launcher, &dir, &format!("chaos phase failed: {e}")),
+        Err(e) => fail(
+            opts.seed,
+            &launcher,
+            &dir,
+            &format!("chaos phase failed: {e}"),
+        ),
     };
 
     // Verdict.
     if let Err(e) = reader.catch_up(Duration::from_secs(60)) {
-        fail(&launcher, &dir, &format!("final read of the topics: {e}"));
+        fail(
+            opts.seed,
+            &launcher,
+            &dir,
+            &format!("final read of the topics: {e}"),
+        );
     }
     let admin = admin_client().await;
     let db = DbState::read(&admin, &names).await;
@@ -203,6 +213,7 @@ pub async fn run(opts: Options) {
     println!("{}", verdict.soak_line(tally.cycles));
     if !verdict.is_clean() {
         fail(
+            opts.seed,
             &launcher,
             &dir,
             &format!("invariants violated:\n{}", verdict.details()),
@@ -211,6 +222,7 @@ pub async fn run(opts: Options) {
     let coverage = coverage_gaps(&tally);
     if !coverage.is_empty() {
         fail(
+            opts.seed,
             &launcher,
             &dir,
             &format!("the run did not exercise: {}", coverage.join(", ")),
@@ -269,6 +281,7 @@ async fn chaos(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    names.create_topics().await;
     let mut consumer = Slot {
         kind: Kind::Consumer,
         proc: Some(launcher.spawn(Kind::Consumer, Plan::Steady, 0)),
@@ -620,9 +633,10 @@ async fn cleanup(admin: &tokio_postgres::Client, names: &Names) {
         .execute("SELECT pg_drop_replication_slot($1)", &[&names.slot])
         .await;
     let _ = admin.batch_execute(&names.drop_sql()).await;
+    names.delete_topics().await;
 }
 
-fn fail(launcher: &Launcher, dir: &Path, why: &str) -> ! {
+fn fail(seed: u64, launcher: &Launcher, dir: &Path, why: &str) -> ! {
     let logs: String = [Kind::Connector, Kind::Consumer]
         .iter()
         .map(|k| {
@@ -634,5 +648,8 @@ fn fail(launcher: &Launcher, dir: &Path, why: &str) -> ! {
             )
         })
         .collect();
-    panic!("{why}\n{logs}(files kept in {})", dir.display());
+    panic!(
+        "{why}\n{logs}(files kept in {}; replay the same plan with OUTBOX_CDC_CHAOS_SEED={seed})",
+        dir.display()
+    );
 }

@@ -45,6 +45,56 @@ impl Names {
         }
     }
 
+    /// The topics the writer's two aggregate types route to.
+    pub fn topics(&self) -> Vec<String> {
+        super::workload::AGGREGATE_TYPES
+            .iter()
+            .map(|t| format!("{}.{t}", self.topic_prefix))
+            .collect()
+    }
+
+    /// Creates the run's topics (3 partitions) before any consumer joins: a
+    /// restarted static group member keeps its old assignment, so a topic
+    /// appearing between two restarts would never be assigned (see
+    /// reference-consumer's --instance-id).
+    pub async fn create_topics(&self) {
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        use rdkafka::client::DefaultClientContext;
+        let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", kafka_bootstrap())
+            .create()
+            .expect("create the Kafka admin client");
+        let names = self.topics();
+        let topics: Vec<NewTopic<'_>> = names
+            .iter()
+            .map(|t| NewTopic::new(t, 3, TopicReplication::Fixed(1)))
+            .collect();
+        let results = admin
+            .create_topics(&topics, &AdminOptions::new())
+            .await
+            .unwrap_or_else(|e| panic!("creating topics {names:?}: {e}"));
+        for r in results {
+            if let Err((topic, code)) = r {
+                panic!("creating topic {topic}: {code}");
+            }
+        }
+    }
+
+    /// Deletes the run's topics (after a passing run).
+    pub async fn delete_topics(&self) {
+        use rdkafka::admin::{AdminClient, AdminOptions};
+        use rdkafka::client::DefaultClientContext;
+        let Ok(admin) = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", kafka_bootstrap())
+            .create::<AdminClient<DefaultClientContext>>()
+        else {
+            return;
+        };
+        let names = self.topics();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let _ = admin.delete_topics(&refs, &AdminOptions::new()).await;
+    }
+
     /// librdkafka regex subscription of this run's topics.
     pub fn topic_regex(&self) -> String {
         format!("^{}\\..*", self.topic_prefix)

@@ -702,9 +702,9 @@ pub fn self_check() {
     );
     assert_eq!((v.events, v.duplicates, v.unknown_committed), (4, 1, 1));
 
-    // Broken: the rolled-back l3 has an outbox row, e5 is lost, aggregate a
-    // arrives out of order, e2 is resent with no crash in between, e1's
-    // effect applied twice, e4's never.
+    // Broken: the rolled-back l3 has an outbox row, e5 is lost, e9 was never
+    // written, aggregate a arrives out of order, e2 is resent with no crash
+    // in between, e1's effect applied twice, e4's never.
     let mut db = good_db();
     db.outbox.push(row("e3", "a", 3, "l3"));
     db.effects.insert("e1".into(), 2);
@@ -716,6 +716,7 @@ pub fn self_check() {
         rec("e2", "a", 2, 0, 3),
         rec("e3", "a", 3, 0, 4),
         rec("e4", "b", 1, 1, 0),
+        rec("e9", "c", 1, 1, 1),
     ];
     let v = verify(&ledger, &db, &records, &[]);
     for (what, list) in [

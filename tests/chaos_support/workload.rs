@@ -101,9 +101,12 @@ struct Writer {
     pause: Duration,
 }
 
-/// The aggregate type of aggregate `k`: two types, so two topics.
+/// Two aggregate types, so two topics.
+pub const AGGREGATE_TYPES: [&str; 2] = ["order", "return"];
+
+/// The aggregate type and id of aggregate `k`.
 pub fn aggregate(k: u64) -> (&'static str, String) {
-    let t = if k % 4 == 0 { "return" } else { "order" };
+    let t = AGGREGATE_TYPES[usize::from(k % 4 == 0)];
     (t, format!("{t}-{k}"))
 }
 

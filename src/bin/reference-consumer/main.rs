@@ -25,9 +25,12 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use outbox_cdc::pg::{PgConnectConfig, QualifiedTable};
-use rdkafka::ClientConfig;
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
+};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::{ClientConfig, ClientContext, TopicPartitionList};
+use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
 use inbox::{Inbox, Outcome};
@@ -54,6 +57,10 @@ struct Args {
     group: String,
     /// Static group membership (`group.instance.id`): a restarted instance takes
     /// its partitions back at once instead of waiting for the session timeout.
+    /// Caveat (the broker's, classic protocol): a restarted static member gets
+    /// the previous assignment without a rebalance, so a topic matching the
+    /// regex that appeared while it was down is assigned only at the next
+    /// rebalance. Create topics before the consumers start, or do not use it.
     #[arg(long, env = "CONSUMER_INSTANCE_ID")]
     instance_id: Option<String>,
     /// The consumer's name in the inbox (one inbox serves several consumers).
@@ -137,6 +144,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             args.topic_regex
         );
     }
+    // Installed first: a SIGTERM during start-up is a clean stop too.
+    let mut stop = stop_signal()?;
     let max_backoff = Duration::from_millis(args.max_backoff_ms.max(1));
     let mut inbox = Inbox::new(pg, args.consumer_name.clone(), inbox_table, effects_table);
     // Before joining the group: a missing table or privilege stops us here.
@@ -146,7 +155,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             return Err(e).context("cannot prepare the inbox statements");
         }
         warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "PostgreSQL not reachable yet");
-        tokio::time::sleep(backoff).await;
+        if !sleep_unless_stopped(backoff, &mut stop).await {
+            return Ok(());
+        }
         backoff = (backoff * 2).min(max_backoff);
     }
     let consumer = make_consumer(&args)?;
@@ -162,11 +173,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     );
 
     let mut counts = Counts::default();
-    let mut stop = std::pin::pin!(wait_for_signal());
     loop {
         let message = tokio::select! {
             biased;
-            _ = &mut stop => break,
+            _ = stop.wait_for(|s| *s) => break,
             message = consumer.recv() => message,
         };
         let message = match message {
@@ -174,14 +184,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Err(e) => {
                 // Broker outages and rebalances surface here; the client retries by itself.
                 warn!(error = %e, "Kafka consumer error");
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                if !sleep_unless_stopped(Duration::from_millis(200), &mut stop).await {
+                    break;
+                }
                 continue;
             }
         };
         failpoint::hit("after-receive");
         let rec = parse_message(&message)
             .context("refusing to skip a record that cannot be deduplicated")?;
-        let outcome = apply_with_retry(&mut inbox, &rec, max_backoff).await?;
+        let Some(outcome) = apply_with_retry(&mut inbox, &rec, max_backoff, &mut stop).await?
+        else {
+            // Stopped while retrying: the offset stays, the record comes again.
+            break;
+        };
         match outcome {
             Outcome::Applied => {
                 counts.applied += 1;
@@ -204,7 +220,32 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn make_consumer(args: &Args) -> anyhow::Result<StreamConsumer> {
+/// Logs every assignment change: which partitions this instance owns is the
+/// first question when records seem not to arrive.
+struct LogRebalance;
+
+impl ClientContext for LogRebalance {}
+
+impl ConsumerContext for LogRebalance {
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => info!(partitions = %partitions(tpl), "partitions assigned"),
+            Rebalance::Revoke(tpl) => info!(partitions = %partitions(tpl), "partitions revoked"),
+            Rebalance::Error(e) => warn!(error = %e, "rebalance failed"),
+        }
+    }
+}
+
+fn partitions(tpl: &TopicPartitionList) -> String {
+    let list: Vec<String> = tpl
+        .elements()
+        .iter()
+        .map(|e| format!("{}[{}]", e.topic(), e.partition()))
+        .collect();
+    list.join(",")
+}
+
+fn make_consumer(args: &Args) -> anyhow::Result<StreamConsumer<LogRebalance>> {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", &args.bootstrap_servers)
@@ -232,7 +273,9 @@ fn make_consumer(args: &Args) -> anyhow::Result<StreamConsumer> {
         }
         config.set(k.trim(), v.trim());
     }
-    config.create().context("cannot create the Kafka consumer")
+    config
+        .create_with_context(LogRebalance)
+        .context("cannot create the Kafka consumer")
 }
 
 fn parse_message(m: &BorrowedMessage<'_>) -> Result<InboxRecord, record::RecordError> {
@@ -247,21 +290,24 @@ fn parse_message(m: &BorrowedMessage<'_>) -> Result<InboxRecord, record::RecordE
     record::parse(place, m.key(), m.payload(), headers.unwrap_or_default())
 }
 
-/// Retries the inbox transaction until it commits or fails for good. The
-/// record's offset is not committed meanwhile, so giving up (exiting) is safe:
-/// the next instance reads the record again.
+/// Retries the inbox transaction until it commits, fails for good, or a stop
+/// is asked (`None`). The record's offset is not committed meanwhile, so
+/// giving up (exiting) is safe: the next instance reads the record again.
 async fn apply_with_retry(
     inbox: &mut Inbox,
     rec: &InboxRecord,
     max_backoff: Duration,
-) -> anyhow::Result<Outcome> {
+    stop: &mut watch::Receiver<bool>,
+) -> anyhow::Result<Option<Outcome>> {
     let mut backoff = Duration::from_millis(100).min(max_backoff);
     loop {
         match inbox.apply(rec).await {
-            Ok(outcome) => return Ok(outcome),
+            Ok(outcome) => return Ok(Some(outcome)),
             Err(e) if e.is_retryable() => {
                 warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "inbox transaction failed; retrying the same record");
-                tokio::time::sleep(backoff).await;
+                if !sleep_unless_stopped(backoff, stop).await {
+                    return Ok(None);
+                }
                 backoff = (backoff * 2).min(max_backoff);
             }
             Err(e) => {
@@ -277,7 +323,7 @@ async fn apply_with_retry(
 /// few tries: a later commit covers it, or the record is delivered again and
 /// the inbox absorbs it.
 async fn commit_with_retry(
-    consumer: &StreamConsumer,
+    consumer: &StreamConsumer<LogRebalance>,
     message: &BorrowedMessage<'_>,
     rec: &InboxRecord,
     max_backoff: Duration,
@@ -297,17 +343,29 @@ async fn commit_with_retry(
     warn!(at = %rec.place, event_id = %rec.event_id, "offset not committed; the record may be delivered again (the inbox makes that a no-op)");
 }
 
-async fn wait_for_signal() {
+/// A flag that turns true on SIGTERM or SIGINT. The handlers are installed
+/// by the time this returns.
+fn stop_signal() -> anyhow::Result<watch::Receiver<bool>> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        std::future::pending::<()>().await;
-        return;
+    let mut term = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        info!("signal received: stopping after the current record");
+        let _ = tx.send(true);
+    });
+    Ok(rx)
+}
+
+/// Sleeps; false when a stop was asked meanwhile (or before).
+async fn sleep_unless_stopped(pause: Duration, stop: &mut watch::Receiver<bool>) -> bool {
+    let asked = tokio::select! {
+        _ = tokio::time::sleep(pause) => false,
+        r = stop.wait_for(|s| *s) => r.is_ok(),
     };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
+    !asked && !*stop.borrow()
 }
