@@ -73,7 +73,6 @@ struct Tally {
     last_stored: Option<Lsn>,
     /// Partition ends around each crash/outage: the in-flight windows.
     windows: Vec<Window>,
-    cycle_log: Vec<String>,
 }
 
 impl Tally {
@@ -84,11 +83,11 @@ impl Tally {
     ) {
         match (before, after) {
             (Ok(before), Ok(after)) => self.windows.push(Window { before, after }),
-            (before, after) => self.cycle_log.push(format!(
-                "partition ends around a crash or outage not readable ({:?}, {:?}): its duplicates count as unexplained",
+            (before, after) => eprintln!(
+                "chaos: partition ends around a crash or outage not readable ({:?}, {:?}): its duplicates count as unexplained",
                 before.err(),
                 after.err()
-            )),
+            ),
         }
     }
 }
@@ -348,10 +347,10 @@ async fn chaos(
                 let before = reader.watermarks(Duration::from_secs(5));
                 let took = infra.kafka_outage(Duration::from_secs(2)).await?;
                 tally.kafka_outages += 1;
-                tally.cycle_log.push(format!(
-                    "cycle {}: Kafka stopped and started ({took:?})",
+                eprintln!(
+                    "chaos: cycle {}: Kafka stopped and started ({took:?})",
                     tally.cycles
-                ));
+                );
                 tally.add_window(before, reader.watermarks(Duration::from_secs(30)));
             }
         }
@@ -360,10 +359,10 @@ async fn chaos(
                 let before = reader.watermarks(Duration::from_secs(5));
                 let took = infra.pg_restart().await?;
                 tally.pg_restarts += 1;
-                tally.cycle_log.push(format!(
-                    "cycle {}: PostgreSQL restarted ({took:?})",
+                eprintln!(
+                    "chaos: cycle {}: PostgreSQL restarted ({took:?})",
                     tally.cycles
-                ));
+                );
                 // The connector reconnects after a backoff; its resends come later still.
                 tokio::time::sleep(Duration::from_secs(3)).await;
                 tally.add_window(before, reader.watermarks(Duration::from_secs(5)));
@@ -464,7 +463,7 @@ async fn step(
             let _ = write!(line, "; stored offset {lsn}");
         }
     }
-    tally.cycle_log.push(line);
+    eprintln!("chaos: {line}");
     // A short, random pause: sometimes a backlog builds, sometimes none.
     slot.respawn_at = Instant::now() + rng.millis(0, 400);
     Ok(())
@@ -521,14 +520,16 @@ async fn after_connector_death(
     Some(stored)
 }
 
-/// Waits until every committed outbox row is in Kafka and has its effect.
+/// Waits until every committed outbox row is in Kafka and has its effect,
+/// or until nothing has moved for two minutes.
 async fn drain(
     names: &Names,
     admin: &mut Admin,
     reader: &mut KafkaReader,
     slots: &mut [&mut Slot],
 ) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(180);
+    const STALL: Duration = Duration::from_secs(120);
+    let mut progress = (0, 0, Instant::now());
     let committed_sql = format!("SELECT count(*) FROM public.{}", names.outbox);
     let applied_sql = format!(
         "SELECT count(DISTINCT event_id) FROM public.{}",
@@ -553,10 +554,13 @@ async fn drain(
         if published >= committed && applied >= committed {
             return Ok(());
         }
-        if Instant::now() > deadline {
+        if (published, applied) != (progress.0, progress.1) {
+            progress = (published, applied, Instant::now());
+        }
+        if progress.2.elapsed() > STALL {
             // Not an error here: the verdict names what is missing.
             eprintln!(
-                "chaos: drain timed out: {published} of {committed} published, {applied} applied"
+                "chaos: drain stalled for {STALL:?}: {published} of {committed} published, {applied} applied"
             );
             return Ok(());
         }
@@ -590,9 +594,6 @@ fn coverage_gaps(tally: &Tally) -> Vec<String> {
 }
 
 fn report(opts: &Options, tally: &Tally, v: &Verdict, redeliveries: usize) {
-    for line in &tally.cycle_log {
-        eprintln!("chaos: {line}");
-    }
     eprintln!(
         "chaos: seed={} cycles={} missed_failpoints={}",
         opts.seed, tally.cycles, tally.missed_failpoints
