@@ -365,7 +365,7 @@ impl OutboxMapper {
         if let Some(v) = version {
             headers.push((Cow::Borrowed(H_SCHEMA_VERSION), v));
         }
-        headers.push((Cow::Borrowed(H_LSN), Bytes::from(ctx.lsn.to_string())));
+        headers.push((Cow::Borrowed(H_LSN), lsn_text(ctx.lsn)));
         for (name, idx) in &bound.extra {
             match tuple.columns.get(*idx) {
                 Some(ColumnValue::Null) => {}
@@ -470,7 +470,7 @@ impl OutboxMapper {
         if let Some(v) = env.schema_version {
             headers.push((Cow::Borrowed(H_SCHEMA_VERSION), Bytes::from(v.to_string())));
         }
-        headers.push((Cow::Borrowed(H_LSN), Bytes::from(ctx.lsn.to_string())));
+        headers.push((Cow::Borrowed(H_LSN), lsn_text(ctx.lsn)));
 
         let topic = self.render_topic(&row, &env.aggregate_type, &env.event_type)?;
         let event = OutboxEvent {
@@ -596,10 +596,49 @@ impl RelationBindings {
     }
 }
 
+/// The `lsn` header: `X/Y` in upper-case hexadecimal without leading zeros,
+/// exactly as [`Lsn`]'s `Display`, written without the formatting machinery
+/// (it runs once per event).
+fn lsn_text(lsn: Lsn) -> Bytes {
+    fn push_hex(out: &mut [u8; 17], mut at: usize, half: u32) -> usize {
+        const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+        let digits = ((32 - half.leading_zeros()).div_ceil(4)).max(1);
+        for i in (0..digits).rev() {
+            out[at] = DIGITS[((half >> (4 * i)) & 0xF) as usize];
+            at += 1;
+        }
+        at
+    }
+    let raw = lsn.as_u64();
+    let mut out = [0u8; 17];
+    let at = push_hex(&mut out, 0, (raw >> 32) as u32);
+    out[at] = b'/';
+    let len = push_hex(&mut out, at + 1, raw as u32);
+    Bytes::copy_from_slice(&out[..len])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::outbox::settings::Layout;
+
+    #[test]
+    fn lsn_header_matches_lsn_display() {
+        for raw in [
+            0,
+            1,
+            0xF,
+            0x10,
+            0x1_0000_0000,
+            0x16_B374_D848,
+            0xFFFF_FFFF,
+            0x0000_0001_0000_000A,
+            u64::MAX,
+        ] {
+            let lsn = Lsn::new(raw);
+            assert_eq!(lsn_text(lsn), Bytes::from(lsn.to_string()), "{raw:#x}");
+        }
+    }
     use crate::pgoutput::RelationColumn;
 
     const UUID: &str = "0b7f1c1e-3d2a-4c55-9a8e-6f0d2b1c9e01";

@@ -39,6 +39,9 @@ pub(crate) struct FeedbackState {
     kick: Notify,
     /// The writer's failure, surfaced by the next `recv`.
     failure: Mutex<Option<PgError>>,
+    /// Set once `failure` was filled: `recv` checks this flag on every
+    /// message and takes the lock only when it is set.
+    has_failure: AtomicBool,
     pub(crate) failed: Notify,
 }
 
@@ -50,6 +53,9 @@ impl FeedbackState {
     }
 
     pub(crate) fn take_failure(&self) -> Option<PgError> {
+        if !self.has_failure.load(Ordering::Acquire) {
+            return None;
+        }
         self.failure.lock().ok().and_then(|mut f| f.take())
     }
 
@@ -57,6 +63,7 @@ impl FeedbackState {
         if let Ok(mut f) = self.failure.lock() {
             f.get_or_insert(e);
         }
+        self.has_failure.store(true, Ordering::Release);
         self.failed.notify_one();
     }
 

@@ -252,6 +252,10 @@ pub struct ReplicationStream {
     /// future (e.g. in a `select!`), which must not restart the clock.
     last_read_at: tokio::time::Instant,
     reply_asked_at: Option<tokio::time::Instant>,
+    /// Fires at or before the idle deadline. Armed lazily: a read only moves
+    /// `last_read_at`, and the timer is re-armed when it fires early, so a busy
+    /// stream does not register and cancel a timer on every socket read.
+    idle_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
 }
 
 impl ReplicationStream {
@@ -283,6 +287,7 @@ impl ReplicationStream {
             server_done: false,
             last_read_at: tokio::time::Instant::now(),
             reply_asked_at: None,
+            idle_timer: Box::pin(tokio::time::sleep(options.idle_timeout)),
         }
     }
 
@@ -327,35 +332,41 @@ impl ReplicationStream {
     async fn fill(&mut self) -> Result<(), PgError> {
         reserve_for_read(&mut self.buf);
         loop {
-            let idle = self.options.idle_timeout;
-            let deadline = match self.reply_asked_at {
-                None => self.last_read_at + idle,
-                Some(asked) => asked + idle,
-            };
             tokio::select! {
                 biased;
                 _ = self.state.failed.notified() => return Ok(()),
-                read = tokio::time::timeout_at(deadline, self.reader.read_buf(&mut self.buf)) => match read {
-                    Ok(Ok(0)) => return Err(PgError::Closed { addr: self.addr.clone(), during: "streaming" }),
-                    Ok(Ok(_)) => {
+                read = self.reader.read_buf(&mut self.buf) => match read {
+                    Ok(0) => return Err(PgError::Closed { addr: self.addr.clone(), during: "streaming" }),
+                    Ok(_) => {
                         self.last_read_at = tokio::time::Instant::now();
                         self.reply_asked_at = None;
                         return Ok(());
                     }
-                    Ok(Err(source)) => return Err(PgError::Io { action: "reading from", addr: self.addr.clone(), source }),
-                    // A live server answers a reply request with a keepalive at once.
-                    Err(_) if self.reply_asked_at.is_none() => {
-                        self.reply_asked_at = Some(tokio::time::Instant::now());
+                    Err(source) => return Err(PgError::Io { action: "reading from", addr: self.addr.clone(), source }),
+                },
+                () = self.idle_timer.as_mut() => {
+                    let idle = self.options.idle_timeout;
+                    let deadline = match self.reply_asked_at {
+                        None => self.last_read_at + idle,
+                        Some(asked) => asked + idle,
+                    };
+                    if tokio::time::Instant::now() < deadline {
+                        // Bytes arrived since the timer was armed.
+                        self.idle_timer.as_mut().reset(deadline);
+                    } else if self.reply_asked_at.is_none() {
+                        // A live server answers a reply request with a keepalive at once.
+                        let now = tokio::time::Instant::now();
+                        self.reply_asked_at = Some(now);
+                        self.idle_timer.as_mut().reset(now + idle);
                         self.feedback().request_reply();
-                    }
-                    Err(_) => {
+                    } else {
                         return Err(PgError::Timeout {
                             addr: self.addr.clone(),
                             during: "waiting for the server (no keepalive in reply to a request)",
                             after: idle * 2,
                         });
                     }
-                },
+                }
             }
         }
     }
