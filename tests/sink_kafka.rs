@@ -273,16 +273,14 @@ async fn records_arrive_once_on_the_java_partition_in_send_order() {
 }
 
 #[tokio::test]
-async fn record_larger_than_the_topic_limit_is_poison_and_others_succeed() {
+async fn record_larger_than_the_topic_limit_is_refused_and_stops_the_producer() {
     common::init_tracing();
     let topic = common::unique_name("sink_test_small");
     create_topic(&topic, 1, &[("max.message.bytes", "2048")]).await;
     let base_ts = now_ms() - 86_400_000;
     let (sink, mut rx) = KafkaSink::<usize>::new(&sink_settings()).expect("sink");
 
-    // One at a time: the broker refuses a whole batch, so an oversized record
-    // batched with others would fail them too (see the sink's settings docs).
-    let sizes = [100usize, 20_000, 100];
+    let sizes = [100usize, 20_000];
     let mut results = Vec::new();
     for (i, size) in sizes.iter().enumerate() {
         let payload = format!(r#"{{"pad":"{}"}}"#, "p".repeat(*size));
@@ -295,10 +293,8 @@ async fn record_larger_than_the_topic_limit_is_poison_and_others_succeed() {
         results.push(report.result);
     }
     assert!(results[0].is_ok(), "{:?}", results[0]);
-    assert!(results[2].is_ok(), "{:?}", results[2]);
     let err = results[1].as_ref().expect_err("oversized record refused");
-    assert!(err.is_poison(), "{err}");
-    assert!(!err.is_retryable() && !err.is_fatal(), "{err}");
+    assert!(err.is_record_refused(), "{err}");
     assert_eq!(
         err.code(),
         Some(RDKafkaErrorCode::MessageSizeTooLarge),
@@ -306,6 +302,26 @@ async fn record_larger_than_the_topic_limit_is_poison_and_others_succeed() {
     );
     assert_eq!(err.topic(), Some(topic.as_str()));
     assert_eq!(err.event_id(), Some("00000000-0000-4000-8000-000000000001"));
+    // enable.gapless.guarantee: nothing can follow the refused record on this
+    // producer (the pipeline recreates it and applies the poison policy).
+    assert!(err.is_fatal() && !err.is_retryable(), "{err}");
+    assert!(sink.fatal_error().is_some());
+
+    // A new producer carries on.
+    let (sink, mut rx) = KafkaSink::<usize>::new(&sink_settings()).expect("sink");
+    let e = event(
+        &topic,
+        "order-1",
+        3,
+        2,
+        r#"{"pad":"small"}"#.to_owned(),
+        base_ts,
+    );
+    sink.send(&e, 2).await.expect("send after the refusal");
+    next_report(&mut rx)
+        .await
+        .result
+        .expect("delivered by a new producer");
 
     let consumer = consumer_from_beginning(&topic, 1);
     assert_eq!(

@@ -188,6 +188,8 @@ impl<'a> Session<'a> {
         let mut tick = tokio::time::interval(flush_every.min(Duration::from_millis(100)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let limits = &self.config.limits;
+        let shutdown_grace = Duration::from_millis(limits.shutdown_timeout_ms / 2);
+        let mut stopping_since: Option<Instant> = None;
         loop {
             // Transactions without events still wait in the tracker behind an
             // unacknowledged one: bound them too, or a Kafka outage during heavy
@@ -196,11 +198,19 @@ impl<'a> Session<'a> {
                 && self.tracker.in_flight_bytes() < limits.max_in_flight_bytes
                 && self.tracker.pending_transactions()
                     < limits.max_in_flight_events.saturating_mul(4);
+            // Stop at a transaction boundary: a transaction whose events are out
+            // but whose Commit has not been read would be re-sent after a
+            // graceful restart. Reading on until its Commit is bounded.
+            if let Some(since) = stopping_since {
+                if self.open.is_none() || since.elapsed() >= shutdown_grace {
+                    return self.shutdown(stream).await;
+                }
+            }
             tokio::select! {
                 biased;
-                changed = shutdown.changed() => {
+                changed = shutdown.changed(), if stopping_since.is_none() => {
                     if changed.is_err() || *shutdown.borrow() {
-                        return self.shutdown(stream).await;
+                        stopping_since = Some(Instant::now());
                     }
                 }
                 // The tick comes first so that a steady flood of delivery
