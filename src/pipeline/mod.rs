@@ -125,7 +125,7 @@ pub async fn run(
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
-    let mut store: Option<OffsetStore> = None;
+    let mut store: Option<Arc<OffsetStore>> = None;
     let mut backoff = config.retry.initial_backoff();
     loop {
         let started = std::time::Instant::now();
@@ -137,7 +137,7 @@ pub async fn run(
             }
             None => match open_store(&config) {
                 Ok(open) => {
-                    store = Some(open);
+                    store = Some(Arc::new(open));
                     continue;
                 }
                 Err(e) => Err(e),

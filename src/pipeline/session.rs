@@ -2,13 +2,15 @@
 //! failure or shutdown. A new session is started by the caller after a failure.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use crate::checkpoint::{AckTracker, DurableLsn, EventToken, OffsetStore};
+use crate::checkpoint::{AckTracker, DurableLsn, EventToken, OffsetStore, StoreError};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::outbox::{BoundRelation, ChangeContext, OutboxMapper};
@@ -48,7 +50,7 @@ struct OpenTx {
 
 pub(crate) struct Session<'a> {
     config: &'a Config,
-    store: &'a OffsetStore,
+    store: &'a Arc<OffsetStore>,
     metrics: &'a Metrics,
     mapper: OutboxMapper,
     sink: KafkaSink<InFlight>,
@@ -64,13 +66,16 @@ pub(crate) struct Session<'a> {
     poison: PoisonPolicyRouter,
     /// Set when the tracker advanced past `durable`.
     dirty_since: Option<Instant>,
+    /// A persist running on a blocking thread (one at a time); its result is
+    /// the only way a new flush position reaches the feedback handle.
+    persisting: Option<JoinHandle<Result<DurableLsn, StoreError>>>,
 }
 
 impl<'a> Session<'a> {
     pub(crate) async fn run(
         config: &'a Config,
         options: RunOptions,
-        store: &'a OffsetStore,
+        store: &'a Arc<OffsetStore>,
         metrics: &'a Metrics,
         shutdown: watch::Receiver<bool>,
     ) -> Result<(), PipelineError> {
@@ -175,6 +180,7 @@ impl<'a> Session<'a> {
             skip_through,
             poison: PoisonPolicyRouter::new(&config.outbox),
             dirty_since: None,
+            persisting: None,
         };
         session.stream_loop(stream, shutdown).await
     }
@@ -216,6 +222,19 @@ impl<'a> Session<'a> {
                 // The tick comes first so that a steady flood of delivery
                 // reports can never starve persisting (and so feedback).
                 _ = tick.tick() => self.on_tick()?,
+                done = async {
+                    match self.persisting.as_mut() {
+                        Some(running) => running.await,
+                        None => std::future::pending().await,
+                    }
+                }, if self.persisting.is_some() => {
+                    self.persisting = None;
+                    let durable = done.map_err(|e| PipelineError::Protocol {
+                        lsn: self.durable.lsn(),
+                        what: format!("the offset persist task failed: {e}"),
+                    })??;
+                    self.flushed(durable);
+                }
                 Some(report) = self.reports.recv() => {
                     self.on_report(report)?;
                     // Take what else has arrived in one go, bounded, then read again.
@@ -544,7 +563,7 @@ impl<'a> Session<'a> {
     fn on_tick(&mut self) -> Result<(), PipelineError> {
         let flush_every = Duration::from_millis(self.config.offsets.flush_interval_ms);
         if self.dirty_since.is_some_and(|t| t.elapsed() >= flush_every) {
-            self.persist()?;
+            self.persist();
         }
         let m = self.metrics;
         m.in_flight_events
@@ -562,20 +581,57 @@ impl<'a> Session<'a> {
     }
 
     /// Persist the acked LSN (flushed to disk), then let PostgreSQL know.
-    fn persist(&mut self) -> Result<(), PipelineError> {
+    /// Starts persisting the acked LSN on a blocking thread (sled flushes to
+    /// disk); the stream keeps moving meanwhile. PostgreSQL hears of it only
+    /// in [`Session::flushed`], after the flush.
+    fn persist(&mut self) {
+        if self.persisting.is_some() {
+            return; // the tick after it finishes picks up what is new
+        }
         self.dirty_since = None;
         let acked = self.tracker.acked();
         if acked <= self.durable.lsn() {
-            return Ok(());
+            return;
         }
-        let durable = tokio::task::block_in_place(|| {
-            self.store
-                .persist(&self.config.postgres.slot, acked, &self.system_id)
-        })?;
+        let store = Arc::clone(self.store);
+        let slot = self.config.postgres.slot.clone();
+        let system_id = self.system_id.clone();
+        self.persisting = Some(tokio::task::spawn_blocking(move || {
+            store.persist(&slot, acked, &system_id)
+        }));
+    }
+
+    /// A persist finished: the position is durable, so it may be reported.
+    fn flushed(&mut self, durable: DurableLsn) {
         crate::failpoint!("after-persist-before-status-update");
         self.feedback.set_flushed(durable.lsn());
         self.metrics.set_acked(durable.lsn());
-        self.durable = durable;
+        if durable.lsn() > self.durable.lsn() {
+            self.durable = durable;
+        }
+        if self.tracker.acked() > self.durable.lsn() {
+            self.mark_dirty();
+        }
+    }
+
+    /// Persists synchronously (after any persist still running): for shutdown.
+    async fn persist_now(&mut self) -> Result<(), PipelineError> {
+        if let Some(running) = self.persisting.take() {
+            let durable = running.await.map_err(|e| PipelineError::Protocol {
+                lsn: self.durable.lsn(),
+                what: format!("the offset persist task failed: {e}"),
+            })??;
+            self.flushed(durable);
+        }
+        self.dirty_since = None;
+        let acked = self.tracker.acked();
+        if acked > self.durable.lsn() {
+            let durable = tokio::task::block_in_place(|| {
+                self.store
+                    .persist(&self.config.postgres.slot, acked, &self.system_id)
+            })?;
+            self.flushed(durable);
+        }
         Ok(())
     }
 
@@ -611,7 +667,7 @@ impl<'a> Session<'a> {
             }
         }
         crate::failpoint!("during-shutdown");
-        self.persist()?;
+        self.persist_now().await?;
         info!(acked = %self.durable.lsn(), "final acknowledged position persisted");
         if let Err(e) = stream.shutdown().await {
             warn!(error = %e, "closing the replication stream failed; the server will notice the disconnect");
