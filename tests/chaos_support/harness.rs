@@ -297,14 +297,23 @@ async fn chaos(
     }
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let writers = workload::spawn(&opts.workload, names, rng, stop_rx);
+    let (pause_tx, pause_rx) = watch::channel(false);
+    let writers = workload::spawn(&opts.workload, names, rng, stop_rx, pause_rx);
 
     let outages = 1 + opts.cycles / 500;
     let kafka_at: Vec<u64> = (0..outages)
         .map(|i| (opts.cycles * (3 * i + 1)) / (3 * outages))
         .collect();
+    // PostgreSQL restarts in pairs: one under load, one with the writers
+    // paused and the connector caught up (a caught-up walsender ends the
+    // stream cleanly at shutdown instead of being cut).
     let pg_at: Vec<u64> = (0..outages)
-        .map(|i| (opts.cycles * (3 * i + 2)) / (3 * outages))
+        .flat_map(|i| {
+            [
+                (opts.cycles * (6 * i + 4)) / (6 * outages),
+                (opts.cycles * (6 * i + 5)) / (6 * outages),
+            ]
+        })
         .collect();
     let budget = Duration::from_secs(600 + opts.cycles * 10);
     let t0 = Instant::now();
@@ -356,13 +365,47 @@ async fn chaos(
         }
         if let Some(&at) = pg_at.get(tally.pg_restarts as usize) {
             if tally.cycles >= at {
+                let idle = tally.pg_restarts % 2 == 1;
+                if idle {
+                    let _ = pause_tx.send(true);
+                    // A live connector with no crash point armed, so that
+                    // it is there, idle, when the server shuts down.
+                    let armed = connector
+                        .proc
+                        .as_ref()
+                        .is_none_or(|p| !matches!(p.plan, Plan::Kill { .. } | Plan::Term { .. }));
+                    if armed {
+                        if let Some(mut p) = connector.proc.take() {
+                            p.abandon();
+                            after_connector_death(offsets, names, &mut admin, reader, &mut tally)
+                                .await;
+                        }
+                        connector.starts += 1;
+                        let plan = Plan::Kill {
+                            after: Duration::from_secs(30),
+                        };
+                        connector.proc =
+                            Some(launcher.spawn(Kind::Connector, plan, connector.starts));
+                    } else if let Some(p) = connector.proc.as_mut() {
+                        p.plan = Plan::Kill {
+                            after: p.started.elapsed() + Duration::from_secs(30),
+                        };
+                    }
+                    let caught_up = wait_caught_up(names, &mut admin).await;
+                    eprintln!(
+                        "chaos: cycle {}: writers paused, connector caught up: {caught_up}",
+                        tally.cycles
+                    );
+                }
                 let before = reader.watermarks(Duration::from_secs(5));
                 let took = infra.pg_restart().await?;
                 tally.pg_restarts += 1;
                 eprintln!(
-                    "chaos: cycle {}: PostgreSQL restarted ({took:?})",
-                    tally.cycles
+                    "chaos: cycle {}: PostgreSQL restarted{} ({took:?})",
+                    tally.cycles,
+                    if idle { " while idle" } else { " under load" }
                 );
+                let _ = pause_tx.send(false);
                 // The connector reconnects after a backoff; its resends come later still.
                 tokio::time::sleep(Duration::from_secs(3)).await;
                 tally.add_window(before, reader.watermarks(Duration::from_secs(5)));
@@ -518,6 +561,42 @@ async fn after_connector_death(
         }
     }
     Some(stored)
+}
+
+/// Waits (bounded) until the slot is confirmed up to where WAL was once the
+/// writers stopped (the consumer's own writes are not published, so the
+/// connector then has nothing in flight).
+async fn wait_caught_up(names: &Names, admin: &mut Admin) -> bool {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let Ok(target) = admin
+        .get()
+        .await
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .map(|r| r.get::<_, String>(0))
+    else {
+        return false;
+    };
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < deadline {
+        let row = admin
+            .get()
+            .await
+            .query_opt(
+                "SELECT confirmed_flush_lsn >= $2::text::pg_lsn FROM pg_replication_slots WHERE slot_name = $1",
+                &[&names.slot, &target],
+            )
+            .await;
+        if let Ok(Some(row)) = row {
+            if row.get::<_, Option<bool>>(0) == Some(true) {
+                // One more flush interval and status update for the last keepalive.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                return true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
 }
 
 /// Waits until every committed outbox row is in Kafka and has its effect,

@@ -69,6 +69,7 @@ pub fn spawn(
     names: &Names,
     rng: &mut Rng,
     stop: watch::Receiver<bool>,
+    paused: watch::Receiver<bool>,
 ) -> Vec<WriterHandle> {
     let pause = Duration::from_secs_f64(workload.writers as f64 / workload.tx_per_sec.max(0.1));
     (0..workload.writers)
@@ -84,7 +85,7 @@ pub fn spawn(
                 aggregates: workload.aggregates,
                 pause,
             };
-            tokio::spawn(writer.run(stop.clone()))
+            tokio::spawn(writer.run(stop.clone(), paused.clone()))
         })
         .collect()
 }
@@ -111,12 +112,20 @@ pub fn aggregate(k: u64) -> (&'static str, String) {
 }
 
 impl Writer {
-    async fn run(mut self, stop: watch::Receiver<bool>) -> (Vec<TxRecord>, WriterStats) {
+    async fn run(
+        mut self,
+        stop: watch::Receiver<bool>,
+        paused: watch::Receiver<bool>,
+    ) -> (Vec<TxRecord>, WriterStats) {
         let mut ledger = Vec::new();
         let mut stats = WriterStats::default();
         let mut client: Option<Client> = None;
         let mut number = 0u64;
         while !*stop.borrow() {
+            if *paused.borrow() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
             let c = match client.take().filter(|c| !c.is_closed()) {
                 Some(c) => c,
                 None => match super::try_admin_client_named(&self.application_name).await {
