@@ -572,6 +572,36 @@ async fn keepalive_requesting_a_reply_is_answered_and_shutdown_is_clean() {
 }
 
 #[tokio::test]
+async fn a_server_shutting_down_ends_the_stream_with_command_complete() {
+    common::init_tracing();
+    let (url, server) = scripted::listen().await;
+    let cfg = PgConnectConfig::parse_with_env(&url, |_| None).unwrap();
+    let conn = ReplicationConnection::connect(&cfg, "scripted")
+        .await
+        .unwrap();
+    let mut stream = conn.start_logical("s", Lsn::ZERO, "p", true).await.unwrap();
+    let (mut w, _rx, _) = server.await.unwrap();
+    // What a walsender sends at a fast shutdown when caught up: the last data,
+    // then CommandComplete (no CopyDone), then it closes the connection.
+    let mut out = scripted::xlogdata(0x200, b"Cdone");
+    out.extend(scripted::backend(b'C', b"COPY 0\0"));
+    use tokio::io::AsyncWriteExt;
+    w.write_all(&out).await.unwrap();
+    drop(w);
+    assert!(matches!(
+        stream.recv().await.unwrap(),
+        Some(ReplicationEvent::XLogData { .. })
+    ));
+    assert_eq!(
+        stream
+            .recv()
+            .await
+            .expect("CommandComplete is an orderly end, not an error"),
+        None
+    );
+}
+
+#[tokio::test]
 async fn a_silent_server_is_asked_for_a_keepalive_then_timed_out() {
     common::init_tracing();
     let (url, server) = scripted::listen().await;

@@ -397,7 +397,10 @@ impl ReplicationStream {
                 }
                 Ok(Some(event))
             }
-            tag::COPY_DONE => {
+            // A walsender shutting down (WalSndDone, e.g. `pg_ctl stop -m fast`
+            // while we are caught up) ends the copy with CommandComplete and
+            // exits, without CopyDone: the stream is over, not malformed.
+            tag::COPY_DONE | tag::COMMAND_COMPLETE => {
                 self.server_done = true;
                 Ok(None)
             }
