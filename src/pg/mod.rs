@@ -23,8 +23,8 @@ mod feedback;
 mod ident;
 pub mod lsn;
 mod replication;
-mod tls;
 pub mod time;
+mod tls;
 mod wire;
 
 pub use codec::ReplicationEvent;
