@@ -12,10 +12,15 @@ use rdkafka::message::{Headers, Message};
 async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let bootstrap = args.next().unwrap_or_else(|| "127.0.0.1:19092".to_owned());
-    let pattern = args.next().unwrap_or_else(|| r"^outbox\.event\..*".to_owned());
+    let pattern = args
+        .next()
+        .unwrap_or_else(|| r"^outbox\.event\..*".to_owned());
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
-        .set("group.id", format!("outbox-cdc-demo-{}", std::process::id()))
+        .set(
+            "group.id",
+            format!("outbox-cdc-demo-{}", std::process::id()),
+        )
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
         .set("topic.metadata.refresh.interval.ms", "2000")
@@ -47,7 +52,9 @@ async fn main() -> anyhow::Result<()> {
             header("aggregate_sequence"),
             header("event_type"),
             header("lsn"),
-            msg.payload().map(String::from_utf8_lossy).unwrap_or_default(),
+            msg.payload()
+                .map(String::from_utf8_lossy)
+                .unwrap_or_default(),
         );
     }
 }
