@@ -13,6 +13,7 @@
 //! 50); `scripts/soak.sh --cycles N` runs it with more.
 
 mod chaos_support;
+mod common;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn crash_at_every_boundary_keeps_the_four_invariants() {

@@ -16,42 +16,9 @@ pub mod schema;
 pub mod verify;
 pub mod workload;
 
-use std::sync::atomic::{AtomicU32, Ordering};
-
-fn required(var: &str) -> String {
-    match std::env::var(var) {
-        Ok(v) if !v.is_empty() => v,
-        _ => panic!(
-            "{var} is not set: the chaos test needs the test servers. \
-             Run `scripts/env.sh up && . target/env/test.env` (or `scripts/test.sh`) first."
-        ),
-    }
-}
-
-/// URL of the `outbox` role (LOGIN REPLICATION) on the test cluster.
-pub fn pg_url() -> String {
-    required("OUTBOX_CDC_TEST_PG")
-}
-
-/// Superuser URL of the test cluster (set-up, the writer, inspection).
-pub fn pg_admin_url() -> String {
-    required("OUTBOX_CDC_TEST_PG_ADMIN")
-}
-
-pub fn kafka_bootstrap() -> String {
-    required("OUTBOX_CDC_TEST_KAFKA")
-}
-
-/// Lower-case letters, digits and underscores: valid as a table, slot, group or topic name.
-pub fn unique_name(prefix: &str) -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("{prefix}_{}_{n}_{nanos:x}", std::process::id())
-}
+// Where the servers are and unique names: the same helpers as every other
+// integration test (they fail, never skip, when the servers are missing).
+pub use crate::common::{kafka_bootstrap, pg_admin_url, pg_url, unique_name};
 
 /// A superuser client, or the error while the server is unreachable.
 pub async fn try_admin_client() -> Result<tokio_postgres::Client, tokio_postgres::Error> {
