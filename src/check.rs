@@ -13,8 +13,9 @@ use tokio_postgres::Client;
 
 use outbox_cdc::checkpoint::OffsetStore;
 use outbox_cdc::config::Config;
+use outbox_cdc::coverage::{self, CheckItem, CoverageProblem};
 use outbox_cdc::outbox::settings::{ColumnNames, TableName};
-use outbox_cdc::pg::{PgConnectConfig, quote_ident};
+use outbox_cdc::pg::{PgConnectConfig, QualifiedTable, quote_ident};
 use outbox_cdc::sink;
 
 /// How long the Kafka check waits for cluster metadata.
@@ -243,19 +244,45 @@ async fn check_postgres(config: &Config) -> Vec<CheckResult> {
     results.push(slot);
     results.push(wal_senders(&client, &config.postgres.slot).await);
     results.push(replication_privilege(&client, &facts).await);
-    match table_oid(&client, &facts).await {
-        Ok(oid) => {
-            results.push(pass("outbox table", format!("{} exists", facts.table)));
+    // The same proof `run` makes before streaming (coverage::judge).
+    let table = QualifiedTable::new(facts.table.schema.clone(), facts.table.name.clone());
+    let proof = match coverage::gather(&client, &table, &config.postgres.publication).await {
+        Ok(catalog) => {
+            let problems = match coverage::mapped_columns(&config.outbox) {
+                Ok(mapped) => {
+                    coverage::judge(&catalog, &table, &config.postgres.publication, &mapped)
+                        .err()
+                        .unwrap_or_default()
+                }
+                Err(_) => Vec::new(), // validated at load; reported above for a library caller
+            };
+            Ok(Proof { catalog, problems })
+        }
+        Err(e) => Err(e.to_string()),
+    };
+    match &proof {
+        Ok(p) if p.table_problems().is_empty() && p.catalog.table.is_some() => {
+            let oid = p.catalog.table.as_ref().map_or(0, |t| t.oid);
+            results.push(pass("outbox table", p.table_detail(&facts)));
             results.push(select_privilege(&client, oid, &facts).await);
             results.push(outbox_columns(&client, oid, &facts, &config.outbox.extra_headers).await);
         }
-        Err(result) => {
-            results.push(result);
-            results.push(skip("select privilege", "the outbox table is missing"));
-            results.push(skip("outbox columns", "the outbox table is missing"));
+        Ok(p) => {
+            results.push(fail_with("outbox table", &p.table_problems()));
+            results.push(skip("select privilege", "the outbox table is unusable"));
+            results.push(skip("outbox columns", "the outbox table is unusable"));
+        }
+        Err(e) => {
+            results.push(fail(
+                "outbox table",
+                format!("the catalog query failed: {e}"),
+                "run `outbox-cdc check` as the role in postgres.url",
+            ));
+            results.push(skip("select privilege", "the catalog query failed"));
+            results.push(skip("outbox columns", "the catalog query failed"));
         }
     }
-    results.extend(publication(&client, config, &facts).await);
+    results.extend(publication(&client, config, &facts, proof.as_ref().ok()).await);
     if let Some(interval) = config.monitor.heartbeat_interval() {
         results.push(heartbeat(&client, &config.monitor.heartbeat_prefix, interval).await);
     }
@@ -537,39 +564,6 @@ async fn replication_privilege(client: &Client, facts: &Facts) -> CheckResult {
     }
 }
 
-async fn table_oid(client: &Client, facts: &Facts) -> Result<u32, CheckResult> {
-    const NAME: &str = "outbox table";
-    let row = client
-        .query_opt(
-            "SELECT c.oid, c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = $1 AND c.relname = $2",
-            &[&facts.table.schema, &facts.table.name],
-        )
-        .await
-        .map_err(|e| query_fail(NAME, &e))?;
-    let Some(row) = row else {
-        return Err(fail(
-            NAME,
-            format!("table {} does not exist (outbox.table)", facts.table),
-            "create it: apply migrations/001_outbox.sql (docs/outbox-table.md), or set outbox.table to the \
-             existing outbox table",
-        ));
-    };
-    let (oid, kind): (u32, String) = (row.get(0), row.get(1));
-    if kind == "r" || kind == "p" {
-        Ok(oid)
-    } else {
-        Err(fail(
-            NAME,
-            format!(
-                "{} is not a table (pg_class.relkind = {kind:?}); only tables can be published",
-                facts.table
-            ),
-            "set outbox.table to the outbox table itself",
-        ))
-    }
-}
-
 async fn select_privilege(client: &Client, oid: u32, facts: &Facts) -> CheckResult {
     const NAME: &str = "select privilege";
     match client
@@ -765,15 +759,25 @@ async fn outbox_columns(
 
 /// Existence, tables (exactly the outbox table, all mapped columns, no row
 /// filter) and operations (inserts only) of the publication.
-async fn publication(client: &Client, config: &Config, facts: &Facts) -> Vec<CheckResult> {
+async fn publication(
+    client: &Client,
+    config: &Config,
+    facts: &Facts,
+    proof: Option<&Proof>,
+) -> Vec<CheckResult> {
     const EXISTS: &str = "publication";
     const TABLES: &str = "publication tables";
     const PUBLISHES: &str = "publication publishes";
     let name = &config.postgres.publication;
     let quoted = quote_ident(name);
-    let table = facts.table.quoted();
-    let create_sql =
-        format!("CREATE PUBLICATION {quoted} FOR TABLE {table} WITH (publish = 'insert');");
+    let partitioned = proof
+        .and_then(|p| p.catalog.table.as_ref())
+        .is_some_and(|t| t.relkind == 'p');
+    let create_sql = coverage::create_publication_sql(
+        name,
+        &QualifiedTable::new(facts.table.schema.clone(), facts.table.name.clone()),
+        partitioned,
+    );
     let row = match client
         .query_opt(
             "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1",
@@ -816,7 +820,7 @@ async fn publication(client: &Client, config: &Config, facts: &Facts) -> Vec<Che
             format!("DROP PUBLICATION {quoted};\n{create_sql}"),
         )
     } else {
-        publication_tables(client, name, facts).await
+        publication_tables(name, facts, proof)
     });
 
     let mut extra = Vec::new();
@@ -884,102 +888,103 @@ async fn can_create_publication(client: &Client, facts: &Facts, create_sql: &str
     }
 }
 
-async fn publication_tables(client: &Client, name: &str, facts: &Facts) -> CheckResult {
+/// The coverage proof's verdict on the publication's tables, then: nothing
+/// else in it (other tables' changes are decoded and sent for nothing).
+fn publication_tables(name: &str, facts: &Facts, proof: Option<&Proof>) -> CheckResult {
     const NAME: &str = "publication tables";
-    let quoted = quote_ident(name);
-    let table = facts.table.quoted();
-    let rows = match client
-        .query(
-            "SELECT schemaname::text, tablename::text, attnames::text[], rowfilter \
-             FROM pg_publication_tables WHERE pubname = $1",
-            &[&name],
-        )
-        .await
-    {
-        Ok(rows) => rows,
-        Err(e) => return query_fail(NAME, &e),
+    let Some(proof) = proof else {
+        return skip(NAME, "the catalog query failed");
     };
-    let mut ours = None;
-    let mut others = BTreeSet::new();
-    for row in &rows {
-        let (schema, relname): (String, String) = (row.get(0), row.get(1));
-        if schema == facts.table.schema && relname == facts.table.name {
-            ours = Some((
-                row.get::<_, Option<Vec<String>>>(2),
-                row.get::<_, Option<String>>(3),
-            ));
-        } else {
-            others.insert(
-                TableName {
-                    schema,
-                    name: relname,
-                }
-                .quoted(),
-            );
-        }
+    let Some(table) = &proof.catalog.table else {
+        return skip(NAME, "the outbox table is missing");
+    };
+    let problems: Vec<&CoverageProblem> = proof
+        .problems
+        .iter()
+        .filter(|p| p.check_item() == CheckItem::Tables)
+        .collect();
+    if !problems.is_empty() {
+        return fail_with(NAME, &problems);
     }
-    let Some((attnames, rowfilter)) = ours else {
-        let mut fix = format!("ALTER PUBLICATION {quoted} ADD TABLE {table};");
-        if !others.is_empty() {
-            let list: Vec<&str> = others.iter().map(String::as_str).collect();
-            let _ = write!(
-                fix,
-                "\nALTER PUBLICATION {quoted} DROP TABLE {};",
-                list.join(", ")
-            );
-        }
-        return fail(
-            NAME,
-            format!(
-                "publication {name:?} does not contain {} (it holds {} other table(s))",
-                facts.table,
-                others.len()
-            ),
-            fix,
-        );
+    let Some(publication) = &proof.catalog.publication else {
+        return skip(NAME, "the publication does not exist yet");
     };
+    let mut members: BTreeSet<u32> = table.partitions.iter().map(|m| m.oid).collect();
+    members.insert(table.oid);
+    let others: Vec<String> = publication
+        .published
+        .iter()
+        .filter(|(oid, _)| !members.contains(oid))
+        .map(|(_, t)| t.to_string())
+        .collect();
+    let quoted = quote_ident(name);
     if !others.is_empty() {
-        let list: Vec<&str> = others.iter().map(String::as_str).collect();
         return fail(
             NAME,
             format!(
                 "publication {name:?} also holds {}: their changes are decoded and sent to the connector for nothing",
-                list.join(", ")
+                others.join(", ")
             ),
-            format!("ALTER PUBLICATION {quoted} DROP TABLE {};", list.join(", ")),
+            format!(
+                "ALTER PUBLICATION {quoted} DROP TABLE {};",
+                others.join(", ")
+            ),
         );
     }
-    if let Some(filter) = rowfilter {
-        return fail(
+    let leaves = table.partitions.iter().filter(|m| m.is_leaf).count();
+    if table.relkind != 'p' {
+        pass(NAME, format!("exactly {}", facts.table))
+    } else if publication.via_root {
+        pass(
             NAME,
             format!(
-                "publication {name:?} filters {} with WHERE ({filter}): filtered rows would never be published",
+                "exactly {} (partitioned, {leaves} leaf partition(s), published via the root)",
                 facts.table
             ),
+        )
+    } else {
+        pass(
+            NAME,
             format!(
-                "ALTER PUBLICATION {quoted} SET TABLE {table};  -- publishes every row and column"
+                "exactly {} (partitioned: its {leaves} leaf partition(s) are published under their own names and \
+                 resolved to it)",
+                facts.table
             ),
-        );
+        )
     }
-    if let Some(published) = attnames {
-        let missing: Vec<String> = mapped_columns(&facts.columns, &[])
-            .into_iter()
-            .map(|(_, column, _)| column)
-            .filter(|c| !published.contains(c))
-            .collect();
-        if !missing.is_empty() {
-            return fail(
-                NAME,
-                format!(
-                    "publication {name:?} publishes only some columns of {}; missing: {}",
-                    facts.table,
-                    missing.join(", ")
-                ),
-                format!("ALTER PUBLICATION {quoted} SET TABLE {table};  -- publishes every column"),
-            );
+}
+
+/// What the coverage proof found, for the table and publication items.
+struct Proof {
+    catalog: coverage::CatalogFacts,
+    problems: Vec<CoverageProblem>,
+}
+
+impl Proof {
+    fn table_problems(&self) -> Vec<&CoverageProblem> {
+        self.problems
+            .iter()
+            .filter(|p| p.check_item() == CheckItem::Table)
+            .collect()
+    }
+
+    fn table_detail(&self, facts: &Facts) -> String {
+        match &self.catalog.table {
+            Some(t) if t.relkind == 'p' => format!(
+                "{} exists (partitioned, {} partition(s))",
+                facts.table,
+                t.partitions.iter().filter(|m| m.is_leaf).count()
+            ),
+            _ => format!("{} exists", facts.table),
         }
     }
-    pass(NAME, format!("exactly {}", facts.table))
+}
+
+/// One FAIL line for one or more problems of the proof.
+fn fail_with(name: &'static str, problems: &[&CoverageProblem]) -> CheckResult {
+    let what: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    let fixes: Vec<String> = problems.iter().map(|p| p.fix()).collect();
+    fail(name, what.join("; "), fixes.join("\n"))
 }
 
 async fn heartbeat(client: &Client, prefix: &str, interval: Duration) -> CheckResult {

@@ -8,6 +8,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod coverage;
 pub mod failpoint;
 pub mod http;
 pub mod metrics;

@@ -115,7 +115,7 @@ async fn publication_names_cannot_inject_sql() {
             .await
             .unwrap()
     );
-    control::create_publication(&admin, &publication, &table)
+    control::create_publication(&admin, &publication, &table, false)
         .await
         .expect("create publication");
     assert!(
@@ -150,7 +150,7 @@ async fn publication_names_cannot_inject_sql() {
     );
 
     // Creating it twice is a definite error from the server, not a retry.
-    let err = control::create_publication(&admin, &publication, &table)
+    let err = control::create_publication(&admin, &publication, &table, false)
         .await
         .expect_err("duplicate publication");
     assert_eq!(err.sqlstate(), Some("42710"));

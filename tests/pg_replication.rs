@@ -54,7 +54,7 @@ impl Fixture {
             ))
             .await
             .expect("create table");
-        control::create_publication(&admin, &publication, &table)
+        control::create_publication(&admin, &publication, &table, false)
             .await
             .expect("create publication");
         control::create_logical_slot(&admin, &slot)

@@ -6,7 +6,7 @@ use tokio_postgres::Client;
 
 use super::Lsn;
 use super::error::{PgError, ServerError};
-use super::ident::{QualifiedTable, quote_ident};
+use super::ident::QualifiedTable;
 
 /// A row of pg_replication_slots.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -148,29 +148,22 @@ pub async fn publication_exists(client: &Client, publication: &str) -> Result<bo
     row.try_get(0).map_err(|e| PgError::sql(during(), e))
 }
 
-/// `CREATE PUBLICATION "p" FOR TABLE "schema"."table" WITH (publish = 'insert')`:
-/// the outbox is append-only, so only inserts are published.
+/// Creates the outbox publication, inserts only (the outbox is append-only);
+/// a partitioned table is published under its root's name
+/// ([`crate::coverage::create_publication_sql`]).
 pub async fn create_publication(
     client: &Client,
     publication: &str,
     table: &QualifiedTable,
+    partitioned: bool,
 ) -> Result<(), PgError> {
-    client
-        .batch_execute(&create_publication_sql(publication, table))
-        .await
-        .map_err(|e| {
-            PgError::sql(
-                format!("creating publication {publication:?} for {table}"),
-                e,
-            )
-        })
-}
-
-pub(crate) fn create_publication_sql(publication: &str, table: &QualifiedTable) -> String {
-    format!(
-        "CREATE PUBLICATION {} FOR TABLE {table} WITH (publish = 'insert')",
-        quote_ident(publication)
-    )
+    let sql = crate::coverage::create_publication_sql(publication, table, partitioned);
+    client.batch_execute(&sql).await.map_err(|e| {
+        PgError::sql(
+            format!("creating publication {publication:?} for {table}"),
+            e,
+        )
+    })
 }
 
 /// The cluster's system identifier (decimal text, as IDENTIFY_SYSTEM reports it).
@@ -189,22 +182,33 @@ pub async fn system_identifier(client: &Client) -> Result<String, PgError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::coverage::create_publication_sql;
 
     #[test]
     fn publication_ddl_quotes_every_name() {
         assert_eq!(
             create_publication_sql(
                 "outbox_pub",
-                &QualifiedTable::new("public", "outbox_events")
+                &QualifiedTable::new("public", "outbox_events"),
+                false
             ),
-            "CREATE PUBLICATION \"outbox_pub\" FOR TABLE \"public\".\"outbox_events\" WITH (publish = 'insert')"
+            "CREATE PUBLICATION \"outbox_pub\" FOR TABLE \"public\".\"outbox_events\" WITH (publish = 'insert');"
         );
         assert_eq!(
             create_publication_sql(
                 "p\"; DROP TABLE t; --",
-                &QualifiedTable::new("s", "t\" , \"u")
+                &QualifiedTable::new("s", "t\" , \"u"),
+                false
             ),
-            "CREATE PUBLICATION \"p\"\"; DROP TABLE t; --\" FOR TABLE \"s\".\"t\"\" , \"\"u\" WITH (publish = 'insert')"
+            "CREATE PUBLICATION \"p\"\"; DROP TABLE t; --\" FOR TABLE \"s\".\"t\"\" , \"\"u\" WITH (publish = 'insert');"
+        );
+    }
+
+    #[test]
+    fn a_partitioned_outbox_is_published_via_its_root() {
+        assert_eq!(
+            create_publication_sql("p", &QualifiedTable::new("public", "outbox"), true),
+            "CREATE PUBLICATION \"p\" FOR TABLE \"public\".\"outbox\" WITH (publish = 'insert', publish_via_partition_root = true);"
         );
     }
 }

@@ -23,6 +23,7 @@ use tracing::{error, info, warn};
 
 use crate::checkpoint::{OffsetStore, StoreError};
 use crate::config::Config;
+use crate::coverage::{NotCovered, Unaccounted};
 use crate::metrics::Metrics;
 use crate::outbox::MapError;
 use crate::pg::{Lsn, PgError};
@@ -91,6 +92,13 @@ pub enum PipelineError {
     },
     #[error("the replication stream ended (server closed the copy)")]
     StreamEnded,
+    /// Start refused: the publication does not prove it carries every outbox row.
+    #[error(transparent)]
+    NotCovered(#[from] NotCovered),
+    /// A relation in the stream that is neither the outbox nor positively
+    /// another table: stopped before acknowledging past it.
+    #[error(transparent)]
+    Unaccounted(#[from] Unaccounted),
 }
 
 impl PipelineError {
@@ -108,7 +116,9 @@ impl PipelineError {
             | PipelineError::Decode { .. }
             | PipelineError::Protocol { .. }
             | PipelineError::Poison { .. }
-            | PipelineError::Mapping { .. } => false,
+            | PipelineError::Mapping { .. }
+            | PipelineError::NotCovered(_)
+            | PipelineError::Unaccounted(_) => false,
         }
     }
 }

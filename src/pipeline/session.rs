@@ -12,9 +12,9 @@ use tracing::{debug, info, warn};
 
 use crate::checkpoint::{AckTracker, DurableLsn, EventToken, OffsetStore, StoreError};
 use crate::config::Config;
+use crate::coverage::{self, Coverage, Known, NotCovered, RelationKind};
 use crate::metrics::Metrics;
 use crate::outbox::{BoundRelation, ChangeContext, OutboxMapper};
-use crate::pg::QualifiedTable;
 use crate::pg::control;
 use crate::pg::{
     FeedbackHandle, Lsn, PgConnectConfig, PgTimestamp, ReplicationConnection, ReplicationEvent,
@@ -61,6 +61,10 @@ pub(crate) struct Session<'a> {
     system_id: String,
     relations: RelationCache,
     bound: HashMap<u32, BoundRelation>,
+    /// What start-up proved the stream carries; decides every Relation.
+    coverage: Coverage,
+    /// Control connection for looking up relations start-up did not know.
+    catalog: tokio_postgres::Client,
     open: Option<OpenTx>,
     skip_through: Lsn,
     poison: PoisonPolicyRouter,
@@ -104,13 +108,9 @@ impl<'a> Session<'a> {
             .or_else(|| pg.tokio_config().get_dbname().map(str::to_owned))
             .unwrap_or_default();
 
-        let table = QualifiedTable::parse(&config.outbox.table)?;
-        if config.postgres.create_publication
-            && !control::publication_exists(&client, &config.postgres.publication).await?
-        {
-            control::create_publication(&client, &config.postgres.publication, &table).await?;
-            info!(publication = %config.postgres.publication, table = %table, "created publication");
-        }
+        // Proof before the slot is touched (DESIGN.md §5a): the publication
+        // carries every row of the outbox table, or the start is refused.
+        let coverage = prove_coverage(&client, config).await?;
 
         let stored = store.load(slot)?;
         let slot_info = control::slot_info(&client, slot).await?;
@@ -143,7 +143,6 @@ impl<'a> Session<'a> {
                 skip_through,
             } => (start, skip_through),
         };
-        drop(client);
 
         // Persist the start before streaming: it records the cluster identity on
         // first start and gives the first reportable (durable) position.
@@ -176,13 +175,19 @@ impl<'a> Session<'a> {
             system_id: identity.system_id,
             relations: RelationCache::new(),
             bound: HashMap::new(),
+            coverage,
+            catalog: client,
             open: None,
             skip_through,
             poison: PoisonPolicyRouter::new(&config.outbox),
             dirty_since: None,
             persisting: None,
         };
-        session.stream_loop(stream, shutdown).await
+        let result = session.stream_loop(stream, shutdown).await;
+        if let Err(e) = &result {
+            session.keep_acknowledged(e).await;
+        }
+        result
     }
 
     async fn stream_loop(
@@ -328,14 +333,26 @@ impl<'a> Session<'a> {
                 self.feedback.set_written(commit.end_lsn);
             }
             Message::Relation(relation) => {
-                if self.mapper.matches(&relation) {
-                    let bound = self
-                        .mapper
-                        .bind(&relation)
-                        .map_err(|source| PipelineError::Mapping { lsn, source })?;
-                    self.bound.insert(relation.oid, bound);
-                } else {
-                    self.bound.remove(&relation.oid);
+                let kind = match self.coverage.classify(&relation) {
+                    Known::Is(kind) => kind,
+                    Known::LookUp => {
+                        let now =
+                            coverage::lookup(&self.catalog, relation.oid, self.coverage.root_oid())
+                                .await?;
+                        self.coverage.resolve(&relation, lsn, now.as_ref())?
+                    }
+                };
+                match kind {
+                    RelationKind::Outbox => {
+                        let bound = self
+                            .mapper
+                            .bind(&relation)
+                            .map_err(|source| PipelineError::Mapping { lsn, source })?;
+                        self.bound.insert(relation.oid, bound);
+                    }
+                    RelationKind::Other => {
+                        self.bound.remove(&relation.oid);
+                    }
                 }
                 self.relations.apply(relation);
             }
@@ -635,6 +652,35 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
+    /// After a session failed: take the delivery reports that arrive within a
+    /// short bound and persist the acknowledged prefix, so the next session
+    /// re-sends only what was really unacknowledged. It also waits for a
+    /// persist still running, so no write of this session can land after the
+    /// next one loaded the offset.
+    async fn keep_acknowledged(&mut self, failure: &PipelineError) {
+        let bound = Duration::from_millis(self.config.limits.shutdown_timeout_ms.min(5_000));
+        let deadline = Instant::now() + bound;
+        while self.tracker.in_flight_events() > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.reports.recv()).await {
+                Ok(Some(report)) => {
+                    if self.on_report(report).is_err() {
+                        break;
+                    }
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        match self.persist_now().await {
+            Ok(()) => {
+                debug!(acked = %self.durable.lsn(), error = %failure, "persisted the acknowledged prefix after a failure")
+            }
+            Err(e) => {
+                warn!(error = %e, "persisting the acknowledged prefix after a failure failed; the next session re-sends from the last durable LSN")
+            }
+        }
+    }
+
     /// Stop reading, wait (bounded) for in-flight deliveries, persist, send a
     /// final status update, close the stream.
     async fn shutdown(
@@ -674,6 +720,32 @@ impl<'a> Session<'a> {
         }
         Ok(())
     }
+}
+
+/// Gathers the catalog facts (creating the publication first when configured
+/// to and missing) and proves the publication covers the outbox table.
+async fn prove_coverage(
+    client: &tokio_postgres::Client,
+    config: &Config,
+) -> Result<Coverage, PipelineError> {
+    let publication = config.postgres.publication.as_str();
+    let invalid = |e: crate::outbox::ConfigError| PipelineError::Protocol {
+        lsn: Lsn::ZERO,
+        what: format!("invalid outbox settings: {e}"),
+    };
+    let table = coverage::configured_table(&config.outbox).map_err(invalid)?;
+    let mapped = coverage::mapped_columns(&config.outbox).map_err(invalid)?;
+    let mut facts = coverage::gather(client, &table, publication).await?;
+    if config.postgres.create_publication && facts.publication.is_none() {
+        if let Some(t) = &facts.table {
+            let partitioned = t.relkind == 'p';
+            control::create_publication(client, publication, &table, partitioned).await?;
+            info!(publication, table = %table, partitioned, "created publication");
+            facts = coverage::gather(client, &table, publication).await?;
+        }
+    }
+    coverage::judge(&facts, &table, publication, &mapped)
+        .map_err(|problems| PipelineError::NotCovered(NotCovered { problems }))
 }
 
 fn protocol(lsn: Lsn, what: impl std::fmt::Display) -> PipelineError {

@@ -1,0 +1,911 @@
+//! What the replication stream is proven to carry (DESIGN.md §5a).
+//!
+//! An acknowledged LSN promises that every outbox row committed before it was
+//! published, so a change may be skipped only when it is POSITIVELY known not
+//! to be an outbox row. Two halves:
+//!
+//! - Before streaming, [`gather`] reads the catalog and [`judge`] (pure) proves
+//!   that the publication publishes inserts of the configured table, or of
+//!   every leaf partition of it, with no row filter and no column list that
+//!   drops a mapped column. Any gap is a [`CoverageProblem`] carrying its SQL fix;
+//!   `run` refuses to start and `check` prints the same items.
+//! - While streaming, every Relation message is classified by
+//!   [`Coverage::classify`]: the outbox (root or any partition, also partitions
+//!   created while streaming), another table known to be published, or
+//!   unaccounted for, which stops the connector ([`Unaccounted`]). A relation
+//!   not known from start-up is looked up in the catalog ([`lookup`]) first.
+//!
+//! Partitions: with `publish_via_partition_root = true` changes arrive under
+//! the root's name; without it, under each leaf's name. Partitions always have
+//! exactly their root's columns, so a Relation message (which describes the
+//! table as it was when the change was made) that lacks a mapped column cannot
+//! be an outbox partition.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use tokio_postgres::Client;
+
+use crate::outbox::{ConfigError, OutboxSettings};
+use crate::pg::{Lsn, PgError, QualifiedTable, quote_ident};
+use crate::pgoutput::Relation;
+
+/// The catalog facts the proof needs, read in one go before streaming.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CatalogFacts {
+    /// `server_version_num`, e.g. 150004.
+    pub server_version: i32,
+    /// The configured table, `None` when no relation has that name.
+    pub table: Option<TableFacts>,
+    /// The configured publication, `None` when it does not exist.
+    pub publication: Option<PublicationFacts>,
+    /// Ordinary and partitioned tables of the database whose names look like an
+    /// outbox (for a "did you mean" in the error of a typo'd name).
+    pub similar_tables: Vec<QualifiedTable>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableFacts {
+    pub oid: u32,
+    /// `pg_class.relkind`: `r` table, `p` partitioned table, others are not tables.
+    pub relkind: char,
+    /// Column names (not dropped).
+    pub columns: Vec<String>,
+    /// Every partition below the table (intermediate and leaf), empty when it is
+    /// not partitioned.
+    pub partitions: Vec<Partition>,
+    /// Tables the configured one is a partition of (nearest first).
+    pub ancestors: Vec<(u32, QualifiedTable)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partition {
+    pub oid: u32,
+    pub table: QualifiedTable,
+    pub is_leaf: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicationFacts {
+    pub all_tables: bool,
+    pub insert: bool,
+    pub via_root: bool,
+    /// `pg_publication_tables`: the relations whose changes are sent, under
+    /// the names they are sent with.
+    pub published: Vec<(u32, QualifiedTable)>,
+    /// Row filters and column lists (PostgreSQL 15+) on the configured table,
+    /// its partitions or its ancestors.
+    pub restrictions: Vec<Restriction>,
+}
+
+/// A `pg_publication_rel` entry that narrows what is sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restriction {
+    pub table: QualifiedTable,
+    /// The row filter, as SQL.
+    pub row_filter: Option<String>,
+    /// The published columns, when the entry has a column list.
+    pub columns: Option<Vec<String>>,
+}
+
+/// A column the mapping reads, with the configuration key that names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MappedColumn {
+    pub key: String,
+    pub column: String,
+}
+
+/// One reason the stream cannot be proven to carry every outbox row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CoverageProblem {
+    TableMissing {
+        table: QualifiedTable,
+        similar: Vec<QualifiedTable>,
+    },
+    NotATable {
+        table: QualifiedTable,
+        relkind: char,
+    },
+    /// The configured table is a partition of a partitioned table.
+    IsPartition {
+        table: QualifiedTable,
+        root: QualifiedTable,
+    },
+    ColumnMissing {
+        table: QualifiedTable,
+        column: MappedColumn,
+    },
+    PublicationMissing {
+        publication: String,
+        table: QualifiedTable,
+        partitioned: bool,
+    },
+    NoInserts {
+        publication: String,
+    },
+    NotPublished {
+        publication: String,
+        table: QualifiedTable,
+        /// For a partitioned table: the leaves that are published (some are
+        /// missing); empty when none is.
+        published_leaves: Vec<QualifiedTable>,
+        missing_leaves: Vec<QualifiedTable>,
+    },
+    RowFilter {
+        publication: String,
+        table: QualifiedTable,
+        filter: String,
+    },
+    ColumnList {
+        publication: String,
+        table: QualifiedTable,
+        missing: Vec<MappedColumn>,
+    },
+}
+
+impl CoverageProblem {
+    /// The SQL (or configuration) that fixes it.
+    pub fn fix(&self) -> String {
+        match self {
+            CoverageProblem::TableMissing { similar, .. } => {
+                let mut fix = "apply migrations/001_outbox.sql (docs/outbox-table.md), or set \
+                               outbox.table to the existing outbox table"
+                    .to_owned();
+                if !similar.is_empty() {
+                    let names: Vec<String> = similar.iter().map(ToString::to_string).collect();
+                    fix.push_str(&format!(
+                        "; tables with similar names: {}",
+                        names.join(", ")
+                    ));
+                }
+                fix
+            }
+            CoverageProblem::NotATable { .. } => {
+                "set outbox.table to the outbox table itself".to_owned()
+            }
+            CoverageProblem::IsPartition { root, .. } => format!(
+                "set outbox.table = \"{}\" (the partitioned table): the connector reads all of its partitions",
+                plain(root)
+            ),
+            CoverageProblem::ColumnMissing { table, column } => format!(
+                "ALTER TABLE {} ADD COLUMN {} ...;  -- or set {} to an existing column",
+                table,
+                quote_ident(&column.column),
+                column.key
+            ),
+            CoverageProblem::PublicationMissing {
+                publication,
+                table,
+                partitioned,
+            } => format!(
+                "{}  -- as the table's owner\nor set postgres.create_publication = true",
+                create_publication_sql(publication, table, *partitioned)
+            ),
+            CoverageProblem::NoInserts { publication } => format!(
+                "ALTER PUBLICATION {} SET (publish = 'insert');",
+                quote_ident(publication)
+            ),
+            CoverageProblem::NotPublished {
+                publication, table, ..
+            } => format!(
+                "ALTER PUBLICATION {} ADD TABLE {};",
+                quote_ident(publication),
+                table
+            ),
+            CoverageProblem::RowFilter {
+                publication, table, ..
+            }
+            | CoverageProblem::ColumnList {
+                publication, table, ..
+            } => {
+                let p = quote_ident(publication);
+                let t = table;
+                format!(
+                    "BEGIN; ALTER PUBLICATION {p} DROP TABLE {t}; ALTER PUBLICATION {p} ADD TABLE {t}; COMMIT;  \
+                     -- publishes every row and column of {table}"
+                )
+            }
+        }
+    }
+
+    /// The `check` item this problem belongs to.
+    pub fn check_item(&self) -> CheckItem {
+        match self {
+            CoverageProblem::TableMissing { .. }
+            | CoverageProblem::NotATable { .. }
+            | CoverageProblem::IsPartition { .. } => CheckItem::Table,
+            CoverageProblem::ColumnMissing { .. } => CheckItem::Columns,
+            CoverageProblem::PublicationMissing { .. } => CheckItem::Publication,
+            CoverageProblem::NoInserts { .. } => CheckItem::Publishes,
+            CoverageProblem::NotPublished { .. }
+            | CoverageProblem::RowFilter { .. }
+            | CoverageProblem::ColumnList { .. } => CheckItem::Tables,
+        }
+    }
+}
+
+/// The `check` lines the proof's problems are reported under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckItem {
+    Table,
+    Columns,
+    Publication,
+    Publishes,
+    Tables,
+}
+
+impl fmt::Display for CoverageProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CoverageProblem::TableMissing { table, .. } => {
+                write!(f, "table {table} (outbox.table) does not exist")
+            }
+            CoverageProblem::NotATable { table, relkind } => write!(
+                f,
+                "{table} is not a table (pg_class.relkind = '{relkind}'); only tables can be published"
+            ),
+            CoverageProblem::IsPartition { table, root } => write!(
+                f,
+                "{table} is a partition of {root}: rows of its sibling partitions would not be read"
+            ),
+            CoverageProblem::ColumnMissing { table, column } => write!(
+                f,
+                "table {table} has no column {:?} ({})",
+                column.column, column.key
+            ),
+            CoverageProblem::PublicationMissing { publication, .. } => write!(
+                f,
+                "publication {publication:?} (postgres.publication) does not exist"
+            ),
+            CoverageProblem::NoInserts { publication } => write!(
+                f,
+                "publication {publication:?} does not publish inserts, so no outbox row would reach the connector"
+            ),
+            CoverageProblem::NotPublished {
+                publication,
+                table,
+                published_leaves,
+                missing_leaves,
+            } => {
+                if published_leaves.is_empty() {
+                    write!(
+                        f,
+                        "publication {publication:?} does not carry {table}: its rows would never reach the connector"
+                    )
+                } else {
+                    let missing: Vec<String> =
+                        missing_leaves.iter().map(ToString::to_string).collect();
+                    write!(
+                        f,
+                        "publication {publication:?} carries only some partitions of {table}; not: {}",
+                        missing.join(", ")
+                    )
+                }
+            }
+            CoverageProblem::RowFilter {
+                publication,
+                table,
+                filter,
+            } => write!(
+                f,
+                "publication {publication:?} filters {table} with WHERE {filter}: filtered rows would never be published"
+            ),
+            CoverageProblem::ColumnList {
+                publication,
+                table,
+                missing,
+            } => {
+                let names: Vec<String> = missing
+                    .iter()
+                    .map(|c| format!("{} ({})", c.column, c.key))
+                    .collect();
+                write!(
+                    f,
+                    "publication {publication:?} publishes only some columns of {table}; missing: {}",
+                    names.join(", ")
+                )
+            }
+        }
+    }
+}
+
+/// `run` refused to start: the stream is not proven to carry every outbox row.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", render_problems(.problems))]
+pub struct NotCovered {
+    pub problems: Vec<CoverageProblem>,
+}
+
+fn render_problems(problems: &[CoverageProblem]) -> String {
+    let mut out = String::from(
+        "refusing to start: the replication stream is not proven to carry every outbox row (nothing was read or acknowledged)",
+    );
+    for p in problems {
+        out.push_str(&format!("\n  - {p}\n    fix: {}", p.fix()));
+    }
+    out
+}
+
+/// `CREATE PUBLICATION` for the outbox, inserts only; a partitioned table is
+/// published under its root's name.
+pub fn create_publication_sql(
+    publication: &str,
+    table: &QualifiedTable,
+    partitioned: bool,
+) -> String {
+    let via_root = if partitioned {
+        ", publish_via_partition_root = true"
+    } else {
+        ""
+    };
+    format!(
+        "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert'{via_root});",
+        quote_ident(publication),
+        table
+    )
+}
+
+/// What start-up proved: the relations the stream may carry, by OID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Coverage {
+    table: QualifiedTable,
+    root_oid: u32,
+    /// The root, every partition and every ancestor-free member of the tree.
+    outbox: HashMap<u32, QualifiedTable>,
+    /// Other published tables, with the names they had at start-up.
+    others: HashMap<u32, QualifiedTable>,
+    /// Column names the mapping reads.
+    mapped: Vec<String>,
+}
+
+/// Proves (pure) that the facts cover the configured table; the mapped
+/// columns are those the mapping reads.
+pub fn judge(
+    facts: &CatalogFacts,
+    table: &QualifiedTable,
+    publication: &str,
+    mapped: &[MappedColumn],
+) -> Result<Coverage, Vec<CoverageProblem>> {
+    let mut problems = Vec::new();
+    let Some(t) = &facts.table else {
+        problems.push(CoverageProblem::TableMissing {
+            table: table.clone(),
+            similar: facts.similar_tables.clone(),
+        });
+        if facts.publication.is_none() {
+            problems.push(CoverageProblem::PublicationMissing {
+                publication: publication.to_owned(),
+                table: table.clone(),
+                partitioned: false,
+            });
+        }
+        return Err(problems);
+    };
+    if t.relkind != 'r' && t.relkind != 'p' {
+        problems.push(CoverageProblem::NotATable {
+            table: table.clone(),
+            relkind: t.relkind,
+        });
+        return Err(problems);
+    }
+    if let Some((_, root)) = t.ancestors.last() {
+        problems.push(CoverageProblem::IsPartition {
+            table: table.clone(),
+            root: root.clone(),
+        });
+    }
+    for column in mapped {
+        if !t.columns.contains(&column.column) {
+            problems.push(CoverageProblem::ColumnMissing {
+                table: table.clone(),
+                column: column.clone(),
+            });
+        }
+    }
+    let partitioned = t.relkind == 'p';
+    let Some(p) = &facts.publication else {
+        problems.push(CoverageProblem::PublicationMissing {
+            publication: publication.to_owned(),
+            table: table.clone(),
+            partitioned,
+        });
+        return Err(problems);
+    };
+    if !p.insert {
+        problems.push(CoverageProblem::NoInserts {
+            publication: publication.to_owned(),
+        });
+    }
+    let published: HashMap<u32, &QualifiedTable> =
+        p.published.iter().map(|(oid, t)| (*oid, t)).collect();
+    if !published.contains_key(&t.oid) {
+        let leaves: Vec<&Partition> = t.partitions.iter().filter(|m| m.is_leaf).collect();
+        let (present, missing): (Vec<&Partition>, Vec<&Partition>) = leaves
+            .iter()
+            .partition(|leaf| published.contains_key(&leaf.oid));
+        // A partitioned table without partitions has nothing to publish yet; it
+        // is covered once the publication carries it (leaves attached later
+        // are published through it).
+        if !partitioned || present.is_empty() || !missing.is_empty() {
+            problems.push(CoverageProblem::NotPublished {
+                publication: publication.to_owned(),
+                table: table.clone(),
+                published_leaves: present.iter().map(|m| m.table.clone()).collect(),
+                missing_leaves: missing.iter().map(|m| m.table.clone()).collect(),
+            });
+        }
+    }
+    for r in &p.restrictions {
+        if let Some(filter) = &r.row_filter {
+            problems.push(CoverageProblem::RowFilter {
+                publication: publication.to_owned(),
+                table: r.table.clone(),
+                filter: filter.clone(),
+            });
+        }
+        if let Some(columns) = &r.columns {
+            let missing: Vec<MappedColumn> = mapped
+                .iter()
+                .filter(|m| !columns.contains(&m.column))
+                .cloned()
+                .collect();
+            if !missing.is_empty() {
+                problems.push(CoverageProblem::ColumnList {
+                    publication: publication.to_owned(),
+                    table: r.table.clone(),
+                    missing,
+                });
+            }
+        }
+    }
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    let mut outbox: HashMap<u32, QualifiedTable> = t
+        .partitions
+        .iter()
+        .map(|m| (m.oid, m.table.clone()))
+        .collect();
+    outbox.insert(t.oid, table.clone());
+    let others = p
+        .published
+        .iter()
+        .filter(|(oid, _)| !outbox.contains_key(oid))
+        .map(|(oid, t)| (*oid, t.clone()))
+        .collect();
+    Ok(Coverage {
+        table: table.clone(),
+        root_oid: t.oid,
+        outbox,
+        others,
+        mapped: mapped.iter().map(|m| m.column.clone()).collect(),
+    })
+}
+
+/// What a Relation message is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelationKind {
+    /// The outbox table or one of its partitions: bind and map its inserts.
+    Outbox,
+    /// Positively another table: its changes are skipped.
+    Other,
+}
+
+/// The first answer from what start-up proved, before any catalog lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Known {
+    Is(RelationKind),
+    /// Not known from start-up: look it up ([`lookup`]) and [`Coverage::resolve`].
+    LookUp,
+}
+
+/// The catalog's present view of a relation (by OID).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CatalogRelation {
+    pub table: QualifiedTable,
+    /// The relation is the outbox table or one of its partitions now.
+    pub inside_outbox: bool,
+    /// The outbox table is one of this relation's partitions now.
+    pub contains_outbox: bool,
+}
+
+/// A Relation that is neither the outbox nor positively another table: the
+/// connector stops before acknowledging anything after it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "relation {relation} (OID {oid}) at LSN {lsn} is not accounted for: {why}. Nothing at or after it was \
+     acknowledged. Fix: {fix}"
+)]
+pub struct Unaccounted {
+    pub relation: QualifiedTable,
+    pub oid: u32,
+    pub lsn: Lsn,
+    pub why: String,
+    pub fix: String,
+}
+
+impl Coverage {
+    /// The configured table's OID at start-up.
+    pub fn root_oid(&self) -> u32 {
+        self.root_oid
+    }
+
+    /// Classifies `rel` from start-up knowledge alone where that is certain.
+    pub fn classify(&self, rel: &Relation) -> Known {
+        let name = relation_name(rel);
+        if name == self.table {
+            return Known::Is(RelationKind::Outbox);
+        }
+        if self.outbox.get(&rel.oid) == Some(&name) && rel.oid != self.root_oid {
+            return Known::Is(RelationKind::Outbox);
+        }
+        if self.others.get(&rel.oid) == Some(&name) {
+            return Known::Is(RelationKind::Other);
+        }
+        Known::LookUp
+    }
+
+    /// Decides from the catalog's present view (`None`: no relation has that
+    /// OID any more). A partition found is remembered.
+    pub fn resolve(
+        &mut self,
+        rel: &Relation,
+        lsn: Lsn,
+        now: Option<&CatalogRelation>,
+    ) -> Result<RelationKind, Unaccounted> {
+        let name = relation_name(rel);
+        let unaccounted = |why: String, fix: String| Unaccounted {
+            relation: name.clone(),
+            oid: rel.oid,
+            lsn,
+            why,
+            fix,
+        };
+        let lacks_mapped = self.mapped.iter().any(|c| rel.column_index(c).is_none());
+        match now {
+            Some(now) if rel.oid == self.root_oid => {
+                if now.table == self.table {
+                    // The configured table under an older name: it was renamed
+                    // to what the configuration says since this change.
+                    Ok(RelationKind::Outbox)
+                } else {
+                    Err(unaccounted(
+                        format!(
+                            "it is the outbox table {} under a new name (now {})",
+                            self.table, now.table
+                        ),
+                        format!(
+                            "if {} is still the outbox, set outbox.table = \"{}\" and restart (rows written to it \
+                             after the rename are then published); otherwise rename it back",
+                            now.table,
+                            plain(&now.table)
+                        ),
+                    ))
+                }
+            }
+            Some(now) if now.inside_outbox => {
+                self.outbox.insert(rel.oid, name.clone());
+                Ok(RelationKind::Outbox)
+            }
+            Some(now) if now.contains_outbox => Err(unaccounted(
+                format!(
+                    "the outbox table {} is a partition of it, so outbox rows may arrive under its name",
+                    self.table
+                ),
+                format!(
+                    "set outbox.table = \"{}\" (the partitioned root), or publish without publish_via_partition_root",
+                    plain(&now.table)
+                ),
+            )),
+            _ if lacks_mapped => {
+                // Partitions have their root's columns: this cannot be one.
+                self.others.insert(rel.oid, name.clone());
+                Ok(RelationKind::Other)
+            }
+            Some(now) if self.others.contains_key(&rel.oid) && now.table == name => {
+                self.others.insert(rel.oid, name.clone());
+                Ok(RelationKind::Other)
+            }
+            Some(now) => Err(unaccounted(
+                format!(
+                    "it has the outbox's columns, was not published when the connector started, and is not a \
+                     partition of {} now (now named {}); it may be a partition detached after this change",
+                    self.table, now.table
+                ),
+                format!(
+                    "if {name} never held outbox rows, restart the connector (it is then known from start-up); if \
+                     it did, attach it again (ALTER TABLE {} ATTACH PARTITION ...) before restarting",
+                    self.table
+                ),
+            )),
+            None => Err(unaccounted(
+                format!(
+                    "it has the outbox's columns and no longer exists, so whether it was a partition of {} \
+                     cannot be proven",
+                    self.table
+                ),
+                "if it never held outbox rows, move the slot past this transaction by hand \
+                 (pg_replication_slot_advance) after checking the WAL; otherwise restore it and restart"
+                    .to_owned(),
+            )),
+        }
+    }
+}
+
+/// `schema.name` as `outbox.table` takes it (quoted parts only where needed).
+fn plain(table: &QualifiedTable) -> String {
+    let part = |s: &str| {
+        let simple = !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            && !s.starts_with(|c: char| c.is_ascii_digit());
+        if simple { s.to_owned() } else { quote_ident(s) }
+    };
+    format!("{}.{}", part(&table.schema), part(&table.name))
+}
+
+/// Every column the mapping reads, with the key that names it.
+pub fn mapped_columns(settings: &OutboxSettings) -> Result<Vec<MappedColumn>, ConfigError> {
+    let c = settings.column_names()?;
+    let mut out: Vec<MappedColumn> = [
+        ("outbox.columns.event_id", Some(c.event_id)),
+        ("outbox.columns.aggregate_type", Some(c.aggregate_type)),
+        ("outbox.columns.aggregate_id", Some(c.aggregate_id)),
+        ("outbox.columns.aggregate_sequence", c.aggregate_sequence),
+        ("outbox.columns.event_type", Some(c.event_type)),
+        ("outbox.columns.schema_version", c.schema_version),
+        ("outbox.columns.payload", Some(c.payload)),
+    ]
+    .into_iter()
+    .filter_map(|(key, column)| {
+        column.map(|column| MappedColumn {
+            key: key.to_owned(),
+            column,
+        })
+    })
+    .collect();
+    out.extend(settings.extra_headers.iter().map(|h| MappedColumn {
+        key: "outbox.extra_headers".to_owned(),
+        column: h.clone(),
+    }));
+    Ok(out)
+}
+
+/// The configured outbox table as the catalog spells it.
+pub fn configured_table(settings: &OutboxSettings) -> Result<QualifiedTable, ConfigError> {
+    let t = settings.table_name()?;
+    Ok(QualifiedTable::new(t.schema, t.name))
+}
+
+fn relation_name(rel: &Relation) -> QualifiedTable {
+    QualifiedTable::new(rel.namespace.clone(), rel.name.clone())
+}
+
+fn db(during: &str) -> impl Fn(tokio_postgres::Error) -> PgError + '_ {
+    move |e| PgError::sql(during.to_owned(), e)
+}
+
+/// Reads what [`judge`] needs.
+pub async fn gather(
+    client: &Client,
+    table: &QualifiedTable,
+    publication: &str,
+) -> Result<CatalogFacts, PgError> {
+    let during = format!("reading the catalog for {table} and publication {publication:?}");
+    let e = db(&during);
+    let version: i32 = client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .map_err(&e)?
+        .try_get(0)
+        .map_err(&e)?;
+    let table_row = client
+        .query_opt(
+            "SELECT c.oid, c.relkind::text, \
+                    ARRAY(SELECT a.attname::text FROM pg_attribute a \
+                          WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum) \
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2",
+            &[&table.schema, &table.name],
+        )
+        .await
+        .map_err(&e)?;
+    let mut facts = CatalogFacts {
+        server_version: version,
+        ..CatalogFacts::default()
+    };
+    if let Some(row) = table_row {
+        let oid: u32 = row.try_get(0).map_err(&e)?;
+        let relkind: String = row.try_get(1).map_err(&e)?;
+        let columns: Vec<String> = row.try_get(2).map_err(&e)?;
+        let members = named_relations(
+            client,
+            "SELECT t.relid, t.isleaf FROM pg_partition_tree($1::oid::regclass) t WHERE t.relid <> $1",
+            oid,
+            &e,
+        )
+        .await?;
+        let ancestors = named_relations(
+            client,
+            "SELECT a.relid, false FROM pg_partition_ancestors($1::oid::regclass) a WHERE a.relid <> $1",
+            oid,
+            &e,
+        )
+        .await?;
+        facts.table = Some(TableFacts {
+            oid,
+            relkind: relkind.chars().next().unwrap_or('?'),
+            columns,
+            partitions: members
+                .into_iter()
+                .map(|(oid, table, is_leaf)| Partition {
+                    oid,
+                    table,
+                    is_leaf,
+                })
+                .collect(),
+            ancestors: ancestors
+                .into_iter()
+                .map(|(oid, table, _)| (oid, table))
+                .collect(),
+        });
+    } else {
+        let rows = client
+            .query(
+                "SELECT n.nspname::text, c.relname::text FROM pg_class c \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
+                   AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+                   AND (c.relname ILIKE '%outbox%' OR c.relname ILIKE '%' || $1 || '%' \
+                        OR $1 ILIKE '%' || c.relname || '%') \
+                 ORDER BY 1, 2 LIMIT 5",
+                &[&table.name],
+            )
+            .await
+            .map_err(&e)?;
+        for row in rows {
+            facts.similar_tables.push(QualifiedTable::new(
+                row.try_get::<_, String>(0).map_err(&e)?,
+                row.try_get::<_, String>(1).map_err(&e)?,
+            ));
+        }
+    }
+    facts.publication =
+        publication_facts(client, publication, facts.table.as_ref(), version, &e).await?;
+    Ok(facts)
+}
+
+/// `(oid, name, flag)` rows from a query whose first two columns are an OID and
+/// a boolean, given `$1` = `oid`.
+async fn named_relations(
+    client: &Client,
+    sql: &str,
+    oid: u32,
+    e: &impl Fn(tokio_postgres::Error) -> PgError,
+) -> Result<Vec<(u32, QualifiedTable, bool)>, PgError> {
+    let wrapped = format!(
+        "SELECT r.relid::oid, n.nspname::text, c.relname::text, r.flag \
+         FROM ({sql}) AS r(relid, flag) JOIN pg_class c ON c.oid = r.relid \
+         JOIN pg_namespace n ON n.oid = c.relnamespace"
+    );
+    let rows = client.query(&wrapped, &[&oid]).await.map_err(e)?;
+    rows.iter()
+        .map(|r| {
+            Ok((
+                r.try_get(0).map_err(e)?,
+                QualifiedTable::new(
+                    r.try_get::<_, String>(1).map_err(e)?,
+                    r.try_get::<_, String>(2).map_err(e)?,
+                ),
+                r.try_get(3).map_err(e)?,
+            ))
+        })
+        .collect()
+}
+
+async fn publication_facts(
+    client: &Client,
+    publication: &str,
+    table: Option<&TableFacts>,
+    version: i32,
+    e: &impl Fn(tokio_postgres::Error) -> PgError,
+) -> Result<Option<PublicationFacts>, PgError> {
+    let Some(row) = client
+        .query_opt(
+            "SELECT puballtables, pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await
+        .map_err(e)?
+    else {
+        return Ok(None);
+    };
+    let mut facts = PublicationFacts {
+        all_tables: row.try_get(0).map_err(e)?,
+        insert: row.try_get(1).map_err(e)?,
+        via_root: row.try_get(2).map_err(e)?,
+        published: Vec::new(),
+        restrictions: Vec::new(),
+    };
+    let rows = client
+        .query(
+            "SELECT c.oid, pt.schemaname::text, pt.tablename::text FROM pg_publication_tables pt \
+             JOIN pg_namespace n ON n.nspname = pt.schemaname \
+             JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename \
+             WHERE pt.pubname = $1",
+            &[&publication],
+        )
+        .await
+        .map_err(e)?;
+    for r in &rows {
+        facts.published.push((
+            r.try_get(0).map_err(e)?,
+            QualifiedTable::new(
+                r.try_get::<_, String>(1).map_err(e)?,
+                r.try_get::<_, String>(2).map_err(e)?,
+            ),
+        ));
+    }
+    // Row filters and column lists exist from PostgreSQL 15 on.
+    if let Some(t) = table.filter(|_| version >= 150000) {
+        let mut oids: Vec<u32> = vec![t.oid];
+        oids.extend(t.partitions.iter().map(|m| m.oid));
+        oids.extend(t.ancestors.iter().map(|(oid, _)| *oid));
+        let rows = client
+            .query(
+                "SELECT n.nspname::text, c.relname::text, pg_get_expr(pr.prqual, pr.prrelid), \
+                        CASE WHEN pr.prattrs IS NULL THEN NULL ELSE \
+                          ARRAY(SELECT a.attname::text FROM pg_attribute a \
+                                WHERE a.attrelid = pr.prrelid AND a.attnum = ANY (pr.prattrs::int2[])) END \
+                 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid \
+                 JOIN pg_class c ON c.oid = pr.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE p.pubname = $1 AND pr.prrelid = ANY ($2::oid[]) \
+                   AND (pr.prqual IS NOT NULL OR pr.prattrs IS NOT NULL)",
+                &[&publication, &oids],
+            )
+            .await
+            .map_err(e)?;
+        for r in &rows {
+            facts.restrictions.push(Restriction {
+                table: QualifiedTable::new(
+                    r.try_get::<_, String>(0).map_err(e)?,
+                    r.try_get::<_, String>(1).map_err(e)?,
+                ),
+                row_filter: r.try_get(2).map_err(e)?,
+                columns: r.try_get(3).map_err(e)?,
+            });
+        }
+    }
+    Ok(Some(facts))
+}
+
+/// The catalog's present view of relation `oid` against the outbox root.
+pub async fn lookup(
+    client: &Client,
+    oid: u32,
+    root_oid: u32,
+) -> Result<Option<CatalogRelation>, PgError> {
+    let during = format!("looking up relation OID {oid} in the catalog");
+    let e = db(&during);
+    let row = client
+        .query_opt(
+            "SELECT n.nspname::text, c.relname::text, \
+                    EXISTS (SELECT 1 FROM pg_partition_ancestors(c.oid) a WHERE a.relid = $2::oid), \
+                    EXISTS (SELECT 1 FROM pg_partition_ancestors($2::oid::regclass) a WHERE a.relid = c.oid) \
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
+            &[&oid, &root_oid],
+        )
+        .await
+        .map_err(&e)?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    Ok(Some(CatalogRelation {
+        table: QualifiedTable::new(
+            row.try_get::<_, String>(0).map_err(&e)?,
+            row.try_get::<_, String>(1).map_err(&e)?,
+        ),
+        inside_outbox: row.try_get(2).map_err(&e)?,
+        contains_outbox: row.try_get(3).map_err(&e)?,
+    }))
+}
