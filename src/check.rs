@@ -898,26 +898,39 @@ fn publication_tables(name: &str, facts: &Facts, proof: Option<&Proof>) -> Check
     let Some(table) = &proof.catalog.table else {
         return skip(NAME, "the outbox table is missing");
     };
+    let mut members: BTreeSet<u32> = table.partitions.iter().map(|m| m.oid).collect();
+    members.insert(table.oid);
+    let others: Vec<String> = proof
+        .catalog
+        .publication
+        .iter()
+        .flat_map(|p| p.published.iter())
+        .filter(|(oid, _)| !members.contains(oid))
+        .map(|(_, t)| t.to_string())
+        .collect();
+    let quoted = quote_ident(name);
+    let drop_others = format!(
+        "ALTER PUBLICATION {quoted} DROP TABLE {};",
+        others.join(", ")
+    );
     let problems: Vec<&CoverageProblem> = proof
         .problems
         .iter()
         .filter(|p| p.check_item() == CheckItem::Tables)
         .collect();
     if !problems.is_empty() {
-        return fail_with(NAME, &problems);
+        let mut result = fail_with(NAME, &problems);
+        if let Outcome::Fail { fix, .. } = &mut result.outcome {
+            if !others.is_empty() {
+                fix.push('\n');
+                fix.push_str(&drop_others);
+            }
+        }
+        return result;
     }
     let Some(publication) = &proof.catalog.publication else {
         return skip(NAME, "the publication does not exist yet");
     };
-    let mut members: BTreeSet<u32> = table.partitions.iter().map(|m| m.oid).collect();
-    members.insert(table.oid);
-    let others: Vec<String> = publication
-        .published
-        .iter()
-        .filter(|(oid, _)| !members.contains(oid))
-        .map(|(_, t)| t.to_string())
-        .collect();
-    let quoted = quote_ident(name);
     if !others.is_empty() {
         return fail(
             NAME,
@@ -925,10 +938,7 @@ fn publication_tables(name: &str, facts: &Facts, proof: Option<&Proof>) -> Check
                 "publication {name:?} also holds {}: their changes are decoded and sent to the connector for nothing",
                 others.join(", ")
             ),
-            format!(
-                "ALTER PUBLICATION {quoted} DROP TABLE {};",
-                others.join(", ")
-            ),
+            drop_others,
         );
     }
     let leaves = table.partitions.iter().filter(|m| m.is_leaf).count();

@@ -909,3 +909,318 @@ pub async fn lookup(
         contains_outbox: row.try_get(3).map_err(&e)?,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pgoutput::RelationColumn;
+
+    const ROOT: u32 = 100;
+    const LEAF_A: u32 = 101;
+    const LEAF_B: u32 = 102;
+    const OTHER: u32 = 200;
+
+    fn t(name: &str) -> QualifiedTable {
+        QualifiedTable::new("public", name)
+    }
+
+    fn mapped() -> Vec<MappedColumn> {
+        ["event_id", "aggregate_id", "payload"]
+            .iter()
+            .map(|c| MappedColumn {
+                key: format!("outbox.columns.{c}"),
+                column: (*c).to_owned(),
+            })
+            .collect()
+    }
+
+    fn columns() -> Vec<String> {
+        ["event_id", "aggregate_id", "payload", "occurred_at"]
+            .iter()
+            .map(|c| (*c).to_owned())
+            .collect()
+    }
+
+    fn partitioned(published: Vec<(u32, QualifiedTable)>, via_root: bool) -> CatalogFacts {
+        CatalogFacts {
+            server_version: 150000,
+            table: Some(TableFacts {
+                oid: ROOT,
+                relkind: 'p',
+                columns: columns(),
+                partitions: vec![
+                    Partition {
+                        oid: LEAF_A,
+                        table: t("outbox_2026_11"),
+                        is_leaf: true,
+                    },
+                    Partition {
+                        oid: LEAF_B,
+                        table: t("outbox_2026_12"),
+                        is_leaf: true,
+                    },
+                ],
+                ancestors: Vec::new(),
+            }),
+            publication: Some(PublicationFacts {
+                all_tables: false,
+                insert: true,
+                via_root,
+                published,
+                restrictions: Vec::new(),
+            }),
+            similar_tables: Vec::new(),
+        }
+    }
+
+    fn relation(oid: u32, name: &str, cols: &[&str]) -> Relation {
+        Relation {
+            oid,
+            namespace: "public".into(),
+            name: name.into(),
+            replica_identity: b'd',
+            columns: cols
+                .iter()
+                .map(|c| RelationColumn {
+                    flags: 0,
+                    name: (*c).to_owned(),
+                    type_oid: 25,
+                    type_modifier: -1,
+                })
+                .collect(),
+        }
+    }
+
+    const OUTBOX_COLS: [&str; 4] = ["event_id", "aggregate_id", "payload", "occurred_at"];
+
+    fn proven(facts: &CatalogFacts) -> Coverage {
+        judge(facts, &t("outbox"), "pub", &mapped()).expect("covered")
+    }
+
+    #[test]
+    fn a_partitioned_table_is_covered_by_its_root_or_every_leaf() {
+        proven(&partitioned(vec![(ROOT, t("outbox"))], true));
+        proven(&partitioned(
+            vec![(LEAF_A, t("outbox_2026_11")), (LEAF_B, t("outbox_2026_12"))],
+            false,
+        ));
+    }
+
+    #[test]
+    fn a_partitioned_table_with_a_leaf_missing_is_not_covered() {
+        let problems = judge(
+            &partitioned(vec![(LEAF_A, t("outbox_2026_11"))], false),
+            &t("outbox"),
+            "pub",
+            &mapped(),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&problems[..], [CoverageProblem::NotPublished { missing_leaves, .. }]
+                if missing_leaves == &vec![t("outbox_2026_12")]),
+            "{problems:?}"
+        );
+        assert!(problems[0].fix().contains("ALTER PUBLICATION"));
+    }
+
+    #[test]
+    fn a_table_the_publication_does_not_carry_is_not_covered() {
+        let mut facts = partitioned(vec![(OTHER, t("orders"))], false);
+        facts.table.as_mut().unwrap().relkind = 'r';
+        facts.table.as_mut().unwrap().partitions.clear();
+        let problems = judge(&facts, &t("outbox"), "pub", &mapped()).unwrap_err();
+        assert!(matches!(
+            &problems[..],
+            [CoverageProblem::NotPublished { .. }]
+        ));
+        assert_eq!(
+            problems[0].fix(),
+            "ALTER PUBLICATION \"pub\" ADD TABLE \"public\".\"outbox\";"
+        );
+    }
+
+    #[test]
+    fn missing_table_publication_inserts_filters_and_columns_are_each_reported() {
+        let missing = CatalogFacts {
+            similar_tables: vec![t("outbox_events")],
+            ..CatalogFacts::default()
+        };
+        let problems = judge(&missing, &t("outbox_event"), "pub", &mapped()).unwrap_err();
+        assert!(matches!(problems[0], CoverageProblem::TableMissing { .. }));
+        assert!(problems[0].fix().contains("\"public\".\"outbox_events\""));
+
+        let mut facts = partitioned(vec![(ROOT, t("outbox"))], true);
+        let p = facts.publication.as_mut().unwrap();
+        p.insert = false;
+        p.restrictions = vec![
+            Restriction {
+                table: t("outbox"),
+                row_filter: Some("(aggregate_id <> 'x'::text)".into()),
+                columns: None,
+            },
+            Restriction {
+                table: t("outbox_2026_11"),
+                row_filter: None,
+                columns: Some(vec!["event_id".into(), "aggregate_id".into()]),
+            },
+        ];
+        facts
+            .table
+            .as_mut()
+            .unwrap()
+            .columns
+            .retain(|c| c != "event_id");
+        let problems = judge(&facts, &t("outbox"), "pub", &mapped()).unwrap_err();
+        let kinds: Vec<CheckItem> = problems.iter().map(CoverageProblem::check_item).collect();
+        assert_eq!(
+            kinds,
+            [
+                CheckItem::Columns,
+                CheckItem::Publishes,
+                CheckItem::Tables,
+                CheckItem::Tables
+            ],
+            "{problems:?}"
+        );
+        assert!(
+            matches!(&problems[3], CoverageProblem::ColumnList { missing, .. }
+                if missing.len() == 1 && missing[0].column == "payload")
+        );
+
+        let none = CatalogFacts {
+            publication: None,
+            ..partitioned(Vec::new(), false)
+        };
+        let problems = judge(&none, &t("outbox"), "pub", &mapped()).unwrap_err();
+        assert!(
+            problems[0]
+                .fix()
+                .contains("publish_via_partition_root = true")
+        );
+    }
+
+    #[test]
+    fn a_partition_as_the_configured_table_is_refused() {
+        let mut facts = partitioned(vec![(ROOT, t("outbox"))], true);
+        facts.table.as_mut().unwrap().ancestors = vec![(7, t("all_events"))];
+        let problems = judge(&facts, &t("outbox"), "pub", &mapped()).unwrap_err();
+        assert!(matches!(problems[0], CoverageProblem::IsPartition { .. }));
+    }
+
+    #[test]
+    fn start_up_relations_are_classified_without_a_lookup() {
+        let c = proven(&partitioned(
+            vec![
+                (LEAF_A, t("outbox_2026_11")),
+                (LEAF_B, t("outbox_2026_12")),
+                (OTHER, t("orders")),
+            ],
+            false,
+        ));
+        let outbox = Known::Is(RelationKind::Outbox);
+        assert_eq!(c.classify(&relation(ROOT, "outbox", &OUTBOX_COLS)), outbox);
+        assert_eq!(
+            c.classify(&relation(LEAF_B, "outbox_2026_12", &OUTBOX_COLS)),
+            outbox
+        );
+        assert_eq!(
+            c.classify(&relation(OTHER, "orders", &["id"])),
+            Known::Is(RelationKind::Other)
+        );
+        // Renamed, or never seen: the catalog decides.
+        assert_eq!(
+            c.classify(&relation(ROOT, "outbox_old", &OUTBOX_COLS)),
+            Known::LookUp
+        );
+        assert_eq!(
+            c.classify(&relation(OTHER, "orders_v2", &["id"])),
+            Known::LookUp
+        );
+        assert_eq!(
+            c.classify(&relation(300, "outbox_2027_01", &OUTBOX_COLS)),
+            Known::LookUp
+        );
+    }
+
+    fn now(name: &str, inside: bool, contains: bool) -> CatalogRelation {
+        CatalogRelation {
+            table: t(name),
+            inside_outbox: inside,
+            contains_outbox: contains,
+        }
+    }
+
+    #[test]
+    fn lookups_accept_new_partitions_and_stop_on_everything_uncertain() {
+        let mut c = proven(&partitioned(vec![(ROOT, t("outbox"))], true));
+        let lsn = Lsn::new(0x1234);
+        // A partition created while streaming: outbox, remembered.
+        let new_leaf = relation(300, "outbox_2027_01", &OUTBOX_COLS);
+        assert_eq!(
+            c.resolve(&new_leaf, lsn, Some(&now("outbox_2027_01", true, false))),
+            Ok(RelationKind::Outbox)
+        );
+        assert_eq!(c.classify(&new_leaf), Known::Is(RelationKind::Outbox));
+        // The outbox renamed away from the configured name: stop.
+        let renamed = relation(ROOT, "outbox_old", &OUTBOX_COLS);
+        let err = c
+            .resolve(&renamed, lsn, Some(&now("outbox_old", true, false)))
+            .unwrap_err();
+        assert_eq!((err.oid, err.lsn), (ROOT, lsn));
+        assert!(
+            err.fix.contains("outbox.table = \"public.outbox_old\""),
+            "{err}"
+        );
+        // The configured table seen under its older name (renamed to the
+        // configured one since): the outbox.
+        assert_eq!(
+            c.resolve(&renamed, lsn, Some(&now("outbox", true, false))),
+            Ok(RelationKind::Outbox)
+        );
+        // A table without the outbox's columns cannot be a partition of it.
+        let unrelated = relation(400, "audit_log", &["id", "what"]);
+        assert_eq!(c.resolve(&unrelated, lsn, None), Ok(RelationKind::Other));
+        assert_eq!(c.classify(&unrelated), Known::Is(RelationKind::Other));
+        // Outbox-shaped, not a partition now, unknown at start-up: maybe a
+        // partition detached since; gone: unprovable. Both stop.
+        let shaped = relation(500, "outbox_2025_01", &OUTBOX_COLS);
+        assert!(
+            c.resolve(&shaped, lsn, Some(&now("outbox_2025_01", false, false)))
+                .is_err()
+        );
+        assert!(c.resolve(&shaped, lsn, None).is_err());
+        // An ancestor of the outbox could carry its rows under its own name.
+        let parent = relation(600, "all_events", &OUTBOX_COLS);
+        assert!(
+            c.resolve(&parent, lsn, Some(&now("all_events", false, true)))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn an_outbox_shaped_table_published_at_start_up_is_another_table() {
+        let mut c = proven(&partitioned(
+            vec![(ROOT, t("outbox")), (OTHER, t("outbox_archive"))],
+            true,
+        ));
+        let archive = relation(OTHER, "outbox_archive", &OUTBOX_COLS);
+        assert_eq!(c.classify(&archive), Known::Is(RelationKind::Other));
+        // Renamed since start-up but still the same standalone table.
+        let renamed = relation(OTHER, "outbox_archive_2025", &OUTBOX_COLS);
+        assert_eq!(c.classify(&renamed), Known::LookUp);
+        assert_eq!(
+            c.resolve(
+                &renamed,
+                Lsn::new(1),
+                Some(&now("outbox_archive_2025", false, false))
+            ),
+            Ok(RelationKind::Other)
+        );
+    }
+
+    #[test]
+    fn plain_names_quote_only_where_needed() {
+        assert_eq!(plain(&t("outbox_events")), "public.outbox_events");
+        assert_eq!(plain(&QualifiedTable::new("My", "t")), "\"My\".t");
+    }
+}

@@ -327,6 +327,11 @@ impl ChildProcess {
         }
     }
 
+    /// The exit status, if the process has exited.
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.0.try_wait().expect("wait for the connector")
+    }
+
     /// SIGKILL, like `kill -9`, and reap.
     pub fn kill9(&mut self) {
         let _ = self.0.kill();
