@@ -192,6 +192,9 @@ async fn partitioned_outbox_published_via_the_root() {
     partitioned_outbox_with_partition_churn(true).await;
 }
 
+/// Recognises the problem a narrowed publication must produce.
+type IsProblem = fn(&CoverageProblem) -> bool;
+
 /// The problems of a refused start (in process).
 async fn refused(config: outbox_cdc::config::Config) -> Vec<CoverageProblem> {
     let running = Running::spawn(config, RunOptions::default());
@@ -242,7 +245,7 @@ async fn start_is_refused_before_the_slot_moves() {
         "{problems:?}"
     );
 
-    let cases: [(&str, fn(&CoverageProblem) -> bool); 3] = [
+    let cases: [(&str, IsProblem); 3] = [
         ("SET (publish = 'update, delete')", |p| {
             matches!(p, CoverageProblem::NoInserts { .. })
         }),
