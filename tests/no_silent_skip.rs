@@ -370,7 +370,10 @@ async fn renames_stop_and_resume_after_the_config_is_fixed() {
     init_tracing();
     let f = Fixture::new("rename").await;
     let (t, p) = (f.table.clone(), f.publication.clone());
-    let running = Running::start(f.config()).await;
+    // The periodic re-proof would also stop it (the configured name is gone);
+    // this test is about the stop at the renamed Relation.
+    let no_reproof = "OUTBOX_CDC__MONITOR__SLOT_POLL_INTERVAL_MS=600000";
+    let running = Running::start(f.config_with(no_reproof)).await;
     let mut written: BTreeSet<String> = BTreeSet::new();
     written.extend(
         f.write_tx(&[("order", "a", r#"{"n":1}"#.to_owned())], true)
@@ -403,7 +406,7 @@ async fn renames_stop_and_resume_after_the_config_is_fixed() {
 
     // Fixed configuration: the row written after the rename arrives.
     let renamed = format!("OUTBOX_CDC__OUTBOX__TABLE=public.{t}_v2");
-    let running = Running::start(f.config_with(&renamed)).await;
+    let running = Running::start(f.config_with(&format!("{renamed} {no_reproof}"))).await;
     written.extend(after_rename);
     let records = consume(
         &f.topic_prefix,
@@ -523,5 +526,34 @@ async fn tables_added_to_the_publication_while_streaming() {
         ))
         .await
         .expect("drop");
+    f.cleanup().await;
+}
+
+/// A publication narrowed while streaming (here: a row filter): PostgreSQL
+/// silently stops sending the filtered rows from then on, so the connector
+/// re-proves coverage periodically and stops loudly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publication_narrowed_while_streaming_stops_the_connector() {
+    init_tracing();
+    let f = Fixture::new("narrowed").await;
+    let (t, p) = (f.table.clone(), f.publication.clone());
+    let running =
+        Running::start(f.config_with("OUTBOX_CDC__MONITOR__SLOT_POLL_INTERVAL_MS=300")).await;
+    f.write_tx(&[("order", "a", r#"{"n":1}"#.to_owned())], true)
+        .await;
+    consume(&f.topic_prefix, 1, Duration::from_secs(30), Duration::ZERO);
+    f.admin
+        .batch_execute(&format!(
+            "ALTER PUBLICATION {p} SET TABLE public.{t} WHERE (aggregate_id <> 'hidden')"
+        ))
+        .await
+        .expect("row filter");
+    match running.finished(Duration::from_secs(30)).await {
+        Err(PipelineError::CoverageLost(lost)) => assert!(
+            matches!(&lost.problems[..], [CoverageProblem::RowFilter { .. }]),
+            "{lost}"
+        ),
+        other => panic!("expected a stop on the narrowed publication, got {other:?}"),
+    }
     f.cleanup().await;
 }

@@ -95,6 +95,14 @@ pub enum PipelineError {
     /// Start refused: the publication does not prove it carries every outbox row.
     #[error(transparent)]
     NotCovered(#[from] NotCovered),
+    /// The publication stopped covering the outbox while streaming.
+    #[error(
+        "the publication stopped carrying every outbox row while streaming: PostgreSQL does not send rows \
+         committed after such a change, so some may never be published. {0} \
+         After fixing it, replay the outbox rows committed since the publication was changed \
+         (docs/operations.md, \"Publication changed while streaming\")"
+    )]
+    CoverageLost(NotCovered),
     /// A relation in the stream that is neither the outbox nor positively
     /// another table: stopped before acknowledging past it.
     #[error(transparent)]
@@ -118,6 +126,7 @@ impl PipelineError {
             | PipelineError::Poison { .. }
             | PipelineError::Mapping { .. }
             | PipelineError::NotCovered(_)
+            | PipelineError::CoverageLost(_)
             | PipelineError::Unaccounted(_) => false,
         }
     }

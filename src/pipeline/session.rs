@@ -12,13 +12,13 @@ use tracing::{debug, info, warn};
 
 use crate::checkpoint::{AckTracker, DurableLsn, EventToken, OffsetStore, StoreError};
 use crate::config::Config;
-use crate::coverage::{self, Coverage, Known, NotCovered, RelationKind};
+use crate::coverage::{self, Coverage, CoverageProblem, Known, NotCovered, RelationKind};
 use crate::metrics::Metrics;
 use crate::outbox::{BoundRelation, ChangeContext, OutboxMapper};
 use crate::pg::control;
 use crate::pg::{
-    FeedbackHandle, Lsn, PgConnectConfig, PgTimestamp, ReplicationConnection, ReplicationEvent,
-    StreamOptions,
+    FeedbackHandle, Lsn, PgConnectConfig, PgError, PgTimestamp, ReplicationConnection,
+    ReplicationEvent, StreamOptions,
 };
 use crate::pgoutput::{self, Message, RelationCache};
 use crate::sink::{DeliveryReport, KafkaSink};
@@ -63,8 +63,12 @@ pub(crate) struct Session<'a> {
     bound: HashMap<u32, BoundRelation>,
     /// What start-up proved the stream carries; decides every Relation.
     coverage: Coverage,
-    /// Control connection for looking up relations start-up did not know.
-    catalog: tokio_postgres::Client,
+    /// Control connection for looking up relations start-up did not know and
+    /// for re-proving coverage.
+    catalog: Arc<tokio_postgres::Client>,
+    /// The running re-proof of coverage, and when the last one started.
+    reproof: Option<JoinHandle<Result<Vec<CoverageProblem>, PgError>>>,
+    reproof_started: Instant,
     open: Option<OpenTx>,
     skip_through: Lsn,
     poison: PoisonPolicyRouter,
@@ -176,7 +180,9 @@ impl<'a> Session<'a> {
             relations: RelationCache::new(),
             bound: HashMap::new(),
             coverage,
-            catalog: client,
+            catalog: Arc::new(client),
+            reproof: None,
+            reproof_started: Instant::now(),
             open: None,
             skip_through,
             poison: PoisonPolicyRouter::new(&config.outbox),
@@ -578,6 +584,7 @@ impl<'a> Session<'a> {
     }
 
     fn on_tick(&mut self) -> Result<(), PipelineError> {
+        self.reprove_coverage()?;
         let flush_every = Duration::from_millis(self.config.offsets.flush_interval_ms);
         if self.dirty_since.is_some_and(|t| t.elapsed() >= flush_every) {
             self.persist();
@@ -594,6 +601,52 @@ impl<'a> Session<'a> {
         if let Some(fatal) = self.sink.fatal_error() {
             return Err(PipelineError::Sink(fatal));
         }
+        Ok(())
+    }
+
+    /// Re-proves, every `monitor.slot_poll_interval_ms`, that the publication
+    /// still carries the outbox. pgoutput applies a publication as it was when
+    /// each change was written, and says nothing when it is narrowed: rows
+    /// committed after an `ALTER PUBLICATION` that drops the table, adds a row
+    /// filter or stops publishing inserts are never sent. The stream cannot
+    /// show it, the catalog can: stop loudly.
+    fn reprove_coverage(&mut self) -> Result<(), PipelineError> {
+        if let Some(running) = self.reproof.as_mut() {
+            let Some(done) = futures_util::FutureExt::now_or_never(running) else {
+                return Ok(());
+            };
+            self.reproof = None;
+            match done {
+                Ok(Ok(problems)) if !problems.is_empty() => {
+                    return Err(PipelineError::CoverageLost(NotCovered { problems }));
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    warn!(error = %e, "re-proving the publication's coverage failed; trying again later")
+                }
+                Err(e) => {
+                    warn!(error = %e, "the coverage re-proof task failed; trying again later")
+                }
+            }
+        }
+        if self.reproof_started.elapsed() < self.config.monitor.slot_poll_interval() {
+            return Ok(());
+        }
+        self.reproof_started = Instant::now();
+        let client = Arc::clone(&self.catalog);
+        let publication = self.config.postgres.publication.clone();
+        let (Ok(table), Ok(mapped)) = (
+            coverage::configured_table(&self.config.outbox),
+            coverage::mapped_columns(&self.config.outbox),
+        ) else {
+            return Ok(()); // validated before streaming
+        };
+        self.reproof = Some(tokio::spawn(async move {
+            let facts = coverage::gather(&client, &table, &publication).await?;
+            Ok(coverage::judge(&facts, &table, &publication, &mapped)
+                .err()
+                .unwrap_or_default())
+        }));
         Ok(())
     }
 

@@ -27,6 +27,9 @@ pub struct Options {
     /// `OUTBOX_CDC_CHAOS_SEED`; printed, so a failing run can be replayed.
     pub seed: u64,
     pub workload: Workload,
+    /// The outbox is a hash-partitioned table published by leaf names
+    /// (`OUTBOX_CDC_CHAOS_PARTITIONED=1`; tests/chaos_partitioned.rs).
+    pub partitioned: bool,
 }
 
 fn env_num<T: std::str::FromStr>(var: &str, default: T) -> T {
@@ -53,6 +56,7 @@ impl Options {
                 tx_per_sec: env_num("OUTBOX_CDC_CHAOS_TX_PER_SEC", 25.0),
                 aggregates: env_num("OUTBOX_CDC_CHAOS_AGGREGATES", 300),
             },
+            partitioned: env_num("OUTBOX_CDC_CHAOS_PARTITIONED", 0u8) == 1,
         }
     }
 }
@@ -144,15 +148,16 @@ pub async fn run(opts: Options) {
     }
     super::verify::self_check();
     let infra = Infra::from_env();
-    let names = Names::new(unique_name("chaos"));
+    let names = Names::new(unique_name("chaos"), opts.partitioned);
     let dir = work_dir(&names.base);
     eprintln!(
-        "chaos: seed={} cycles={} writers={} tx_per_sec={} aggregates={} files in {}",
+        "chaos: seed={} cycles={} writers={} tx_per_sec={} aggregates={} partitioned={} files in {}",
         opts.seed,
         opts.cycles,
         opts.workload.writers,
         opts.workload.tx_per_sec,
         opts.workload.aggregates,
+        opts.partitioned,
         dir.display()
     );
     let admin = admin_client().await;

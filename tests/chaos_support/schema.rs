@@ -25,11 +25,15 @@ pub struct Names {
     pub topic_prefix: String,
     pub group: String,
     pub consumer_name: String,
+    /// The outbox is hash-partitioned on aggregate_id (three leaves, published
+    /// under their own names).
+    pub partitioned: bool,
 }
 
 impl Names {
-    pub fn new(base: String) -> Names {
+    pub fn new(base: String, partitioned: bool) -> Names {
         Names {
+            partitioned,
             outbox: format!("ob_{base}"),
             orders: format!("orders_{base}"),
             lines: format!("lines_{base}"),
@@ -111,8 +115,22 @@ impl Names {
             publication,
             ..
         } = self;
+        let outbox_table = if self.partitioned {
+            // Every unique key of a partitioned table includes its partition key.
+            format!(
+                "CREATE TABLE public.{outbox} (LIKE public.outbox_events INCLUDING DEFAULTS,
+                     PRIMARY KEY (event_id, aggregate_id),
+                     UNIQUE (aggregate_type, aggregate_id, aggregate_sequence)
+                 ) PARTITION BY HASH (aggregate_id);
+                 CREATE TABLE public.{outbox}_h0 PARTITION OF public.{outbox} FOR VALUES WITH (MODULUS 3, REMAINDER 0);
+                 CREATE TABLE public.{outbox}_h1 PARTITION OF public.{outbox} FOR VALUES WITH (MODULUS 3, REMAINDER 1);
+                 CREATE TABLE public.{outbox}_h2 PARTITION OF public.{outbox} FOR VALUES WITH (MODULUS 3, REMAINDER 2);"
+            )
+        } else {
+            format!("CREATE TABLE public.{outbox} (LIKE public.outbox_events INCLUDING ALL);")
+        };
         format!(
-            "CREATE TABLE public.{outbox} (LIKE public.outbox_events INCLUDING ALL);
+            "{outbox_table}
              GRANT SELECT ON public.{outbox} TO outbox;
              CREATE TABLE public.{orders} (order_id text PRIMARY KEY, customer text, changes int NOT NULL DEFAULT 0);
              CREATE TABLE public.{lines} (line_id text PRIMARY KEY, order_id text NOT NULL, sku text, qty int);
