@@ -10,7 +10,7 @@
 //! open of the same path fails, from another process and from this one alike
 //! (flock locks belong to the open file, not the process).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -188,7 +188,8 @@ pub struct OffsetStore {
     parked: sled::Tree,
     /// aggregate_type → aggregate ids; mirrors the `parked` tree. Writers
     /// hold the write lock across the sled write and flush.
-    parked_cache: RwLock<HashMap<String, HashSet<String>>>,
+    /// type -> id -> the LSN of the event that parked it.
+    parked_cache: RwLock<HashMap<String, HashMap<String, Lsn>>>,
     /// Number of parked aggregates; lets `is_parked` skip the lock when zero.
     parked_count: AtomicUsize,
 }
@@ -246,13 +247,14 @@ impl OffsetStore {
             parked_cache: RwLock::new(HashMap::new()),
             parked_count: AtomicUsize::new(0),
         };
-        let mut cache = HashMap::<String, HashSet<String>>::new();
+        let mut cache = HashMap::<String, HashMap<String, Lsn>>::new();
         let mut count = 0;
         for p in store.parked()? {
             if cache
                 .entry(p.aggregate_type)
                 .or_default()
-                .insert(p.aggregate_id)
+                .insert(p.aggregate_id, p.lsn)
+                .is_none()
             {
                 count += 1;
             }
@@ -379,7 +381,7 @@ impl OffsetStore {
             .unwrap_or_else(PoisonError::into_inner);
         if cache
             .get(aggregate_type)
-            .is_some_and(|ids| ids.contains(aggregate_id))
+            .is_some_and(|ids| ids.contains_key(aggregate_id))
         {
             return Ok(false);
         }
@@ -409,7 +411,7 @@ impl OffsetStore {
         cache
             .entry(aggregate_type.to_owned())
             .or_default()
-            .insert(aggregate_id.to_owned());
+            .insert(aggregate_id.to_owned(), lsn);
         self.parked_count.fetch_add(1, Ordering::Release);
         Ok(true)
     }
@@ -417,8 +419,19 @@ impl OffsetStore {
     /// Whether the aggregate is parked. Answered from memory; lock-free while
     /// nothing is parked. The `Result` leaves room for a disk fallback.
     pub fn is_parked(&self, aggregate_type: &str, aggregate_id: &str) -> Result<bool, StoreError> {
+        Ok(self.parked_since(aggregate_type, aggregate_id)?.is_some())
+    }
+
+    /// The LSN of the event that parked the aggregate, if it is parked: events
+    /// at or after it are dead-lettered, events before it (met again on a
+    /// replay) are not.
+    pub fn parked_since(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> Result<Option<Lsn>, StoreError> {
         if self.parked_count.load(Ordering::Acquire) == 0 {
-            return Ok(false);
+            return Ok(None);
         }
         let cache = self
             .parked_cache
@@ -426,7 +439,8 @@ impl OffsetStore {
             .unwrap_or_else(PoisonError::into_inner);
         Ok(cache
             .get(aggregate_type)
-            .is_some_and(|ids| ids.contains(aggregate_id)))
+            .and_then(|ids| ids.get(aggregate_id))
+            .copied())
     }
 
     /// Releases a parked aggregate. Returns whether it was parked.
@@ -449,7 +463,7 @@ impl OffsetStore {
         }
         self.flush("release", aggregate_key(aggregate_type, aggregate_id))?;
         if let Some(ids) = cache.get_mut(aggregate_type) {
-            if ids.remove(aggregate_id) {
+            if ids.remove(aggregate_id).is_some() {
                 self.parked_count.fetch_sub(1, Ordering::Release);
             }
             if ids.is_empty() {

@@ -64,9 +64,13 @@ impl PoisonPolicyRouter {
     ) -> Result<Route, PipelineError> {
         match mapped {
             Ok(event) => {
-                if self.dead_letters()
-                    && store.is_parked(&event.aggregate_type, &event.aggregate_id)?
-                {
+                // Only events at or after the one that parked the aggregate:
+                // a replay meets its earlier events again, and they are fine.
+                let parked = match self.dead_letters() {
+                    true => store.parked_since(&event.aggregate_type, &event.aggregate_id)?,
+                    false => None,
+                };
+                if parked.is_some_and(|since| lsn >= since) {
                     let reason = format!(
                         "aggregate {}/{} is parked after an earlier poison event; release it with `outbox-cdc release`",
                         event.aggregate_type, event.aggregate_id
@@ -258,6 +262,38 @@ mod tests {
             "{err}"
         );
         assert!(!err.is_retryable());
+    }
+
+    #[test]
+    fn a_replay_publishes_the_parked_aggregates_events_from_before_the_poison_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        let router = PoisonPolicyRouter::new(&settings("dead-letter"));
+        // Parked by a broker refusal of its event at LSN 50 (session::refused).
+        store.park("order", "o1", "refused", Lsn::new(50)).unwrap();
+        let at = |lsn: u64| {
+            router
+                .route(
+                    Ok(event("o1")),
+                    Bytes::new,
+                    &store,
+                    Lsn::new(lsn),
+                    PgTimestamp(0),
+                )
+                .unwrap()
+        };
+        // The replay from the durable LSN meets an earlier event first: it is
+        // not poison and goes to its topic.
+        assert!(matches!(at(40), Route::Publish(_)));
+        assert!(matches!(at(50), Route::DeadLetter(_)));
+        assert!(matches!(at(60), Route::DeadLetter(_)));
+        // Survives a reopen (the LSN comes from disk).
+        drop(store);
+        let store = OffsetStore::open(dir.path()).unwrap();
+        assert_eq!(
+            store.parked_since("order", "o1").unwrap(),
+            Some(Lsn::new(50))
+        );
     }
 
     #[test]
