@@ -189,11 +189,10 @@ impl<'a> Session<'a> {
             dirty_since: None,
             persisting: None,
         };
-        let result = session.stream_loop(stream, shutdown).await;
-        if let Err(e) = &result {
-            session.keep_acknowledged(e).await;
+        match session.stream_loop(stream, shutdown).await {
+            Ok(()) => Ok(()),
+            Err(failure) => Err(session.keep_acknowledged(failure).await),
         }
-        result
     }
 
     async fn stream_loop(
@@ -710,14 +709,22 @@ impl<'a> Session<'a> {
     /// re-sends only what was really unacknowledged. It also waits for a
     /// persist still running, so no write of this session can land after the
     /// next one loaded the offset.
-    async fn keep_acknowledged(&mut self, failure: &PipelineError) {
+    ///
+    /// Returns why the session ended: a record the broker refused for good
+    /// wins over the failure that ended the loop. With the gapless guarantee a
+    /// refusal also raises the producer's fatal error, which the tick may see
+    /// before the refused record's report arrives; ending on the fatal error
+    /// would restart without parking or stopping, over and over.
+    async fn keep_acknowledged(&mut self, failure: PipelineError) -> PipelineError {
         let bound = Duration::from_millis(self.config.limits.shutdown_timeout_ms.min(5_000));
         let deadline = Instant::now() + bound;
+        let mut refusal = None;
         while self.tracker.in_flight_events() > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, self.reports.recv()).await {
                 Ok(Some(report)) => {
-                    if self.on_report(report).is_err() {
+                    if let Err(e) = self.on_report(report) {
+                        refusal = Some(e);
                         break;
                     }
                 }
@@ -732,6 +739,7 @@ impl<'a> Session<'a> {
                 warn!(error = %e, "persisting the acknowledged prefix after a failure failed; the next session re-sends from the last durable LSN")
             }
         }
+        prefer_refusal(failure, refusal)
     }
 
     /// Stop reading, wait (bounded) for in-flight deliveries, persist, send a
@@ -772,6 +780,25 @@ impl<'a> Session<'a> {
             warn!(error = %e, "closing the replication stream failed; the server will notice the disconnect");
         }
         Ok(())
+    }
+}
+
+/// Why a session ended, given the failure that ended its loop and the first
+/// error a delivery report gave while draining: a record refused for good
+/// (parked, or poison) decides; any other report error does not replace the
+/// failure.
+fn prefer_refusal(failure: PipelineError, drained: Option<PipelineError>) -> PipelineError {
+    match drained {
+        Some(refused @ (PipelineError::Parked { .. } | PipelineError::Poison { .. })) => {
+            if !matches!(
+                failure,
+                PipelineError::Parked { .. } | PipelineError::Poison { .. }
+            ) {
+                warn!(error = %failure, "a record refused by Kafka decides how this session ends");
+            }
+            refused
+        }
+        _ => failure,
     }
 }
 
@@ -816,4 +843,52 @@ fn header_text(event: &crate::outbox::OutboxEvent, name: &str) -> String {
         .find(|(k, _)| k == name)
         .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parked() -> PipelineError {
+        PipelineError::Parked {
+            aggregate_type: "order".into(),
+            aggregate_id: "o1".into(),
+            lsn: Lsn::new(50),
+            reason: "Broker: Message size too large".into(),
+        }
+    }
+
+    #[test]
+    fn a_refused_record_decides_over_the_fatal_error_that_ended_the_loop() {
+        // The fatal error alone is retryable: a new session, no parking, and
+        // the same refusal again, forever.
+        let fatal = PipelineError::StreamEnded;
+        assert!(fatal.is_retryable());
+        assert!(matches!(
+            prefer_refusal(fatal, Some(parked())),
+            PipelineError::Parked { .. }
+        ));
+        let poison = PipelineError::Poison {
+            event_id: "e1".into(),
+            lsn: Lsn::new(50),
+            reason: "too large".into(),
+        };
+        let ended = prefer_refusal(PipelineError::StreamEnded, Some(poison));
+        assert!(matches!(ended, PipelineError::Poison { .. }) && !ended.is_retryable());
+        // Other report errors do not hide why the loop ended.
+        assert!(matches!(
+            prefer_refusal(
+                PipelineError::StreamEnded,
+                Some(PipelineError::Protocol {
+                    lsn: Lsn::ZERO,
+                    what: "x".into()
+                })
+            ),
+            PipelineError::StreamEnded
+        ));
+        assert!(matches!(
+            prefer_refusal(PipelineError::StreamEnded, None),
+            PipelineError::StreamEnded
+        ));
+    }
 }
