@@ -31,6 +31,12 @@ impl RelationCache {
         self.by_oid.get(&oid)
     }
 
+    /// Forgets `oid`'s description (a relation the caller no longer needs
+    /// described); returns it.
+    pub fn remove(&mut self, oid: u32) -> Option<Relation> {
+        self.by_oid.remove(&oid)
+    }
+
     pub fn len(&self) -> usize {
         self.by_oid.len()
     }
@@ -67,6 +73,15 @@ mod tests {
                 .map(|(i, c)| column(c, i == 0))
                 .collect(),
         }
+    }
+
+    #[test]
+    fn removed_relations_are_forgotten() {
+        let mut cache = RelationCache::new();
+        cache.apply(relation(10, &["id"]));
+        assert_eq!(cache.remove(10).map(|r| r.oid), Some(10));
+        assert!(cache.get(10).is_none() && cache.is_empty());
+        assert_eq!(cache.remove(10), None);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! One replication session: connect, decide where to resume, stream until a
 //! failure or shutdown. A new session is started by the caller after a failure.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -59,7 +59,11 @@ pub(crate) struct Session<'a> {
     feedback: FeedbackHandle,
     durable: DurableLsn,
     system_id: String,
+    /// Descriptions of the outbox relations (root, partitions), for the
+    /// dead-letter record of a row that cannot be mapped.
     relations: RelationCache,
+    /// Relations positively known to be other tables: their changes are skipped.
+    other_tables: HashSet<u32>,
     bound: HashMap<u32, BoundRelation>,
     /// What start-up proved the stream carries; decides every Relation.
     coverage: Coverage,
@@ -178,6 +182,7 @@ impl<'a> Session<'a> {
             durable,
             system_id: identity.system_id,
             relations: RelationCache::new(),
+            other_tables: HashSet::new(),
             bound: HashMap::new(),
             coverage,
             catalog: Arc::new(client),
@@ -354,19 +359,25 @@ impl<'a> Session<'a> {
                             .bind(&relation)
                             .map_err(|source| PipelineError::Mapping { lsn, source })?;
                         self.bound.insert(relation.oid, bound);
+                        self.other_tables.remove(&relation.oid);
+                        self.relations.apply(relation);
                     }
                     RelationKind::Other => {
+                        // Only the OID is kept: under FOR ALL TABLES with table
+                        // churn, a full description per table ever seen would
+                        // grow without bound.
                         self.bound.remove(&relation.oid);
+                        self.relations.remove(relation.oid);
+                        self.other_tables.insert(relation.oid);
                     }
                 }
-                self.relations.apply(relation);
             }
             Message::Insert(insert) => {
                 let Some(tx) = self.open.as_ref() else {
                     return Err(protocol(lsn, "Insert outside a transaction"));
                 };
                 let Some(bound) = self.bound.get(&insert.relation_oid) else {
-                    if self.relations.get(insert.relation_oid).is_none() {
+                    if !self.other_tables.contains(&insert.relation_oid) {
                         return Err(protocol(
                             lsn,
                             format!(
