@@ -64,3 +64,23 @@ mod armed {
 
 #[cfg(feature = "failpoints")]
 pub use armed::{ENV_VAR, hit};
+
+/// A deliberately broken behaviour, for proving that the chaos verdict can
+/// fail: `OUTBOX_CDC_SABOTAGE=never-persist` makes a `failpoints` build never
+/// persist an acknowledged offset after the session's start. Always false
+/// without the feature.
+pub fn sabotaged(what: &str) -> bool {
+    #[cfg(feature = "failpoints")]
+    {
+        static SABOTAGE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        SABOTAGE
+            .get_or_init(|| std::env::var("OUTBOX_CDC_SABOTAGE").unwrap_or_default())
+            .split(',')
+            .any(|s| s.trim() == what)
+    }
+    #[cfg(not(feature = "failpoints"))]
+    {
+        let _ = what;
+        false
+    }
+}

@@ -151,7 +151,16 @@ async fn the_standby_waits_on_the_slot_and_takes_over_when_the_active_one_dies()
         TIMEOUT,
         Duration::from_secs(1),
     );
-    assert!(seen.len() >= written.len());
+    let seen_ids: std::collections::BTreeSet<&str> =
+        seen.iter().map(|r| r.header("event_id")).collect();
+    let missing: Vec<&String> = written
+        .iter()
+        .filter(|id| !seen_ids.contains(id.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not published before the takeover: {missing:?}"
+    );
 
     // Some of these are still in flight or unacknowledged when the active dies.
     write_events(&fx, "during", 10, &mut written).await;

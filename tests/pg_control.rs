@@ -57,8 +57,21 @@ async fn slot_lifecycle_and_inspection() {
     assert_eq!(info.confirmed_flush_lsn, Some(consistent));
     assert!(info.restart_lsn.is_some_and(|r| r <= consistent));
     assert_eq!(info.wal_status.as_deref(), Some("reserved"));
-    // NULL unless max_slot_wal_keep_size is set; either way it reads.
-    let _ = info.safe_wal_size;
+    // NULL unless max_slot_wal_keep_size is set; then the bytes still writable.
+    let keep_size: String = client
+        .query_one("SELECT current_setting('max_slot_wal_keep_size')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    if keep_size == "-1" {
+        assert_eq!(info.safe_wal_size, None);
+    } else {
+        assert!(
+            info.safe_wal_size.is_some_and(|b| b > 0),
+            "max_slot_wal_keep_size = {keep_size}, safe_wal_size {:?}",
+            info.safe_wal_size
+        );
+    }
 
     match control::create_logical_slot(&client, &slot).await {
         Err(e @ PgError::SlotExists { .. }) => {

@@ -670,7 +670,7 @@ impl<'a> Session<'a> {
         }
         self.dirty_since = None;
         let acked = self.tracker.acked();
-        if acked <= self.durable.lsn() {
+        if acked <= self.durable.lsn() || crate::failpoint::sabotaged("never-persist") {
             return;
         }
         let store = Arc::clone(self.store);
@@ -705,7 +705,7 @@ impl<'a> Session<'a> {
         }
         self.dirty_since = None;
         let acked = self.tracker.acked();
-        if acked > self.durable.lsn() {
+        if acked > self.durable.lsn() && !crate::failpoint::sabotaged("never-persist") {
             let durable = tokio::task::block_in_place(|| {
                 self.store
                     .persist(&self.config.postgres.slot, acked, &self.system_id)

@@ -16,7 +16,7 @@ use super::procs::{
 };
 use super::rng::Rng;
 use super::schema::{Names, work_dir};
-use super::verify::{DbState, KafkaReader, Tp, Verdict, Window, verify};
+use super::verify::{DbState, KafkaReader, Tp, Verdict, Window, offsets_advanced, verify};
 use super::workload::{self, TxRecord, Workload};
 use super::{Admin, admin_client, kafka_bootstrap, unique_name};
 
@@ -75,18 +75,29 @@ struct Tally {
     /// Offset store and slot after each connector death.
     offset_violations: Vec<String>,
     last_stored: Option<Lsn>,
+    /// The stored offset read after each connector death, in order.
+    stored_history: Vec<Lsn>,
+    /// The slot's confirmed position at the first connector death.
+    first_confirmed: Option<Lsn>,
     /// Partition ends around each crash/outage: the in-flight windows.
     windows: Vec<Window>,
 }
 
 impl Tally {
+    /// `stored`: the connector's stored offset after it died here; `None`
+    /// for an outage.
     fn add_window(
         &mut self,
         before: Result<BTreeMap<Tp, i64>, String>,
         after: Result<BTreeMap<Tp, i64>, String>,
+        stored: Option<Lsn>,
     ) {
         match (before, after) {
-            (Ok(before), Ok(after)) => self.windows.push(Window { before, after }),
+            (Ok(before), Ok(after)) => self.windows.push(Window {
+                before,
+                after,
+                stored,
+            }),
             (before, after) => eprintln!(
                 "chaos: partition ends around a crash or outage not readable ({:?}, {:?}): its duplicates count as unexplained",
                 before.err(),
@@ -209,6 +220,23 @@ pub async fn run(opts: Options) {
     let db = DbState::read(&admin, &names).await;
     let mut verdict = verify(&ledger, &db, &reader.records, &tally.windows);
     verdict.malformed = reader.malformed.clone();
+    let confirmed_at_end: Option<Lsn> = admin
+        .query_opt(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&names.slot],
+        )
+        .await
+        .ok()
+        .flatten()
+        .and_then(|row| row.get::<_, Option<String>>(0))
+        .and_then(|s| s.parse().ok());
+    if let Err(e) = offsets_advanced(
+        &tally.stored_history,
+        tally.first_confirmed,
+        confirmed_at_end,
+    ) {
+        tally.offset_violations.push(e);
+    }
     verdict
         .outbox_mismatches
         .append(&mut tally.offset_violations);
@@ -232,7 +260,6 @@ pub async fn run(opts: Options) {
             &format!("the run did not exercise: {}", coverage.join(", ")),
         );
     }
-    assert!(tally.cycles >= opts.cycles);
     assert!(verdict.events > 0, "no events were written");
 
     // Clean up only after a pass: a failure leaves everything for inspection.
@@ -365,7 +392,7 @@ async fn chaos(
                     "chaos: cycle {}: Kafka stopped and started ({took:?})",
                     tally.cycles
                 );
-                tally.add_window(before, reader.watermarks(Duration::from_secs(30)));
+                tally.add_window(before, reader.watermarks(Duration::from_secs(30)), None);
             }
         }
         if let Some(&at) = pg_at.get(tally.pg_restarts as usize) {
@@ -413,7 +440,7 @@ async fn chaos(
                 let _ = pause_tx.send(false);
                 // The connector reconnects after a backoff; its resends come later still.
                 tokio::time::sleep(Duration::from_secs(3)).await;
-                tally.add_window(before, reader.watermarks(Duration::from_secs(5)));
+                tally.add_window(before, reader.watermarks(Duration::from_secs(5)), None);
             }
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -530,17 +557,27 @@ async fn after_connector_death(
     // Requests the dead process had on the wire may still be appended.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let now = reader.watermarks(Duration::from_secs(3));
-    tally.add_window(now.clone(), now);
     let stored = match OffsetStore::open(offsets).and_then(|s| s.load(&names.slot)) {
         Ok(s) => s.map(|s| s.lsn),
         Err(e) => {
             tally
                 .offset_violations
                 .push(format!("cannot read the offset store after a crash: {e}"));
+            tally.add_window(now.clone(), now, None);
             return None;
         }
     };
-    let stored = stored?;
+    tally.add_window(now.clone(), now, stored);
+    let Some(stored) = stored else {
+        // Before its first persist (killed while starting) nothing is stored;
+        // once something was, it can never disappear.
+        if let Some(prev) = tally.last_stored {
+            tally
+                .offset_violations
+                .push(format!("the stored offset {prev} disappeared"));
+        }
+        return None;
+    };
     if let Some(prev) = tally.last_stored {
         if stored < prev {
             tally
@@ -549,6 +586,7 @@ async fn after_connector_death(
         }
     }
     tally.last_stored = Some(stored);
+    tally.stored_history.push(stored);
     if let Ok(Some(row)) = admin
         .get()
         .await
@@ -559,6 +597,9 @@ async fn after_connector_death(
         .await
     {
         let confirmed: Option<Lsn> = row.get::<_, Option<String>>(0).and_then(|s| s.parse().ok());
+        if tally.first_confirmed.is_none() {
+            tally.first_confirmed = confirmed;
+        }
         if let Some(confirmed) = confirmed.filter(|c| *c > stored) {
             tally.offset_violations.push(format!(
                 "slot confirmed up to {confirmed}, beyond the durably stored offset {stored}"

@@ -18,6 +18,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+use outbox_cdc::pg::Lsn;
+
 use super::schema::Names;
 use super::workload::{Outcome, TxRecord};
 
@@ -363,6 +365,11 @@ fn resolve(tx: &TxRecord, db: &DbState, v: &mut Verdict) -> bool {
 pub struct Window {
     pub before: BTreeMap<Tp, i64>,
     pub after: BTreeMap<Tp, i64>,
+    /// The connector's stored offset read after it died here (`None` for an
+    /// outage, when the running connector holds its store): a transaction
+    /// that ended at or before it was acknowledged durably, and the contract
+    /// forbids sending it again after this crash.
+    pub stored: Option<Lsn>,
 }
 
 impl Window {
@@ -500,7 +507,13 @@ pub fn verify(ledger: &[TxRecord], db: &DbState, records: &[Rec], windows: &[Win
         }
     }
 
-    // 4a. Duplicates only across crash/outage boundaries.
+    // 4a. Duplicates only across crash/outage boundaries, and only of
+    // transactions that ended after the offset stored at that crash.
+    let ended_by: HashMap<&str, Lsn> = ledger
+        .iter()
+        .filter_map(|tx| tx.ended_by.map(|end| (tx, end)))
+        .flat_map(|(tx, end)| tx.lines.iter().map(move |l| (l.event_id.as_str(), end)))
+        .collect();
     for (id, recs) in &copies {
         let mut recs: Vec<&&Rec> = recs.iter().collect();
         recs.sort_by_key(|r| (r.partition, r.offset));
@@ -515,14 +528,33 @@ pub fn verify(ledger: &[TxRecord], db: &DbState, records: &[Rec], windows: &[Win
                 continue;
             }
             let tp = (a.topic.clone(), a.partition);
-            let explained = windows
+            let straddled: Vec<&Window> = windows
                 .iter()
-                .any(|w| w.straddled_by(&tp, a.offset, b.offset));
-            if !explained {
+                .filter(|w| w.straddled_by(&tp, a.offset, b.offset))
+                .collect();
+            let end = ended_by.get(&**id).copied();
+            let within_contract = straddled.iter().any(|w| match (w.stored, end) {
+                (Some(stored), Some(end)) => end > stored,
+                _ => true, // an outage, or an outcome the writer could not see
+            });
+            if straddled.is_empty() {
                 v.unexplained_duplicates.push(format!(
                     "event {id}: copies at {} and {} with no crash in between",
                     a.place(),
                     b.place()
+                ));
+            } else if !within_contract {
+                let stored: Vec<String> = straddled
+                    .iter()
+                    .filter_map(|w| w.stored.map(|s| s.to_string()))
+                    .collect();
+                v.unexplained_duplicates.push(format!(
+                    "event {id}: copies at {} and {}, but its transaction ended by {} at or before the offset \
+                     stored at the crash in between ({}): it was acknowledged and must not be sent again",
+                    a.place(),
+                    b.place(),
+                    end.map_or_else(|| "?".to_owned(), |e| e.to_string()),
+                    stored.join(", ")
                 ));
             }
         }
@@ -607,6 +639,31 @@ pub fn verify(ledger: &[TxRecord], db: &DbState, records: &[Rec], windows: &[Win
     v
 }
 
+/// The connector must have acknowledged work during the run: the offsets it
+/// stored (read after each of its deaths) and the slot's confirmed position
+/// must both have advanced. A connector that never acknowledges would
+/// otherwise pass, every resend "explained" by a crash.
+pub fn offsets_advanced(
+    stored: &[Lsn],
+    confirmed_at_start: Option<Lsn>,
+    confirmed_at_end: Option<Lsn>,
+) -> Result<(), String> {
+    match (stored.first(), stored.last()) {
+        (Some(first), Some(last)) if last > first => {}
+        _ => {
+            return Err(format!(
+                "the stored offset did not advance across the connector's deaths: {stored:?}"
+            ));
+        }
+    }
+    match (confirmed_at_start, confirmed_at_end) {
+        (Some(start), Some(end)) if end > start => Ok(()),
+        (start, end) => Err(format!(
+            "the slot's confirmed_flush_lsn did not advance during the run: {start:?} -> {end:?}"
+        )),
+    }
+}
+
 /// The checks must be able to fail: a hand-made run with one violation of
 /// each kind, and its corrected twin, which must pass. Run before the chaos.
 pub fn self_check() {
@@ -623,6 +680,7 @@ pub fn self_check() {
         aggregate_type: "order".into(),
         aggregate_id: agg.into(),
         lines,
+        ended_by: matches!(outcome, Outcome::Committed).then(|| Lsn::new(0x100 * n)),
         outcome,
     };
     let ledger = vec![
@@ -677,9 +735,12 @@ pub fn self_check() {
             .map(|s| s.to_string())
             .collect(),
     };
+    // The connector died having stored 0/FF; transaction 1 (e1, e2) ended
+    // by 0/100, after it, so sending e1 again is within the contract.
     let window = Window {
         before: BTreeMap::from([(tp(0), 2), (tp(1), 1)]),
         after: BTreeMap::from([(tp(0), 2), (tp(1), 1)]),
+        stored: Some(Lsn::new(0xFF)),
     };
     // Clean: e1 resent across the crash window.
     let good_records = vec![
@@ -701,6 +762,44 @@ pub fn self_check() {
         v.details()
     );
     assert_eq!((v.events, v.duplicates, v.unknown_committed), (4, 1, 1));
+
+    // Broken: the same resend after a crash whose stored offset already
+    // covered transaction 1 (a connector that re-sends acknowledged work).
+    let acked_window = Window {
+        stored: Some(Lsn::new(0x100)),
+        ..window.clone()
+    };
+    let v = verify(
+        &ledger,
+        &good_db(),
+        &good_records,
+        std::slice::from_ref(&acked_window),
+    );
+    assert!(
+        v.unexplained_duplicates.len() == 1 && v.unexplained_duplicates[0].contains("acknowledged"),
+        "harness self-check: a resend of an acknowledged transaction was not flagged:\n{}",
+        v.details()
+    );
+    // A connector that never acknowledges anything: its stored offset never
+    // advances, whatever its duplicates look like.
+    assert!(
+        offsets_advanced(
+            &[Lsn::new(0x50), Lsn::new(0x50)],
+            Some(Lsn::new(0x50)),
+            Some(Lsn::new(0x50))
+        )
+        .is_err(),
+        "harness self-check: a never-acknowledging connector was not flagged"
+    );
+    assert!(offsets_advanced(&[], None, None).is_err());
+    assert!(
+        offsets_advanced(
+            &[Lsn::new(0x50), Lsn::new(0x80)],
+            Some(Lsn::new(0x40)),
+            Some(Lsn::new(0x90))
+        )
+        .is_ok()
+    );
 
     // Broken: the rolled-back l3 has an outbox row, e5 is lost, e9 was never
     // written, aggregate a arrives out of order, e2 is resent with no crash

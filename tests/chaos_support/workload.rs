@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use outbox_cdc::pg::Lsn;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_postgres::Client;
@@ -43,6 +44,10 @@ pub struct TxRecord {
     /// Lines whose INSERTs returned before the outcome (all of them unless Failed).
     pub lines: Vec<Line>,
     pub outcome: Outcome,
+    /// For a committed transaction: the WAL insert position read right after
+    /// COMMIT returned, an upper bound of the commit record's end. A resend is
+    /// only allowed if the transaction ended after the stored offset.
+    pub ended_by: Option<Lsn>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -179,6 +184,7 @@ impl Writer {
             aggregate_id: aggregate_id.clone(),
             lines: Vec::new(),
             outcome: Outcome::Failed(String::new()),
+            ended_by: None,
         };
         let planned: Vec<(String, String, i32)> = (0..n_lines)
             .map(|i| {
@@ -270,6 +276,13 @@ impl Writer {
                 Err(e) => Outcome::Unknown(e.to_string()),
             }
         };
+        if matches!(record.outcome, Outcome::Committed) {
+            record.ended_by = client
+                .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+                .await
+                .ok()
+                .and_then(|row| row.get::<_, String>(0).parse().ok());
+        }
         record
     }
 }
