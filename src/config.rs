@@ -589,6 +589,7 @@ const BOOL_KEYS: &[&str] = &[
     "postgres.create_slot",
     "postgres.create_publication",
     "postgres.allow_slot_ahead",
+    "outbox.allow_split_aggregates",
 ];
 
 fn typed_env_value(var: &str, key: &str, value: String) -> Result<toml::Value, ConfigError> {
