@@ -75,6 +75,30 @@ pub struct Config {
     pub retry: RetrySettings,
     #[serde(default)]
     pub monitor: MonitorSettings,
+    #[serde(default)]
+    pub log: LogSettings,
+}
+
+/// `[log]`: how the log on stderr is written (its level comes from `RUST_LOG`,
+/// default `info`). Colour is used only when stderr is a terminal.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    /// `text` (default): one line per event for a person. `json`: one JSON
+    /// object per line (`timestamp`, `level`, `target`, `message`, the event's
+    /// fields, and `span`/`spans` with the fields of the enclosing spans) for a
+    /// log collector.
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+/// The values of `log.format`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 /// `[postgres]`: the source database and its replication slot.
@@ -565,6 +589,7 @@ const BOOL_KEYS: &[&str] = &[
     "postgres.create_slot",
     "postgres.create_publication",
     "postgres.allow_slot_ahead",
+    "outbox.allow_split_aggregates",
 ];
 
 fn typed_env_value(var: &str, key: &str, value: String) -> Result<toml::Value, ConfigError> {
@@ -662,6 +687,22 @@ mod tests {
         assert_eq!(c.limits.max_in_flight_bytes, 64 * 1024 * 1024);
         assert_eq!(c.http.listen, "127.0.0.1:9187");
         assert_eq!(c.offsets.flush_interval_ms, 200);
+    }
+
+    #[test]
+    fn log_format_from_file_and_environment() {
+        assert_eq!(parse(MINIMAL, &[]).unwrap().log.format, LogFormat::Text);
+        let json = format!("{MINIMAL}\n[log]\nformat = \"json\"\n");
+        assert_eq!(parse(&json, &[]).unwrap().log.format, LogFormat::Json);
+        let c = parse(MINIMAL, &[("OUTBOX_CDC__LOG__FORMAT", "json")]).unwrap();
+        assert_eq!(c.log.format, LogFormat::Json);
+        let e = parse(MINIMAL, &[("OUTBOX_CDC__LOG__FORMAT", "xml")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("format") && e.contains("xml") && e.contains("`json`"),
+            "{e}"
+        );
     }
 
     #[test]

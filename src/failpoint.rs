@@ -84,3 +84,53 @@ pub fn sabotaged(what: &str) -> bool {
         false
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Plain `cargo test --all-targets` (no features) must not build a test
+    /// that only works with crash points compiled in: every test file that
+    /// needs the feature is declared with `required-features`, so cargo skips
+    /// it there and scripts/test.sh (which passes `--features failpoints`)
+    /// still runs it.
+    #[test]
+    fn tests_needing_failpoints_declare_the_feature() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let manifest: toml::Table =
+            toml::from_str(&std::fs::read_to_string(root.join("Cargo.toml")).unwrap()).unwrap();
+        let gated: Vec<String> = manifest
+            .get("test")
+            .and_then(|t| t.as_array())
+            .into_iter()
+            .flatten()
+            .filter(|t| {
+                t.get("required-features")
+                    .and_then(|f| f.as_array())
+                    .is_some_and(|f| f.iter().any(|f| f.as_str() == Some("failpoints")))
+            })
+            .filter_map(|t| t.get("path").and_then(|p| p.as_str()).map(str::to_owned))
+            .collect();
+        let mut needing = Vec::new();
+        for entry in std::fs::read_dir(root.join("tests")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let file = format!("tests/{}", path.file_name().unwrap().to_string_lossy());
+            // chaos_support is compiled only into the chaos test, and refuses
+            // to run without the feature.
+            if text.contains("failpoints") || text.contains("mod chaos_support") {
+                needing.push(file);
+            }
+        }
+        needing.sort();
+        assert!(!needing.is_empty());
+        for file in &needing {
+            assert!(
+                gated.contains(file),
+                "{file} needs --features failpoints: declare it in Cargo.toml as \
+                 [[test]] name = ..., path = {file:?}, required-features = [\"failpoints\"]"
+            );
+        }
+    }
+}

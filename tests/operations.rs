@@ -762,3 +762,68 @@ async fn parked_and_release_work_on_a_stopped_connectors_store() {
     assert!(!store.is_parked("order", "o-7").expect("is_parked"));
     fx.cleanup().await;
 }
+
+/// Runs `outbox-cdc run` with stderr to a pipe until it streams, stops it
+/// with SIGTERM and returns what it wrote to stderr.
+async fn run_logs(fx: &Fixture, config: &Path, env: &[(&str, &str)]) -> Vec<u8> {
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.args(["run", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().expect("spawn outbox-cdc");
+    fx.wait_for_slot().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = child.id().to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .expect("connector output");
+    assert!(out.status.success(), "exit status {:?}", out.status);
+    out.stderr
+}
+
+/// A log written to a file or a pipe has no colour escapes; `log.format =
+/// "json"` (here through its environment override) writes one JSON object
+/// per line with the level, the message and the command's span fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_to_a_pipe_are_plain_text_or_json_lines() {
+    common::init_tracing();
+    let fx = Fixture::new("logs").await;
+    let config = fx.write_config_file();
+
+    let text = run_logs(&fx, &config, &[]).await;
+    let shown = String::from_utf8_lossy(&text).into_owned();
+    assert!(shown.lines().count() >= 2, "{shown}");
+    assert!(!text.contains(&0x1b), "ESC in a piped log:\n{shown}");
+    assert!(shown.contains("command=run"), "{shown}");
+
+    let json = run_logs(&fx, &config, &[("OUTBOX_CDC__LOG__FORMAT", "json")]).await;
+    let shown = String::from_utf8_lossy(&json).into_owned();
+    assert!(!json.contains(&0x1b), "{shown}");
+    let (mut lines, mut in_span) = (0, 0);
+    for line in shown.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not a JSON object ({e}): {line}"));
+        assert!(v["level"].is_string(), "{line}");
+        assert!(v["message"].is_string(), "{line}");
+        lines += 1;
+        // librdkafka's own threads log outside the command's span.
+        if !v["span"].is_null() {
+            assert_eq!(v["span"]["command"], "run", "{line}");
+            assert_eq!(v["spans"][0]["name"], "outbox_cdc", "{line}");
+            in_span += 1;
+        }
+    }
+    assert!(lines >= 2 && in_span >= 1, "{shown}");
+    fx.cleanup().await;
+}

@@ -422,6 +422,180 @@ async fn cleartext_login_and_server_rejection() {
     server.await.unwrap();
 }
 
+/// One login against a scripted server: it sends `first` (an Authentication
+/// body) and, for SCRAM, answers the client-first message with a nonce that
+/// extends the client's, then sends `after_proof` (raw backend messages).
+/// Returns what the client sent after the first request: the tags of its
+/// messages until it closed the socket.
+async fn scripted_login(
+    first: Vec<u8>,
+    after_proof: Vec<u8>,
+) -> (u16, tokio::task::JoinHandle<Vec<u8>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        fake_startup(&mut sock).await;
+        let scram = first[..4] == 10i32.to_be_bytes();
+        sock.write_all(&backend(b'R', &first)).await.unwrap();
+        let mut sent = Vec::new();
+        loop {
+            let tag = match sock.read_u8().await {
+                Ok(t) => t,
+                Err(_) => return sent, // the client closed
+            };
+            let len = sock.read_i32().await.unwrap() as usize;
+            let mut body = vec![0u8; len - 4];
+            sock.read_exact(&mut body).await.unwrap();
+            sent.push(tag);
+            if !scram || tag != b'p' {
+                continue;
+            }
+            if sent.len() == 1 {
+                let text = String::from_utf8_lossy(&body).into_owned();
+                let nonce = text.rsplit_once("r=").unwrap().1.to_owned();
+                let mut cont = 11i32.to_be_bytes().to_vec();
+                cont.extend_from_slice(format!("r={nonce}srv,s=c2FsdHNhbHQ=,i=4096").as_bytes());
+                sock.write_all(&backend(b'R', &cont)).await.unwrap();
+            } else if sent.len() == 2 {
+                sock.write_all(&after_proof).await.unwrap();
+            }
+        }
+    });
+    (port, task)
+}
+
+fn scripted_cfg(port: u16, extra: &str) -> PgConnectConfig {
+    PgConnectConfig::parse_with_env(
+        &format!("host=127.0.0.1 port={port} user=u password=pw dbname=app sslmode=prefer {extra}"),
+        |_| None,
+    )
+    .unwrap()
+}
+
+/// Logs in to a fresh scripted server with both connections; returns the
+/// errors (replication, SQL) and what each client sent.
+async fn both_logins(first: &[u8], after_proof: &[u8], extra: &str) -> [(PgError, Vec<u8>); 2] {
+    let (port, server) = scripted_login(first.to_vec(), after_proof.to_vec()).await;
+    let repl = ReplicationConnection::connect(&scripted_cfg(port, extra), "scripted")
+        .await
+        .err()
+        .expect("the replication login must be refused");
+    let repl_sent = server.await.unwrap();
+    let (port, server) = scripted_login(first.to_vec(), after_proof.to_vec()).await;
+    let sql = scripted_cfg(port, extra)
+        .connect_sql()
+        .await
+        .expect_err("the SQL login must be refused");
+    let sql_sent = server.await.unwrap();
+    [(repl, repl_sent), (sql, sql_sent)]
+}
+
+fn sasl_request() -> Vec<u8> {
+    let mut r = 10i32.to_be_bytes().to_vec();
+    r.extend_from_slice(b"SCRAM-SHA-256\0\0");
+    r
+}
+
+fn ok_and_ready() -> Vec<u8> {
+    let mut out = backend(b'R', &0i32.to_be_bytes());
+    out.extend(backend(b'Z', b"I"));
+    out
+}
+
+#[tokio::test]
+async fn scram_without_a_verified_server_signature_is_refused() {
+    common::init_tracing();
+    // AuthenticationOk right after our proof, without SASLFinal.
+    for (e, sent) in both_logins(&sasl_request(), &ok_and_ready(), "").await {
+        assert!(!e.is_retryable(), "{e:?}");
+        assert_eq!(sent, b"pp", "client-first and client-final only");
+        assert!(
+            !matches!(e, PgError::Io { .. } | PgError::Closed { .. }),
+            "a refusal, not a broken socket: {e:?}"
+        );
+    }
+    let [(repl, _), _] = both_logins(&sasl_request(), &ok_and_ready(), "").await;
+    assert!(matches!(repl, PgError::Auth { code: None, .. }), "{repl:?}");
+    assert!(repl.to_string().contains("man in the middle"), "{repl}");
+
+    // A SASLFinal whose signature was not made with the password.
+    let mut forged = 12i32.to_be_bytes().to_vec();
+    forged.extend_from_slice(b"v=dGhpcyBpcyBub3QgdGhlIHNpZ25hdHVyZSBvZiB0aGUgc2VydmVy");
+    let mut after = backend(b'R', &forged);
+    after.extend(ok_and_ready());
+    for (e, sent) in both_logins(&sasl_request(), &after, "").await {
+        assert!(!e.is_retryable(), "{e:?}");
+        assert_eq!(sent, b"pp");
+    }
+}
+
+#[tokio::test]
+async fn require_auth_refuses_cleartext_and_md5_before_sending_the_password() {
+    common::init_tracing();
+    let mut md5 = 5i32.to_be_bytes().to_vec();
+    md5.extend_from_slice(&[1, 2, 3, 4]);
+    let cleartext = 3i32.to_be_bytes().to_vec();
+    for (request, method) in [(md5, "md5"), (cleartext, "password")] {
+        for extra in ["require_auth=scram-sha-256", "require_auth=!password,!md5"] {
+            for (e, sent) in both_logins(&request, &[], extra).await {
+                assert!(sent.is_empty(), "{extra}: nothing sent, got {sent:?}");
+                assert!(matches!(e, PgError::Auth { code: None, .. }), "{e:?}");
+                assert!(!e.is_retryable());
+                let msg = e.to_string();
+                assert!(
+                    msg.contains(method) && msg.contains("require_auth"),
+                    "{msg}"
+                );
+            }
+        }
+        // channel_binding=require refuses them too: they cannot bind.
+        for (e, sent) in both_logins(&request, &[], "channel_binding=require").await {
+            assert!(sent.is_empty());
+            assert!(e.to_string().contains("channel_binding=require"), "{e}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn channel_binding_and_require_auth_against_the_server_without_tls() {
+    common::init_tracing();
+    let _ssl = SSL_SETTING.lock().await;
+    let admin = common::admin_client().await;
+    assert!(!server_ssl_is(&admin).await);
+    let t = target();
+    let cfg = t.with("sslmode=prefer channel_binding=require");
+    let e = ReplicationConnection::connect(&cfg, "outbox-cdc-cb")
+        .await
+        .err()
+        .expect("no TLS, nothing to bind to");
+    let sql = cfg
+        .connect_sql()
+        .await
+        .expect_err("no TLS, nothing to bind to");
+    for e in [e, sql] {
+        assert!(matches!(e, PgError::Auth { code: None, .. }), "{e:?}");
+        assert!(!e.is_retryable());
+        assert!(e.to_string().contains("channel_binding=require"), "{e}");
+    }
+    // The test server asks for SCRAM: allowed when listed, refused when not.
+    let ok = t.with("require_auth=scram-sha-256");
+    ReplicationConnection::connect(&ok, "outbox-cdc-ra")
+        .await
+        .unwrap();
+    ok.connect_sql().await.unwrap();
+    let refused = t.with("require_auth=md5,password");
+    let e = ReplicationConnection::connect(&refused, "outbox-cdc-ra")
+        .await
+        .err()
+        .unwrap();
+    let sql = refused.connect_sql().await.unwrap_err();
+    for e in [e, sql] {
+        assert!(matches!(e, PgError::Auth { code: None, .. }), "{e:?}");
+        assert!(e.to_string().contains("require_auth=password,md5"), "{e}");
+    }
+}
+
 // ---------------------------------------------------------------- real TLS
 
 /// Runs openssl in `dir`; `args` is split on whitespace.
@@ -613,6 +787,21 @@ async fn tls_modes_against_the_server_with_a_test_certificate() {
         .err()
         .expect("an unknown CA is refused");
         assert!(matches!(e, PgError::Tls { .. }), "{e:?}");
+
+        // channel_binding=require: SCRAM-SHA-256-PLUS bound to the server's
+        // certificate, on both connections (each refuses anything else).
+        for mode in ["require", &format!("verify-ca sslrootcert={ca}")] {
+            let cfg = t.with(&format!("sslmode={mode} channel_binding=require"));
+            let client = cfg
+                .connect_sql()
+                .await
+                .unwrap_or_else(|e| panic!("channel_binding=require, sslmode={mode}: {e}"));
+            assert!(ssl_in_use(&client).await);
+            let mut repl = ReplicationConnection::connect(&cfg, "outbox-cdc-cb")
+                .await
+                .unwrap_or_else(|e| panic!("replication channel_binding=require: {e}"));
+            repl.identify_system().await.unwrap();
+        }
 
         // require and prefer encrypt without checking; disable does not encrypt.
         for (mode, encrypted) in [("require", true), ("prefer", true), ("disable", false)] {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::relay::{Fixture, Running, consume, eventually, partition_count, spawn_binary};
 use outbox_cdc::checkpoint::OffsetStore;
+use outbox_cdc::outbox::MapError;
 use outbox_cdc::pg::Lsn;
 use outbox_cdc::pipeline::{PipelineError, RunOptions, StartRefused};
 use outbox_cdc::sink::java_partition;
@@ -474,5 +475,115 @@ async fn refuses_an_offset_stored_for_another_cluster() {
         "unexpected error: {err}"
     );
     assert!(err.to_string().contains("1234567890"));
+    fx.cleanup().await;
+}
+
+/// The record value is the payload as stored, whatever the column type and on
+/// the message path too (docs/outbox-table.md, "What each row becomes"); a
+/// bytea payload column stops `run` with the fix instead of publishing hex.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payload_bytes_are_published_as_stored_on_every_path() {
+    common::init_tracing();
+    let fx = Fixture::new("bytes").await;
+    let prefix = format!("msg_{}", fx.name);
+    let config = fx.config_with(&format!("OUTBOX_CDC__OUTBOX__MESSAGE_PREFIX={prefix}"));
+    let running = Running::start(config).await;
+    let literal = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    let insert = |agg: &str, payload: &str| {
+        format!(
+            "INSERT INTO public.{t} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload)
+             VALUES (gen_random_uuid(), 'order', {agg}, 1, 'TestEvent', {payload});",
+            t = fx.table,
+            agg = literal(agg),
+            payload = literal(payload),
+        )
+    };
+    let alter = |ty: &str, using: &str| {
+        format!(
+            "ALTER TABLE public.{} ALTER COLUMN payload TYPE {ty} USING {using};",
+            fx.table
+        )
+    };
+    // (aggregate id, what is written, what the record value must be)
+    let cases = [
+        // jsonb keeps numeric scale and digits; its text form is canonical.
+        (
+            "jsonb",
+            r#"{"a":1.10,"big":123456789012345678901234567890,"f":0.1234567890123456789}"#,
+            r#"{"a": 1.10, "f": 0.1234567890123456789, "big": 123456789012345678901234567890}"#,
+        ),
+        // json is stored verbatim: whitespace, key order, duplicate keys.
+        (
+            "json",
+            r#"{"z" : 1.10,  "z": 2}"#,
+            r#"{"z" : 1.10,  "z": 2}"#,
+        ),
+        ("text", "plain text, not JSON", "plain text, not JSON"),
+        ("msg-number", "1.10", "1.10"),
+        (
+            "msg-object",
+            r#"{ "big": 123456789012345678901234567890, "x": 0.1234567890123456789 }"#,
+            r#"{ "big": 123456789012345678901234567890, "x": 0.1234567890123456789 }"#,
+        ),
+        ("msg-text", r#""a \"text\" payload""#, r#"a "text" payload"#),
+    ];
+    let mut sql = String::new();
+    for (agg, written, _) in &cases {
+        match *agg {
+            "json" => sql.push_str(&alter("json", "payload::json")),
+            "text" => sql.push_str(&alter("text", "payload::text")),
+            _ => {}
+        }
+        if let Some(rest) = agg.strip_prefix("msg-") {
+            let envelope = format!(
+                r#"{{"event_id":"{rest}-{name}","aggregate_type":"order","aggregate_id":"{agg}","event_type":"TestEvent","payload":{written}}}"#,
+                name = fx.name
+            );
+            sql.push_str(&format!(
+                "SELECT pg_logical_emit_message(true, {}, {});",
+                literal(&prefix),
+                literal(&envelope)
+            ));
+        } else {
+            sql.push_str(&insert(agg, written));
+        }
+    }
+    fx.admin.batch_execute(&sql).await.unwrap();
+
+    let records = consume(&fx.topic_prefix, cases.len(), TIMEOUT, SETTLE);
+    let by_key: HashMap<&str, &str> = records
+        .iter()
+        .map(|r| (r.key.as_str(), r.payload.as_str()))
+        .collect();
+    assert_eq!(records.len(), cases.len(), "{by_key:?}");
+    for (agg, _, published) in &cases {
+        assert_eq!(
+            by_key.get(agg).copied(),
+            Some(*published),
+            "payload of {agg}"
+        );
+    }
+
+    // bytea: refused when the Relation message binds, before any row goes out.
+    fx.admin
+        .batch_execute(&format!(
+            "{}{}",
+            alter("bytea", "convert_to(payload, 'UTF8')"),
+            insert("bytea", r#"{"a": 1}"#)
+        ))
+        .await
+        .unwrap();
+    let err = running
+        .finished(TIMEOUT)
+        .await
+        .expect_err("a bytea payload column must stop the connector");
+    match &err {
+        PipelineError::Mapping {
+            source: MapError::PayloadType { column, .. },
+            ..
+        } => assert_eq!(column, "payload"),
+        other => panic!("expected a payload type refusal, got {other}"),
+    }
+    assert!(err.to_string().contains("jsonb"), "{err}");
     fx.cleanup().await;
 }

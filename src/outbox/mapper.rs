@@ -21,6 +21,7 @@ use std::fmt;
 
 use bytes::Bytes;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 
 use super::event::OutboxEvent;
 use super::settings::{ColumnNames, ConfigError, OutboxSettings, TableName};
@@ -99,6 +100,14 @@ pub enum MapError {
         "change at LSN {lsn} refers to relation OID {oid}, for which no Relation message was seen"
     )]
     UnknownRelation { oid: u32, lsn: Lsn },
+    #[error(
+        "table {table}: the payload column {column:?} has type {type_name}, whose text form is not the stored bytes (bytea arrives as \\x and hex digits); convert it to jsonb (e.g. ALTER TABLE {table} ALTER COLUMN {column} TYPE jsonb USING convert_from({column}, 'UTF8')::jsonb) or text, or map another column with outbox.columns.payload"
+    )]
+    PayloadType {
+        table: String,
+        column: String,
+        type_name: &'static str,
+    },
 }
 
 impl MapError {
@@ -119,7 +128,8 @@ impl MapError {
             MapError::MissingColumn { .. }
             | MapError::BinaryValue { .. }
             | MapError::ColumnCount { .. }
-            | MapError::UnknownRelation { .. } => false,
+            | MapError::UnknownRelation { .. }
+            | MapError::PayloadType { .. } => false,
         }
     }
 
@@ -146,7 +156,9 @@ impl MapError {
             | MapError::TooLarge { at, .. }
             | MapError::BadEnvelope { at, .. }
             | MapError::ColumnCount { at, .. } => Some(at.as_ref()),
-            MapError::MissingColumn { .. } | MapError::UnknownRelation { .. } => None,
+            MapError::MissingColumn { .. }
+            | MapError::UnknownRelation { .. }
+            | MapError::PayloadType { .. } => None,
         }
     }
 }
@@ -247,10 +259,12 @@ impl Partial<'_> {
     }
 }
 
-/// The JSON content of a logical decoding message that is an event.
+/// The JSON content of a logical decoding message that is an event. The
+/// payload is borrowed unparsed from the message (serde_json checks that it is
+/// valid JSON while skipping it) so its bytes are published as written.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Envelope {
+struct Envelope<'a> {
     event_id: String,
     aggregate_type: String,
     aggregate_id: String,
@@ -259,8 +273,12 @@ struct Envelope {
     event_type: String,
     #[serde(default)]
     schema_version: Option<i32>,
-    payload: serde_json::Value,
+    #[serde(borrow)]
+    payload: &'a RawValue,
 }
+
+/// PostgreSQL's type OID of `bytea` (pg_type.dat), as sent in Relation messages.
+const BYTEA_OID: u32 = 17;
 
 impl OutboxMapper {
     /// Validates the settings and prepares everything that does not depend on a row.
@@ -295,6 +313,16 @@ impl OutboxMapper {
         };
         let find_opt = |column: &Option<String>| column.as_deref().map(find).transpose();
         let c = &self.columns;
+        let payload = find(&c.payload)?;
+        // A domain over bytea arrives with the domain's OID; `check` resolves
+        // domains to their base type and refuses those too.
+        if rel.columns[payload].type_oid == BYTEA_OID {
+            return Err(MapError::PayloadType {
+                table: rel.qualified_name(),
+                column: c.payload.clone(),
+                type_name: "bytea",
+            });
+        }
         Ok(BoundRelation {
             oid: rel.oid,
             width: rel.columns.len(),
@@ -304,7 +332,7 @@ impl OutboxMapper {
             aggregate_sequence: find_opt(&c.aggregate_sequence)?,
             event_type: find(&c.event_type)?,
             schema_version: find_opt(&c.schema_version)?,
-            payload: find(&c.payload)?,
+            payload,
             extra: self
                 .extra_headers
                 .iter()
@@ -396,12 +424,13 @@ impl OutboxMapper {
     /// Maps a logical decoding message. `None` when messages are off
     /// (`message_prefix = ""`), when the prefix differs, and for
     /// non-transactional messages: those are sent at once, even when the
-    /// emitting transaction later rolls back, so they cannot be events
-    /// (see [`OutboxMapper::is_stray_message`] to count them).
+    /// emitting transaction later rolls back, so they cannot be events.
     ///
-    /// The content is a JSON envelope, see docs/outbox-table.md. Its payload is
-    /// re-serialized compactly (serde_json without `raw_value` cannot keep the
-    /// original bytes). Extra headers do not apply: a message has no columns.
+    /// The content is a JSON envelope, see docs/outbox-table.md. Its payload
+    /// goes out as the bytes written in the message (a slice of it, not a
+    /// copy), except that a JSON string is text and goes out unquoted and
+    /// unescaped, as a `text` column would. Extra headers do not apply: a
+    /// message has no columns.
     pub fn map_message(
         &self,
         msg: &LogicalMessage,
@@ -433,16 +462,25 @@ impl OutboxMapper {
                 at: row.at(),
             });
         }
-        if env.payload.is_null() {
-            return Err(MapError::BadEnvelope {
-                reason: "\"payload\" is null".into(),
-                at: row.at(),
-            });
-        }
-        let payload = serde_json::to_vec(&env.payload).map_err(|e| MapError::BadEnvelope {
-            reason: e.to_string(),
-            at: row.at(),
-        })?;
+        let raw = env.payload.get();
+        let payload = match raw.as_bytes().first() {
+            Some(b'n') => {
+                return Err(MapError::BadEnvelope {
+                    reason: "\"payload\" is null".into(),
+                    at: row.at(),
+                });
+            }
+            Some(b'"') => {
+                let text: String =
+                    serde_json::from_str(raw).map_err(|e| MapError::BadEnvelope {
+                        reason: format!("\"payload\": {e}"),
+                        at: row.at(),
+                    })?;
+                Bytes::from(text)
+            }
+            // The borrowed RawValue lies inside the message content.
+            _ => msg.content.slice_ref(raw.as_bytes()),
+        };
 
         let mut headers = Vec::with_capacity(7);
         headers.push((
@@ -476,7 +514,7 @@ impl OutboxMapper {
         let event = OutboxEvent {
             topic,
             key: Bytes::copy_from_slice(env.aggregate_id.as_bytes()),
-            payload: Bytes::from(payload),
+            payload,
             headers,
             timestamp_ms: ctx.commit_time.unix_millis(),
             event_id: env.event_id.clone(),
@@ -491,12 +529,6 @@ impl OutboxMapper {
     /// the stream must then be started with pgoutput's `messages 'true'`.
     pub fn wants_messages(&self) -> bool {
         self.message_prefix.is_some()
-    }
-
-    /// A non-transactional message carrying the event prefix: ignored by
-    /// [`OutboxMapper::map_message`], worth counting and logging by the caller.
-    pub fn is_stray_message(&self, msg: &LogicalMessage) -> bool {
-        !msg.transactional && self.message_prefix.as_deref() == Some(msg.prefix.as_str())
     }
 
     fn render_topic(
@@ -765,6 +797,7 @@ mod tests {
             table: "outbox".into(),
             layout: Layout::Debezium,
             topic: "{table}.{aggregate_type}.{event_type}".into(),
+            allow_split_aggregates: true,
             extra_headers: vec!["tenant".into(), "trace_id".into()],
             ..OutboxSettings::default()
         };
@@ -1069,6 +1102,109 @@ mod tests {
         assert_eq!(e.payload, Bytes::from_static(b"[1]"));
     }
 
+    /// The message path publishes the payload's bytes as written: no number is
+    /// re-formatted or rounded, whitespace and key order stay; a JSON string
+    /// payload is text and goes out as that text, as from a `text` column.
+    #[test]
+    fn message_payload_bytes_are_published_as_written() {
+        let m = mapper(OutboxSettings {
+            message_prefix: "outbox".into(),
+            ..Default::default()
+        });
+        let with_payload = |payload: &str| {
+            format!(
+                r#"{{"event_id":"e-1","aggregate_type":"order","aggregate_id":"o-1","event_type":"X","payload": {payload} }}"#
+            )
+        };
+        for payload in [
+            "1.10",
+            "0.1234567890123456789",
+            "123456789012345678901234567890",
+            "-18446744073709551616",
+            "1E+2",
+            r#"{"z": 1.10,  "a" : [0.1234567890123456789, 123456789012345678901234567890]}"#,
+            r#"{"dup": 1, "dup": 2}"#,
+            r#"["é", "\/"]"#,
+            "true",
+        ] {
+            let content = with_payload(payload);
+            let msg = message(true, "outbox", &content);
+            let e = m.map_message(&msg, &ctx()).unwrap().unwrap();
+            assert_eq!(
+                std::str::from_utf8(&e.payload).unwrap(),
+                payload,
+                "{content}"
+            );
+            // A view of the received message, not a copy.
+            let start = content.find(payload).unwrap();
+            assert_eq!(e.payload.as_ptr(), msg.content[start..].as_ptr());
+        }
+        for (payload, published) in [
+            (r#""plain text""#, "plain text"),
+            (r#""caf\u00e9 \"quoted\"\n""#, "caf\u{e9} \"quoted\"\n"),
+            (r#""""#, ""),
+            (r#""{\"a\": 1.10}""#, r#"{"a": 1.10}"#),
+        ] {
+            let e = m
+                .map_message(&message(true, "outbox", &with_payload(payload)), &ctx())
+                .unwrap()
+                .unwrap();
+            assert_eq!(std::str::from_utf8(&e.payload).unwrap(), published);
+        }
+    }
+
+    fn typed_rel(payload_type: u32) -> Relation {
+        let mut r = seed_rel();
+        r.columns[6].type_oid = payload_type;
+        r
+    }
+
+    /// bytea's text form is `\x` and hex digits, never the stored bytes: a
+    /// payload column of that type is refused when the relation is bound, with
+    /// the column and the fix, before any row is published.
+    #[test]
+    fn bytea_payload_column_is_refused_at_bind() {
+        let m = mapper(OutboxSettings::default());
+        let e = m.bind(&typed_rel(17)).unwrap_err();
+        assert_eq!(
+            e,
+            MapError::PayloadType {
+                table: "public.outbox_events".into(),
+                column: "payload".into(),
+                type_name: "bytea",
+            }
+        );
+        assert!(!e.is_poison());
+        let text = e.to_string();
+        assert!(
+            text.contains("\"payload\"") && text.contains("bytea"),
+            "{text}"
+        );
+        assert!(
+            text.contains("jsonb") && text.contains("outbox.columns.payload"),
+            "{text}"
+        );
+        let mut bindings = RelationBindings::new();
+        assert!(bindings.observe(&m, &typed_rel(17)).is_err());
+        assert!(matches!(
+            bindings.map_insert(&m, 16400, &seed_row(), &ctx()),
+            Err(MapError::PayloadType { .. })
+        ));
+        // jsonb, json, text, varchar: bound, and the value goes out as sent.
+        for oid in [3802, 114, 25, 1043] {
+            let bound = m.bind(&typed_rel(oid)).unwrap();
+            let e = m.map_insert(&bound, &seed_row(), &ctx()).unwrap();
+            assert_eq!(
+                e.payload,
+                Bytes::from_static(br#"{"amount": 100, "sku": "A-1"}"#)
+            );
+        }
+        // Other columns of type bytea are headers' business, not refused here.
+        let mut r = seed_rel();
+        r.columns[7].type_oid = 17;
+        assert!(m.bind(&r).is_ok());
+    }
+
     #[test]
     fn messages_that_are_not_events() {
         let off = mapper(OutboxSettings::default());
@@ -1099,10 +1235,6 @@ mod tests {
         );
         let stray = message(false, "outbox", ENVELOPE);
         assert_eq!(m.map_message(&stray, &ctx()).unwrap(), None);
-        assert!(m.is_stray_message(&stray));
-        assert!(!m.is_stray_message(&message(false, "other", ENVELOPE)));
-        assert!(!m.is_stray_message(&message(true, "outbox", ENVELOPE)));
-        assert!(!off.is_stray_message(&stray));
     }
 
     #[test]
@@ -1115,6 +1247,8 @@ mod tests {
             "not json",
             r#"{"event_id":"e","aggregate_type":"a","aggregate_id":"i","event_type":"t"}"#,
             r#"{"event_id":"e","aggregate_type":"a","aggregate_id":"i","event_type":"t","payload":null}"#,
+            r#"{"event_id":"e","aggregate_type":"a","aggregate_id":"i","event_type":"t","payload" :  null }"#,
+            r#"{"event_id":"e","aggregate_type":"a","aggregate_id":"i","event_type":"t","payload":[1,}"#,
             r#"{"event_id":"","aggregate_type":"a","aggregate_id":"i","event_type":"t","payload":1}"#,
             r#"{"event_id":"e","aggregate_type":"a","aggregate_id":"i","event_type":"t","payload":1,"extra":1}"#,
             r#"{"event_id":"e","aggregate_type":"a","aggregate_id":"i","event_type":"t","payload":1,"aggregate_sequence":"x"}"#,

@@ -63,7 +63,13 @@ pub struct OutboxSettings {
     pub table: String,
     /// Topic template. Placeholders: `{aggregate_type}`, `{event_type}`, `{table}`
     /// (the table's name without schema). Default `outbox.event.{aggregate_type}`.
+    /// `{event_type}` needs `allow_split_aggregates`.
     pub topic: String,
+    /// Accept a topic template with `{event_type}`, which sends one aggregate's
+    /// events to several topics: Kafka orders records only within one
+    /// partition of one topic, so consumers lose the per-aggregate order across
+    /// event types. Default false.
+    pub allow_split_aggregates: bool,
     /// Column-name preset: `seed` (default) or `debezium`.
     pub layout: Layout,
     /// Per-column overrides on top of the preset. Default: none.
@@ -88,6 +94,7 @@ impl Default for OutboxSettings {
         OutboxSettings {
             table: "public.outbox_events".to_owned(),
             topic: "outbox.event.{aggregate_type}".to_owned(),
+            allow_split_aggregates: false,
             layout: Layout::Seed,
             columns: ColumnOverrides::default(),
             extra_headers: Vec::new(),
@@ -331,7 +338,18 @@ impl OutboxSettings {
 
     /// Checks every value; the first problem found is returned.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.topic_template()?;
+        if self.topic_template()?.uses_event_type() && !self.allow_split_aggregates {
+            return Err(ConfigError::new(
+                "outbox.topic",
+                &self.topic,
+                "a template without {event_type}: it would send the events of one aggregate \
+                 to several topics, and Kafka keeps order only within one partition of one \
+                 topic, so consumers could see an aggregate's events out of order (DESIGN.md \
+                 §2.3). Route by {aggregate_type} and/or {table}, or set \
+                 outbox.allow_split_aggregates = true if no consumer needs the order across \
+                 event types",
+            ));
+        }
         self.column_names()?;
         self.check_extra_headers()?;
         topic::validate_topic_name(&self.dead_letter_topic).map_err(|e| {
@@ -444,12 +462,39 @@ mod tests {
         assert_eq!(s.column_names().unwrap().schema_version, None);
     }
 
+    /// `{event_type}` sends one aggregate's events to several topics, where
+    /// Kafka keeps no order between them: refused unless the user opts in.
+    #[test]
+    fn event_type_in_the_topic_needs_an_explicit_opt_in() {
+        for topic in ["{event_type}", "outbox.{aggregate_type}.{event_type}"] {
+            let s = parse(&format!("topic = \"{topic}\"")).unwrap();
+            let e = s.validate().unwrap_err();
+            assert_eq!(e.key, "outbox.topic", "{e}");
+            let text = e.to_string();
+            assert!(text.contains(topic), "{text}");
+            assert!(
+                text.contains("order") && text.contains("outbox.allow_split_aggregates = true"),
+                "{text}"
+            );
+            let s = parse(&format!(
+                "topic = \"{topic}\"\nallow_split_aggregates = true"
+            ))
+            .unwrap();
+            s.validate().unwrap();
+        }
+        parse("topic = \"{table}.{aggregate_type}\"")
+            .unwrap()
+            .validate()
+            .unwrap();
+    }
+
     #[test]
     fn full_example_parses() {
         let s = parse(
             r#"
 table = "app.outbox_events"
 topic = "{table}.{aggregate_type}.{event_type}"
+allow_split_aggregates = true
 layout = "seed"
 extra_headers = ["occurred_at", "trace_id"]
 message_prefix = "outbox"

@@ -229,6 +229,13 @@ impl TopicTemplate {
         Ok(template)
     }
 
+    /// Whether the template contains `{event_type}`.
+    pub fn uses_event_type(&self) -> bool {
+        self.parts
+            .iter()
+            .any(|p| matches!(p, Part::Var(Placeholder::EventType)))
+    }
+
     /// The topic when the template has no per-event placeholder.
     pub fn fixed(&self) -> Option<&str> {
         match self.parts.as_slice() {

@@ -3,13 +3,22 @@
 //!
 //! Methods: trust (AuthenticationOk at once), cleartext password (code 3),
 //! md5 (code 5: `"md5" + md5(md5(password + user) + salt)` in hex), and
-//! SCRAM-SHA-256 (codes 10/11/12). Channel binding is not used: the client
-//! sends the gs2 header `n,,`, which PostgreSQL accepts with or without TLS.
+//! SCRAM-SHA-256 (codes 10/11/12), with channel binding
+//! (SCRAM-SHA-256-PLUS, `tls-server-end-point`) over TLS per `channel_binding`.
+//!
+//! SCRAM authenticates both sides: the server proves it knows the password
+//! verifier with its signature in AuthenticationSASLFinal. An
+//! AuthenticationOk before a verified SASLFinal is refused, or a man in the
+//! middle could skip that proof and impersonate the database. `require_auth`
+//! refuses methods the user did not allow before any password is sent.
 
 use bytes::{Bytes, BytesMut};
 use postgres_protocol::authentication::md5_hash;
-use postgres_protocol::authentication::sasl::{ChannelBinding, SCRAM_SHA_256, ScramSha256};
+use postgres_protocol::authentication::sasl::{
+    ChannelBinding, SCRAM_SHA_256, SCRAM_SHA_256_PLUS, ScramSha256,
+};
 
+use super::config::{AuthMethod, AuthSettings, ChannelBinding as BindingMode};
 use super::error::PgError;
 use super::wire::{Reader, WireError, encode, tag};
 
@@ -31,6 +40,22 @@ pub(crate) enum AuthRequest {
 }
 
 impl AuthRequest {
+    /// The method a first request asks for, in `require_auth`'s terms
+    /// (`None` for SASL continuation messages, which are not a first request).
+    pub fn method(&self) -> Option<AuthMethod> {
+        Some(match self {
+            AuthRequest::Ok => AuthMethod::None,
+            AuthRequest::Cleartext => AuthMethod::Password,
+            AuthRequest::Md5 { .. } => AuthMethod::Md5,
+            AuthRequest::Sasl { .. } => AuthMethod::ScramSha256,
+            AuthRequest::Other(7 | 8) => AuthMethod::Gss,
+            AuthRequest::Other(9) => AuthMethod::Sspi,
+            AuthRequest::SaslContinue(_) | AuthRequest::SaslFinal(_) | AuthRequest::Other(_) => {
+                return None;
+            }
+        })
+    }
+
     pub fn parse(body: &Bytes) -> Result<AuthRequest, WireError> {
         let mut r = Reader::new(tag::AUTHENTICATION, body);
         let code = r.i32("authentication code")?;
@@ -82,24 +107,75 @@ pub(crate) enum AuthError {
     Scram(std::io::Error),
     #[error("unexpected {message} during authentication")]
     OutOfOrder { message: &'static str },
+    #[error(
+        "the server accepted the login before proving it knows the password (no verified SCRAM server signature): refusing, a man in the middle may be impersonating the database"
+    )]
+    ServerNotVerified,
+    #[error(
+        "the server asks for {method} authentication, which require_auth={allowed} refuses: allow it in require_auth, or change the server's pg_hba.conf to a method you allow (scram-sha-256)"
+    )]
+    MethodRefused {
+        method: &'static str,
+        allowed: String,
+    },
+    #[error(
+        "channel_binding=require, but {why}: connect with TLS (sslmode=require or verify-full) to a server that offers SCRAM-SHA-256-PLUS (password_encryption = scram-sha-256, a SCRAM verifier), or set channel_binding=prefer"
+    )]
+    BindingRequired { why: String },
     #[error(transparent)]
     Encode(PgError),
+}
+
+/// Where a SCRAM exchange stands.
+enum Scram {
+    NotStarted,
+    Running(ScramSha256),
+    /// The server's signature was verified.
+    Verified,
 }
 
 /// Progress of one authentication exchange.
 pub(crate) struct Authenticator {
     user: String,
     password: Option<Vec<u8>>,
-    scram: Option<ScramSha256>,
+    settings: AuthSettings,
+    /// `tls-server-end-point` data of the TLS session, when there is one and
+    /// the server certificate's signature algorithm defines it.
+    end_point: Option<Vec<u8>>,
+    /// The method of the first request, once seen.
+    method: Option<AuthMethod>,
+    scram: Scram,
+    bound: bool,
 }
 
 impl Authenticator {
-    pub fn new(user: &str, password: Option<&[u8]>) -> Authenticator {
+    pub fn new(
+        user: &str,
+        password: Option<&[u8]>,
+        settings: AuthSettings,
+        end_point: Option<Vec<u8>>,
+    ) -> Authenticator {
         Authenticator {
             user: user.to_owned(),
             password: password.map(<[u8]>::to_vec),
-            scram: None,
+            settings,
+            end_point,
+            method: None,
+            scram: Scram::NotStarted,
+            bound: false,
         }
+    }
+
+    /// `require_auth` and `channel_binding` against the method of the first request.
+    fn admit(&mut self, req: &AuthRequest) -> Result<(), AuthError> {
+        let Some(method) = req.method() else {
+            return Ok(());
+        };
+        if self.method.is_some() {
+            return Ok(());
+        }
+        self.method = Some(method);
+        check_method(self.settings, method)
     }
 
     fn password(&self, method: &'static str) -> Result<&[u8], AuthError> {
@@ -111,8 +187,20 @@ impl Authenticator {
     /// Handles one request; appends any reply to `out`. Returns `true` once
     /// the server has accepted us (AuthenticationOk).
     pub fn step(&mut self, req: AuthRequest, out: &mut BytesMut) -> Result<bool, AuthError> {
+        self.admit(&req)?;
         match req {
-            AuthRequest::Ok => return Ok(true),
+            AuthRequest::Ok => {
+                match self.scram {
+                    Scram::Running(_) => return Err(AuthError::ServerNotVerified),
+                    Scram::NotStarted | Scram::Verified => {}
+                }
+                if self.settings.channel_binding == BindingMode::Require && !self.bound {
+                    return Err(AuthError::BindingRequired {
+                        why: "the server accepted the login without channel binding".into(),
+                    });
+                }
+                return Ok(true);
+            }
             AuthRequest::Cleartext => {
                 let pw = self.password("cleartext password")?.to_vec();
                 encode::password(&pw, out).map_err(AuthError::Encode)?;
@@ -122,33 +210,69 @@ impl Authenticator {
                 encode::password(hash.as_bytes(), out).map_err(AuthError::Encode)?;
             }
             AuthRequest::Sasl { mechanisms } => {
-                if !mechanisms.iter().any(|m| m == SCRAM_SHA_256) {
-                    return Err(AuthError::NoScram {
-                        offered: mechanisms,
+                if !matches!(self.scram, Scram::NotStarted) {
+                    return Err(AuthError::OutOfOrder {
+                        message: "a second SASL request",
                     });
                 }
-                let scram = ScramSha256::new(
-                    self.password("SCRAM-SHA-256")?,
-                    ChannelBinding::unsupported(),
-                );
-                encode::sasl_initial(SCRAM_SHA_256, scram.message(), out)
-                    .map_err(AuthError::Encode)?;
-                self.scram = Some(scram);
+                let offers = |name: &str| mechanisms.iter().any(|m| m == name);
+                let mode = self.settings.channel_binding;
+                let end_point = self
+                    .end_point
+                    .clone()
+                    .filter(|_| mode != BindingMode::Disable);
+                // The gs2 header tells the server what we could do: `p=` binds;
+                // `y` (we could bind, the server did not offer it) lets a server
+                // that does offer PLUS detect a downgrade; `n` without TLS data.
+                let (mechanism, binding) = match end_point {
+                    Some(data) if offers(SCRAM_SHA_256_PLUS) => (
+                        SCRAM_SHA_256_PLUS,
+                        ChannelBinding::tls_server_end_point(data),
+                    ),
+                    Some(_) if offers(SCRAM_SHA_256) => {
+                        (SCRAM_SHA_256, ChannelBinding::unrequested())
+                    }
+                    None if offers(SCRAM_SHA_256) => (SCRAM_SHA_256, ChannelBinding::unsupported()),
+                    _ => {
+                        return Err(AuthError::NoScram {
+                            offered: mechanisms,
+                        });
+                    }
+                };
+                if mode == BindingMode::Require && mechanism != SCRAM_SHA_256_PLUS {
+                    return Err(AuthError::BindingRequired {
+                        why: if self.end_point.is_none() {
+                            "the connection has no TLS channel to bind to (no TLS, or a server certificate without a tls-server-end-point hash)".into()
+                        } else {
+                            format!("the server offers only {mechanisms:?}")
+                        },
+                    });
+                }
+                let scram = ScramSha256::new(self.password("SCRAM-SHA-256")?, binding);
+                encode::sasl_initial(mechanism, scram.message(), out).map_err(AuthError::Encode)?;
+                self.bound = mechanism == SCRAM_SHA_256_PLUS;
+                self.scram = Scram::Running(scram);
             }
             AuthRequest::SaslContinue(data) => {
-                let scram = self.scram.as_mut().ok_or(AuthError::OutOfOrder {
-                    message: "SASLContinue",
-                })?;
+                let Scram::Running(scram) = &mut self.scram else {
+                    return Err(AuthError::OutOfOrder {
+                        message: "SASLContinue",
+                    });
+                };
                 scram.update(&data).map_err(AuthError::Scram)?;
                 encode::sasl_response(scram.message(), out).map_err(AuthError::Encode)?;
             }
             AuthRequest::SaslFinal(data) => {
-                let scram = self.scram.as_mut().ok_or(AuthError::OutOfOrder {
-                    message: "SASLFinal",
-                })?;
-                // Verifies the server signature: a server that does not know
-                // the password cannot complete the exchange.
+                let Scram::Running(scram) = &mut self.scram else {
+                    return Err(AuthError::OutOfOrder {
+                        message: "SASLFinal",
+                    });
+                };
+                // Verifies the server signature (postgres-protocol's `finish`
+                // checks it against the ServerKey derived from the password):
+                // a server that does not know the password cannot pass.
                 scram.finish(&data).map_err(AuthError::Scram)?;
+                self.scram = Scram::Verified;
             }
             AuthRequest::Other(code) => {
                 return Err(AuthError::Unsupported {
@@ -165,9 +289,215 @@ impl Authenticator {
     }
 }
 
+/// The checks of [`check_method`] plus, for a SASL request under
+/// `channel_binding=require`, that SCRAM-SHA-256-PLUS can be used: what the
+/// control connection checks before tokio-postgres answers the first request.
+pub(crate) fn check_first_request(
+    settings: AuthSettings,
+    req: &AuthRequest,
+    has_end_point: bool,
+) -> Result<(), AuthError> {
+    let Some(method) = req.method() else {
+        return Ok(());
+    };
+    check_method(settings, method)?;
+    if let AuthRequest::Sasl { mechanisms } = req {
+        if settings.channel_binding == BindingMode::Require {
+            if !has_end_point {
+                return Err(AuthError::BindingRequired {
+                    why: "the connection has no TLS channel to bind to (no TLS, or a server certificate without a tls-server-end-point hash)".into(),
+                });
+            }
+            if !mechanisms.iter().any(|m| m == SCRAM_SHA_256_PLUS) {
+                return Err(AuthError::BindingRequired {
+                    why: format!("the server offers only {mechanisms:?}"),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `require_auth` and `channel_binding` against the method a server asks for
+/// first; shared by our transport and the tokio-postgres control connection.
+pub(crate) fn check_method(settings: AuthSettings, method: AuthMethod) -> Result<(), AuthError> {
+    if !settings.require_auth.allows(method) {
+        return Err(AuthError::MethodRefused {
+            method: method.name(),
+            allowed: settings.require_auth.allowed_names(),
+        });
+    }
+    if settings.channel_binding == BindingMode::Require && method != AuthMethod::ScramSha256 {
+        return Err(AuthError::BindingRequired {
+            why: format!(
+                "the server asks for {} authentication, which cannot bind to the channel",
+                method.name()
+            ),
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pg::PgConnectConfig;
+
+    fn settings(params: &str) -> AuthSettings {
+        *PgConnectConfig::parse_with_env(&format!("host=h user=u {params}"), |_| None)
+            .unwrap()
+            .auth()
+    }
+
+    fn auth(user: &str, password: Option<&[u8]>) -> Authenticator {
+        Authenticator::new(user, password, settings(""), None)
+    }
+
+    fn sasl() -> AuthRequest {
+        AuthRequest::Sasl {
+            mechanisms: vec!["SCRAM-SHA-256-PLUS".into(), "SCRAM-SHA-256".into()],
+        }
+    }
+
+    /// Starts SCRAM and answers the client-first message with a server-first
+    /// message that extends its nonce; returns the client-final message.
+    fn scram_to_final(a: &mut Authenticator) -> Vec<u8> {
+        let mut out = BytesMut::new();
+        a.step(sasl(), &mut out).unwrap();
+        let first = String::from_utf8(out[5 + b"SCRAM-SHA-256\0".len() + 4..].to_vec()).unwrap();
+        let nonce = first.rsplit_once("r=").unwrap().1.to_owned();
+        out.clear();
+        let server_first = format!("r={nonce}srv,s=c2FsdHNhbHQ=,i=4096");
+        a.step(
+            AuthRequest::SaslContinue(Bytes::from(server_first)),
+            &mut out,
+        )
+        .unwrap();
+        out.to_vec()
+    }
+
+    #[test]
+    fn authentication_ok_before_a_verified_sasl_final_is_refused() {
+        // Right after the SASL request.
+        let mut a = auth("u", Some(b"pw"));
+        let mut out = BytesMut::new();
+        a.step(sasl(), &mut out).unwrap();
+        assert!(matches!(
+            a.step(AuthRequest::Ok, &mut out),
+            Err(AuthError::ServerNotVerified)
+        ));
+        // After our proof, without the server's.
+        let mut a = auth("u", Some(b"pw"));
+        assert_eq!(scram_to_final(&mut a)[0], b'p');
+        let e = a.step(AuthRequest::Ok, &mut BytesMut::new()).unwrap_err();
+        assert!(matches!(e, AuthError::ServerNotVerified));
+        assert!(e.to_string().contains("man in the middle"), "{e}");
+    }
+
+    #[test]
+    fn a_forged_server_signature_is_refused() {
+        let mut a = auth("u", Some(b"pw"));
+        scram_to_final(&mut a);
+        let forged = Bytes::from_static(b"v=dGhpcyBpcyBub3QgdGhlIHNpZ25hdHVyZSBvZiB0aGUgc2VydmVy");
+        assert!(matches!(
+            a.step(AuthRequest::SaslFinal(forged), &mut BytesMut::new()),
+            Err(AuthError::Scram(_))
+        ));
+        // And the exchange cannot be completed afterwards.
+        assert!(a.step(AuthRequest::Ok, &mut BytesMut::new()).is_err());
+        let mut a = auth("u", Some(b"pw"));
+        scram_to_final(&mut a);
+        let error = Bytes::from_static(b"e=invalid-proof");
+        assert!(
+            a.step(AuthRequest::SaslFinal(error), &mut BytesMut::new())
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn require_auth_refuses_before_sending_a_password() {
+        let scram_only = settings("require_auth=scram-sha-256");
+        for req in [
+            AuthRequest::Cleartext,
+            AuthRequest::Md5 { salt: [1, 2, 3, 4] },
+            AuthRequest::Ok,
+        ] {
+            let mut a = Authenticator::new("u", Some(b"pw"), scram_only, None);
+            let mut out = BytesMut::new();
+            let e = a.step(req.clone(), &mut out).unwrap_err();
+            assert!(
+                matches!(e, AuthError::MethodRefused { .. }),
+                "{req:?}: {e:?}"
+            );
+            assert!(out.is_empty(), "{req:?}: nothing sent");
+            assert!(e.to_string().contains("require_auth=scram-sha-256"), "{e}");
+        }
+        let mut a = Authenticator::new("u", Some(b"pw"), scram_only, None);
+        assert!(a.step(sasl(), &mut BytesMut::new()).is_ok());
+        // Negation: everything but cleartext.
+        let no_clear = settings("require_auth=!password");
+        let mut a = Authenticator::new("u", Some(b"pw"), no_clear, None);
+        assert!(matches!(
+            a.step(AuthRequest::Cleartext, &mut BytesMut::new()),
+            Err(AuthError::MethodRefused {
+                method: "password",
+                ..
+            })
+        ));
+        let mut a = Authenticator::new("u", Some(b"pw"), no_clear, None);
+        assert!(
+            a.step(AuthRequest::Md5 { salt: [0; 4] }, &mut BytesMut::new())
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn channel_binding_chooses_the_mechanism() {
+        let first = |params: &str, end_point: Option<Vec<u8>>, mechanisms: &[&str]| {
+            let mut a = Authenticator::new("u", Some(b"pw"), settings(params), end_point);
+            let mut out = BytesMut::new();
+            a.step(
+                AuthRequest::Sasl {
+                    mechanisms: mechanisms.iter().map(|m| (*m).to_owned()).collect(),
+                },
+                &mut out,
+            )
+            .map(|_| String::from_utf8_lossy(&out[5..]).into_owned())
+        };
+        let both = ["SCRAM-SHA-256-PLUS", "SCRAM-SHA-256"];
+        let hash = Some(vec![7u8; 32]);
+        let plus = first("", hash.clone(), &both).unwrap();
+        assert!(plus.starts_with("SCRAM-SHA-256-PLUS\0"), "{plus:?}");
+        assert!(plus.contains("p=tls-server-end-point,,n=,r="), "{plus:?}");
+        let y = first("", hash.clone(), &["SCRAM-SHA-256"]).unwrap();
+        assert!(y.contains("y,,n=,r="), "{y:?}");
+        let n = first("", None, &both).unwrap();
+        assert!(
+            n.starts_with("SCRAM-SHA-256\0") && n.contains("n,,n=,r="),
+            "{n:?}"
+        );
+        let off = first("channel_binding=disable", hash.clone(), &both).unwrap();
+        assert!(off.contains("n,,n=,r="), "{off:?}");
+        let req = "sslmode=require channel_binding=require";
+        assert!(
+            first(req, hash.clone(), &both)
+                .unwrap()
+                .starts_with("SCRAM-SHA-256-PLUS\0")
+        );
+        for (end_point, offered) in [(None, &both[..]), (hash, &["SCRAM-SHA-256"][..])] {
+            let e = first(req, end_point, offered).unwrap_err();
+            assert!(matches!(e, AuthError::BindingRequired { .. }), "{e:?}");
+            assert!(e.to_string().contains("channel_binding=require"), "{e}");
+        }
+        // Methods that cannot bind are refused before a password is sent.
+        let mut a = Authenticator::new("u", Some(b"pw"), settings(req), Some(vec![1; 32]));
+        let mut out = BytesMut::new();
+        assert!(matches!(
+            a.step(AuthRequest::Md5 { salt: [0; 4] }, &mut out),
+            Err(AuthError::BindingRequired { .. })
+        ));
+        assert!(out.is_empty());
+    }
 
     fn req(code: i32, rest: &[u8]) -> AuthRequest {
         let mut body = code.to_be_bytes().to_vec();
@@ -199,7 +529,7 @@ mod tests {
     /// computed independently: md5(md5("outbox_md5" + "outbox_md5").hex + salt).
     #[test]
     fn md5_reply_matches_recorded_exchange() {
-        let mut a = Authenticator::new("outbox_md5", Some(b"outbox_md5"));
+        let mut a = auth("outbox_md5", Some(b"outbox_md5"));
         let mut out = BytesMut::new();
         let done = a
             .step(
@@ -221,7 +551,7 @@ mod tests {
 
     #[test]
     fn cleartext_sends_the_password() {
-        let mut a = Authenticator::new("u", Some(b"pw"));
+        let mut a = auth("u", Some(b"pw"));
         let mut out = BytesMut::new();
         a.step(AuthRequest::Cleartext, &mut out).unwrap();
         assert_eq!(&out[..], b"p\0\0\0\x07pw\0");
@@ -229,7 +559,7 @@ mod tests {
 
     #[test]
     fn missing_password_and_unsupported_methods_are_errors() {
-        let mut a = Authenticator::new("u", None);
+        let mut a = auth("u", None);
         let mut out = BytesMut::new();
         assert!(matches!(
             a.step(AuthRequest::Md5 { salt: [0; 4] }, &mut out),
@@ -239,7 +569,7 @@ mod tests {
             a.step(AuthRequest::Other(7), &mut out),
             Err(AuthError::Unsupported { .. })
         ));
-        let mut a = Authenticator::new("u", Some(b"pw"));
+        let mut a = auth("u", Some(b"pw"));
         assert!(matches!(
             a.step(
                 AuthRequest::Sasl {
@@ -258,7 +588,7 @@ mod tests {
 
     #[test]
     fn scram_first_message_uses_no_channel_binding() {
-        let mut a = Authenticator::new("u", Some(b"pw"));
+        let mut a = auth("u", Some(b"pw"));
         let mut out = BytesMut::new();
         a.step(
             AuthRequest::Sasl {

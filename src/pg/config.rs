@@ -2,11 +2,13 @@
 //! the SQL connection.
 //!
 //! `tokio_postgres::Config` parses both the URL and the key=value form but
-//! knows only sslmode disable/prefer/require and no root certificate. We take
-//! the TLS keys out first (sslmode, sslrootcert, and the client-certificate
-//! keys, which we refuse), hand the rest to tokio-postgres, and keep the TLS
-//! settings beside it. TLS itself is done by our transport for both
-//! connections (see `tls.rs`, `connect.rs`), so the two always agree.
+//! knows only sslmode disable/prefer/require, no root certificate and no
+//! `require_auth`. We take our own keys out first (sslmode, sslrootcert, the
+//! client-certificate keys, which we refuse, `channel_binding` and
+//! `require_auth`), hand the rest to tokio-postgres, and keep our settings
+//! beside it. TLS itself is done by our transport for both connections (see
+//! `tls.rs`, `connect.rs`), so the two always agree; so is the authentication
+//! policy (`auth.rs`).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -77,11 +79,142 @@ pub struct TlsSettings {
     pub root_cert: Option<PathBuf>,
 }
 
+/// libpq's `channel_binding`: whether SCRAM binds to the TLS channel
+/// (SCRAM-SHA-256-PLUS with `tls-server-end-point`, RFC 5929), proving that
+/// the server holding the password verifier is the one that sent the
+/// certificate (no man in the middle, even without certificate checks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChannelBinding {
+    /// Never bind.
+    Disable,
+    /// Bind when TLS is in use and the server offers SCRAM-SHA-256-PLUS (default).
+    Prefer,
+    /// Authentication must be SCRAM-SHA-256-PLUS over TLS; anything else fails.
+    Require,
+}
+
+/// An authentication method as named by libpq's `require_auth`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthMethod {
+    /// The server accepted the user without asking for anything (trust).
+    None,
+    /// Cleartext password.
+    Password,
+    Md5,
+    Gss,
+    Sspi,
+    ScramSha256,
+}
+
+impl AuthMethod {
+    const ALL: [AuthMethod; 6] = [
+        AuthMethod::None,
+        AuthMethod::Password,
+        AuthMethod::Md5,
+        AuthMethod::Gss,
+        AuthMethod::Sspi,
+        AuthMethod::ScramSha256,
+    ];
+
+    /// The name `require_auth` uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            AuthMethod::None => "none",
+            AuthMethod::Password => "password",
+            AuthMethod::Md5 => "md5",
+            AuthMethod::Gss => "gss",
+            AuthMethod::Sspi => "sspi",
+            AuthMethod::ScramSha256 => "scram-sha-256",
+        }
+    }
+
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+/// Which methods the server may ask for (libpq 16's `require_auth`):
+/// default any; `a,b` only those; `!a,!b` any but those.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequireAuth {
+    allowed: u8,
+}
+
+impl Default for RequireAuth {
+    fn default() -> Self {
+        RequireAuth { allowed: u8::MAX }
+    }
+}
+
+impl RequireAuth {
+    fn parse(value: &str) -> Result<RequireAuth, PgError> {
+        let err = |message: String| PgError::Config {
+            key: "require_auth".into(),
+            message,
+        };
+        let (mut listed, mut negated) = (0u8, None);
+        for item in value.split(',') {
+            let (neg, name) = match item.strip_prefix('!') {
+                Some(name) => (true, name),
+                None => (false, item),
+            };
+            if *negated.get_or_insert(neg) != neg {
+                return Err(err(format!(
+                    "{value:?} mixes required and negated (!) methods; list only methods to allow, or only methods to refuse"
+                )));
+            }
+            let method = AuthMethod::ALL
+                .into_iter()
+                .find(|m| m.name() == name)
+                .ok_or_else(|| {
+                    err(format!(
+                        "unknown method {name:?}; use none, password, md5, gss, sspi or scram-sha-256, optionally with ! to refuse it"
+                    ))
+                })?;
+            if listed & method.bit() != 0 {
+                return Err(err(format!("{name:?} is listed twice in {value:?}")));
+            }
+            listed |= method.bit();
+        }
+        let allowed = if negated == Some(true) {
+            !listed
+        } else {
+            listed
+        };
+        Ok(RequireAuth { allowed })
+    }
+
+    /// Whether the server may authenticate us with `method`.
+    pub fn allows(self, method: AuthMethod) -> bool {
+        self.allowed & method.bit() != 0
+    }
+
+    /// The allowed methods, as `require_auth` names them.
+    pub fn allowed_names(self) -> String {
+        let names: Vec<&str> = AuthMethod::ALL
+            .into_iter()
+            .filter(|m| self.allows(*m))
+            .map(AuthMethod::name)
+            .collect();
+        names.join(",")
+    }
+}
+
+/// How the client lets the server authenticate it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AuthSettings {
+    /// Default `prefer`, as in libpq.
+    pub channel_binding: ChannelBinding,
+    /// Default: any method.
+    pub require_auth: RequireAuth,
+}
+
 /// A parsed connection string.
 #[derive(Clone)]
 pub struct PgConnectConfig {
     tokio: tokio_postgres::Config,
     tls: TlsSettings,
+    auth: AuthSettings,
 }
 
 impl fmt::Debug for PgConnectConfig {
@@ -90,7 +223,15 @@ impl fmt::Debug for PgConnectConfig {
     }
 }
 
-const TLS_KEYS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+/// The keys we parse ourselves (tokio-postgres does not get them).
+const OWN_KEYS: [&str; 6] = [
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "channel_binding",
+    "require_auth",
+];
 
 impl PgConnectConfig {
     /// Parses a `postgres://` URL or a libpq key=value string. A missing user
@@ -104,7 +245,7 @@ impl PgConnectConfig {
         s: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<PgConnectConfig, PgError> {
-        let (rest, tls_pairs) = if is_url(s) {
+        let (rest, own_pairs) = if is_url(s) {
             split_url(s)?
         } else {
             split_key_values(s)?
@@ -118,10 +259,30 @@ impl PgConnectConfig {
             mode: SslMode::Prefer,
             root_cert: None,
         };
-        for (key, value) in tls_pairs {
+        let mut auth = AuthSettings {
+            channel_binding: ChannelBinding::Prefer,
+            require_auth: RequireAuth::default(),
+        };
+        for (key, value) in own_pairs {
             match key.as_str() {
                 "sslmode" => tls.mode = SslMode::parse(&value)?,
                 "sslrootcert" => tls.root_cert = Some(PathBuf::from(value)),
+                "channel_binding" => {
+                    auth.channel_binding = match value.as_str() {
+                        "disable" => ChannelBinding::Disable,
+                        "prefer" => ChannelBinding::Prefer,
+                        "require" => ChannelBinding::Require,
+                        other => {
+                            return Err(PgError::Config {
+                                key,
+                                message: format!(
+                                    "{other:?} is not supported; use disable, prefer or require"
+                                ),
+                            });
+                        }
+                    }
+                }
+                "require_auth" => auth.require_auth = RequireAuth::parse(&value)?,
                 _ => {
                     return Err(PgError::Config {
                         key,
@@ -145,6 +306,31 @@ impl PgConnectConfig {
                 message: "only sslnegotiation=postgres is supported".into(),
             });
         }
+        if auth.channel_binding == ChannelBinding::Require {
+            if tls.mode == SslMode::Disable {
+                return Err(PgError::Config {
+                    key: "channel_binding".into(),
+                    message:
+                        "channel_binding=require needs TLS, but sslmode=disable never uses it: \
+                              set sslmode=require (or verify-full)"
+                            .into(),
+                });
+            }
+            if !auth.require_auth.allows(AuthMethod::ScramSha256) {
+                return Err(PgError::Config {
+                    key: "channel_binding".into(),
+                    message: format!(
+                        "channel_binding=require needs SCRAM-SHA-256, which require_auth={} refuses",
+                        auth.require_auth.allowed_names()
+                    ),
+                });
+            }
+        }
+        tokio.channel_binding(match auth.channel_binding {
+            ChannelBinding::Disable => tokio_postgres::config::ChannelBinding::Disable,
+            ChannelBinding::Prefer => tokio_postgres::config::ChannelBinding::Prefer,
+            ChannelBinding::Require => tokio_postgres::config::ChannelBinding::Require,
+        });
         tokio.ssl_mode(match tls.mode {
             SslMode::Disable => tokio_postgres::config::SslMode::Disable,
             SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
@@ -182,7 +368,7 @@ impl PgConnectConfig {
                 message: format!("{ports} ports for {hosts} hosts"),
             });
         }
-        Ok(PgConnectConfig { tokio, tls })
+        Ok(PgConnectConfig { tokio, tls, auth })
     }
 
     pub fn tokio_config(&self) -> &tokio_postgres::Config {
@@ -191,6 +377,10 @@ impl PgConnectConfig {
 
     pub fn tls(&self) -> &TlsSettings {
         &self.tls
+    }
+
+    pub fn auth(&self) -> &AuthSettings {
+        &self.auth
     }
 
     /// The user name (always present after parsing).
@@ -256,20 +446,20 @@ fn is_url(s: &str) -> bool {
     s.starts_with("postgres://") || s.starts_with("postgresql://")
 }
 
-type TlsPairs = Vec<(String, String)>;
+type OwnPairs = Vec<(String, String)>;
 
-/// Removes the TLS parameters from a URL's query string.
-fn split_url(s: &str) -> Result<(String, TlsPairs), PgError> {
+/// Removes our own parameters ([`OWN_KEYS`]) from a URL's query string.
+fn split_url(s: &str) -> Result<(String, OwnPairs), PgError> {
     let Some((base, query)) = s.split_once('?') else {
         return Ok((s.to_owned(), Vec::new()));
     };
     let mut kept = Vec::new();
-    let mut tls = Vec::new();
+    let mut own = Vec::new();
     for param in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = param.split_once('=').unwrap_or((param, ""));
         let key = percent_decode(k, "URL parameter name")?;
-        if TLS_KEYS.contains(&key.as_str()) {
-            tls.push((key.clone(), percent_decode(v, &key)?));
+        if OWN_KEYS.contains(&key.as_str()) {
+            own.push((key.clone(), percent_decode(v, &key)?));
         } else {
             kept.push(param);
         }
@@ -279,7 +469,7 @@ fn split_url(s: &str) -> Result<(String, TlsPairs), PgError> {
     } else {
         format!("{base}?{}", kept.join("&"))
     };
-    Ok((rest, tls))
+    Ok((rest, own))
 }
 
 fn percent_decode(s: &str, key: &str) -> Result<String, PgError> {
@@ -305,10 +495,10 @@ fn percent_decode(s: &str, key: &str) -> Result<String, PgError> {
 }
 
 /// Tokenizes libpq's `key = value` form (values unquoted, or single-quoted
-/// with backslash escapes), removes the TLS keys and re-emits the rest quoted.
-fn split_key_values(s: &str) -> Result<(String, TlsPairs), PgError> {
+/// with backslash escapes), removes our own keys and re-emits the rest quoted.
+fn split_key_values(s: &str) -> Result<(String, OwnPairs), PgError> {
     let mut kept = String::new();
-    let mut tls = Vec::new();
+    let mut own = Vec::new();
     let mut chars = s.chars().peekable();
     let err = |message: &str| PgError::Config {
         key: "connection string".into(),
@@ -347,14 +537,14 @@ fn split_key_values(s: &str) -> Result<(String, TlsPairs), PgError> {
                 }
             }
         }
-        if TLS_KEYS.contains(&key.as_str()) {
-            tls.push((key, value));
+        if OWN_KEYS.contains(&key.as_str()) {
+            own.push((key, value));
         } else {
             let quoted = value.replace('\\', "\\\\").replace('\'', "\\'");
             kept.push_str(&format!("{key}='{quoted}' "));
         }
     }
-    Ok((kept, tls))
+    Ok((kept, own))
 }
 
 #[cfg(test)]
@@ -431,6 +621,38 @@ mod tests {
     }
 
     #[test]
+    fn parses_channel_binding_and_require_auth() {
+        let c = PgConnectConfig::parse_with_env("postgres://u@h/db", no_env).unwrap();
+        assert_eq!(c.auth().channel_binding, ChannelBinding::Prefer);
+        assert_eq!(c.auth().require_auth, RequireAuth::default());
+        let c = PgConnectConfig::parse_with_env(
+            "postgres://u@h/db?sslmode=require&channel_binding=require&require_auth=scram-sha-256",
+            no_env,
+        )
+        .unwrap();
+        assert_eq!(c.auth().channel_binding, ChannelBinding::Require);
+        assert_eq!(
+            c.tokio_config().get_channel_binding(),
+            tokio_postgres::config::ChannelBinding::Require
+        );
+        let ra = c.auth().require_auth;
+        assert!(ra.allows(AuthMethod::ScramSha256));
+        for m in [AuthMethod::Password, AuthMethod::Md5, AuthMethod::None] {
+            assert!(!ra.allows(m), "{m:?}");
+        }
+        let c = PgConnectConfig::parse_with_env(
+            "host=h user=u channel_binding=disable require_auth='!password,!md5'",
+            no_env,
+        )
+        .unwrap();
+        assert_eq!(c.auth().channel_binding, ChannelBinding::Disable);
+        assert_eq!(
+            c.auth().require_auth.allowed_names(),
+            "none,gss,sspi,scram-sha-256"
+        );
+    }
+
+    #[test]
     fn rejects_bad_settings_naming_the_key() {
         let key_of = |s: &str| match PgConnectConfig::parse_with_env(s, no_env) {
             Err(PgError::Config { key, .. }) => key,
@@ -444,5 +666,24 @@ mod tests {
         assert_eq!(key_of("host=h user=u bogus=1"), "connection string");
         assert_eq!(key_of("host=h user"), "connection string");
         assert_eq!(key_of("postgres://u@h/db?sslrootcert=%zz"), "sslrootcert");
+        assert_eq!(
+            key_of("postgres://u@h/db?channel_binding=yes"),
+            "channel_binding"
+        );
+        assert_eq!(
+            key_of("postgres://u@h/db?sslmode=disable&channel_binding=require"),
+            "channel_binding"
+        );
+        assert_eq!(
+            key_of("postgres://u@h/db?channel_binding=require&require_auth=md5"),
+            "channel_binding"
+        );
+        for bad in ["scram", "md5,!password", "md5,md5", ""] {
+            assert_eq!(
+                key_of(&format!("postgres://u@h/db?require_auth={bad}")),
+                "require_auth",
+                "{bad}"
+            );
+        }
     }
 }

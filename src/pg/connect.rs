@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_postgres::config::Host;
 
-use super::auth::{AuthRequest, Authenticator};
+use super::auth::{AuthError, AuthRequest, Authenticator, check_first_request};
 use super::config::{PgConnectConfig, SslMode, endpoint_name};
 use super::error::PgError;
 use super::tls;
@@ -82,6 +82,18 @@ impl AsyncWrite for PgStream {
             #[cfg(unix)]
             PgStream::Unix(s) => Pin::new(s).poll_shutdown(cx),
             PgStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+impl PgStream {
+    /// RFC 5929 `tls-server-end-point` data of a TLS session (see `tls.rs`).
+    fn tls_server_end_point(&self) -> Option<Vec<u8>> {
+        match self {
+            PgStream::Tls(s) => {
+                tls::tls_server_end_point(s.get_ref().1.peer_certificates()?.first()?)
+            }
+            _ => None,
         }
     }
 }
@@ -265,7 +277,12 @@ impl Session {
         encode::startup(params.iter().copied(), &mut out)?;
         self.send(&out).await?;
 
-        let mut auth = Authenticator::new(cfg.user(), cfg.password());
+        let mut auth = Authenticator::new(
+            cfg.user(),
+            cfg.password(),
+            *cfg.auth(),
+            self.stream.tls_server_end_point(),
+        );
         loop {
             let frame = self.read_frame("authenticating").await?;
             match frame.tag {
@@ -460,19 +477,179 @@ fn parse_data_row(frame: &Frame) -> Result<Vec<Option<String>>, super::wire::Wir
     Ok(row)
 }
 
-/// A tokio-postgres client over our transport (same hosts, TLS policy and
-/// timeouts as the replication connection); its connection task is spawned.
+/// The control connection's socket as tokio-postgres sees it: our stream,
+/// whose TLS (if any) is already in place, handed over as a "TLS stream" so
+/// that tokio-postgres binds SCRAM to our session's certificate
+/// (`channel_binding`). During authentication the server's messages are
+/// watched: the first request is checked against `require_auth` and
+/// `channel_binding` (tokio-postgres knows no `require_auth`), failing the
+/// read before tokio-postgres can answer it. Reads also record whether the
+/// socket failed, so that a startup failure on a healthy socket is known to
+/// be tokio-postgres refusing the server (e.g. a wrong SCRAM server
+/// signature), not a retryable network error.
+struct SqlStream {
+    inner: PgStream,
+    end_point: Option<Vec<u8>>,
+    settings: super::config::AuthSettings,
+    /// Server bytes not yet framed, while authentication is watched.
+    pending: Option<BytesMut>,
+    first_seen: bool,
+    outcome: Arc<std::sync::Mutex<AuthOutcome>>,
+}
+
+#[derive(Default)]
+struct AuthOutcome {
+    refused: Option<AuthError>,
+    socket_failed: bool,
+}
+
+impl SqlStream {
+    fn outcome(&self) -> std::sync::MutexGuard<'_, AuthOutcome> {
+        self.outcome.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Looks at newly read bytes until authentication has ended.
+    fn inspect(&mut self, new: &[u8]) -> std::io::Result<()> {
+        let invalid = |e: super::wire::WireError| {
+            std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())
+        };
+        let Some(pending) = self.pending.as_mut() else {
+            return Ok(());
+        };
+        pending.extend_from_slice(new);
+        while let Some(frame) = next_frame(pending, DEFAULT_MAX_FRAME).map_err(invalid)? {
+            if frame.tag != tag::AUTHENTICATION {
+                self.pending = None;
+                return Ok(());
+            }
+            let req = AuthRequest::parse(&frame.body).map_err(invalid)?;
+            if !self.first_seen {
+                self.first_seen = true;
+                if let Err(e) = check_first_request(self.settings, &req, self.end_point.is_some()) {
+                    let message = e.to_string();
+                    self.outcome().refused = Some(e);
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        message,
+                    ));
+                }
+            }
+            if req == AuthRequest::Ok {
+                self.pending = None;
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl AsyncRead for SqlStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) if buf.filled().len() == before => {
+                this.outcome().socket_failed = true;
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Ok(())) => Poll::Ready(this.inspect(&buf.filled()[before..])),
+            Poll::Ready(Err(e)) => {
+                this.outcome().socket_failed = true;
+                Poll::Ready(Err(e))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl AsyncWrite for SqlStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+impl tokio_postgres::tls::TlsStream for SqlStream {
+    fn channel_binding(&self) -> tokio_postgres::tls::ChannelBinding {
+        match &self.end_point {
+            Some(data) => tokio_postgres::tls::ChannelBinding::tls_server_end_point(data.clone()),
+            None => tokio_postgres::tls::ChannelBinding::none(),
+        }
+    }
+}
+
+/// Hands our stream to tokio-postgres unchanged (see [`SqlStream`]).
+struct AlreadyNegotiated;
+
+impl tokio_postgres::tls::TlsConnect<SqlStream> for AlreadyNegotiated {
+    type Stream = SqlStream;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<SqlStream, std::io::Error>>;
+
+    fn connect(self, stream: SqlStream) -> Self::Future {
+        std::future::ready(Ok(stream))
+    }
+}
+
+/// A tokio-postgres client over our transport (same hosts, TLS policy,
+/// authentication policy and timeouts as the replication connection); its
+/// connection task is spawned.
 pub(crate) async fn connect_sql(cfg: &PgConnectConfig) -> Result<tokio_postgres::Client, PgError> {
     let (stream, addr) = open(cfg).await?;
+    let outcome = Arc::new(std::sync::Mutex::new(AuthOutcome::default()));
+    let stream = SqlStream {
+        end_point: stream.tls_server_end_point(),
+        inner: stream,
+        settings: *cfg.auth(),
+        pending: Some(BytesMut::new()),
+        first_seen: false,
+        outcome: outcome.clone(),
+    };
     let mut tokio_cfg = cfg.tokio_config().clone();
-    // TLS is already in place on `stream`; tokio-postgres must not negotiate again.
-    tokio_cfg.ssl_mode(tokio_postgres::config::SslMode::Disable);
+    // TLS is already in place on `stream`: with sslmode=require and direct
+    // negotiation tokio-postgres sends no SSLRequest and takes the stream from
+    // `AlreadyNegotiated` as is, with its channel-binding data.
+    tokio_cfg.ssl_mode(tokio_postgres::config::SslMode::Require);
+    tokio_cfg.ssl_negotiation(tokio_postgres::config::SslNegotiation::Direct);
     let timeout = connect_timeout(cfg);
-    let connected = tokio::time::timeout(
-        timeout,
-        tokio_cfg.connect_raw(stream, tokio_postgres::NoTls),
-    )
-    .await;
+    let connected =
+        tokio::time::timeout(timeout, tokio_cfg.connect_raw(stream, AlreadyNegotiated)).await;
+    let auth_error = {
+        let mut o = outcome.lock().unwrap_or_else(|p| p.into_inner());
+        match (o.refused.take(), &connected) {
+            (Some(e), _) => Some(e.to_string()),
+            // tokio-postgres refused what the server sent during startup on a
+            // healthy socket (a SCRAM signature that does not verify, a
+            // message out of order): definite, not a network failure.
+            (None, Ok(Err(e))) if e.as_db_error().is_none() && !o.socket_failed => Some(format!(
+                "the control connection refused the server's startup messages: {e}"
+            )),
+            _ => None,
+        }
+    };
+    if let Some(reason) = auth_error {
+        return Err(PgError::Auth {
+            user: cfg.user().to_owned(),
+            addr,
+            reason,
+            code: None,
+        });
+    }
     let (client, connection) = match connected {
         Err(_) => {
             return Err(PgError::Timeout {

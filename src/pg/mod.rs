@@ -28,7 +28,9 @@ mod tls;
 mod wire;
 
 pub use codec::ReplicationEvent;
-pub use config::{PgConnectConfig, SslMode, TlsSettings};
+pub use config::{
+    AuthMethod, AuthSettings, ChannelBinding, PgConnectConfig, RequireAuth, SslMode, TlsSettings,
+};
 pub use control::SlotInfo;
 pub use error::{PgError, ServerError};
 pub use feedback::FeedbackHandle;

@@ -36,6 +36,45 @@ pub(crate) enum TlsConfigError {
     Rustls(String),
 }
 
+/// RFC 5929 `tls-server-end-point` channel-binding data: the hash of the
+/// server's certificate (DER) with the hash function of the certificate's
+/// signature algorithm, SHA-256 when that is MD5 or SHA-1. `None` when the
+/// algorithm defines no such hash (e.g. Ed25519, RSASSA-PSS) or the
+/// certificate cannot be parsed: then there is nothing to bind to.
+pub(crate) fn tls_server_end_point(cert: &[u8]) -> Option<Vec<u8>> {
+    use sha2::Digest;
+    use x509_cert::der::Decode;
+    use x509_cert::der::oid::ObjectIdentifier as Oid;
+    const SHA256: [Oid; 5] = [
+        Oid::new_unwrap("1.2.840.113549.1.1.4"), // md5WithRSAEncryption
+        Oid::new_unwrap("1.2.840.113549.1.1.5"), // sha1WithRSAEncryption
+        Oid::new_unwrap("1.2.840.113549.1.1.11"), // sha256WithRSAEncryption
+        Oid::new_unwrap("1.2.840.10045.4.1"),    // ecdsa-with-SHA1
+        Oid::new_unwrap("1.2.840.10045.4.3.2"),  // ecdsa-with-SHA256
+    ];
+    const SHA384: [Oid; 2] = [
+        Oid::new_unwrap("1.2.840.113549.1.1.12"), // sha384WithRSAEncryption
+        Oid::new_unwrap("1.2.840.10045.4.3.3"),   // ecdsa-with-SHA384
+    ];
+    const SHA512: [Oid; 2] = [
+        Oid::new_unwrap("1.2.840.113549.1.1.13"), // sha512WithRSAEncryption
+        Oid::new_unwrap("1.2.840.10045.4.3.4"),   // ecdsa-with-SHA512
+    ];
+    let oid = x509_cert::Certificate::from_der(cert)
+        .ok()?
+        .signature_algorithm
+        .oid;
+    if SHA256.contains(&oid) {
+        Some(sha2::Sha256::digest(cert).to_vec())
+    } else if SHA384.contains(&oid) {
+        Some(sha2::Sha384::digest(cert).to_vec())
+    } else if SHA512.contains(&oid) {
+        Some(sha2::Sha512::digest(cert).to_vec())
+    } else {
+        None
+    }
+}
+
 /// The client configuration for `settings`, or `None` for sslmode=disable.
 pub(crate) fn client_config(
     settings: &TlsSettings,
