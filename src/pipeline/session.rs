@@ -88,7 +88,7 @@ impl<'a> Session<'a> {
 
         // The producer first: a Kafka property librdkafka refuses fails here,
         // before anything is done on the database.
-        let (sink, reports) = KafkaSink::new(&config.kafka)?;
+        let (sink, reports) = KafkaSink::with_topics(&config.kafka, &config.topics)?;
 
         let client = pg.connect_sql().await?;
         let mut repl =
@@ -509,6 +509,7 @@ impl<'a> Session<'a> {
                 event_id,
                 lsn,
                 reason: source.to_string(),
+                refusal: Some(Box::new(source)),
             };
         }
         PipelineError::Delivery {
