@@ -250,8 +250,8 @@ impl Topics {
         // The admin client only reads metadata and creates topics: it needs the
         // connection and security settings, not the idempotent producer, and
         // must never have the broker auto-create a topic it merely asks about.
-        config.set("enable.idempotence", "false");
-        config.set("enable.gapless.guarantee", "false");
+        config.remove("enable.idempotence");
+        config.remove("enable.gapless.guarantee");
         config.set("allow.auto.create.topics", "false");
         let admin = AdminClient::from_config_and_context(&config, AdminContext::default())
             .map_err(creation_error)?;
