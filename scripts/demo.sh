@@ -38,6 +38,9 @@ export OUTBOX_CDC__POSTGRES__URL="$OUTBOX_CDC_TEST_PG"
 export OUTBOX_CDC__KAFKA__BOOTSTRAP_SERVERS="$OUTBOX_CDC_TEST_KAFKA"
 export OUTBOX_CDC__OFFSETS__PATH="$root/target/demo/offsets"
 export OUTBOX_CDC__HTTP__LISTEN="127.0.0.1:9187"
+# The test broker does not auto-create topics (as in production): let the
+# connector create outbox.event.order on first use (docs/operations.md, "Topics").
+export OUTBOX_CDC__TOPICS__CREATE=true
 
 target/debug/outbox-cdc run --config config/example.toml 2> target/demo/connector.log &
 pids+=($!)

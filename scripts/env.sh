@@ -461,7 +461,8 @@ log.dirs=$KAFKA_DATA
 num.partitions=3
 default.replication.factor=1
 min.insync.replicas=1
-auto.create.topics.enable=true
+# As in production: topics exist beforehand or outbox-cdc creates them ([topics] create).
+auto.create.topics.enable=false
 offsets.topic.replication.factor=1
 offsets.topic.num.partitions=3
 transaction.state.log.replication.factor=1

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::outbox::OutboxSettings;
-use crate::sink::KafkaSettings;
+use crate::sink::{KafkaSettings, TopicSettings};
 
 /// Prefix of environment variables that override file keys:
 /// `OUTBOX_CDC__POSTGRES__URL`, `OUTBOX_CDC__KAFKA__BOOTSTRAP_SERVERS`, ...
@@ -65,6 +65,9 @@ pub struct Config {
     #[serde(default)]
     pub outbox: OutboxSettings,
     pub kafka: KafkaSettings,
+    /// `[topics]`: what happens when a record's topic does not exist.
+    #[serde(default)]
+    pub topics: TopicSettings,
     #[serde(default)]
     pub offsets: OffsetSettings,
     #[serde(default)]
@@ -441,6 +444,11 @@ impl Config {
             ));
         }
         self.monitor.validate(&self.outbox.message_prefix)?;
+        self.topics.validate().map_err(|e| ConfigError::Invalid {
+            key: e.key,
+            value: e.value,
+            allowed: e.allowed,
+        })?;
         self.outbox.validate().map_err(|e| ConfigError::Invalid {
             key: e.key.clone(),
             value: e.value.clone(),
@@ -521,8 +529,10 @@ fn check_slot_name(key: &str, name: &str) -> Result<(), ConfigError> {
 
 /// `OUTBOX_CDC__POSTGRES__URL=...` sets `[postgres] url`. In `[kafka]`, single
 /// underscores stand for dots: `OUTBOX_CDC__KAFKA__BOOTSTRAP_SERVERS` sets
-/// `"bootstrap.servers"`. A value replaces the file's; numbers and booleans are
-/// recognised unless the file already holds a string there.
+/// `"bootstrap.servers"`. Topic configs take the same rule one level down:
+/// `OUTBOX_CDC__TOPICS__CONFIG__RETENTION_MS` sets `[topics.config] "retention.ms"`.
+/// A value replaces the file's; the keys in [`NUMBER_KEYS`] and [`BOOL_KEYS`]
+/// are typed, every other value stays the variable's text.
 fn overlay_env(
     table: &mut toml::Table,
     env: impl IntoIterator<Item = (String, String)>,
@@ -540,6 +550,15 @@ fn overlay_env(
             reason: "expected OUTBOX_CDC__<SECTION>__<KEY>".into(),
         })?;
         let section = section.to_ascii_lowercase();
+        if section == "topics"
+            && let Some(name) = key
+                .split_once("__")
+                .filter(|(sub, name)| sub.eq_ignore_ascii_case("config") && !name.is_empty())
+                .map(|(_, name)| name.to_ascii_lowercase().replace('_', "."))
+        {
+            set_topic_config(table, &var, name, value)?;
+            continue;
+        }
         if section.is_empty() || key.is_empty() || key.contains("__") {
             return Err(ConfigError::EnvKey {
                 var,
@@ -572,6 +591,31 @@ fn overlay_env(
     Ok(())
 }
 
+/// `[topics.config] name = value` from an environment variable.
+fn set_topic_config(
+    table: &mut toml::Table,
+    var: &str,
+    name: String,
+    value: String,
+) -> Result<(), ConfigError> {
+    let not_a_table = |what: &str| ConfigError::EnvKey {
+        var: var.to_owned(),
+        reason: format!("{what} is not a table in the config file"),
+    };
+    let topics = table
+        .entry("topics")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        .as_table_mut()
+        .ok_or_else(|| not_a_table("[topics]"))?;
+    let config = topics
+        .entry("config")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        .as_table_mut()
+        .ok_or_else(|| not_a_table("[topics.config]"))?;
+    config.insert(name, toml::Value::String(value));
+    Ok(())
+}
+
 /// Keys whose values are not strings; every other key takes the variable's text as is.
 const NUMBER_KEYS: &[&str] = &[
     "postgres.status_interval_ms",
@@ -584,12 +628,15 @@ const NUMBER_KEYS: &[&str] = &[
     "retry.max_backoff_ms",
     "monitor.slot_poll_interval_ms",
     "monitor.heartbeat_interval_ms",
+    "topics.partitions",
+    "topics.replication_factor",
 ];
 const BOOL_KEYS: &[&str] = &[
     "postgres.create_slot",
     "postgres.create_publication",
     "postgres.allow_slot_ahead",
     "outbox.allow_split_aggregates",
+    "topics.create",
 ];
 
 fn typed_env_value(var: &str, key: &str, value: String) -> Result<toml::Value, ConfigError> {
@@ -615,6 +662,7 @@ fn typed_env_value(var: &str, key: &str, value: String) -> Result<toml::Value, C
 }
 
 /// librdkafka takes every property as a string; accept `linger.ms = 5` in TOML too.
+/// (`[topics.config]` values are kept as strings by their own deserializer.)
 fn stringify_kafka_values(table: &mut toml::Table) {
     if let Some(toml::Value::Table(kafka)) = table.get_mut("kafka") {
         for (_, value) in kafka.iter_mut() {
@@ -890,6 +938,112 @@ mod tests {
         let same = MINIMAL.replace("[kafka]", "[outbox]\nmessage_prefix = \"hb\"\n[kafka]");
         let err = parse(&same, &[("OUTBOX_CDC__MONITOR__HEARTBEAT_PREFIX", "hb")]).unwrap_err();
         assert_eq!(invalid_key(err), "monitor.heartbeat_prefix");
+    }
+
+    #[test]
+    fn topics_section_defaults_file_values_and_env_overrides() {
+        let c = parse(MINIMAL, &[]).unwrap();
+        assert!(!c.topics.create, "creating topics is opt-in");
+        assert_eq!(c.topics.partitions, crate::sink::DEFAULT_PARTITIONS);
+        assert_eq!(c.topics.partitions, 3);
+        assert_eq!(c.topics.replication_factor, -1);
+        assert!(c.topics.config.is_empty());
+
+        let text = format!(
+            "{MINIMAL}\n[topics]\ncreate = true\npartitions = 12\nreplication_factor = 3\n\
+             [topics.config]\n\"retention.ms\" = 604800000\n\"cleanup.policy\" = \"delete\"\n"
+        );
+        let c = parse(&text, &[]).unwrap();
+        assert!(c.topics.create);
+        assert_eq!((c.topics.partitions, c.topics.replication_factor), (12, 3));
+        assert_eq!(
+            c.topics.config.get("retention.ms").map(String::as_str),
+            Some("604800000"),
+            "numbers are kept as the strings CreateTopics takes"
+        );
+        assert_eq!(
+            c.topics.config.get("cleanup.policy").map(String::as_str),
+            Some("delete")
+        );
+
+        let c = parse(
+            &text,
+            &[
+                ("OUTBOX_CDC__TOPICS__CREATE", "false"),
+                ("OUTBOX_CDC__TOPICS__PARTITIONS", "6"),
+                ("OUTBOX_CDC__TOPICS__REPLICATION_FACTOR", "-1"),
+                ("OUTBOX_CDC__TOPICS__CONFIG__RETENTION_MS", "1000"),
+                ("OUTBOX_CDC__TOPICS__CONFIG__MIN_INSYNC_REPLICAS", "2"),
+            ],
+        )
+        .unwrap();
+        assert!(!c.topics.create);
+        assert_eq!((c.topics.partitions, c.topics.replication_factor), (6, -1));
+        assert_eq!(
+            c.topics.config.get("retention.ms").map(String::as_str),
+            Some("1000")
+        );
+        assert_eq!(
+            c.topics
+                .config
+                .get("min.insync.replicas")
+                .map(String::as_str),
+            Some("2")
+        );
+        assert_eq!(
+            c.topics.config.get("cleanup.policy").map(String::as_str),
+            Some("delete"),
+            "file values the environment does not name stay"
+        );
+        // No [topics] in the file: the environment alone creates the section.
+        let c = parse(MINIMAL, &[("OUTBOX_CDC__TOPICS__CREATE", "true")]).unwrap();
+        assert!(c.topics.create);
+    }
+
+    #[test]
+    fn bad_topics_values_name_the_key() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("OUTBOX_CDC__TOPICS__PARTITIONS", "0", "topics.partitions"),
+            ("OUTBOX_CDC__TOPICS__PARTITIONS", "-1", "topics.partitions"),
+            (
+                "OUTBOX_CDC__TOPICS__PARTITIONS",
+                "three",
+                "topics.partitions",
+            ),
+            (
+                "OUTBOX_CDC__TOPICS__REPLICATION_FACTOR",
+                "0",
+                "topics.replication_factor",
+            ),
+            (
+                "OUTBOX_CDC__TOPICS__REPLICATION_FACTOR",
+                "-2",
+                "topics.replication_factor",
+            ),
+            (
+                "OUTBOX_CDC__TOPICS__REPLICATION_FACTOR",
+                "40000",
+                "topics.replication_factor",
+            ),
+            ("OUTBOX_CDC__TOPICS__CREATE", "yes", "topics.create"),
+            (
+                "OUTBOX_CDC__TOPICS__CONFIG__RETENTION_MS",
+                " ",
+                "topics.config.retention.ms",
+            ),
+        ];
+        for (var, value, key) in cases {
+            let err = parse(MINIMAL, &[(var, value)]).unwrap_err();
+            assert_eq!(invalid_key(err), *key, "{var}={value}");
+        }
+        let err = parse(MINIMAL, &[("OUTBOX_CDC__TOPICS__PARTITIONS", "0")]).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("at least 1"), "{text}");
+        let err = parse(&format!("{MINIMAL}\n[topics]\npartition = 3\n"), &[]).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Syntax { message, .. } if message.contains("partition")),
+            "{err}"
+        );
     }
 
     #[test]

@@ -13,8 +13,6 @@ use bytes::Bytes;
 use outbox_cdc::outbox::OutboxEvent;
 use outbox_cdc::pg::Lsn;
 use outbox_cdc::sink::{Delivered, DeliveryReport, KafkaSettings, KafkaSink, java_partition};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::types::RDKafkaErrorCode;
@@ -22,28 +20,6 @@ use rdkafka::{ClientConfig, Offset, Timestamp, TopicPartitionList};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-async fn create_topic(name: &str, partitions: i32, config: &[(&str, &str)]) {
-    let bootstrap = common::kafka_bootstrap();
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .create()
-        .unwrap_or_else(|e| panic!("admin client for {bootstrap}: {e}"));
-    let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-    for (k, v) in config {
-        topic = topic.set(k, v);
-    }
-    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    let results = admin
-        .create_topics([&topic], &options)
-        .await
-        .unwrap_or_else(|e| panic!("create topic {name} on {bootstrap}: {e}"));
-    for result in results {
-        if let Err((topic, code)) = result {
-            panic!("create topic {topic}: {code}");
-        }
-    }
-}
 
 fn sink_settings() -> KafkaSettings {
     let mut settings = KafkaSettings::new();
@@ -143,7 +119,7 @@ async fn records_arrive_once_on_the_java_partition_in_send_order() {
     const EVENTS: usize = 1000;
     const KEYS: usize = 50;
     let topic = common::unique_name("sink_test");
-    create_topic(&topic, PARTITIONS, &[]).await;
+    common::create_topic(&topic, PARTITIONS, &[]).await;
 
     let base_ts = now_ms() - 86_400_000;
     let mut sequences = vec![0usize; KEYS];
@@ -276,7 +252,7 @@ async fn records_arrive_once_on_the_java_partition_in_send_order() {
 async fn record_larger_than_the_topic_limit_is_refused_and_stops_the_producer() {
     common::init_tracing();
     let topic = common::unique_name("sink_test_small");
-    create_topic(&topic, 1, &[("max.message.bytes", "2048")]).await;
+    common::create_topic(&topic, 1, &[("max.message.bytes", "2048")]).await;
     let base_ts = now_ms() - 86_400_000;
     let (sink, mut rx) = KafkaSink::<usize>::new(&sink_settings()).expect("sink");
 

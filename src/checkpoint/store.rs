@@ -473,6 +473,22 @@ impl OffsetStore {
         Ok(true)
     }
 
+    /// One parked aggregate's record (reason and LSN), read from disk; `None`
+    /// when it is not parked.
+    pub fn parked_aggregate(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> Result<Option<ParkedAggregate>, StoreError> {
+        let key = parked_key(aggregate_type, aggregate_id);
+        let raw = self.parked.get(&key).map_err(|source| StoreError::Read {
+            path: self.path.clone(),
+            key: aggregate_key(aggregate_type, aggregate_id),
+            source,
+        })?;
+        raw.map(|raw| self.decode_parked(&key, &raw)).transpose()
+    }
+
     /// All parked aggregates, read from disk, ordered by type then id bytes.
     pub fn parked(&self) -> Result<Vec<ParkedAggregate>, StoreError> {
         let mut out = Vec::new();

@@ -66,6 +66,9 @@ pub enum PipelineError {
         event_id: String,
         lsn: Lsn,
         reason: String,
+        /// The sink's error when Kafka refused the record (e.g.
+        /// [`SinkError::TopicMissing`]); `None` when the row could not be mapped.
+        refusal: Option<Box<SinkError>>,
     },
     #[error("outbox mapping at LSN {lsn}: {source}")]
     Mapping {

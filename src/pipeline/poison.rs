@@ -71,10 +71,22 @@ impl PoisonPolicyRouter {
                     false => None,
                 };
                 if parked.is_some_and(|since| lsn >= since) {
-                    let reason = format!(
-                        "aggregate {}/{} is parked after an earlier poison event; release it with `outbox-cdc release`",
-                        event.aggregate_type, event.aggregate_id
-                    );
+                    let parked =
+                        store.parked_aggregate(&event.aggregate_type, &event.aggregate_id)?;
+                    let reason = match parked {
+                        // The event Kafka refused (e.g. its topic is missing):
+                        // its own reason, as recorded when it parked the aggregate.
+                        Some(p) if p.lsn == lsn => p.reason,
+                        Some(p) => format!(
+                            "aggregate {}/{} is parked after an earlier poison event at LSN {} ({}); \
+                             release it with `outbox-cdc release`",
+                            event.aggregate_type, event.aggregate_id, p.lsn, p.reason
+                        ),
+                        None => format!(
+                            "aggregate {}/{} is parked after an earlier poison event; release it with `outbox-cdc release`",
+                            event.aggregate_type, event.aggregate_id
+                        ),
+                    };
                     return Ok(Route::DeadLetter(self.redirect(event, &reason)));
                 }
                 Ok(Route::Publish(event))
@@ -84,6 +96,7 @@ impl PoisonPolicyRouter {
                 event_id: source.event_id().unwrap_or("unknown").to_owned(),
                 lsn,
                 reason: source.to_string(),
+                refusal: None,
             }),
             Err(source) => {
                 let reason = source.to_string();

@@ -100,7 +100,7 @@ impl<'a> Session<'a> {
 
         // The producer first: a Kafka property librdkafka refuses fails here,
         // before anything is done on the database.
-        let (sink, reports) = KafkaSink::new(&config.kafka)?;
+        let (sink, reports) = KafkaSink::with_topics(&config.kafka, &config.topics)?;
 
         let client = pg.connect_sql().await?;
         let mut repl =
@@ -542,6 +542,7 @@ impl<'a> Session<'a> {
                 event_id,
                 lsn,
                 reason: source.to_string(),
+                refusal: Some(Box::new(source)),
             };
         }
         PipelineError::Delivery {
@@ -883,6 +884,7 @@ mod tests {
             event_id: "e1".into(),
             lsn: Lsn::new(50),
             reason: "too large".into(),
+            refusal: None,
         };
         let ended = prefer_refusal(PipelineError::StreamEnded, Some(poison));
         assert!(matches!(ended, PipelineError::Poison { .. }) && !ended.is_retryable());

@@ -17,11 +17,15 @@
 //!
 //! The three classes are disjoint; configuration errors are in none of them.
 //!
-//! Unknown topic or partition is classified retryable on purpose: on a live
-//! cluster it is often transient (the topic is being created, metadata has not
-//! propagated to every broker yet, a partition is being reassigned). If it
-//! persists, the pipeline keeps retrying with backoff, the lag metrics grow,
-//! and `outbox-cdc check` names the missing topic.
+//! A missing topic is a refused record ([`SinkError::TopicMissing`]), never a
+//! retry: retrying from the durable LSN would re-publish everything in flight
+//! each cycle and never get past it. Before the first record to a topic the
+//! sink checks that it exists (and creates it when `[topics] create = true`,
+//! see `topics.rs`); a delivery report that still says unknown topic (the
+//! topic was deleted while in use; librdkafka then reports the records queued
+//! for its vanished partitions as unknown partition) is refused the same way. librdkafka
+//! retries unknown-partition answers internally while a topic propagates
+//! (`topic.metadata.propagation.max.ms`), so such a report is final.
 
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
@@ -93,6 +97,20 @@ pub enum SinkError {
     /// A blocking task running producer work was cancelled or panicked.
     #[error("Kafka sink task did not complete: {reason}")]
     Task { reason: String },
+
+    /// The record's topic does not exist (or this principal cannot see or
+    /// create it), and outbox-cdc will not or could not create it. A refused
+    /// record: the poison policy decides. `reason` says why and how to fix it.
+    #[error("topic `{topic}` is missing{}: {reason}", event_id.as_deref().map(|e| format!(" (event {e})")).unwrap_or_default())]
+    TopicMissing {
+        topic: String,
+        reason: String,
+        event_id: Option<String>,
+    },
+
+    /// A topic outbox-cdc created (or is creating) is not usable yet. Retryable.
+    #[error("topic `{topic}` is not ready: {reason}")]
+    TopicNotReady { topic: String, reason: String },
 }
 
 fn fatal_context(topic: &Option<String>, event_id: &Option<String>) -> String {
@@ -115,14 +133,19 @@ impl SinkError {
             SinkError::Metadata { code, .. } => *code,
             SinkError::Config { .. }
             | SinkError::ClientCreation { .. }
-            | SinkError::Task { .. } => None,
+            | SinkError::Task { .. }
+            | SinkError::TopicMissing { .. }
+            | SinkError::TopicNotReady { .. } => None,
         }
     }
 
     /// The topic the failed record was meant for, when known.
     pub fn topic(&self) -> Option<&str> {
         match self {
-            SinkError::Produce { topic, .. } | SinkError::Delivery { topic, .. } => Some(topic),
+            SinkError::Produce { topic, .. }
+            | SinkError::Delivery { topic, .. }
+            | SinkError::TopicMissing { topic, .. }
+            | SinkError::TopicNotReady { topic, .. } => Some(topic),
             SinkError::Fatal { topic, .. } => topic.as_deref(),
             _ => None,
         }
@@ -132,9 +155,9 @@ impl SinkError {
     pub fn event_id(&self) -> Option<&str> {
         match self {
             SinkError::Produce { event_id, .. } => Some(event_id),
-            SinkError::Delivery { event_id, .. } | SinkError::Fatal { event_id, .. } => {
-                event_id.as_deref()
-            }
+            SinkError::Delivery { event_id, .. }
+            | SinkError::Fatal { event_id, .. }
+            | SinkError::TopicMissing { event_id, .. } => event_id.as_deref(),
             _ => None,
         }
     }
@@ -145,8 +168,9 @@ impl SinkError {
         match self {
             SinkError::Fatal { .. }
             | SinkError::Config { .. }
-            | SinkError::ClientCreation { .. } => false,
-            SinkError::Task { .. } => true,
+            | SinkError::ClientCreation { .. }
+            | SinkError::TopicMissing { .. } => false,
+            SinkError::Task { .. } | SinkError::TopicNotReady { .. } => true,
             SinkError::Metadata { code: None, .. } => true,
             _ => self
                 .code()
@@ -161,6 +185,7 @@ impl SinkError {
             SinkError::Produce { code, .. } | SinkError::Delivery { code, .. } => {
                 poison_code(*code)
             }
+            SinkError::TopicMissing { .. } => true,
             _ => false,
         }
     }
@@ -174,6 +199,7 @@ impl SinkError {
             SinkError::Produce { code, .. }
             | SinkError::Delivery { code, .. }
             | SinkError::Fatal { code, .. } => poison_code(*code),
+            SinkError::TopicMissing { .. } => true,
             _ => false,
         }
     }
@@ -202,7 +228,7 @@ impl SinkError {
 }
 
 /// Transient conditions of the cluster or the network.
-fn retryable_code(code: RDKafkaErrorCode) -> bool {
+pub(super) fn retryable_code(code: RDKafkaErrorCode) -> bool {
     use RDKafkaErrorCode as C;
     matches!(
         code,
@@ -243,15 +269,12 @@ fn retryable_code(code: RDKafkaErrorCode) -> bool {
             | C::CoordinatorNotAvailable
             | C::CoordinatorLoadInProgress
             | C::NotCoordinator
-            // See the module documentation: possibly transient.
-            | C::UnknownTopicOrPartition
-            | C::UnknownTopic
-            | C::UnknownPartition
+            | C::NotController
     )
 }
 
 /// Failures that belong to one record (or its topic) and that no retry fixes.
-fn poison_code(code: RDKafkaErrorCode) -> bool {
+pub(super) fn poison_code(code: RDKafkaErrorCode) -> bool {
     use RDKafkaErrorCode as C;
     matches!(
         code,
@@ -267,6 +290,13 @@ fn poison_code(code: RDKafkaErrorCode) -> bool {
             | C::InvalidTimestamp
             | C::PolicyViolation
             | C::UnsupportedForMessageFormat
+            // The topic does not exist (see the module documentation).
+            | C::UnknownTopicOrPartition
+            | C::UnknownTopic
+            // librdkafka's local code for records whose partition vanished from
+            // the metadata: partitions are never removed, so the topic was deleted
+            // (or recreated with fewer partitions).
+            | C::UnknownPartition
     )
 }
 
@@ -325,7 +355,6 @@ mod tests {
             C::MessageTimedOut,
             C::LeaderNotAvailable,
             C::NotEnoughReplicas,
-            C::UnknownTopicOrPartition,
         ] {
             assert!(delivery(c).is_retryable(), "{c:?}");
         }
@@ -334,6 +363,8 @@ mod tests {
             C::MessageBatchTooLarge,
             C::TopicAuthorizationFailed,
             C::InvalidTopic,
+            C::UnknownTopicOrPartition,
+            C::UnknownTopic,
         ] {
             assert!(delivery(c).is_poison(), "{c:?}");
             assert!(!delivery(c).is_retryable(), "{c:?}");
@@ -355,6 +386,50 @@ mod tests {
             allowed: "all".into(),
         };
         assert!(!config.is_fatal() && !config.is_retryable() && !config.is_poison());
+    }
+
+    #[test]
+    fn a_missing_topic_is_a_refused_record_never_a_retry() {
+        use RDKafkaErrorCode as C;
+        // A delivery report saying the topic is unknown (deleted while in use),
+        // also when it broke the idempotent producer.
+        for c in [
+            C::UnknownTopicOrPartition,
+            C::UnknownTopic,
+            C::UnknownPartition,
+        ] {
+            let e = delivery(c);
+            assert!(e.is_record_refused() && !e.is_retryable(), "{e}");
+            let fatal = SinkError::Fatal {
+                code: c,
+                reason: "x".into(),
+                topic: Some("t".into()),
+                event_id: None,
+            };
+            assert!(
+                fatal.is_record_refused() && !fatal.is_retryable(),
+                "{fatal}"
+            );
+        }
+        let missing = SinkError::TopicMissing {
+            topic: "orders".into(),
+            reason: "it does not exist and topics.create = false; create it".into(),
+            event_id: Some("e1".into()),
+        };
+        assert!(
+            missing.is_record_refused() && missing.is_poison(),
+            "{missing}"
+        );
+        assert!(!missing.is_retryable() && !missing.is_fatal(), "{missing}");
+        assert_eq!(missing.topic(), Some("orders"));
+        assert_eq!(missing.event_id(), Some("e1"));
+        let text = missing.to_string();
+        assert!(text.contains("`orders`") && text.contains("e1"), "{text}");
+        let not_ready = SinkError::TopicNotReady {
+            topic: "orders".into(),
+            reason: "slow".into(),
+        };
+        assert!(not_ready.is_retryable() && !not_ready.is_record_refused());
     }
 
     #[test]

@@ -10,6 +10,9 @@
 //!   definitively failed) the record.
 //! * [`SinkError`]: keeps the librdkafka code, the topic and the event id;
 //!   `is_retryable` / `is_poison` / `is_fatal` decide what the pipeline does.
+//! * [`TopicSettings`]: the `[topics]` section. Before the first record to a
+//!   topic the sink checks that it exists, creates it when `create = true`,
+//!   and otherwise refuses the record with [`SinkError::TopicMissing`].
 //! * [`check_reachable`]: metadata fetch for `outbox-cdc check`.
 //! * [`java_partition`]: where the Java client (and librdkafka's
 //!   `murmur2_random`) puts a key.
@@ -25,6 +28,7 @@ mod error;
 mod partition;
 mod producer;
 mod settings;
+mod topics;
 
 #[cfg(test)]
 mod tests;
@@ -32,5 +36,8 @@ mod tests;
 pub use check::{BrokerInfo, check_reachable};
 pub use error::SinkError;
 pub use partition::{java_partition, murmur2};
-pub use producer::{Delivered, DeliveryReport, KafkaSink};
+pub use producer::{Delivered, DeliveryReport, KafkaSink, NewSink};
 pub use settings::{DEFAULT_MESSAGE_TIMEOUT_MS, KafkaSettings, is_secret_key};
+pub use topics::{
+    DEFAULT_PARTITIONS, DEFAULT_REPLICATION_FACTOR, TopicSettingError, TopicSettings,
+};

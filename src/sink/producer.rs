@@ -8,6 +8,9 @@
 //! in-flight limit of records before it waits for reports, so the channel
 //! never holds more reports than that limit. Reports of different partitions
 //! may arrive in any order relative to each other; the ack tracker orders them.
+//!
+//! Before the first record to a topic, `send` makes sure the topic exists
+//! (see `topics.rs`); a missing topic is a refused record, never a retry.
 
 use std::ffi::{CStr, c_char};
 use std::sync::OnceLock;
@@ -25,6 +28,7 @@ use tokio::sync::mpsc;
 
 use super::error::SinkError;
 use super::settings::{KafkaSettings, config_error};
+use super::topics::{MissingTopicHint, TopicSettings, Topics};
 use crate::outbox::OutboxEvent;
 
 /// How long `send` waits before offering a record again when librdkafka's
@@ -103,6 +107,8 @@ pub(super) struct SinkContext<T> {
     reports: mpsc::UnboundedSender<DeliveryReport<T>>,
     /// Set once, right after the client is created (before any record).
     probe: OnceLock<FatalProbe>,
+    /// Names the fix when a report says the topic is unknown.
+    missing: MissingTopicHint,
 }
 
 impl<T> SinkContext<T> {
@@ -156,6 +162,9 @@ impl<T> SinkContext<T> {
                 topic: Some(topic),
                 event_id,
             },
+            None if is_unknown_topic(code) => {
+                self.missing.unknown_while_producing(&topic, code, event_id)
+            }
             None => SinkError::Delivery {
                 code,
                 topic,
@@ -163,6 +172,18 @@ impl<T> SinkContext<T> {
             },
         }
     }
+}
+
+/// Kafka (or librdkafka's metadata) says the topic does not exist. A
+/// record's partition that vanished (`UnknownPartition`, librdkafka's local
+/// code) means the same: Kafka never removes partitions of a live topic.
+fn is_unknown_topic(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::UnknownTopicOrPartition
+            | RDKafkaErrorCode::UnknownTopic
+            | RDKafkaErrorCode::UnknownPartition
+    )
 }
 
 /// The `event_id` header of a failed record (read only on the failure path).
@@ -186,20 +207,33 @@ fn event_id_of(msg: &BorrowedMessage<'_>) -> Option<String> {
 /// [`flush`](KafkaSink::flush) first for a clean shutdown.
 pub struct KafkaSink<T: Send + 'static> {
     producer: ThreadedProducer<SinkContext<T>>,
+    topics: Topics,
     queue_full_waits: AtomicU64,
 }
 
+/// What [`KafkaSink::new`] and [`KafkaSink::with_topics`] return.
+pub type NewSink<T> = (KafkaSink<T>, mpsc::UnboundedReceiver<DeliveryReport<T>>);
+
 impl<T: Send + 'static> KafkaSink<T> {
-    /// Creates the producer. Reports for every record that enters it arrive
-    /// on the returned receiver.
-    pub fn new(
+    /// Creates the producer with the default `[topics]` settings (a missing
+    /// topic is refused, never created). Reports for every record that enters
+    /// it arrive on the returned receiver.
+    pub fn new(settings: &KafkaSettings) -> Result<NewSink<T>, SinkError> {
+        KafkaSink::with_topics(settings, &TopicSettings::default())
+    }
+
+    /// Creates the producer; `topics` says what to do with a missing topic.
+    pub fn with_topics(
         settings: &KafkaSettings,
-    ) -> Result<(KafkaSink<T>, mpsc::UnboundedReceiver<DeliveryReport<T>>), SinkError> {
+        topics: &TopicSettings,
+    ) -> Result<NewSink<T>, SinkError> {
         let config = settings.client_config()?;
+        let topics = Topics::new(settings, topics)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let context = SinkContext {
             reports: tx,
             probe: OnceLock::new(),
+            missing: topics.hint().clone(),
         };
         let producer: ThreadedProducer<SinkContext<T>> =
             ThreadedProducer::from_config_and_context(&config, context).map_err(creation_error)?;
@@ -208,6 +242,7 @@ impl<T: Send + 'static> KafkaSink<T> {
         Ok((
             KafkaSink {
                 producer,
+                topics,
                 queue_full_waits: AtomicU64::new(0),
             },
             rx,
@@ -221,7 +256,13 @@ impl<T: Send + 'static> KafkaSink<T> {
     /// Records enter the producer in the order of `send` calls: call it from
     /// one task and await each call before the next. When librdkafka's queue
     /// is full this waits and offers the record again.
+    ///
+    /// The first record to a topic waits for the topic check (and creation,
+    /// when configured); a missing topic is [`SinkError::TopicMissing`].
     pub async fn send(&self, event: &OutboxEvent, token: T) -> Result<(), SinkError> {
+        if !self.topics.is_known(&event.topic) {
+            self.topics.ensure(&event.topic, &event.event_id).await?;
+        }
         let mut headers = OwnedHeaders::new_with_capacity(event.headers.len());
         for (key, value) in &event.headers {
             headers = headers.insert(Header {
@@ -262,6 +303,13 @@ impl<T: Send + 'static> KafkaSink<T> {
                 },
                 other => other,
             };
+        }
+        if is_unknown_topic(code) {
+            return self.topics.hint().unknown_while_producing(
+                &event.topic,
+                code,
+                Some(event.event_id.clone()),
+            );
         }
         SinkError::from_produce(err, &event.topic, &event.event_id)
     }

@@ -279,7 +279,7 @@ impl From<BTreeMap<String, String>> for KafkaSettings {
 }
 
 /// One property value: any TOML scalar, kept as librdkafka's string form.
-struct Scalar(String);
+pub(super) struct Scalar(pub(super) String);
 
 impl<'de> serde::Deserialize<'de> for Scalar {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Scalar, D::Error> {

@@ -260,13 +260,16 @@ async fn brokers_down_means_waiting_not_failing() {
     // record stays in flight, and arrives once a broker is back.
     let topic = "down";
     let cluster = mock(1, topic);
-    for broker in 1..=3 {
-        cluster.broker_down(broker).unwrap();
-    }
     let mut settings = settings_for(&cluster);
     // Reconnect quickly once the brokers are back (the default backoff grows to 10 s).
     settings.set("reconnect.backoff.max.ms", "200");
     let (sink, mut rx) = KafkaSink::<usize>::new(&settings).unwrap();
+    // The topic check of the first record needs the cluster; later records don't.
+    sink.send(&event(topic, "k", 6, 10), 6).await.unwrap();
+    collect(&mut rx, 1).await.remove(0).result.unwrap();
+    for broker in 1..=3 {
+        cluster.broker_down(broker).unwrap();
+    }
     sink.send(&event(topic, "k", 7, 10), 7).await.unwrap();
     let early = tokio::time::timeout(Duration::from_millis(1500), rx.recv()).await;
     assert!(
@@ -402,10 +405,13 @@ fn sink_and_its_send_future_can_move_between_threads() {
 async fn records_queued_when_the_producer_turns_fatal_are_reported_fatal() {
     let topic = "fatal-queued";
     let cluster = mock(1, topic);
+    let (sink, mut rx) = KafkaSink::<usize>::new(&settings_for(&cluster)).unwrap();
+    // The topic check of the first record needs the cluster; later records don't.
+    sink.send(&event(topic, "k", 9, 10), 9).await.unwrap();
+    collect(&mut rx, 1).await.remove(0).result.unwrap();
     for broker in 1..=3 {
         cluster.broker_down(broker).unwrap();
     }
-    let (sink, mut rx) = KafkaSink::<usize>::new(&settings_for(&cluster)).unwrap();
     for i in 0..3 {
         sink.send(&event(topic, "k", i, 10), i).await.unwrap();
     }
@@ -430,5 +436,78 @@ async fn records_queued_when_the_producer_turns_fatal_are_reported_fatal() {
         );
         tokens.push(report.token);
     }
+    // Records purged from the broker's in-flight requests and from the queue
+    // may be reported in any order; the ack tracker orders them.
+    tokens.sort_unstable();
     assert_eq!(tokens, vec![0, 1, 2]);
+}
+
+#[tokio::test]
+async fn a_missing_topic_is_refused_at_send_naming_the_topic_and_the_fix() {
+    let cluster = mock(1, "present");
+    let (sink, mut rx) = KafkaSink::<usize>::new(&settings_for(&cluster)).unwrap();
+    let err = sink
+        .send(&event("absent", "k", 0, 10), 0)
+        .await
+        .expect_err("the topic does not exist and topics.create = false");
+    assert!(
+        matches!(&err, SinkError::TopicMissing { topic, .. } if topic == "absent"),
+        "{err:?}"
+    );
+    assert!(err.is_record_refused() && !err.is_retryable(), "{err}");
+    assert_eq!(err.event_id(), Some("evt-0"));
+    let text = err.to_string();
+    assert!(
+        text.contains("kafka-topics.sh") && text.contains("topics.create = true"),
+        "the message names the fix: {text}"
+    );
+    // Asking did not create it, and other topics still work.
+    sink.send(&event("present", "k", 1, 10), 1).await.unwrap();
+    let report = collect(&mut rx, 1).await.remove(0);
+    assert_eq!(report.token, 1, "no report for the refused record");
+    report.result.unwrap();
+    let again = sink.send(&event("absent", "k", 2, 10), 2).await;
+    assert!(
+        matches!(again, Err(SinkError::TopicMissing { .. })),
+        "{again:?}"
+    );
+}
+
+/// A topic deleted while records to it are in flight: the report says unknown
+/// topic, and that is a refused record naming the topic, never a retry.
+#[tokio::test]
+async fn a_delivery_report_with_unknown_topic_is_refused_not_retried() {
+    let topic = "deleted";
+    let cluster = mock(1, topic);
+    let mut settings = settings_for(&cluster);
+    // Let the producer see the changed metadata quickly.
+    settings.set("topic.metadata.refresh.interval.ms", "100");
+    settings.set("topic.metadata.propagation.max.ms", "100");
+    settings.set("retry.backoff.ms", "10");
+    let (sink, mut rx) = KafkaSink::<usize>::new(&settings).unwrap();
+    sink.send(&event(topic, "k", 0, 10), 0).await.unwrap();
+    collect(&mut rx, 1).await.remove(0).result.unwrap();
+
+    cluster
+        .topic_error(
+            topic,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART,
+        )
+        .unwrap();
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART; 50],
+    );
+    sink.send(&event(topic, "k", 1, 10), 1).await.unwrap();
+    let report = collect(&mut rx, 1).await.remove(0);
+    assert_eq!(report.token, 1);
+    let err = report.result.expect_err("the topic is gone");
+    assert!(err.is_record_refused(), "{err:?}");
+    assert!(!err.is_retryable(), "{err:?}");
+    assert_eq!(err.topic(), Some(topic), "{err:?}");
+    assert_eq!(err.event_id(), Some("evt-1"), "{err:?}");
+    assert!(
+        matches!(&err, SinkError::TopicMissing { topic: t, .. } if t == topic),
+        "the report is a missing topic, naming it: {err:?}"
+    );
 }

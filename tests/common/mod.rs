@@ -7,6 +7,7 @@
 pub mod relay;
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 fn required(var: &str) -> String {
     match std::env::var(var) {
@@ -55,6 +56,77 @@ pub async fn admin_client() -> tokio_postgres::Client {
         let _ = conn.await;
     });
     client
+}
+
+/// Creates `topic` on the test broker (replication factor 1) with
+/// `partitions` partitions and the given topic configs, and waits until its
+/// metadata shows every partition with a leader. Panics if it exists already.
+///
+/// The test broker, like a production one, does not create topics on first use
+/// (`auto.create.topics.enable=false`): a test that produces without the
+/// connector's `[topics] create = true` creates its topics with this.
+pub async fn create_topic(topic: &str, partitions: i32, config: &[(&str, &str)]) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+
+    let bootstrap = kafka_bootstrap();
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap_or_else(|e| panic!("admin client for {bootstrap}: {e}"));
+    let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    for (k, v) in config {
+        new = new.set(k, v);
+    }
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let results = admin
+        .create_topics([&new], &options)
+        .await
+        .unwrap_or_else(|e| panic!("create topic {topic} on {bootstrap}: {e}"));
+    for result in results {
+        if let Err((topic, code)) = result {
+            panic!("create topic {topic} on {bootstrap}: {code}");
+        }
+    }
+    let name = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while topic_partitions(&name) != Some(partitions as usize) {
+            assert!(
+                Instant::now() < deadline,
+                "topic {name} did not show {partitions} partitions with leaders within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+    .await
+    .expect("waiting for the topic's metadata");
+}
+
+/// The partitions of `topic` that have a leader, or `None` when the broker
+/// does not know the topic. Asking never creates it.
+pub fn topic_partitions(topic: &str) -> Option<usize> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+
+    let bootstrap = kafka_bootstrap();
+    let client: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("allow.auto.create.topics", "false")
+        .create()
+        .unwrap_or_else(|e| panic!("metadata client for {bootstrap}: {e}"));
+    let metadata = client
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("metadata of {topic} from {bootstrap}: {e}"));
+    let t = metadata.topics().iter().find(|t| t.name() == topic)?;
+    if t.error().is_some() || t.partitions().is_empty() {
+        return None;
+    }
+    Some(
+        t.partitions()
+            .iter()
+            .filter(|p| p.error().is_none() && p.leader() >= 0)
+            .count(),
+    )
 }
 
 /// Installs a tracing subscriber once (RUST_LOG controls it; silent by default).

@@ -94,6 +94,13 @@ topic = "{prefix}.{{aggregate_type}}"
 "bootstrap.servers" = "{kafka}"
 "linger.ms" = "2"
 
+# The test broker does not auto-create topics (as in production); the
+# connector creates each test's topics on first use.
+[topics]
+create = true
+partitions = 3
+replication_factor = 1
+
 [offsets]
 path = "{offsets}"
 flush_interval_ms = 20
