@@ -80,6 +80,45 @@ pub struct Config {
     pub monitor: MonitorSettings,
     #[serde(default)]
     pub log: LogSettings,
+    /// `[repair]`: gap repair after a lost slot.
+    #[serde(default)]
+    pub repair: RepairSettings,
+}
+
+/// `[repair]`: which retained outbox rows gap repair publishes again after a
+/// lost slot (DESIGN.md §13). Rows committed at or after the last acknowledged
+/// transaction's commit time minus a margin are published; duplicates are
+/// allowed by the contract, a row left out would be lost.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepairSettings {
+    /// With `track_commit_timestamp = on`: the margin before the acknowledged
+    /// commit time, for transactions whose commit timestamps and WAL order
+    /// differ (concurrent commits). Milliseconds, default 10000.
+    #[serde(default = "default_commit_time_margin_ms")]
+    pub commit_time_margin_ms: u64,
+    /// Without it, rows are chosen by `occurred_at` (the writing
+    /// transaction's start): the margin covers the longest transaction.
+    /// Milliseconds, default 3600000 (one hour).
+    #[serde(default = "default_occurred_at_margin_ms")]
+    pub occurred_at_margin_ms: u64,
+}
+
+fn default_commit_time_margin_ms() -> u64 {
+    10_000
+}
+
+fn default_occurred_at_margin_ms() -> u64 {
+    3_600_000
+}
+
+impl Default for RepairSettings {
+    fn default() -> Self {
+        RepairSettings {
+            commit_time_margin_ms: default_commit_time_margin_ms(),
+            occurred_at_margin_ms: default_occurred_at_margin_ms(),
+        }
+    }
 }
 
 /// `[log]`: how the log on stderr is written (its level comes from `RUST_LOG`,
@@ -618,6 +657,8 @@ fn set_topic_config(
 
 /// Keys whose values are not strings; every other key takes the variable's text as is.
 const NUMBER_KEYS: &[&str] = &[
+    "repair.commit_time_margin_ms",
+    "repair.occurred_at_margin_ms",
     "postgres.status_interval_ms",
     "outbox.max_record_bytes",
     "offsets.flush_interval_ms",

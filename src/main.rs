@@ -38,10 +38,26 @@ enum Command {
         /// TOML configuration file (keys can be overridden with OUTBOX_CDC__SECTION__KEY).
         #[arg(long, short)]
         config: PathBuf,
-        /// The slot was lost and an offset is stored: recreate the slot at the
-        /// current WAL position and forget the offset (changes in between are NOT published).
+        /// The slot was lost and an offset is stored: recreate the slot, publish
+        /// the retained outbox rows committed since the last acknowledged
+        /// transaction (gap repair), then stream.
         #[arg(long)]
         recreate_slot: bool,
+        /// Repair even though the outbox no longer holds rows from before the
+        /// last acknowledged commit (rows deleted in between are not repaired).
+        #[arg(long)]
+        accept_gap: bool,
+    },
+    /// Gap repair after a lost slot, then exit: recreate the slot with an
+    /// exported snapshot, publish the retained outbox rows committed since the
+    /// last acknowledged transaction, store the new position. Also finishes an
+    /// interrupted repair. `run` then streams from there.
+    Repair {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// See `run --accept-gap`.
+        #[arg(long)]
+        accept_gap: bool,
     },
     /// Show the stored offset, the running connector (if any) and the slot's
     /// position and lag. Works while the connector runs and while it is stopped.
@@ -84,6 +100,7 @@ impl Command {
     fn describe(&self) -> (&'static str, &Path) {
         match self {
             Command::Run { config, .. } => ("run", config),
+            Command::Repair { config, .. } => ("repair", config),
             Command::Status { config, .. } => ("status", config),
             Command::Check { config } => ("check", config),
             Command::Release { config, .. } => ("release", config),
@@ -161,8 +178,23 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
         Command::Run {
             config,
             recreate_slot,
+            accept_gap,
         } => {
-            run(Arc::new(load(&config)?), recreate_slot).await?;
+            let options = pipeline::RunOptions {
+                recreate_slot,
+                accept_gap,
+                repair_only: false,
+            };
+            run(Arc::new(load(&config)?), options).await?;
+            Ok(true)
+        }
+        Command::Repair { config, accept_gap } => {
+            let options = pipeline::RunOptions {
+                recreate_slot: true,
+                accept_gap,
+                repair_only: true,
+            };
+            run(Arc::new(load(&config)?), options).await?;
             Ok(true)
         }
         Command::Status { config, json } => {
@@ -224,7 +256,7 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
 
 /// The relay with its companions: the HTTP endpoint, the slot monitor and the
 /// optional heartbeat run next to the pipeline and stop with it.
-async fn run(config: Arc<Config>, recreate_slot: bool) -> anyhow::Result<()> {
+async fn run(config: Arc<Config>, options: pipeline::RunOptions) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::default());
     let (stop_tx, stop_rx) = watch::channel(false);
     let stop_tx = Arc::new(stop_tx);
@@ -240,13 +272,7 @@ async fn run(config: Arc<Config>, recreate_slot: bool) -> anyhow::Result<()> {
     let monitor = monitor::spawn(config.clone(), metrics.clone(), stop_rx.clone());
     let heartbeat = heartbeat::spawn(config.clone(), metrics.clone(), stop_rx.clone());
 
-    let result = pipeline::run(
-        config,
-        pipeline::RunOptions { recreate_slot },
-        metrics,
-        stop_rx,
-    )
-    .await;
+    let result = pipeline::run(config, options, metrics, stop_rx).await;
 
     stop_tx.send_replace(true);
     let companions = async {

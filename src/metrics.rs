@@ -119,6 +119,16 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "counter",
         "Reconnects after a retryable failure.",
     ),
+    (
+        REPAIR_ROWS,
+        "counter",
+        "Retained outbox rows published again by gap repair after a lost slot.",
+    ),
+    (
+        REPAIR_ROWS_LEFT,
+        "gauge",
+        "Rows the running gap repair has still to publish (0 when none runs).",
+    ),
 ];
 
 pub const SLOT_LAG_BYTES: &str = "outbox_cdc_slot_lag_bytes";
@@ -143,6 +153,8 @@ pub const OLDEST_UNACKED_AGE: &str = "outbox_cdc_oldest_unacked_age_seconds";
 pub const COMMIT_TO_ACK: &str = "outbox_cdc_commit_to_ack_seconds";
 pub const CONNECTED: &str = "outbox_cdc_connected";
 pub const RECONNECTS: &str = "outbox_cdc_reconnects_total";
+pub const REPAIR_ROWS: &str = "outbox_cdc_repair_rows_total";
+pub const REPAIR_ROWS_LEFT: &str = "outbox_cdc_repair_rows_left";
 
 /// Upper bounds of the commit-to-ack histogram buckets, in seconds.
 const LATENCY_BUCKETS: [f64; 14] = [
@@ -203,6 +215,8 @@ pub struct Metrics {
     pub commit_to_ack: Histogram,
     pub connected: AtomicU64,
     pub reconnects: AtomicU64,
+    pub repair_rows: AtomicU64,
+    pub repair_rows_left: AtomicU64,
 }
 
 /// The values of pg_replication_slots.wal_status, in the order of their index.
@@ -234,6 +248,8 @@ impl Default for Metrics {
             commit_to_ack: Histogram::default(),
             connected: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
+            repair_rows: AtomicU64::new(0),
+            repair_rows_left: AtomicU64::new(0),
         }
     }
 }
@@ -369,6 +385,8 @@ impl Metrics {
                 }
                 CONNECTED => sample(&mut out, name, get(&self.connected)),
                 RECONNECTS => sample(&mut out, name, get(&self.reconnects)),
+                REPAIR_ROWS => sample(&mut out, name, get(&self.repair_rows)),
+                REPAIR_ROWS_LEFT => sample(&mut out, name, get(&self.repair_rows_left)),
                 _ => {}
             }
         }

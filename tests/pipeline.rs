@@ -108,7 +108,7 @@ async fn publishes_committed_rows_with_key_partition_headers_and_payload() {
             .parse()
             .unwrap_or_else(|e| panic!("lsn header {:?}: {e}", r.header("lsn")));
         assert!(
-            lsn > wal_before && lsn < wal_after,
+            lsn >= wal_before && lsn < wal_after,
             "lsn header {lsn} of {event_id} outside the writes ({wal_before}..{wal_after})"
         );
         assert!(r.timestamp_ms.is_some_and(|t| t > 1_600_000_000_000));
@@ -441,6 +441,7 @@ async fn refuses_to_start_when_the_slot_was_dropped_and_recreated() {
         fx.config(),
         RunOptions {
             recreate_slot: true,
+            ..RunOptions::default()
         },
     );
     eventually("the recreated slot to be active", TIMEOUT, || async {

@@ -16,5 +16,7 @@
 mod store;
 mod tracker;
 
-pub use store::{DurableLsn, OffsetStore, ParkedAggregate, StoreError, StoredOffset};
+pub use store::{
+    DurableLsn, OffsetStore, ParkedAggregate, PendingRepair, StoreError, StoredOffset,
+};
 pub use tracker::{AckTracker, EventToken, TrackerError};

@@ -22,6 +22,7 @@ use crate::pg::{Lsn, PgTimestamp};
 
 const OFFSETS_TREE: &str = "offsets";
 const PARKED_TREE: &str = "parked";
+const REPAIRS_TREE: &str = "repairs";
 const ENCODING_VERSION: u32 = 1;
 /// sled's page cache bound; the store holds a handful of small keys.
 const CACHE_CAPACITY_BYTES: u64 = 8 * 1024 * 1024;
@@ -59,6 +60,25 @@ pub struct StoredOffset {
     /// The database cluster's system identifier (IDENTIFY_SYSTEM `systemid`).
     pub system_id: String,
     pub updated_at_unix_ms: i64,
+    /// Commit time of the last transaction the offset covers, when known
+    /// (stores written before it was recorded have none): where gap repair
+    /// starts after a lost slot.
+    pub acked_commit_time: Option<PgTimestamp>,
+}
+
+/// A gap repair in progress (DESIGN.md §13): written before the lost slot is
+/// recreated, removed once every retained row committed after `since` was
+/// published, so a repair killed half-way is finished by the next start.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingRepair {
+    pub v: u32,
+    /// The offset stored for the lost slot.
+    pub stored_lsn: Lsn,
+    /// Rows committed at or after this time (microseconds since 2000-01-01)
+    /// are published again.
+    pub since_micros: i64,
+    /// `commit-timestamp` (pg_xact_commit_timestamp) or `occurred-at`.
+    pub bound: String,
 }
 
 /// An aggregate whose events go to the dead-letter topic until released,
@@ -152,6 +172,9 @@ struct OffsetRecordV1 {
     lsn: Lsn,
     system_id: String,
     updated_at_unix_ms: i64,
+    /// Microseconds since 2000-01-01; absent in stores written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    acked_commit_time: Option<i64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -186,6 +209,7 @@ pub struct OffsetStore {
     db: sled::Db,
     offsets: sled::Tree,
     parked: sled::Tree,
+    repairs: sled::Tree,
     /// aggregate_type → aggregate ids; mirrors the `parked` tree. Writers
     /// hold the write lock across the sled write and flush.
     /// type -> id -> the LSN of the event that parked it.
@@ -239,11 +263,13 @@ impl OffsetStore {
         };
         let offsets = open_tree(OFFSETS_TREE)?;
         let parked = open_tree(PARKED_TREE)?;
+        let repairs = open_tree(REPAIRS_TREE)?;
         let store = OffsetStore {
             path,
             db,
             offsets,
             parked,
+            repairs,
             parked_cache: RwLock::new(HashMap::new()),
             parked_count: AtomicUsize::new(0),
         };
@@ -299,6 +325,18 @@ impl OffsetStore {
     /// Blocks on the flush (an fsync): call it from a blocking context such as
     /// `tokio::task::spawn_blocking`, not on an async worker thread.
     pub fn persist(&self, slot: &str, lsn: Lsn, system_id: &str) -> Result<DurableLsn, StoreError> {
+        self.persist_acked(slot, lsn, system_id, None)
+    }
+
+    /// [`Self::persist`], recording the commit time of the last transaction
+    /// `lsn` covers (`None`: keep the one stored, e.g. for an idle advance).
+    pub fn persist_acked(
+        &self,
+        slot: &str,
+        lsn: Lsn,
+        system_id: &str,
+        acked_commit_time: Option<PgTimestamp>,
+    ) -> Result<DurableLsn, StoreError> {
         loop {
             let current = self.offsets.get(slot).map_err(|source| StoreError::Read {
                 path: self.path.clone(),
@@ -321,11 +359,16 @@ impl OffsetStore {
                     return Ok(DurableLsn(stored.lsn));
                 }
             }
+            let previous_commit_time = match &current {
+                Some(raw) => self.decode_offset(slot, raw)?.acked_commit_time,
+                None => None,
+            };
             let record = OffsetRecordV1 {
                 v: ENCODING_VERSION,
                 lsn,
                 system_id: system_id.to_owned(),
                 updated_at_unix_ms: PgTimestamp::now().unix_millis(),
+                acked_commit_time: acked_commit_time.or(previous_commit_time).map(|t| t.0),
             };
             let swapped = self
                 .offsets
@@ -363,6 +406,51 @@ impl OffsetStore {
             })?;
         self.flush("remove", slot_key(slot))?;
         Ok(removed.is_some())
+    }
+
+    /// Records a gap repair about to start for `slot` (flushed).
+    pub fn begin_repair(&self, slot: &str, repair: &PendingRepair) -> Result<(), StoreError> {
+        let value = encode(&self.path, repair_key(slot), repair)?;
+        self.repairs
+            .insert(slot, value)
+            .map_err(|source| StoreError::Write {
+                path: self.path.clone(),
+                op: "begin repair",
+                key: repair_key(slot),
+                source,
+            })?;
+        self.flush("begin repair", repair_key(slot))
+    }
+
+    /// The repair of `slot` that has not finished, if any.
+    pub fn pending_repair(&self, slot: &str) -> Result<Option<PendingRepair>, StoreError> {
+        let raw = self.repairs.get(slot).map_err(|source| StoreError::Read {
+            path: self.path.clone(),
+            key: repair_key(slot),
+            source,
+        })?;
+        raw.map(|raw| {
+            serde_json::from_slice(&raw).map_err(|e| StoreError::Corrupt {
+                path: self.path.clone(),
+                tree: REPAIRS_TREE,
+                key: repair_key(slot),
+                reason: e.to_string(),
+            })
+        })
+        .transpose()
+    }
+
+    /// The repair of `slot` finished (flushed).
+    pub fn end_repair(&self, slot: &str) -> Result<(), StoreError> {
+        self.repairs
+            .remove(slot)
+            .map_err(|source| StoreError::Write {
+                path: self.path.clone(),
+                op: "end repair",
+                key: repair_key(slot),
+                source,
+            })?;
+        self.flush("end repair", repair_key(slot))
     }
 
     /// Parks an aggregate: its later events go to the dead-letter topic until
@@ -527,6 +615,7 @@ impl OffsetStore {
             lsn: record.lsn,
             system_id: record.system_id,
             updated_at_unix_ms: record.updated_at_unix_ms,
+            acked_commit_time: record.acked_commit_time.map(PgTimestamp),
         })
     }
 
@@ -587,6 +676,10 @@ fn encode<T: Serialize>(path: &Path, key: String, record: &T) -> Result<Vec<u8>,
         key,
         source,
     })
+}
+
+fn repair_key(slot: &str) -> String {
+    format!("repair of slot {slot:?}")
 }
 
 fn slot_key(slot: &str) -> String {

@@ -104,6 +104,9 @@ impl Tx {
 pub struct AckTracker {
     id: u64,
     acked: Lsn,
+    /// Commit time of the last transaction the acked LSN covers (None until
+    /// one is acked in this tracker's life): what gap repair starts from.
+    acked_commit_time: Option<PgTimestamp>,
     /// Highest of: the starting acked LSN, the last commit's end_lsn and any
     /// idle advance. The next commit must be beyond it.
     floor: Lsn,
@@ -124,6 +127,7 @@ impl AckTracker {
         AckTracker {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             acked,
+            acked_commit_time: None,
             floor: acked,
             queue: VecDeque::new(),
             front_seq: 0,
@@ -284,6 +288,7 @@ impl AckTracker {
             match tx.state {
                 TxState::Committed(end_lsn) if end_lsn > self.acked => {
                     self.acked = end_lsn;
+                    self.acked_commit_time = Some(tx.commit_time);
                     advanced = Some(end_lsn);
                 }
                 TxState::Abandoned => self.abandoned_in_queue -= 1,
@@ -296,6 +301,12 @@ impl AckTracker {
     /// The highest LSN whose preceding transactions are all delivered.
     pub fn acked(&self) -> Lsn {
         self.acked
+    }
+
+    /// Commit time of the last transaction [`Self::acked`] covers, once one
+    /// was acknowledged by this tracker.
+    pub fn acked_commit_time(&self) -> Option<PgTimestamp> {
+        self.acked_commit_time
     }
 
     /// The end_lsn of the last committed transaction (or the acked LSN, if

@@ -36,7 +36,9 @@ pub use error::{PgError, ServerError};
 pub use feedback::FeedbackHandle;
 pub use ident::{QualifiedTable, quote_ident};
 pub use lsn::Lsn;
-pub use replication::{ReplicationConnection, ReplicationStream, StreamOptions, SystemIdentity};
+pub use replication::{
+    ExportedSlot, ReplicationConnection, ReplicationStream, StreamOptions, SystemIdentity,
+};
 pub use time::PgTimestamp;
 pub use wire::{Tag, WireError};
 

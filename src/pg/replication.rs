@@ -43,6 +43,19 @@ pub struct SystemIdentity {
     pub dbname: Option<String>,
 }
 
+/// A logical slot created with an exported snapshot
+/// ([`ReplicationConnection::create_slot_exporting_snapshot`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExportedSlot {
+    /// The first position the slot decodes from: every transaction committed
+    /// before it is visible in the snapshot, every later one comes through
+    /// the slot.
+    pub consistent_point: Lsn,
+    /// For `SET TRANSACTION SNAPSHOT` on another connection; valid until the
+    /// next command on this replication connection.
+    pub snapshot: String,
+}
+
 /// Tuning of a replication stream.
 #[derive(Clone, Copy, Debug)]
 pub struct StreamOptions {
@@ -141,6 +154,52 @@ impl ReplicationConnection {
                 .map_err(|_| bad(format!("timeline {timeline:?} is not a number")))?,
             xlogpos: xlogpos.parse().map_err(|e| bad(format!("xlogpos: {e}")))?,
             dbname: dbname.clone(),
+        })
+    }
+
+    /// `CREATE_REPLICATION_SLOT ... LOGICAL pgoutput EXPORT_SNAPSHOT` (the form
+    /// every supported major accepts). The snapshot stays usable until the
+    /// next command on this connection, so read it before
+    /// [`start_logical`](Self::start_logical).
+    pub async fn create_slot_exporting_snapshot(
+        &mut self,
+        slot: &str,
+    ) -> Result<ExportedSlot, PgError> {
+        const COMMAND: &str = "CREATE_REPLICATION_SLOT";
+        let command = format!(
+            "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput EXPORT_SNAPSHOT",
+            quote_ident(slot)
+        );
+        let rows = match self
+            .session
+            .simple_query(&command, "creating a replication slot with a snapshot")
+            .await
+        {
+            Ok(rows) => rows,
+            Err(PgError::Server { server, .. }) if server.code == "42710" => {
+                return Err(PgError::SlotExists {
+                    slot: slot.to_owned(),
+                    server,
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        let bad = |message: String| PgError::BadReply {
+            addr: self.session.addr.clone(),
+            command: COMMAND,
+            message,
+        };
+        let [row] = rows.as_slice() else {
+            return Err(bad(format!("{} rows instead of 1", rows.len())));
+        };
+        let [_, Some(consistent_point), Some(snapshot), ..] = row.as_slice() else {
+            return Err(bad(format!("unexpected columns {row:?}")));
+        };
+        Ok(ExportedSlot {
+            consistent_point: consistent_point
+                .parse()
+                .map_err(|e| bad(format!("consistent_point: {e}")))?,
+            snapshot: snapshot.clone(),
         })
     }
 

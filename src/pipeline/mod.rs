@@ -11,6 +11,7 @@
 //!   session starts from the durable acked LSN, after a backoff with jitter.
 
 mod poison;
+mod repair;
 mod resume;
 mod session;
 
@@ -35,8 +36,14 @@ pub use resume::{ResumePlan, StartRefused};
 /// Options of one `run` that are not configuration (command-line flags).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RunOptions {
-    /// Recreate a lost slot, forgetting the stored offset (`--recreate-slot`).
+    /// Recreate a lost slot and repair the gap from the retained outbox rows
+    /// (`--recreate-slot`).
     pub recreate_slot: bool,
+    /// Let a repair go ahead although the outbox no longer holds rows from
+    /// before the last acknowledged commit (`--accept-gap`).
+    pub accept_gap: bool,
+    /// Stop after the repair, before streaming (`outbox-cdc repair`).
+    pub repair_only: bool,
 }
 
 /// Why a session ended, classified for the reconnect decision.
@@ -98,6 +105,9 @@ pub enum PipelineError {
     /// Start refused: the publication does not prove it carries every outbox row.
     #[error(transparent)]
     NotCovered(#[from] NotCovered),
+    /// Gap repair cannot start safely; the operator decides.
+    #[error("gap repair refused: {reason}. Fix: {fix}")]
+    RepairRefused { reason: String, fix: String },
     /// The publication stopped covering the outbox while streaming.
     #[error(
         "the publication stopped carrying every outbox row while streaming: PostgreSQL does not send rows \
@@ -130,6 +140,7 @@ impl PipelineError {
             | PipelineError::Mapping { .. }
             | PipelineError::NotCovered(_)
             | PipelineError::CoverageLost(_)
+            | PipelineError::RepairRefused { .. }
             | PipelineError::Unaccounted(_) => false,
         }
     }

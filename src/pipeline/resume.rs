@@ -186,6 +186,7 @@ mod tests {
             lsn: Lsn::new(lsn),
             system_id: sys.to_owned(),
             updated_at_unix_ms: 0,
+            acked_commit_time: None,
         }
     }
 

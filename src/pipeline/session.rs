@@ -24,7 +24,8 @@ use crate::pgoutput::{self, Message, RelationCache};
 use crate::sink::{DeliveryReport, KafkaSink};
 
 use super::poison::{PoisonPolicyRouter, Route, row_as_json};
-use super::resume::{self, ResumeInputs, ResumePlan};
+use super::repair;
+use super::resume::{self, ResumeInputs, ResumePlan, StartRefused};
 use super::{PipelineError, RunOptions};
 
 /// What travels with each record through librdkafka and comes back in its report.
@@ -122,35 +123,92 @@ impl<'a> Session<'a> {
 
         let stored = store.load(slot)?;
         let slot_info = control::slot_info(&client, slot).await?;
-        let plan = resume::decide(&ResumeInputs {
-            slot,
-            database: &database,
-            server_system_id: &identity.system_id,
-            server_flush_lsn: identity.xlogpos,
-            stored: stored.as_ref(),
-            slot_info: slot_info.as_ref(),
-            create_slot: config.postgres.create_slot,
-            recreate_slot: options.recreate_slot,
-            allow_slot_ahead: config.postgres.allow_slot_ahead,
-        })?;
-        let (start, skip_through) = match plan {
-            ResumePlan::CreateSlot => {
-                let at = control::create_logical_slot(&client, slot).await?;
-                info!(slot, lsn = %at, "created replication slot");
-                (at, Lsn::ZERO)
+        let pending = store.pending_repair(slot)?;
+        let (start, skip_through) = if let Some(pending) = pending {
+            // A repair that did not finish: finish it before anything else.
+            if let Some(stored) = stored
+                .as_ref()
+                .filter(|s| s.system_id != identity.system_id)
+            {
+                return Err(StartRefused::OtherCluster {
+                    slot: slot.to_owned(),
+                    stored_lsn: stored.lsn,
+                    stored_system_id: stored.system_id.clone(),
+                    server_system_id: identity.system_id.clone(),
+                }
+                .into());
             }
-            ResumePlan::RecreateSlot { forgotten } => {
-                tokio::task::block_in_place(|| store.remove(slot))?;
-                let at = control::create_logical_slot(&client, slot).await?;
-                warn!(slot, forgotten = %forgotten, lsn = %at,
-                    "recreated lost replication slot; changes between the two positions were NOT published: replay them from the outbox table");
-                (at, Lsn::ZERO)
+            warn!(slot, stored = %pending.stored_lsn, "finishing a gap repair that was interrupted");
+            let confirmed = slot_info
+                .as_ref()
+                .map(|s| s.confirmed_flush_lsn.unwrap_or(Lsn::ZERO));
+            let at = repair_lost_slot(
+                &mut repl,
+                &client,
+                config,
+                store,
+                metrics,
+                slot,
+                &identity.system_id,
+                &pending,
+                confirmed,
+            )
+            .await?;
+            (at, Lsn::ZERO)
+        } else {
+            let plan = resume::decide(&ResumeInputs {
+                slot,
+                database: &database,
+                server_system_id: &identity.system_id,
+                server_flush_lsn: identity.xlogpos,
+                stored: stored.as_ref(),
+                slot_info: slot_info.as_ref(),
+                create_slot: config.postgres.create_slot,
+                recreate_slot: options.recreate_slot,
+                allow_slot_ahead: config.postgres.allow_slot_ahead,
+            })?;
+            match plan {
+                ResumePlan::CreateSlot => {
+                    let at = control::create_logical_slot(&client, slot).await?;
+                    info!(slot, lsn = %at, "created replication slot");
+                    (at, Lsn::ZERO)
+                }
+                ResumePlan::RecreateSlot { forgotten } => {
+                    let Some(stored) = stored.as_ref() else {
+                        return Err(protocol(
+                            forgotten,
+                            "recreate planned without a stored offset",
+                        ));
+                    };
+                    let pending = repair::plan(&client, config, stored, options.accept_gap).await?;
+                    tokio::task::block_in_place(|| store.begin_repair(slot, &pending))?;
+                    warn!(slot, lost_at = %forgotten, bound = %pending.bound,
+                        "replication slot lost: recreating it and repairing the gap from the outbox table");
+                    let at = repair_lost_slot(
+                        &mut repl,
+                        &client,
+                        config,
+                        store,
+                        metrics,
+                        slot,
+                        &identity.system_id,
+                        &pending,
+                        None,
+                    )
+                    .await?;
+                    (at, Lsn::ZERO)
+                }
+                ResumePlan::Resume {
+                    start,
+                    skip_through,
+                } => (start, skip_through),
             }
-            ResumePlan::Resume {
-                start,
-                skip_through,
-            } => (start, skip_through),
         };
+        if options.repair_only {
+            info!(slot, start = %start, "repair finished (or none was needed); not streaming (outbox-cdc repair)");
+            let _ = repl.close().await;
+            return Ok(());
+        }
 
         // Persist the start before streaming: it records the cluster identity on
         // first start and gives the first reportable (durable) position.
@@ -677,8 +735,9 @@ impl<'a> Session<'a> {
         let store = Arc::clone(self.store);
         let slot = self.config.postgres.slot.clone();
         let system_id = self.system_id.clone();
+        let commit_time = self.tracker.acked_commit_time();
         self.persisting = Some(tokio::task::spawn_blocking(move || {
-            store.persist(&slot, acked, &system_id)
+            store.persist_acked(&slot, acked, &system_id, commit_time)
         }));
     }
 
@@ -707,9 +766,14 @@ impl<'a> Session<'a> {
         self.dirty_since = None;
         let acked = self.tracker.acked();
         if acked > self.durable.lsn() && !crate::failpoint::sabotaged("never-persist") {
+            let commit_time = self.tracker.acked_commit_time();
             let durable = tokio::task::block_in_place(|| {
-                self.store
-                    .persist(&self.config.postgres.slot, acked, &self.system_id)
+                self.store.persist_acked(
+                    &self.config.postgres.slot,
+                    acked,
+                    &self.system_id,
+                    commit_time,
+                )
             })?;
             self.flushed(durable);
         }
@@ -793,6 +857,59 @@ impl<'a> Session<'a> {
         }
         Ok(())
     }
+}
+
+/// Recreates the lost slot with an exported snapshot (or, for an interrupted
+/// repair, takes the slot it created, confirmed at `existing`), publishes the
+/// retained rows `pending` chooses, then stores the new slot's position as the
+/// offset and ends the repair. Returns where streaming starts.
+#[allow(clippy::too_many_arguments)]
+async fn repair_lost_slot(
+    repl: &mut ReplicationConnection,
+    client: &tokio_postgres::Client,
+    config: &Config,
+    store: &Arc<OffsetStore>,
+    metrics: &Metrics,
+    slot: &str,
+    system_id: &str,
+    pending: &crate::checkpoint::PendingRepair,
+    existing: Option<Lsn>,
+) -> Result<Lsn, PipelineError> {
+    let (at, snapshot) = match existing {
+        Some(confirmed) => (confirmed, None),
+        None => {
+            let created = repl.create_slot_exporting_snapshot(slot).await?;
+            info!(slot, lsn = %created.consistent_point, "recreated the replication slot with an exported snapshot");
+            (created.consistent_point, Some(created.snapshot))
+        }
+    };
+    // The commit time the new offset stands for: everything before the
+    // slot's consistent point committed before this moment.
+    let now: i64 = client
+        .query_one(
+            "SELECT ((extract(epoch FROM clock_timestamp()) - 946684800) * 1e6)::int8",
+            &[],
+        )
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(|e| PgError::sql("reading the server clock", e))?;
+    let rows = repair::publish(
+        client,
+        config,
+        store,
+        metrics,
+        pending,
+        snapshot.as_deref(),
+        at,
+    )
+    .await?;
+    tokio::task::block_in_place(|| -> Result<(), StoreError> {
+        store.remove(slot)?;
+        store.persist_acked(slot, at, system_id, Some(PgTimestamp(now)))?;
+        store.end_repair(slot)
+    })?;
+    info!(slot, rows, start = %at, "gap repair finished: every retained row committed after the lost position was published");
+    Ok(at)
 }
 
 /// Why a session ended, given the failure that ended its loop and the first
