@@ -425,9 +425,10 @@ async fn replication_slots(client: &Client, config: &Config) -> (CheckResult, Ch
                         "slot {slot:?} is lost (wal_status = lost): the WAL it needed was removed"
                     ),
                     format!(
-                        "events committed since its confirmed position may be unpublished: {drop_sql}\n\
-                         then `outbox-cdc run --recreate-slot` and replay the outbox rows committed since \
-                         (docs/operations.md, \"Slot lost\")"
+                        "events committed since its confirmed position are not in the slot any more: \
+                         `outbox-cdc repair --config <this file>` drops and recreates it and republishes them \
+                         from the outbox table (docs/operations.md, \"Slot lost\"); without a stored offset, \
+                         {drop_sql}"
                     ),
                 )
             } else {
@@ -474,8 +475,8 @@ fn missing_slot(config: &Config, slot: &str) -> CheckResult {
                 offset.lsn,
                 offset.lsn
             ),
-            "outbox-cdc run --recreate-slot --config <this file>\n\
-             then replay the outbox rows committed since the slot was lost (docs/operations.md, \"Slot lost\")",
+            "outbox-cdc repair --config <this file>  -- recreates the slot and republishes the retained \
+             outbox rows committed since (docs/operations.md, \"Slot lost\")",
         );
     }
     if config.postgres.create_slot {

@@ -20,9 +20,14 @@ use crate::pg::control::SlotInfo;
 pub enum ResumePlan {
     /// Create the slot and start at its consistent point (first start).
     CreateSlot,
-    /// The operator asked to recreate a lost slot: forget the stored offset,
-    /// create the slot, start at its consistent point.
-    RecreateSlot { forgotten: Lsn },
+    /// The operator asked to recreate a lost slot: repair the gap from the
+    /// outbox table, create the slot, start at its consistent point. A slot
+    /// that still exists but was invalidated (`wal_status = lost`) is dropped
+    /// first (`drop_invalidated`).
+    RecreateSlot {
+        forgotten: Lsn,
+        drop_invalidated: bool,
+    },
     /// Stream from `start`; transactions ending at or before `skip_through` are dropped.
     Resume { start: Lsn, skip_through: Lsn },
 }
@@ -55,11 +60,22 @@ pub enum StartRefused {
     },
     #[error(
         "replication slot {slot:?} does not exist, but events up to {stored_lsn} were published from it: \
-         the slot was dropped, so changes committed after {stored_lsn} may never be published. \
-         To continue, run with --recreate-slot (creates the slot at the current WAL position) and \
-         replay the outbox rows committed since the slot was lost"
+         the slot was dropped, so changes committed after {stored_lsn} are not in any slot. \
+         To continue, run `outbox-cdc repair` (or `run --recreate-slot`): it recreates the slot and \
+         publishes the retained outbox rows committed since (gap repair)"
     )]
     SlotLost { slot: String, stored_lsn: Lsn },
+    #[error(
+        "replication slot {slot:?} was invalidated (wal_status = lost): the server removed WAL it needed, \
+         so changes committed after its position can no longer be decoded. To continue, run \
+         `outbox-cdc repair` (or `run --recreate-slot`): it drops and recreates the slot and publishes the \
+         retained outbox rows committed since the last acknowledged transaction (gap repair){}",
+        match stored_lsn { Some(_) => "", None => "; with no offset stored here, drop the slot first: SELECT pg_drop_replication_slot(...)" }
+    )]
+    SlotInvalidated {
+        slot: String,
+        stored_lsn: Option<Lsn>,
+    },
     #[error(
         "replication slot {slot:?} does not exist and postgres.create_slot = false: create it with \
          SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput'); or set create_slot = true"
@@ -131,6 +147,7 @@ pub fn decide(input: &ResumeInputs<'_>) -> Result<ResumePlan, StartRefused> {
         return match input.stored {
             Some(stored) if input.recreate_slot => Ok(ResumePlan::RecreateSlot {
                 forgotten: stored.lsn,
+                drop_invalidated: false,
             }),
             Some(stored) => Err(StartRefused::SlotLost {
                 slot,
@@ -156,6 +173,20 @@ pub fn decide(input: &ResumeInputs<'_>) -> Result<ResumePlan, StartRefused> {
                 database: input.database.to_owned(),
             });
         }
+    }
+    if info.wal_status.as_deref() == Some("lost") {
+        // It exists, but the server removed WAL it needed: as lost as a
+        // dropped slot.
+        return match input.stored {
+            Some(stored) if input.recreate_slot => Ok(ResumePlan::RecreateSlot {
+                forgotten: stored.lsn,
+                drop_invalidated: true,
+            }),
+            _ => Err(StartRefused::SlotInvalidated {
+                slot,
+                stored_lsn: input.stored.map(|s| s.lsn),
+            }),
+        };
     }
     let confirmed = info.confirmed_flush_lsn.unwrap_or(Lsn::ZERO);
     match input.stored {
@@ -266,14 +297,42 @@ mod tests {
         let st = stored(500, "42");
         let err = decide(&inputs(Some(&st), None)).unwrap_err();
         assert!(matches!(err, StartRefused::SlotLost { .. }));
-        assert!(err.to_string().contains("--recreate-slot"));
+        assert!(err.to_string().contains("outbox-cdc repair"));
         let mut i = inputs(Some(&st), None);
         i.recreate_slot = true;
         assert_eq!(
             decide(&i),
             Ok(ResumePlan::RecreateSlot {
-                forgotten: Lsn::new(500)
+                forgotten: Lsn::new(500),
+                drop_invalidated: false,
             })
+        );
+    }
+
+    #[test]
+    fn an_invalidated_slot_is_lost_too() {
+        let st = stored(500, "42");
+        let mut info = slot(500);
+        info.wal_status = Some("lost".into());
+        let err = decide(&inputs(Some(&st), Some(&info))).unwrap_err();
+        assert!(
+            matches!(err, StartRefused::SlotInvalidated { stored_lsn: Some(l), .. } if l == Lsn::new(500)),
+            "{err}"
+        );
+        let mut i = inputs(Some(&st), Some(&info));
+        i.recreate_slot = true;
+        assert_eq!(
+            decide(&i),
+            Ok(ResumePlan::RecreateSlot {
+                forgotten: Lsn::new(500),
+                drop_invalidated: true,
+            })
+        );
+        // Nothing stored here: nothing to repair from, refused with the drop.
+        let err = decide(&inputs(None, Some(&info))).unwrap_err();
+        assert!(
+            err.to_string().contains("pg_drop_replication_slot"),
+            "{err}"
         );
     }
 

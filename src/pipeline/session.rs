@@ -173,7 +173,10 @@ impl<'a> Session<'a> {
                     info!(slot, lsn = %at, "created replication slot");
                     (at, Lsn::ZERO)
                 }
-                ResumePlan::RecreateSlot { forgotten } => {
+                ResumePlan::RecreateSlot {
+                    forgotten,
+                    drop_invalidated,
+                } => {
                     let Some(stored) = stored.as_ref() else {
                         return Err(protocol(
                             forgotten,
@@ -182,6 +185,10 @@ impl<'a> Session<'a> {
                     };
                     let pending = repair::plan(&client, config, stored, options.accept_gap).await?;
                     tokio::task::block_in_place(|| store.begin_repair(slot, &pending))?;
+                    if drop_invalidated {
+                        control::drop_slot(&client, slot).await?;
+                        warn!(slot, "dropped the invalidated replication slot");
+                    }
                     warn!(slot, lost_at = %forgotten, bound = %pending.bound,
                         "replication slot lost: recreating it and repairing the gap from the outbox table");
                     let at = repair_lost_slot(
