@@ -83,6 +83,42 @@ pub struct Config {
     /// `[repair]`: gap repair after a lost slot.
     #[serde(default)]
     pub repair: RepairSettings,
+    /// `[audit]`: live detection of gaps in aggregate sequences.
+    #[serde(default)]
+    pub audit: AuditSettings,
+}
+
+/// `[audit]`: the connector follows each aggregate's `aggregate_sequence` as
+/// it publishes and counts (`outbox_cdc_sequence_gaps_total`) and logs every
+/// number that does not follow the last one published.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditSettings {
+    /// `consecutive` (default: 1, 2, 3, ... as `outbox_emit` numbers them),
+    /// `increasing` (any larger number follows), or `off`.
+    #[serde(default = "default_sequences")]
+    pub sequences: String,
+    /// `warn` (default: count and log) or `stop` (stop before publishing the
+    /// event, so nothing after it is acknowledged).
+    #[serde(default = "default_on_gap")]
+    pub on_gap: String,
+}
+
+fn default_sequences() -> String {
+    "consecutive".into()
+}
+
+fn default_on_gap() -> String {
+    "warn".into()
+}
+
+impl Default for AuditSettings {
+    fn default() -> Self {
+        AuditSettings {
+            sequences: default_sequences(),
+            on_gap: default_on_gap(),
+        }
+    }
 }
 
 /// `[repair]`: which retained outbox rows gap repair publishes again after a
@@ -412,6 +448,20 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        if !["consecutive", "increasing", "off"].contains(&self.audit.sequences.as_str()) {
+            return Err(ConfigError::invalid(
+                "audit.sequences",
+                &self.audit.sequences,
+                "\"consecutive\", \"increasing\" or \"off\"",
+            ));
+        }
+        if !["warn", "stop"].contains(&self.audit.on_gap.as_str()) {
+            return Err(ConfigError::invalid(
+                "audit.on_gap",
+                &self.audit.on_gap,
+                "\"warn\" or \"stop\"",
+            ));
+        }
         let pg = &self.postgres;
         if pg.url.trim().is_empty() {
             return Err(ConfigError::invalid(

@@ -120,6 +120,11 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Reconnects after a retryable failure.",
     ),
     (
+        SEQUENCE_GAPS,
+        "counter",
+        "Events whose aggregate_sequence does not follow the aggregate's last published one (a jump, an old number again, or a first event above 1), by aggregate type.",
+    ),
+    (
         REPAIR_ROWS,
         "counter",
         "Retained outbox rows published again by gap repair after a lost slot.",
@@ -154,6 +159,7 @@ pub const COMMIT_TO_ACK: &str = "outbox_cdc_commit_to_ack_seconds";
 pub const CONNECTED: &str = "outbox_cdc_connected";
 pub const RECONNECTS: &str = "outbox_cdc_reconnects_total";
 pub const REPAIR_ROWS: &str = "outbox_cdc_repair_rows_total";
+pub const SEQUENCE_GAPS: &str = "outbox_cdc_sequence_gaps_total";
 pub const REPAIR_ROWS_LEFT: &str = "outbox_cdc_repair_rows_left";
 
 /// Upper bounds of the commit-to-ack histogram buckets, in seconds.
@@ -209,6 +215,7 @@ pub struct Metrics {
     /// the count per original topic.
     pub events_dead_lettered: AtomicU64,
     dead_lettered_by_topic: Mutex<BTreeMap<String, u64>>,
+    sequence_gaps_by_type: Mutex<BTreeMap<String, u64>>,
     pub in_flight_events: AtomicU64,
     pub in_flight_bytes: AtomicU64,
     pub oldest_unacked_age_micros: AtomicU64,
@@ -242,6 +249,7 @@ impl Default for Metrics {
             events_deduplicated: AtomicU64::new(0),
             events_dead_lettered: AtomicU64::new(0),
             dead_lettered_by_topic: Mutex::new(BTreeMap::new()),
+            sequence_gaps_by_type: Mutex::new(BTreeMap::new()),
             in_flight_events: AtomicU64::new(0),
             in_flight_bytes: AtomicU64::new(0),
             oldest_unacked_age_micros: AtomicU64::new(0),
@@ -300,6 +308,25 @@ impl Metrics {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         *by_topic.entry(original_topic.to_owned()).or_default() += 1;
+    }
+
+    /// Counts a sequence gap of an aggregate of `aggregate_type`.
+    pub fn record_sequence_gap(&self, aggregate_type: &str) {
+        let mut by_type = self
+            .sequence_gaps_by_type
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *by_type.entry(aggregate_type.to_owned()).or_default() += 1;
+    }
+
+    /// Sequence gaps counted for `aggregate_type`.
+    pub fn sequence_gaps(&self, aggregate_type: &str) -> u64 {
+        self.sequence_gaps_by_type
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(aggregate_type)
+            .copied()
+            .unwrap_or(0)
     }
 
     pub fn set_received(&self, lsn: Lsn) {
@@ -386,6 +413,17 @@ impl Metrics {
                 CONNECTED => sample(&mut out, name, get(&self.connected)),
                 RECONNECTS => sample(&mut out, name, get(&self.reconnects)),
                 REPAIR_ROWS => sample(&mut out, name, get(&self.repair_rows)),
+                SEQUENCE_GAPS => {
+                    let by_type = self
+                        .sequence_gaps_by_type
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .clone();
+                    for (t, n) in &by_type {
+                        let _ =
+                            writeln!(out, "{name}{{aggregate_type=\"{}\"}} {n}", escape_label(t));
+                    }
+                }
                 REPAIR_ROWS_LEFT => sample(&mut out, name, get(&self.repair_rows_left)),
                 _ => {}
             }

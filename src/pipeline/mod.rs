@@ -13,6 +13,7 @@
 mod poison;
 mod repair;
 mod resume;
+mod sequences;
 mod session;
 
 use std::sync::Arc;
@@ -32,6 +33,7 @@ use crate::pgoutput::DecodeError;
 use crate::sink::SinkError;
 
 pub use resume::{ResumePlan, StartRefused};
+pub use sequences::{GapKind, SequenceGap};
 
 /// Options of one `run` that are not configuration (command-line flags).
 #[derive(Debug, Clone, Copy, Default)]
@@ -105,6 +107,9 @@ pub enum PipelineError {
     /// Start refused: the publication does not prove it carries every outbox row.
     #[error(transparent)]
     NotCovered(#[from] NotCovered),
+    /// A break in an aggregate's numbering under `audit.on_gap = "stop"`.
+    #[error(transparent)]
+    SequenceGap(#[from] sequences::SequenceGap),
     /// Gap repair cannot start safely; the operator decides.
     #[error("gap repair refused: {reason}. Fix: {fix}")]
     RepairRefused { reason: String, fix: String },
@@ -141,6 +146,7 @@ impl PipelineError {
             | PipelineError::NotCovered(_)
             | PipelineError::CoverageLost(_)
             | PipelineError::RepairRefused { .. }
+            | PipelineError::SequenceGap(_)
             | PipelineError::Unaccounted(_) => false,
         }
     }

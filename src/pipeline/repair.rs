@@ -268,6 +268,9 @@ pub(crate) async fn publish(
     pin_mut!(rows);
     let max_in_flight = config.limits.max_in_flight_events.max(1);
     let mut in_flight: HashMap<u64, String> = HashMap::new();
+    // The last number published per aggregate, for live gap detection: the
+    // stream continues after these (at LSNs beyond `at`).
+    let mut last_sequences: HashMap<(String, String), i64> = HashMap::new();
     let mut sent: u64 = 0;
     let mut delivered: u64 = 0;
     while let Some(row) = rows.next().await {
@@ -291,6 +294,12 @@ pub(crate) async fn publish(
         let event = match router.route(mapped, raw, store, at, commit_time)? {
             Route::Publish(event) | Route::DeadLetter(event) => event,
         };
+        if let Some(seq) = super::sequences::sequence_of(&event) {
+            let last = last_sequences
+                .entry((event.aggregate_type.clone(), event.aggregate_id.clone()))
+                .or_insert(seq);
+            *last = (*last).max(seq);
+        }
         while in_flight.len() >= max_in_flight {
             delivered += wait_report(&mut reports, &mut in_flight, metrics).await?;
         }
@@ -306,6 +315,11 @@ pub(crate) async fn publish(
         client.batch_execute("COMMIT").await.map_err(&e)?;
     }
     metrics.repair_rows_left.store(0, Ordering::Relaxed);
+    let sequences: Vec<(String, String, i64, Lsn)> = last_sequences
+        .into_iter()
+        .map(|((t, i), seq)| (t, i, seq, at))
+        .collect();
+    tokio::task::block_in_place(|| store.save_sequences(&sequences))?;
     Ok(delivered)
 }
 

@@ -14,7 +14,7 @@ use crate::checkpoint::{AckTracker, DurableLsn, EventToken, OffsetStore, StoreEr
 use crate::config::Config;
 use crate::coverage::{self, Coverage, CoverageProblem, Known, NotCovered, RelationKind};
 use crate::metrics::Metrics;
-use crate::outbox::{BoundRelation, ChangeContext, OutboxMapper};
+use crate::outbox::{BoundRelation, ChangeContext, OutboxEvent, OutboxMapper};
 use crate::pg::control;
 use crate::pg::{
     FeedbackHandle, Lsn, PgConnectConfig, PgError, PgTimestamp, ReplicationConnection,
@@ -26,6 +26,7 @@ use crate::sink::{DeliveryReport, KafkaSink};
 use super::poison::{PoisonPolicyRouter, Route, row_as_json};
 use super::repair;
 use super::resume::{self, ResumeInputs, ResumePlan, StartRefused};
+use super::sequences::{SequenceWatch, sequence_of};
 use super::{PipelineError, RunOptions};
 
 /// What travels with each record through librdkafka and comes back in its report.
@@ -77,6 +78,8 @@ pub(crate) struct Session<'a> {
     open: Option<OpenTx>,
     skip_through: Lsn,
     poison: PoisonPolicyRouter,
+    /// Live gap detection over aggregate sequences.
+    sequences: SequenceWatch,
     /// Set when the tracker advanced past `durable`.
     dirty_since: Option<Instant>,
     /// A persist running on a blocking thread (one at a time); its result is
@@ -256,6 +259,7 @@ impl<'a> Session<'a> {
             open: None,
             skip_through,
             poison: PoisonPolicyRouter::new(&config.outbox),
+            sequences: SequenceWatch::new(&config.audit),
             dirty_since: None,
             persisting: None,
         };
@@ -520,7 +524,10 @@ impl<'a> Session<'a> {
         commit_time: PgTimestamp,
     ) -> Result<(), PipelineError> {
         let (mut event, dead_lettered) = match route {
-            Route::Publish(event) => (event, false),
+            Route::Publish(event) => {
+                self.check_sequence(&event, lsn)?;
+                (event, false)
+            }
             Route::DeadLetter(event) => {
                 self.metrics.record_dead_lettered(&header_text(
                     &event,
@@ -564,6 +571,35 @@ impl<'a> Session<'a> {
         self.metrics
             .in_flight_bytes
             .store(self.tracker.in_flight_bytes() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Live gap detection (`[audit]`): a number that does not follow the
+    /// aggregate's last published one is counted and logged, and under
+    /// `on_gap = "stop"` ends the session before the event is produced.
+    fn check_sequence(&mut self, event: &OutboxEvent, lsn: Lsn) -> Result<(), PipelineError> {
+        let Some(seq) = sequence_of(event) else {
+            return Ok(());
+        };
+        let gap = tokio::task::block_in_place(|| {
+            self.sequences.observe(
+                self.store,
+                &event.aggregate_type,
+                &event.aggregate_id,
+                seq,
+                lsn,
+            )
+        })?;
+        let Some(gap) = gap else {
+            return Ok(());
+        };
+        self.metrics.record_sequence_gap(&gap.aggregate_type);
+        warn!(aggregate_type = %gap.aggregate_type, aggregate_id = %gap.aggregate_id,
+            previous = ?gap.previous, got = gap.got, lsn = %gap.lsn, kind = ?gap.kind,
+            "aggregate sequence gap");
+        if self.sequences.stop_on_gap {
+            return Err(PipelineError::SequenceGap(gap));
+        }
         Ok(())
     }
 
@@ -743,7 +779,9 @@ impl<'a> Session<'a> {
         let slot = self.config.postgres.slot.clone();
         let system_id = self.system_id.clone();
         let commit_time = self.tracker.acked_commit_time();
+        let sequences = self.sequences.take_unsaved();
         self.persisting = Some(tokio::task::spawn_blocking(move || {
+            store.save_sequences(&sequences)?;
             store.persist_acked(&slot, acked, &system_id, commit_time)
         }));
     }
@@ -774,7 +812,9 @@ impl<'a> Session<'a> {
         let acked = self.tracker.acked();
         if acked > self.durable.lsn() && !crate::failpoint::sabotaged("never-persist") {
             let commit_time = self.tracker.acked_commit_time();
+            let sequences = self.sequences.take_unsaved();
             let durable = tokio::task::block_in_place(|| {
+                self.store.save_sequences(&sequences)?;
                 self.store.persist_acked(
                     &self.config.postgres.slot,
                     acked,

@@ -70,6 +70,8 @@ struct Tally {
     missed_failpoints: u64,
     kafka_outages: u32,
     pg_restarts: u32,
+    /// Slots dropped behind the connector's back and repaired.
+    slot_repairs: u32,
     /// Writer connections cut mid-work (pg_terminate_backend).
     writer_kills: u64,
     /// Offset store and slot after each connector death.
@@ -351,9 +353,13 @@ async fn chaos(
     let t0 = Instant::now();
     let writer_app = workload::application_name(&names.base);
     let mut next_writer_kill = rng.range(2, 6);
+    // Once per run, half-way: the slot is lost while writers commit, and
+    // `outbox-cdc repair` republishes the gap from the outbox table.
+    let slot_lost_at = opts.cycles / 2;
     while tally.cycles < opts.cycles
         || (tally.kafka_outages as usize) < kafka_at.len()
         || (tally.pg_restarts as usize) < pg_at.len()
+        || tally.slot_repairs == 0
     {
         if t0.elapsed() > budget {
             return Err(format!(
@@ -394,6 +400,32 @@ async fn chaos(
                 );
                 tally.add_window(before, reader.watermarks(Duration::from_secs(30)), None);
             }
+        }
+        if tally.slot_repairs == 0 && tally.cycles >= slot_lost_at {
+            let before = reader.watermarks(Duration::from_secs(5));
+            if let Some(mut p) = connector.proc.take() {
+                p.abandon();
+                after_connector_death(offsets, names, &mut admin, reader, &mut tally).await;
+            }
+            drop_slot(names, &mut admin).await?;
+            // Writers go on: their rows are in the gap only the table holds.
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            let t = Instant::now();
+            let repair = launcher.clone();
+            tokio::task::spawn_blocking(move || repair.repair())
+                .await
+                .map_err(|e| format!("repair task: {e}"))??;
+            tally.slot_repairs += 1;
+            eprintln!(
+                "chaos: cycle {}: slot dropped, gap repaired ({:?})",
+                tally.cycles,
+                t.elapsed()
+            );
+            // Repaired rows repeat what was acknowledged within the repair's
+            // margin: the contract's wider duplicate window, not bounded by
+            // the stored offset.
+            tally.add_window(before, reader.watermarks(Duration::from_secs(5)), None);
+            connector.respawn_at = Instant::now();
         }
         if let Some(&at) = pg_at.get(tally.pg_restarts as usize) {
             if tally.cycles >= at {
@@ -609,6 +641,33 @@ async fn after_connector_death(
     Some(stored)
 }
 
+/// Drops the run's slot once no walsender holds it (the connector was killed;
+/// the server notices the closed connection within moments).
+async fn drop_slot(names: &Names, admin: &mut Admin) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let dropped = admin
+            .get()
+            .await
+            .execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND NOT active",
+                &[&names.slot],
+            )
+            .await;
+        if let Ok(1) = dropped {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "could not drop slot {} within 30 s: {dropped:?}",
+                names.slot
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Waits (bounded) until the slot is confirmed up to where WAL was once the
 /// writers stopped (the consumer's own writes are not published, so the
 /// connector then has nothing in flight).
@@ -736,7 +795,7 @@ fn report(opts: &Options, tally: &Tally, v: &Verdict, redeliveries: usize) {
         v.unknown_rolled_back
     );
     eprintln!(
-        "chaos: events={} records={} duplicates={} unexplained_duplicates={} consumer_redeliveries={} kafka_outages={} pg_restarts={} writer_connections_cut={}",
+        "chaos: events={} records={} duplicates={} unexplained_duplicates={} consumer_redeliveries={} kafka_outages={} pg_restarts={} slot_repairs={} writer_connections_cut={}",
         v.events,
         v.records,
         v.duplicates,
@@ -744,6 +803,7 @@ fn report(opts: &Options, tally: &Tally, v: &Verdict, redeliveries: usize) {
         redeliveries,
         tally.kafka_outages,
         tally.pg_restarts,
+        tally.slot_repairs,
         tally.writer_kills
     );
 }
