@@ -279,6 +279,33 @@ async fn sigterm_drains_in_flight_persists_and_exits_zero() {
     fx.cleanup().await;
 }
 
+/// Waits until a walsender other than `previous` holds the fixture's slot;
+/// returns its PID.
+async fn wait_for_a_new_walsender(fx: &Fixture, previous: Option<i32>) -> i32 {
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        let pid = fx
+            .admin
+            .query_opt(
+                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+                &[&fx.slot],
+            )
+            .await
+            .expect("read the slot")
+            .and_then(|row| row.get::<_, Option<i32>>(0))
+            .filter(|p| Some(*p) != previous);
+        if let Some(pid) = pid {
+            return pid;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no new walsender on slot {} within {TIMEOUT:?} (previous: {previous:?})",
+            fx.slot
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The partitions' end offsets after a kill, and the offset the killed
 /// process had stored.
 type AtKill = (BTreeMap<(String, i32), i64>, Option<Lsn>);
@@ -301,8 +328,13 @@ async fn kill_9_then_restart_loses_nothing() {
 
     let mut child = spawn_binary(&config_path);
     fx.wait_for_slot().await;
+    let mut streaming_pid = None;
     // Events flow while the process is killed at some point mid-stream.
     for round in 0..3 {
+        // Each process streams before the round's writes, so that every kill
+        // lands in a live session (a walsender of the killed process can hold
+        // the slot for a moment, and the next start backs off).
+        streaming_pid = Some(wait_for_a_new_walsender(&fx, streaming_pid).await);
         for i in 0..40 {
             let n = round * 100 + i;
             let (ids, end) = fx
@@ -337,6 +369,10 @@ async fn kill_9_then_restart_loses_nothing() {
     assert!(
         stored.windows(2).all(|w| w[0].is_none() || w[0] <= w[1]),
         "the stored offset went back or vanished across kills: {stored:?}"
+    );
+    assert!(
+        stored[2] > stored[0],
+        "two processes streamed 80 transactions and stored nothing new: {stored:?}"
     );
 
     let seen: BTreeSet<&str> = records.iter().map(|r| r.header("event_id")).collect();
