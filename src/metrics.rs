@@ -474,6 +474,8 @@ mod tests {
         m.commit_to_ack.observe_micros(4_000);
         m.set_wal_status(Some("extended"));
         m.record_dead_lettered("t.order");
+        m.record_sequence_gap("order");
+        m.record_sequence_gap("order");
         let text = m.render();
         for (name, kind, _) in METRICS {
             assert!(
@@ -490,6 +492,7 @@ mod tests {
             assert!(has_sample, "{name} has no sample");
         }
         assert!(text.contains("outbox_cdc_events_published_total 3\n"));
+        assert!(text.contains("outbox_cdc_sequence_gaps_total{aggregate_type=\"order\"} 2\n"));
         assert!(text.contains("outbox_cdc_commit_to_ack_seconds_bucket{le=\"0.005\"} 1\n"));
         assert!(text.contains("outbox_cdc_commit_to_ack_seconds_bucket{le=\"0.0025\"} 0\n"));
         assert!(text.contains("outbox_cdc_slot_wal_status{status=\"extended\"} 1\n"));
