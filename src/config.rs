@@ -447,6 +447,46 @@ impl Config {
         Ok(config)
     }
 
+    /// The producer's own limits must hold what the pipeline lets through:
+    /// librdkafka's queue must take `limits.max_in_flight_events` records (the
+    /// pipeline stops reading before it fills, so a full queue never blocks
+    /// the session), and `message.max.bytes` must take a record of
+    /// `outbox.max_record_bytes` (else a record the mapper accepts is refused
+    /// by the producer).
+    fn validate_producer_limits(&self) -> Result<(), ConfigError> {
+        let number = |key: &str, default: usize| -> Result<usize, ConfigError> {
+            match self.kafka.get(key) {
+                None => Ok(default),
+                Some(v) => v.trim().parse().map_err(|_| {
+                    ConfigError::invalid(&format!("kafka.{key}"), v, "a whole number")
+                }),
+            }
+        };
+        let queue = number("queue.buffering.max.messages", 100_000)?;
+        if queue < self.limits.max_in_flight_events {
+            return Err(ConfigError::invalid(
+                "kafka.\"queue.buffering.max.messages\"",
+                queue,
+                format!(
+                    "at least limits.max_in_flight_events ({}), or lower limits.max_in_flight_events",
+                    self.limits.max_in_flight_events
+                ),
+            ));
+        }
+        let max_message = number("message.max.bytes", 1_000_000)?;
+        if max_message < self.outbox.max_record_bytes {
+            return Err(ConfigError::invalid(
+                "kafka.\"message.max.bytes\"",
+                max_message,
+                format!(
+                    "at least outbox.max_record_bytes ({}), or lower outbox.max_record_bytes",
+                    self.outbox.max_record_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         if !["consecutive", "increasing", "off"].contains(&self.audit.sequences.as_str()) {
             return Err(ConfigError::invalid(
@@ -521,6 +561,7 @@ impl Config {
                 "an IP:port socket address such as 127.0.0.1:9187, or \"\" to disable",
             ));
         }
+        self.validate_producer_limits()?;
         let retry = &self.retry;
         if retry.initial_backoff_ms == 0 || retry.initial_backoff_ms > retry.max_backoff_ms {
             return Err(ConfigError::invalid(
@@ -813,6 +854,32 @@ mod tests {
         err.key()
             .unwrap_or_else(|| panic!("expected an Invalid error naming a key, got: {err}"))
             .to_owned()
+    }
+
+    #[test]
+    fn producer_limits_must_hold_what_the_pipeline_lets_through() {
+        let base =
+            "[postgres]\nurl = \"postgres://u@h/d\"\n[kafka]\n\"bootstrap.servers\" = \"k:9092\"\n";
+        let load = |extra: &str| {
+            Config::from_sources(
+                "t.toml",
+                &format!("{base}{extra}"),
+                Vec::<(String, String)>::new(),
+            )
+        };
+        let err = load("\"queue.buffering.max.messages\" = \"500\"\n").unwrap_err();
+        assert!(
+            err.to_string().contains("queue.buffering.max.messages")
+                && err.to_string().contains("limits.max_in_flight_events"),
+            "{err}"
+        );
+        let err = load("\"message.max.bytes\" = \"1000\"\n").unwrap_err();
+        assert!(
+            err.to_string().contains("message.max.bytes")
+                && err.to_string().contains("outbox.max_record_bytes"),
+            "{err}"
+        );
+        assert!(load("\"queue.buffering.max.messages\" = \"10000\"\n").is_ok());
     }
 
     #[test]

@@ -478,6 +478,15 @@ impl<'a> Session<'a> {
                 self.publish(route, lsn, commit_time).await?;
             }
             Message::Message(msg) => {
+                if self.mapper.is_stray_event_message(&msg) {
+                    // Sent at once, even if the emitting transaction rolls
+                    // back: never an event, but the writer meant one.
+                    self.metrics.events_failed.fetch_add(1, Ordering::Relaxed);
+                    warn!(lsn = %lsn, prefix = %msg.prefix,
+                        "a non-transactional logical message carries the event prefix and is NOT published: \
+                         emit events with pg_logical_emit_message(true, ...)");
+                    return Ok(());
+                }
                 let Some(tx) = self.open.as_ref() else {
                     return Ok(()); // non-transactional messages are not events
                 };
