@@ -10,25 +10,14 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::Duration;
 
+use common::env_sh;
 use common::relay::{Fixture, Running, consume};
 use common::{admin_client, init_tracing};
 use outbox_cdc::pipeline::RunOptions;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
-
-fn env_sh(arg: &str) {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let status = Command::new("bash")
-        .arg(format!("{root}/scripts/env.sh"))
-        .arg(arg)
-        .current_dir(root)
-        .status()
-        .unwrap_or_else(|e| panic!("scripts/env.sh {arg}: {e}"));
-    assert!(status.success(), "scripts/env.sh {arg} failed: {status}");
-}
 
 fn set_track_commit_timestamp(on: bool) {
     let url = common::pg_admin_url();

@@ -9,24 +9,13 @@ mod common;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::env_sh;
 use common::relay::{Fixture, consume, eventually, spawn_binary};
 use outbox_cdc::pg::Lsn;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-fn env_sh(arg: &str) {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let status = Command::new("bash")
-        .arg(format!("{root}/scripts/env.sh"))
-        .arg(arg)
-        .current_dir(root)
-        .status()
-        .unwrap_or_else(|e| panic!("scripts/env.sh {arg}: {e}"));
-    assert!(status.success(), "scripts/env.sh {arg} failed: {status}");
-}
 
 /// Starts Kafka again even when the test fails half-way.
 struct KafkaBackOnDrop(bool);

@@ -6,21 +6,10 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::Command;
 use std::time::Duration;
 
+use common::env_sh;
 use common::relay::{Fixture, Running, consume};
-
-fn env_sh(arg: &str) {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let status = Command::new("bash")
-        .arg(format!("{root}/scripts/env.sh"))
-        .arg(arg)
-        .current_dir(root)
-        .status()
-        .unwrap_or_else(|e| panic!("scripts/env.sh {arg}: {e}"));
-    assert!(status.success(), "scripts/env.sh {arg} failed: {status}");
-}
 
 /// Starts Kafka again even when the test fails half-way.
 struct KafkaBackOnDrop;

@@ -178,6 +178,12 @@ pub async fn run(opts: Options) {
         .batch_execute(&names.create_sql())
         .await
         .unwrap_or_else(|e| panic!("creating the chaos tables of {}: {e}", names.base));
+    // Where `outbox-cdc audit` starts its window at the end of the run.
+    let audit_since: String = admin
+        .query_one("SELECT (now() - interval '1 second')::text", &[])
+        .await
+        .expect("read the server clock")
+        .get(0);
     let offsets = dir.join("offsets");
     let config_path = dir.join("connector.toml");
     std::fs::write(&config_path, names.connector_config(&offsets)).expect("write connector config");
@@ -240,6 +246,40 @@ pub async fn run(opts: Options) {
         tally.offset_violations.push(e);
     }
     verdict.progress.append(&mut tally.offset_violations);
+    // The audit command, from the outside, must agree with the ledger.
+    let config = outbox_cdc::config::Config::load(&launcher.connector_config)
+        .expect("the run's connector config");
+    let options = outbox_cdc::audit::AuditOptions {
+        since: audit_since,
+        until: None,
+        aggregate_type: None,
+        max_examples: 20,
+    };
+    match outbox_cdc::audit::run(&config, &options).await {
+        Ok(a) => {
+            eprintln!(
+                "chaos: audit rows={} records={} missing={} phantoms={} duplicates={} order_violations={}",
+                a.rows, a.records, a.missing, a.phantoms, a.duplicates, a.order_violations
+            );
+            let agrees = a.rows as usize == verdict.events
+                && a.missing as usize == verdict.lost.len()
+                && a.phantoms as usize == verdict.phantoms.len()
+                && (a.order_violations == 0) == verdict.order_violations.is_empty();
+            if !agrees {
+                verdict.progress.push(format!(
+                    "outbox-cdc audit disagrees with the ledger (events {}, lost {}, phantoms {}, order violations {}):\n{}",
+                    verdict.events,
+                    verdict.lost.len(),
+                    verdict.phantoms.len(),
+                    verdict.order_violations.len(),
+                    a.to_text()
+                ));
+            }
+        }
+        Err(e) => verdict
+            .progress
+            .push(format!("outbox-cdc audit failed: {e}")),
+    }
     let redeliveries = count_lines(&launcher.log_path(Kind::Consumer), "duplicate delivery");
     report(&opts, &tally, &verdict, redeliveries);
     println!("{}", verdict.soak_line(tally.cycles));

@@ -129,6 +129,20 @@ pub fn topic_partitions(topic: &str) -> Option<usize> {
     )
 }
 
+/// Runs `scripts/env.sh ARG` (stop or start a shared server); a failure is a
+/// test failure. Tests that call it stop shared servers: each must be the only
+/// test in its file.
+pub fn env_sh(arg: &str) {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let status = std::process::Command::new("bash")
+        .arg(format!("{root}/scripts/env.sh"))
+        .arg(arg)
+        .current_dir(root)
+        .status()
+        .unwrap_or_else(|e| panic!("scripts/env.sh {arg}: {e}"));
+    assert!(status.success(), "scripts/env.sh {arg} failed: {status}");
+}
+
 /// Installs a tracing subscriber once (RUST_LOG controls it; silent by default).
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
