@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_postgres::Client;
+use tokio_postgres::types::Type;
 use tracing::{debug, info, warn};
 
 use crate::checkpoint::OffsetStore;
@@ -293,10 +294,12 @@ async fn delete_batches(
     // The predicate is in the DELETE too: a ctid chosen by the subquery can
     // only ever delete a row that qualifies itself.
     let statement = client
-        .prepare(&format!(
+        .prepare_typed(&format!(
             "DELETE FROM {relation} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {relation} WHERE {pred} \
              ORDER BY occurred_at LIMIT $4)) AND {pred}"
-        ))
+            ),
+            &[Type::FLOAT8, Type::FLOAT8, Type::FLOAT8, Type::INT8],
+        )
         .await
         .map_err(&e)?;
     let mut total = 0u64;
@@ -350,13 +353,16 @@ async fn drop_if_all_qualify(
         client
             .batch_execute(&format!("LOCK TABLE {leaf} IN SHARE MODE"))
             .await?;
-        let row = client
-            .query_one(
+        let count = client
+            .prepare_typed(
                 &format!(
                     "SELECT count(*) FILTER (WHERE NOT coalesce({pred}, false)), count(*) FROM {leaf}"
                 ),
-                &[&params[0], &params[1], &params[2]],
+                &[Type::FLOAT8, Type::FLOAT8, Type::FLOAT8],
             )
+            .await?;
+        let row = client
+            .query_one(&count, &[&params[0], &params[1], &params[2]])
             .await?;
         let (not_yet, rows): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
         if not_yet > 0 || rows == 0 {
