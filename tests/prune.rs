@@ -233,14 +233,32 @@ async fn prune_without_a_stored_commit_time_deletes_nothing() {
     fx.cleanup().await;
 }
 
-/// A partitioned outbox: a leaf whose every row qualifies is detached and
-/// dropped; a leaf with some rows too young is batch-deleted; the DEFAULT
+/// A partitioned outbox, retention 1 h, acknowledged up to 2 h ago: a leaf
+/// whose every row qualifies is detached and dropped; a leaf past the
+/// retention that still holds rows committed after the acknowledged time
+/// (unpublished) is only batch-deleted, those rows kept; the DEFAULT
 /// partition and an empty future leaf are never dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_partitions_are_dropped_only_when_every_row_qualifies() {
     init_tracing();
     let fx = Fixture::new("pruneparts").await;
     let t = &fx.table;
+    let row = fx
+        .admin
+        .query_one(
+            "SELECT (now() - interval '100 minutes')::text, \
+                    ((extract(epoch FROM now() - interval '2 hours') - 946684800) * 1e6)::int8",
+            &[],
+        )
+        .await
+        .expect("clock");
+    let (split, acked): (String, i64) = (row.get(0), row.get(1));
+    let insert = |agg: &str, n: i32, at: &str| {
+        format!(
+            "INSERT INTO public.{t} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at)
+             SELECT gen_random_uuid(), 'order', '{agg}', n, 'E', '{{}}', {at} FROM generate_series(1, {n}) AS n;"
+        )
+    };
     fx.admin
         .batch_execute(&format!(
             "DROP PUBLICATION {p}; DROP TABLE public.{t};
@@ -252,38 +270,26 @@ async fn whole_partitions_are_dropped_only_when_every_row_qualifies() {
                  PRIMARY KEY (event_id, occurred_at)) PARTITION BY RANGE (occurred_at);
              CREATE INDEX ON public.{t} (occurred_at);
              CREATE TABLE public.{t}_old PARTITION OF public.{t} FOR VALUES FROM ('2020-01-01') TO ('2021-01-01');
-             CREATE TABLE public.{t}_now PARTITION OF public.{t} FOR VALUES FROM ('2021-01-01') TO ('2200-01-01');
+             CREATE TABLE public.{t}_held PARTITION OF public.{t} FOR VALUES FROM ('2021-01-01') TO ('{split}');
+             CREATE TABLE public.{t}_now PARTITION OF public.{t} FOR VALUES FROM ('{split}') TO ('2200-01-01');
              CREATE TABLE public.{t}_future PARTITION OF public.{t} FOR VALUES FROM ('2200-01-01') TO ('2300-01-01');
              CREATE TABLE public.{t}_def PARTITION OF public.{t} DEFAULT;
              ALTER TABLE public.{t} OWNER TO outbox;
              ALTER TABLE public.{t}_old OWNER TO outbox;
+             ALTER TABLE public.{t}_held OWNER TO outbox;
              ALTER TABLE public.{t}_now OWNER TO outbox;
              ALTER TABLE public.{t}_future OWNER TO outbox;
              ALTER TABLE public.{t}_def OWNER TO outbox;
-             INSERT INTO public.{t} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at)
-             SELECT gen_random_uuid(), 'order', 'old', n, 'E', '{{}}', '2020-06-01'::timestamptz + n * interval '1 minute'
-             FROM generate_series(1, 30) AS n;
-             INSERT INTO public.{t} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at)
-             SELECT gen_random_uuid(), 'order', 'mixed', n, 'E', '{{}}',
-                    CASE WHEN n <= 20 THEN now() - interval '3 hours' ELSE now() END
-             FROM generate_series(1, 30) AS n;
-             INSERT INTO public.{t} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at)
-             SELECT gen_random_uuid(), 'order', 'def', n, 'E', '{{}}', '2019-01-01'::timestamptz + n * interval '1 minute'
-             FROM generate_series(1, 10) AS n;",
-            p = fx.publication
+             {old} {held} {unpublished} {young} {def}",
+            p = fx.publication,
+            old = insert("old", 30, "'2020-06-01'::timestamptz + n * interval '1 minute'"),
+            held = insert("held", 20, "now() - interval '3 hours'"),
+            unpublished = insert("unpublished", 5, "now() - interval '110 minutes'"),
+            young = insert("young", 30, "now()"),
+            def = insert("def", 10, "'2019-01-01'::timestamptz + n * interval '1 minute'"),
         ))
         .await
         .expect("partitioned outbox");
-    // Everything committed so far is acknowledged: the acked commit time is now.
-    let now: i64 = fx
-        .admin
-        .query_one(
-            "SELECT ((extract(epoch FROM clock_timestamp()) - 946684800) * 1e6)::int8",
-            &[],
-        )
-        .await
-        .expect("clock")
-        .get(0);
     let config = fx.config_with(
         "OUTBOX_CDC__PRUNE__RETENTION=1h OUTBOX_CDC__PRUNE__BATCH_ROWS=4 \
          OUTBOX_CDC__REPAIR__OCCURRED_AT_MARGIN_MS=0",
@@ -294,7 +300,7 @@ async fn whole_partitions_are_dropped_only_when_every_row_qualifies() {
         .await
         .expect("connect as outbox");
     let metrics = Metrics::default();
-    let report = pipeline::prune_once(&client, &config, Some(PgTimestamp(now)), &metrics, None)
+    let report = pipeline::prune_once(&client, &config, Some(PgTimestamp(acked)), &metrics, None)
         .await
         .expect("prune");
 
@@ -309,13 +315,10 @@ async fn whole_partitions_are_dropped_only_when_every_row_qualifies() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    let expect: BTreeSet<String> = [
-        format!("{t}_now"),
-        format!("{t}_future"),
-        format!("{t}_def"),
-    ]
-    .into_iter()
-    .collect();
+    let expect: BTreeSet<String> = ["held", "now", "future", "def"]
+        .iter()
+        .map(|p| format!("{t}_{p}"))
+        .collect();
     assert_eq!(leaves, expect, "{report}");
     assert_eq!(
         report.dropped_partitions,
@@ -334,7 +337,10 @@ async fn whole_partitions_are_dropped_only_when_every_row_qualifies() {
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    assert_eq!(left, vec![("mixed".to_owned(), 10)]);
+    assert_eq!(
+        left,
+        vec![("unpublished".to_owned(), 5), ("young".to_owned(), 30)]
+    );
     assert_eq!(
         metrics
             .pruned_rows
