@@ -193,20 +193,22 @@ pub async fn replay_with(
             let sequence: Option<i64> = row.try_get(3).map_err(&e)?;
             info!(event_id = %options.since, occurred_at = %occurred, aggregate_type = %agg_type,
                 aggregate_id = %agg_id, sequence = ?sequence, "replaying from the event's row");
-            let own = format!(
-                "({}::text = {} AND {}::text = {})",
-                col(&names.aggregate_type),
-                param(agg_type),
-                col(&names.aggregate_id),
-                param(agg_id)
-            );
             let time = format!("o.occurred_at >= {}::text::timestamptz", param(occurred));
             match (&names.aggregate_sequence, sequence) {
-                (Some(s), Some(n)) => filters.push(format!(
-                    "((NOT {own} AND {time}) OR ({own} AND {}::int8 >= {}::text::int8))",
-                    col(s),
-                    param(n.to_string())
-                )),
+                (Some(s), Some(n)) => {
+                    let own = format!(
+                        "({}::text = {} AND {}::text = {})",
+                        col(&names.aggregate_type),
+                        param(agg_type),
+                        col(&names.aggregate_id),
+                        param(agg_id)
+                    );
+                    filters.push(format!(
+                        "((NOT {own} AND {time}) OR ({own} AND {}::int8 >= {}::text::int8))",
+                        col(s),
+                        param(n.to_string())
+                    ))
+                }
                 _ => filters.push(time),
             }
         }
