@@ -20,7 +20,7 @@ const TIMEOUT: Duration = Duration::from_secs(90);
 /// (aggregate id, sequence).
 async fn seed(fx: &Fixture) -> BTreeMap<(String, i64), String> {
     let rows = [
-        ("order", "A", 1, 1),
+        ("order", "A", 1, 1_i32),
         ("order", "B", 1, 2),
         ("order", "A", 2, 3),
         ("order", "B", 2, 4),
@@ -40,7 +40,7 @@ async fn seed(fx: &Fixture) -> BTreeMap<(String, i64), String> {
                      RETURNING event_id::text",
                     fx.table
                 ),
-                &[&agg_type, &agg_id, &(seq as i64), &(minute as i32)],
+                &[&agg_type, &agg_id, &(seq as i64), &minute],
             )
             .await
             .expect("seed row");

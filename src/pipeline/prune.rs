@@ -231,7 +231,7 @@ async fn prune_rows(
     let occurred_bound = (acked.0 - config.repair.occurred_at_margin_ms as i64 * 1000) as f64;
     let commit_bound = (acked.0 - config.repair.commit_time_margin_ms as i64 * 1000) as f64;
     let pred = qualifies(by_commit_time);
-    info!(table = %table, cutoff = %micros_text(cutoff as i64), acked_commit_time = %micros_text(acked.0),
+    debug!(table = %table, cutoff = %micros_text(cutoff as i64), acked_commit_time = %micros_text(acked.0),
         bound = if by_commit_time { "commit-timestamp" } else { "occurred-at" }, "pruning the outbox");
 
     // (leaf, its parent, whether it is the parent's DEFAULT partition)
