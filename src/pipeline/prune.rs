@@ -104,7 +104,10 @@ impl std::fmt::Display for PruneReport {
 /// The one-shot `outbox-cdc prune`: reads the acknowledged commit time from
 /// the offset store (the connector must be stopped: it holds the store).
 pub async fn prune_stored(config: &Config, metrics: &Metrics) -> Result<PruneReport, PruneError> {
-    let acked = {
+    // No store, no acknowledged position (and no store is created here).
+    let acked = if !config.offsets.path.exists() {
+        None
+    } else {
         let store = OffsetStore::open(&config.offsets.path).map_err(PipelineError::from)?;
         store
             .load(&config.postgres.slot)
