@@ -21,6 +21,7 @@ OUT="${1:-$ROOT/tests/fixtures/pgoutput}"
 SCHEMA=pgoutput_fixture
 PUB=pgoutput_fixture_pub
 SLOT=pgoutput_fixture_slot
+ORIGIN=pgoutput_fixture_origin
 
 for tool in psql xxd; do
     command -v "$tool" >/dev/null || { echo "capture: $tool is required" >&2; exit 1; }
@@ -41,6 +42,7 @@ fi
 cleanup() {
     sql >/dev/null <<SQL || true
 SELECT pg_drop_replication_slot('$SLOT') FROM pg_replication_slots WHERE slot_name = '$SLOT';
+SELECT pg_replication_origin_drop('$ORIGIN') FROM pg_replication_origin WHERE roname = '$ORIGIN';
 DROP PUBLICATION IF EXISTS $PUB;
 DROP SCHEMA IF EXISTS $SCHEMA CASCADE;
 SQL
@@ -72,6 +74,7 @@ ALTER TABLE $SCHEMA.docs ALTER COLUMN body SET STORAGE EXTERNAL;
 CREATE TABLE $SCHEMA.wal_flush (n integer);
 CREATE PUBLICATION $PUB FOR TABLE $SCHEMA.accounts, $SCHEMA.events, $SCHEMA.docs;
 SELECT pg_create_logical_replication_slot('$SLOT', 'pgoutput');
+SELECT pg_replication_origin_create('$ORIGIN');
 SQL
 
 rm -rf "$OUT"
@@ -177,6 +180,20 @@ SQL
 
 step after_rollback <<SQL
 INSERT INTO $SCHEMA.accounts (id, name) VALUES (5, 'erin');
+SQL
+
+# A change applied through a replication origin (as a subscription's apply
+# worker does): pgoutput sends 'O' (origin name, the origin's commit LSN) right
+# after Begin. PostgreSQL 15's pgoutput has no `origin` option and filters
+# nothing by origin; 16+ would need origin 'any' (the default). Logical
+# decoding reports the origin's commit time (2001) in Begin and Commit.
+step origin <<SQL
+SELECT pg_replication_origin_session_setup('$ORIGIN');
+BEGIN;
+SELECT pg_replication_origin_xact_setup('1/23456789', '2001-02-03 04:05:06+00');
+INSERT INTO $SCHEMA.accounts (id, name) VALUES (6, 'frank');
+COMMIT;
+SELECT pg_replication_origin_session_reset();
 SQL
 
 echo "capture: wrote $seq messages to $OUT"

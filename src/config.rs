@@ -83,9 +83,45 @@ pub struct Config {
     /// `[repair]`: gap repair after a lost slot.
     #[serde(default)]
     pub repair: RepairSettings,
+    /// `[audit]`: live detection of gaps in aggregate sequences.
+    #[serde(default)]
+    pub audit: AuditSettings,
     /// `[prune]`: deleting published outbox rows older than a retention.
     #[serde(default)]
     pub prune: PruneSettings,
+}
+
+/// `[audit]`: the connector follows each aggregate's `aggregate_sequence` as
+/// it publishes and counts (`outbox_cdc_sequence_gaps_total`) and logs every
+/// number that does not follow the last one published.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditSettings {
+    /// `consecutive` (default: 1, 2, 3, ... as `outbox_emit` numbers them),
+    /// `increasing` (any larger number follows), or `off`.
+    #[serde(default = "default_sequences")]
+    pub sequences: String,
+    /// `warn` (default: count and log) or `stop` (stop before publishing the
+    /// event, so nothing after it is acknowledged).
+    #[serde(default = "default_on_gap")]
+    pub on_gap: String,
+}
+
+fn default_sequences() -> String {
+    "consecutive".into()
+}
+
+fn default_on_gap() -> String {
+    "warn".into()
+}
+
+impl Default for AuditSettings {
+    fn default() -> Self {
+        AuditSettings {
+            sequences: default_sequences(),
+            on_gap: default_on_gap(),
+        }
+    }
 }
 
 /// `[prune]`: retention of outbox rows (DESIGN.md §13). Rows older than
@@ -520,7 +556,61 @@ impl Config {
         Ok(config)
     }
 
+    /// The producer's own limits must hold what the pipeline lets through:
+    /// librdkafka's queue must take `limits.max_in_flight_events` records (the
+    /// pipeline stops reading before it fills, so a full queue never blocks
+    /// the session), and `message.max.bytes` must take a record of
+    /// `outbox.max_record_bytes` (else a record the mapper accepts is refused
+    /// by the producer).
+    fn validate_producer_limits(&self) -> Result<(), ConfigError> {
+        let number = |key: &str, default: usize| -> Result<usize, ConfigError> {
+            match self.kafka.get(key) {
+                None => Ok(default),
+                Some(v) => v.trim().parse().map_err(|_| {
+                    ConfigError::invalid(&format!("kafka.{key}"), v, "a whole number")
+                }),
+            }
+        };
+        let queue = number("queue.buffering.max.messages", 100_000)?;
+        if queue < self.limits.max_in_flight_events {
+            return Err(ConfigError::invalid(
+                "kafka.\"queue.buffering.max.messages\"",
+                queue,
+                format!(
+                    "at least limits.max_in_flight_events ({}), or lower limits.max_in_flight_events",
+                    self.limits.max_in_flight_events
+                ),
+            ));
+        }
+        let max_message = number("message.max.bytes", 1_000_000)?;
+        if max_message < self.outbox.max_record_bytes {
+            return Err(ConfigError::invalid(
+                "kafka.\"message.max.bytes\"",
+                max_message,
+                format!(
+                    "at least outbox.max_record_bytes ({}), or lower outbox.max_record_bytes",
+                    self.outbox.max_record_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
+        if !["consecutive", "increasing", "off"].contains(&self.audit.sequences.as_str()) {
+            return Err(ConfigError::invalid(
+                "audit.sequences",
+                &self.audit.sequences,
+                "\"consecutive\", \"increasing\" or \"off\"",
+            ));
+        }
+        if !["warn", "stop"].contains(&self.audit.on_gap.as_str()) {
+            return Err(ConfigError::invalid(
+                "audit.on_gap",
+                &self.audit.on_gap,
+                "\"warn\" or \"stop\"",
+            ));
+        }
         let pg = &self.postgres;
         if pg.url.trim().is_empty() {
             return Err(ConfigError::invalid(
@@ -580,6 +670,7 @@ impl Config {
                 "an IP:port socket address such as 127.0.0.1:9187, or \"\" to disable",
             ));
         }
+        self.validate_producer_limits()?;
         let retry = &self.retry;
         if retry.initial_backoff_ms == 0 || retry.initial_backoff_ms > retry.max_backoff_ms {
             return Err(ConfigError::invalid(
@@ -874,6 +965,32 @@ mod tests {
         err.key()
             .unwrap_or_else(|| panic!("expected an Invalid error naming a key, got: {err}"))
             .to_owned()
+    }
+
+    #[test]
+    fn producer_limits_must_hold_what_the_pipeline_lets_through() {
+        let base =
+            "[postgres]\nurl = \"postgres://u@h/d\"\n[kafka]\n\"bootstrap.servers\" = \"k:9092\"\n";
+        let load = |extra: &str| {
+            Config::from_sources(
+                "t.toml",
+                &format!("{base}{extra}"),
+                Vec::<(String, String)>::new(),
+            )
+        };
+        let err = load("\"queue.buffering.max.messages\" = \"500\"\n").unwrap_err();
+        assert!(
+            err.to_string().contains("queue.buffering.max.messages")
+                && err.to_string().contains("limits.max_in_flight_events"),
+            "{err}"
+        );
+        let err = load("\"message.max.bytes\" = \"1000\"\n").unwrap_err();
+        assert!(
+            err.to_string().contains("message.max.bytes")
+                && err.to_string().contains("outbox.max_record_bytes"),
+            "{err}"
+        );
+        assert!(load("\"queue.buffering.max.messages\" = \"10000\"\n").is_ok());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! (Kafka) → `checkpoint` (ack tracker, offset store) → back to `pg` as the
 //! flushed LSN in standby status updates. `pipeline` wires them.
 
+pub mod audit;
 pub mod checkpoint;
 pub mod config;
 pub mod coverage;

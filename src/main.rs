@@ -88,6 +88,25 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Compare the retained outbox rows of a time window with Kafka: rows
+    /// missing from Kafka, records with no row (phantoms), duplicates, and
+    /// per-key order. Exits 1 on missing rows or order violations.
+    Audit {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Window start (RFC 3339, or anything PostgreSQL reads as timestamptz).
+        #[arg(long)]
+        since: String,
+        /// Window end, exclusive (default: now).
+        #[arg(long)]
+        until: Option<String>,
+        /// Only this aggregate type.
+        #[arg(long)]
+        aggregate_type: Option<String>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Publish retained outbox rows again, in per-aggregate sequence order, for
     /// a consumer that lost its state. Reads the table and produces; needs
     /// neither the offset store nor the slot, so the connector may run.
@@ -136,6 +155,7 @@ impl Command {
         match self {
             Command::Run { config, .. } => ("run", config),
             Command::Repair { config, .. } => ("repair", config),
+            Command::Audit { config, .. } => ("audit", config),
             Command::Status { config, .. } => ("status", config),
             Command::Check { config } => ("check", config),
             Command::Release { config, .. } => ("release", config),
@@ -277,6 +297,28 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
                 );
             }
             Ok(true)
+        }
+        Command::Audit {
+            config,
+            since,
+            until,
+            aggregate_type,
+            json,
+        } => {
+            let config = load(&config)?;
+            let options = outbox_cdc::audit::AuditOptions {
+                since,
+                until,
+                aggregate_type,
+                max_examples: 100,
+            };
+            let report = outbox_cdc::audit::run(&config, &options).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.to_text());
+            }
+            Ok(report.passed())
         }
         Command::Replay {
             config,

@@ -121,6 +121,11 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Reconnects after a retryable failure.",
     ),
     (
+        SEQUENCE_GAPS,
+        "counter",
+        "Events whose aggregate_sequence does not follow the aggregate's last published one (a jump, an old number again, or a first event above 1), by aggregate type.",
+    ),
+    (
         REPAIR_ROWS,
         "counter",
         "Retained outbox rows published again by gap repair after a lost slot.",
@@ -175,6 +180,7 @@ pub const COMMIT_TO_ACK: &str = "outbox_cdc_commit_to_ack_seconds";
 pub const CONNECTED: &str = "outbox_cdc_connected";
 pub const RECONNECTS: &str = "outbox_cdc_reconnects_total";
 pub const REPAIR_ROWS: &str = "outbox_cdc_repair_rows_total";
+pub const SEQUENCE_GAPS: &str = "outbox_cdc_sequence_gaps_total";
 pub const REPAIR_ROWS_LEFT: &str = "outbox_cdc_repair_rows_left";
 pub const PRUNED_ROWS: &str = "outbox_cdc_pruned_rows_total";
 pub const OUTBOX_ROWS: &str = "outbox_cdc_outbox_rows";
@@ -234,6 +240,7 @@ pub struct Metrics {
     /// the count per original topic.
     pub events_dead_lettered: AtomicU64,
     dead_lettered_by_topic: Mutex<BTreeMap<String, u64>>,
+    sequence_gaps_by_type: Mutex<BTreeMap<String, u64>>,
     pub in_flight_events: AtomicU64,
     pub in_flight_bytes: AtomicU64,
     pub oldest_unacked_age_micros: AtomicU64,
@@ -275,6 +282,7 @@ impl Default for Metrics {
             events_deduplicated: AtomicU64::new(0),
             events_dead_lettered: AtomicU64::new(0),
             dead_lettered_by_topic: Mutex::new(BTreeMap::new()),
+            sequence_gaps_by_type: Mutex::new(BTreeMap::new()),
             in_flight_events: AtomicU64::new(0),
             in_flight_bytes: AtomicU64::new(0),
             oldest_unacked_age_micros: AtomicU64::new(0),
@@ -338,6 +346,25 @@ impl Metrics {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         *by_topic.entry(original_topic.to_owned()).or_default() += 1;
+    }
+
+    /// Counts a sequence gap of an aggregate of `aggregate_type`.
+    pub fn record_sequence_gap(&self, aggregate_type: &str) {
+        let mut by_type = self
+            .sequence_gaps_by_type
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *by_type.entry(aggregate_type.to_owned()).or_default() += 1;
+    }
+
+    /// Sequence gaps counted for `aggregate_type`.
+    pub fn sequence_gaps(&self, aggregate_type: &str) -> u64 {
+        self.sequence_gaps_by_type
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(aggregate_type)
+            .copied()
+            .unwrap_or(0)
     }
 
     pub fn set_received(&self, lsn: Lsn) {
@@ -424,6 +451,17 @@ impl Metrics {
                 CONNECTED => sample(&mut out, name, get(&self.connected)),
                 RECONNECTS => sample(&mut out, name, get(&self.reconnects)),
                 REPAIR_ROWS => sample(&mut out, name, get(&self.repair_rows)),
+                SEQUENCE_GAPS => {
+                    let by_type = self
+                        .sequence_gaps_by_type
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .clone();
+                    for (t, n) in &by_type {
+                        let _ =
+                            writeln!(out, "{name}{{aggregate_type=\"{}\"}} {n}", escape_label(t));
+                    }
+                }
                 REPAIR_ROWS_LEFT => sample(&mut out, name, get(&self.repair_rows_left)),
                 PRUNED_ROWS => sample(&mut out, name, get(&self.pruned_rows)),
                 OUTBOX_ROWS => sample(&mut out, name, geti(&self.outbox_rows)),
@@ -481,6 +519,8 @@ mod tests {
         m.commit_to_ack.observe_micros(4_000);
         m.set_wal_status(Some("extended"));
         m.record_dead_lettered("t.order");
+        m.record_sequence_gap("order");
+        m.record_sequence_gap("order");
         let text = m.render();
         for (name, kind, _) in METRICS {
             assert!(
@@ -497,6 +537,7 @@ mod tests {
             assert!(has_sample, "{name} has no sample");
         }
         assert!(text.contains("outbox_cdc_events_published_total 3\n"));
+        assert!(text.contains("outbox_cdc_sequence_gaps_total{aggregate_type=\"order\"} 2\n"));
         assert!(text.contains("outbox_cdc_commit_to_ack_seconds_bucket{le=\"0.005\"} 1\n"));
         assert!(text.contains("outbox_cdc_commit_to_ack_seconds_bucket{le=\"0.0025\"} 0\n"));
         assert!(text.contains("outbox_cdc_slot_wal_status{status=\"extended\"} 1\n"));

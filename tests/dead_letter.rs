@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::relay::{Fixture, Running, consume};
+use common::relay::{Fixture, Record, Running, consume};
 use outbox_cdc::checkpoint::OffsetStore;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -68,6 +68,36 @@ async fn poison_rows_are_dead_lettered_and_park_their_aggregate_until_released()
         format!("{}.order", fx.topic_prefix)
     );
     assert!(later.header("dlq_reason").contains("parked"));
+    // Exactly these four records: the dead-lettered events are on the
+    // dead-letter topic only, never (also) on their own topic, and there in
+    // commit order, in one partition.
+    let main_topic = format!("{}.order", fx.topic_prefix);
+    let mut on_main: Vec<&Record> = records.iter().filter(|r| r.topic == main_topic).collect();
+    on_main.sort_by_key(|r| (r.partition, r.offset));
+    let mut main_ids: Vec<&str> = on_main.iter().map(|r| r.header("event_id")).collect();
+    main_ids.sort_unstable();
+    let mut expected_main = vec![ok_before[0].as_str(), other[0].as_str()];
+    expected_main.sort_unstable();
+    assert_eq!(
+        main_ids, expected_main,
+        "the main topic holds the healthy events only (poison {}, parked {})",
+        poison[0], parked_later[0]
+    );
+    let mut on_dlq: Vec<&Record> = records.iter().filter(|r| r.topic == dlq_topic).collect();
+    on_dlq.sort_by_key(|r| (r.partition, r.offset));
+    let dlq_order: Vec<(i32, &str)> = on_dlq
+        .iter()
+        .map(|r| (r.partition, r.header("event_id")))
+        .collect();
+    assert_eq!(
+        dlq_order,
+        vec![
+            (p.partition, poison[0].as_str()),
+            (p.partition, parked_later[0].as_str())
+        ],
+        "the dead-letter topic holds the poison event, then the parked one, in one partition"
+    );
+    assert_eq!(records.len(), 4, "no other records: {records:#?}");
     assert!(
         running
             .metrics
@@ -89,14 +119,15 @@ async fn poison_rows_are_dead_lettered_and_park_their_aggregate_until_released()
     let running = Running::start(fx.config_with(&env)).await;
     let released = fx.write_tx(&[("order", "a1", small(5))], true).await;
     let records = consume(&fx.topic_prefix, 5, TIMEOUT, Duration::from_secs(2));
-    let r = records
+    let released_at: Vec<&str> = records
         .iter()
-        .find(|r| r.header("event_id") == released[0])
-        .expect("event after release published");
+        .filter(|r| r.header("event_id") == released[0])
+        .map(|r| r.topic.as_str())
+        .collect();
     assert_eq!(
-        r.topic,
-        format!("{}.order", fx.topic_prefix),
-        "a released aggregate flows to its topic again"
+        released_at,
+        vec![main_topic.as_str()],
+        "a released aggregate flows to its topic again, once"
     );
     running.stop().await.expect("graceful stop");
     fx.cleanup().await;

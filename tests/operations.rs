@@ -662,7 +662,7 @@ async fn check_reports_a_lost_slot_and_a_slot_it_may_not_create() {
     assert_eq!(code, 1, "{report}");
     let f = failure(&report, "slot");
     assert!(
-        f.contains("the slot was lost") && f.contains("--recreate-slot"),
+        f.contains("the slot was lost") && f.contains("outbox-cdc repair"),
         "{f}"
     );
     fx.cleanup().await;

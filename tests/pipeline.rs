@@ -6,7 +6,9 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
-use common::relay::{Fixture, Running, consume, eventually, partition_count, spawn_binary};
+use common::relay::{
+    Fixture, Record, Running, consume, eventually, partition_count, partition_ends, spawn_binary,
+};
 use outbox_cdc::checkpoint::OffsetStore;
 use outbox_cdc::outbox::MapError;
 use outbox_cdc::pg::Lsn;
@@ -107,6 +109,7 @@ async fn publishes_committed_rows_with_key_partition_headers_and_payload() {
             .header("lsn")
             .parse()
             .unwrap_or_else(|e| panic!("lsn header {:?}: {e}", r.header("lsn")));
+        // The first change can start exactly where WAL was written up to.
         assert!(
             lsn >= wal_before && lsn < wal_after,
             "lsn header {lsn} of {event_id} outside the writes ({wal_before}..{wal_after})"
@@ -276,36 +279,101 @@ async fn sigterm_drains_in_flight_persists_and_exits_zero() {
     fx.cleanup().await;
 }
 
+/// Waits until a walsender other than `previous` holds the fixture's slot;
+/// returns its PID.
+async fn wait_for_a_new_walsender(fx: &Fixture, previous: Option<i32>) -> i32 {
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        let pid = fx
+            .admin
+            .query_opt(
+                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+                &[&fx.slot],
+            )
+            .await
+            .expect("read the slot")
+            .and_then(|row| row.get::<_, Option<i32>>(0))
+            .filter(|p| Some(*p) != previous);
+        if let Some(pid) = pid {
+            return pid;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no new walsender on slot {} within {TIMEOUT:?} (previous: {previous:?})",
+            fx.slot
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The partitions' end offsets after a kill, and the offset the killed
+/// process had stored.
+type AtKill = (BTreeMap<(String, i32), i64>, Option<Lsn>);
+
+/// Killed three times while events flow: nothing is lost; every duplicate is
+/// a resend by the process started after a kill, of a transaction that ended
+/// after the offset the killed process had stored (DESIGN.md §2, contract 4);
+/// each aggregate stays in one partition with its first deliveries in
+/// sequence order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_then_restart_loses_nothing() {
     common::init_tracing();
     let fx = Fixture::new("kill").await;
     let config_path = fx.write_config_file();
     let mut all = Vec::new();
+    // Event id -> an upper bound of its transaction's end LSN.
+    let mut ended_by: HashMap<String, Lsn> = HashMap::new();
+    // Per kill: the partitions' end offsets and the offset the dead process had stored.
+    let mut kills: Vec<AtKill> = Vec::new();
 
     let mut child = spawn_binary(&config_path);
     fx.wait_for_slot().await;
+    let mut streaming_pid = None;
     // Events flow while the process is killed at some point mid-stream.
     for round in 0..3 {
+        // Each process streams before the round's writes, so that every kill
+        // lands in a live session (a walsender of the killed process can hold
+        // the slot for a moment, and the next start backs off).
+        streaming_pid = Some(wait_for_a_new_walsender(&fx, streaming_pid).await);
         for i in 0..40 {
             let n = round * 100 + i;
-            all.extend(
-                fx.write_tx(
-                    &[
-                        ("order", &format!("k{}", n % 5), payload(n)),
-                        ("order", &format!("k{}", (n + 1) % 5), payload(n)),
-                    ],
-                    true,
-                )
-                .await,
-            );
+            let (ids, end) = fx
+                .write_tx_ended_by(&[
+                    ("order", &format!("k{}", n % 5), payload(n)),
+                    ("order", &format!("k{}", (n + 1) % 5), payload(n)),
+                ])
+                .await;
+            ended_by.extend(ids.iter().map(|id| (id.clone(), end)));
+            all.extend(ids);
         }
         tokio::time::sleep(Duration::from_millis(150 * round as u64)).await;
         child.kill9();
+        // Produce requests the dead process had on the wire may still land.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let ends = partition_ends(&fx.topic_prefix);
+        let stored = OffsetStore::open(&fx.offsets_path())
+            .and_then(|store| store.load(&fx.slot))
+            .unwrap_or_else(|e| panic!("reading the offset store after kill -9: {e}"))
+            .map(|s| s.lsn);
+        kills.push((ends, stored));
         child = spawn_binary(&config_path);
     }
     let records = consume(&fx.topic_prefix, all.len(), TIMEOUT, Duration::from_secs(3));
     child.kill9();
+
+    let stored: Vec<Option<Lsn>> = kills.iter().map(|k| k.1).collect();
+    assert!(
+        stored.last().is_some_and(Option::is_some),
+        "nothing was stored in three rounds of 40 transactions: {stored:?}"
+    );
+    assert!(
+        stored.windows(2).all(|w| w[0].is_none() || w[0] <= w[1]),
+        "the stored offset went back or vanished across kills: {stored:?}"
+    );
+    assert!(
+        stored[2] > stored[0],
+        "two processes streamed 80 transactions and stored nothing new: {stored:?}"
+    );
 
     let seen: BTreeSet<&str> = records.iter().map(|r| r.header("event_id")).collect();
     let lost: Vec<&String> = all
@@ -313,23 +381,104 @@ async fn kill_9_then_restart_loses_nothing() {
         .filter(|id| !seen.contains(id.as_str()))
         .collect();
     assert!(lost.is_empty(), "lost after kill -9: {lost:?}");
-    // Per aggregate, first deliveries stay in sequence order.
-    let mut first_seen: BTreeMap<(&str, i32), Vec<(i64, i64)>> = BTreeMap::new();
-    let mut dedupe = BTreeSet::new();
+    assert_eq!(seen.len(), all.len(), "records of events never written");
+
+    // Duplicates: the later copy was produced after some kill (it lies at or
+    // beyond that kill's end offset, the earlier copy before it), and the
+    // process started then resumed from the offset stored at that kill, so its
+    // transaction must have ended after that offset.
+    let mut copies: BTreeMap<&str, Vec<&Record>> = BTreeMap::new();
     for r in &records {
-        if dedupe.insert(r.header("event_id")) {
-            let seq: i64 = r.header("aggregate_sequence").parse().unwrap();
-            first_seen
-                .entry((&r.key, r.partition))
-                .or_default()
-                .push((r.offset, seq));
+        copies.entry(r.header("event_id")).or_default().push(r);
+    }
+    let mut duplicates = 0;
+    let mut violations = Vec::new();
+    for (id, mut recs) in copies {
+        recs.sort_by_key(|r| (r.topic.clone(), r.partition, r.offset));
+        duplicates += recs.len() - 1;
+        for pair in recs.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            if (&a.topic, a.partition) != (&b.topic, b.partition) {
+                violations.push(format!(
+                    "event {id} in two partitions: {}[{}] and {}[{}]",
+                    a.topic, a.partition, b.topic, b.partition
+                ));
+                continue;
+            }
+            let tp = (a.topic.clone(), a.partition);
+            let end_of = |ends: &BTreeMap<(String, i32), i64>| ends.get(&tp).copied().unwrap_or(0);
+            // The last kill before the later copy was appended.
+            let kill = kills
+                .iter()
+                .enumerate()
+                .rev()
+                .find(|(_, (ends, _))| end_of(ends) <= b.offset);
+            let end = ended_by[id];
+            match kill {
+                Some((k, (ends, stored))) if a.offset < end_of(ends) => {
+                    if stored.is_some_and(|s| end <= s) {
+                        violations.push(format!(
+                            "event {id}: copies at {}[{}]@{} and @{}; its transaction ended by {end}, \
+                             at or before the offset {} stored at kill {k}: acknowledged, then sent again",
+                            a.topic,
+                            a.partition,
+                            a.offset,
+                            b.offset,
+                            stored.unwrap_or(Lsn::ZERO)
+                        ));
+                    }
+                }
+                _ => violations.push(format!(
+                    "event {id}: copies at {}[{}]@{} and @{} with no kill in between (ends at kills: {:?})",
+                    a.topic,
+                    a.partition,
+                    a.offset,
+                    b.offset,
+                    kills.iter().map(|k| end_of(&k.0)).collect::<Vec<_>>()
+                )),
+            }
         }
     }
-    for ((key, _), mut v) in first_seen {
-        v.sort();
-        assert!(
-            v.windows(2).all(|w| w[0].1 < w[1].1),
-            "aggregate {key}: first deliveries out of order: {v:?}"
+    let stored_text: Vec<String> = stored
+        .iter()
+        .map(|s| s.map_or_else(|| "none".to_owned(), |l| l.to_string()))
+        .collect();
+    eprintln!(
+        "kill -9: {} events, {} records, {duplicates} duplicates; offsets stored at the kills: {}",
+        all.len(),
+        records.len(),
+        stored_text.join(", ")
+    );
+    assert!(
+        violations.is_empty(),
+        "{} duplicates outside the contract:\n{}",
+        violations.len(),
+        violations.join("\n")
+    );
+
+    // Per aggregate: one partition for all its records (duplicates too), and
+    // first deliveries in offset order carry its sequence 1, 2, 3, ...
+    let mut by_key: BTreeMap<&str, Vec<&Record>> = BTreeMap::new();
+    for r in &records {
+        by_key.entry(r.key.as_str()).or_default().push(r);
+    }
+    for (key, mut recs) in by_key {
+        let places: BTreeSet<(&str, i32)> = recs
+            .iter()
+            .map(|r| (r.topic.as_str(), r.partition))
+            .collect();
+        assert_eq!(places.len(), 1, "aggregate {key} split over {places:?}");
+        recs.sort_by_key(|r| r.offset);
+        let mut dedupe = BTreeSet::new();
+        let first: Vec<i64> = recs
+            .iter()
+            .filter(|r| dedupe.insert(r.header("event_id")))
+            .map(|r| r.header("aggregate_sequence").parse().expect("a sequence"))
+            .collect();
+        let expected: Vec<i64> = (1..=first.len() as i64).collect();
+        assert_eq!(
+            first, expected,
+            "aggregate {key}: first deliveries out of sequence order"
         );
     }
     fx.cleanup().await;

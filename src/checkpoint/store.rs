@@ -23,6 +23,7 @@ use crate::pg::{Lsn, PgTimestamp};
 const OFFSETS_TREE: &str = "offsets";
 const PARKED_TREE: &str = "parked";
 const REPAIRS_TREE: &str = "repairs";
+const SEQUENCES_TREE: &str = "sequences";
 const ENCODING_VERSION: u32 = 1;
 /// sled's page cache bound; the store holds a handful of small keys.
 const CACHE_CAPACITY_BYTES: u64 = 8 * 1024 * 1024;
@@ -210,6 +211,7 @@ pub struct OffsetStore {
     offsets: sled::Tree,
     parked: sled::Tree,
     repairs: sled::Tree,
+    sequences: sled::Tree,
     /// aggregate_type → aggregate ids; mirrors the `parked` tree. Writers
     /// hold the write lock across the sled write and flush.
     /// type -> id -> the LSN of the event that parked it.
@@ -264,12 +266,14 @@ impl OffsetStore {
         let offsets = open_tree(OFFSETS_TREE)?;
         let parked = open_tree(PARKED_TREE)?;
         let repairs = open_tree(REPAIRS_TREE)?;
+        let sequences = open_tree(SEQUENCES_TREE)?;
         let store = OffsetStore {
             path,
             db,
             offsets,
             parked,
             repairs,
+            sequences,
             parked_cache: RwLock::new(HashMap::new()),
             parked_count: AtomicUsize::new(0),
         };
@@ -406,6 +410,52 @@ impl OffsetStore {
             })?;
         self.flush("remove", slot_key(slot))?;
         Ok(removed.is_some())
+    }
+
+    /// The last published `aggregate_sequence` of an aggregate and the LSN of
+    /// its event (live gap detection), if one was recorded.
+    pub fn last_sequence(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> Result<Option<(i64, Lsn)>, StoreError> {
+        let key = parked_key(aggregate_type, aggregate_id);
+        let raw = self
+            .sequences
+            .get(&key)
+            .map_err(|source| StoreError::Read {
+                path: self.path.clone(),
+                key: aggregate_key(aggregate_type, aggregate_id),
+                source,
+            })?;
+        Ok(raw.and_then(|raw| {
+            let bytes: [u8; 16] = raw.as_ref().try_into().ok()?;
+            let (seq, lsn) = bytes.split_at(8);
+            Some((
+                i64::from_be_bytes(seq.try_into().ok()?),
+                Lsn::new(u64::from_be_bytes(lsn.try_into().ok()?)),
+            ))
+        }))
+    }
+
+    /// Records last published sequences; durable with the next flush (the
+    /// next offset persist), which is all the detector needs.
+    pub fn save_sequences(&self, entries: &[(String, String, i64, Lsn)]) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for (aggregate_type, aggregate_id, seq, lsn) in entries {
+            let mut value = [0u8; 16];
+            value[..8].copy_from_slice(&seq.to_be_bytes());
+            value[8..].copy_from_slice(&lsn.as_u64().to_be_bytes());
+            batch.insert(parked_key(aggregate_type, aggregate_id), &value[..]);
+        }
+        self.sequences
+            .apply_batch(batch)
+            .map_err(|source| StoreError::Write {
+                path: self.path.clone(),
+                op: "save sequences",
+                key: format!("{} aggregate(s)", entries.len()),
+                source,
+            })
     }
 
     /// Records a gap repair about to start for `slot` (flushed).

@@ -421,6 +421,12 @@ impl OutboxMapper {
         )
     }
 
+    /// Whether `msg` carries the event prefix but was emitted
+    /// non-transactionally: it looks like an event and can never be one.
+    pub fn is_stray_event_message(&self, msg: &LogicalMessage) -> bool {
+        !msg.transactional && self.message_prefix.as_deref() == Some(msg.prefix.as_str())
+    }
+
     /// Maps a logical decoding message. `None` when messages are off
     /// (`message_prefix = ""`), when the prefix differs, and for
     /// non-transactional messages: those are sent at once, even when the
@@ -1105,6 +1111,19 @@ mod tests {
     /// The message path publishes the payload's bytes as written: no number is
     /// re-formatted or rounded, whitespace and key order stay; a JSON string
     /// payload is text and goes out as that text, as from a `text` column.
+    #[test]
+    fn a_non_transactional_message_with_the_event_prefix_is_a_stray() {
+        let m = mapper(OutboxSettings {
+            message_prefix: "outbox".into(),
+            ..Default::default()
+        });
+        assert!(m.is_stray_event_message(&message(false, "outbox", "{}")));
+        assert!(!m.is_stray_event_message(&message(true, "outbox", "{}")));
+        assert!(!m.is_stray_event_message(&message(false, "heartbeat", "{}")));
+        let off = mapper(OutboxSettings::default());
+        assert!(!off.is_stray_event_message(&message(false, "outbox", "{}")));
+    }
+
     #[test]
     fn message_payload_bytes_are_published_as_written() {
         let m = mapper(OutboxSettings {

@@ -16,6 +16,7 @@ mod repair;
 mod replay;
 mod resume;
 mod retained;
+mod sequences;
 mod session;
 
 use std::sync::Arc;
@@ -37,6 +38,7 @@ use crate::sink::SinkError;
 pub use prune::{PruneError, PruneReport, prune_once, prune_stored, run_pruner};
 pub use replay::{ReplayError, ReplayOptions, ReplayReport, replay, replay_with};
 pub use resume::{ResumePlan, StartRefused};
+pub use sequences::{GapKind, SequenceGap};
 
 /// Options of one `run` that are not configuration (command-line flags).
 #[derive(Debug, Clone, Copy, Default)]
@@ -110,6 +112,9 @@ pub enum PipelineError {
     /// Start refused: the publication does not prove it carries every outbox row.
     #[error(transparent)]
     NotCovered(#[from] NotCovered),
+    /// A break in an aggregate's numbering under `audit.on_gap = "stop"`.
+    #[error(transparent)]
+    SequenceGap(#[from] sequences::SequenceGap),
     /// Gap repair cannot start safely; the operator decides.
     #[error("gap repair refused: {reason}. Fix: {fix}")]
     RepairRefused { reason: String, fix: String },
@@ -146,6 +151,7 @@ impl PipelineError {
             | PipelineError::NotCovered(_)
             | PipelineError::CoverageLost(_)
             | PipelineError::RepairRefused { .. }
+            | PipelineError::SequenceGap(_)
             | PipelineError::Unaccounted(_) => false,
         }
     }

@@ -203,7 +203,18 @@ impl PoisonPolicyRouter {
     }
 
     /// The same record, sent to the dead-letter topic with the reason.
+    /// A payload larger than half of `outbox.max_record_bytes` is replaced by
+    /// a reference to the row (its event id and size): an event refused for
+    /// its size must still fit the dead-letter topic.
     fn redirect(&self, mut event: OutboxEvent, reason: &str) -> OutboxEvent {
+        if event.payload.len() > self.max_raw_bytes {
+            let note = serde_json::json!({
+                "omitted": "payload too large for the dead-letter record; read it from the outbox table",
+                "event_id": event.event_id,
+                "bytes": event.payload.len(),
+            });
+            event.payload = Bytes::from(note.to_string());
+        }
         let original = std::mem::replace(&mut event.topic, self.dead_letter_topic.clone());
         event
             .headers
@@ -358,6 +369,32 @@ mod tests {
             "{err}"
         );
         assert!(!err.is_retryable());
+    }
+
+    #[test]
+    fn a_dead_letter_record_of_a_large_event_carries_a_reference() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        let router = PoisonPolicyRouter::new(&settings("dead-letter"));
+        store
+            .park(
+                "order",
+                "o1",
+                "Broker: Message size too large",
+                Lsn::new(50),
+            )
+            .unwrap();
+        let mut big = event("o1");
+        big.payload = Bytes::from(vec![b'x'; router.max_raw_bytes + 1]);
+        let Route::DeadLetter(dlq) = router
+            .route(Ok(big), Bytes::new, &store, Lsn::new(50), PgTimestamp(0))
+            .unwrap()
+        else {
+            panic!("the parked event must be dead-lettered");
+        };
+        assert!(dlq.payload.len() < 300, "{} bytes", dlq.payload.len());
+        let note: serde_json::Value = serde_json::from_slice(&dlq.payload).unwrap();
+        assert_eq!(note["event_id"], "e2");
     }
 
     #[test]

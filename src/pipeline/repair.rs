@@ -23,6 +23,7 @@
 //! from the current state (which also holds rows the slot will deliver:
 //! duplicates, never loss).
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
@@ -220,6 +221,9 @@ pub(crate) async fn publish(
         .await
         .map_err(&e)?;
     pin_mut!(rows);
+    // The last number published per aggregate, for live gap detection: the
+    // stream continues after these (at LSNs beyond `at`).
+    let mut last_sequences: HashMap<(String, String), i64> = HashMap::new();
     let mut delivered: u64 = 0;
     let count = |n: u64| {
         metrics.repair_rows.fetch_add(n, Ordering::Relaxed);
@@ -242,6 +246,12 @@ pub(crate) async fn publish(
         let event = match router.route(mapped, raw, store, at, commit_time)? {
             Route::Publish(event) | Route::DeadLetter(event) => event,
         };
+        if let Some(seq) = super::sequences::sequence_of(&event) {
+            let last = last_sequences
+                .entry((event.aggregate_type.clone(), event.aggregate_id.clone()))
+                .or_insert(seq);
+            *last = (*last).max(seq);
+        }
         let n = sender.send(&event).await?;
         delivered += n;
         count(n);
@@ -254,5 +264,10 @@ pub(crate) async fn publish(
         client.batch_execute("COMMIT").await.map_err(&e)?;
     }
     metrics.repair_rows_left.store(0, Ordering::Relaxed);
+    let sequences: Vec<(String, String, i64, Lsn)> = last_sequences
+        .into_iter()
+        .map(|((t, i), seq)| (t, i, seq, at))
+        .collect();
+    tokio::task::block_in_place(|| store.save_sequences(&sequences))?;
     Ok(delivered)
 }

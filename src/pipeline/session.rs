@@ -14,7 +14,7 @@ use crate::checkpoint::{AckTracker, DurableLsn, EventToken, OffsetStore, StoreEr
 use crate::config::Config;
 use crate::coverage::{self, Coverage, CoverageProblem, Known, NotCovered, RelationKind};
 use crate::metrics::Metrics;
-use crate::outbox::{BoundRelation, ChangeContext, OutboxMapper};
+use crate::outbox::{BoundRelation, ChangeContext, OutboxEvent, OutboxMapper};
 use crate::pg::control;
 use crate::pg::{
     FeedbackHandle, Lsn, PgConnectConfig, PgError, PgTimestamp, ReplicationConnection,
@@ -26,6 +26,7 @@ use crate::sink::{DeliveryReport, KafkaSink};
 use super::poison::{PoisonPolicyRouter, Route, row_as_json};
 use super::repair;
 use super::resume::{self, ResumeInputs, ResumePlan, StartRefused};
+use super::sequences::{SequenceWatch, sequence_of};
 use super::{PipelineError, RunOptions};
 
 /// What travels with each record through librdkafka and comes back in its report.
@@ -77,6 +78,8 @@ pub(crate) struct Session<'a> {
     open: Option<OpenTx>,
     skip_through: Lsn,
     poison: PoisonPolicyRouter,
+    /// Live gap detection over aggregate sequences.
+    sequences: SequenceWatch,
     /// Set when the tracker advanced past `durable`.
     dirty_since: Option<Instant>,
     /// A persist running on a blocking thread (one at a time); its result is
@@ -259,6 +262,7 @@ impl<'a> Session<'a> {
             open: None,
             skip_through,
             poison: PoisonPolicyRouter::new(&config.outbox),
+            sequences: SequenceWatch::new(&config.audit),
             dirty_since: None,
             persisting: None,
         };
@@ -477,6 +481,15 @@ impl<'a> Session<'a> {
                 self.publish(route, lsn, commit_time).await?;
             }
             Message::Message(msg) => {
+                if self.mapper.is_stray_event_message(&msg) {
+                    // Sent at once, even if the emitting transaction rolls
+                    // back: never an event, but the writer meant one.
+                    self.metrics.events_failed.fetch_add(1, Ordering::Relaxed);
+                    warn!(lsn = %lsn, prefix = %msg.prefix,
+                        "a non-transactional logical message carries the event prefix and is NOT published: \
+                         emit events with pg_logical_emit_message(true, ...)");
+                    return Ok(());
+                }
                 let Some(tx) = self.open.as_ref() else {
                     return Ok(()); // non-transactional messages are not events
                 };
@@ -523,7 +536,10 @@ impl<'a> Session<'a> {
         commit_time: PgTimestamp,
     ) -> Result<(), PipelineError> {
         let (mut event, dead_lettered) = match route {
-            Route::Publish(event) => (event, false),
+            Route::Publish(event) => {
+                self.check_sequence(&event, lsn)?;
+                (event, false)
+            }
             Route::DeadLetter(event) => {
                 self.metrics.record_dead_lettered(&header_text(
                     &event,
@@ -567,6 +583,35 @@ impl<'a> Session<'a> {
         self.metrics
             .in_flight_bytes
             .store(self.tracker.in_flight_bytes() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Live gap detection (`[audit]`): a number that does not follow the
+    /// aggregate's last published one is counted and logged, and under
+    /// `on_gap = "stop"` ends the session before the event is produced.
+    fn check_sequence(&mut self, event: &OutboxEvent, lsn: Lsn) -> Result<(), PipelineError> {
+        let Some(seq) = sequence_of(event) else {
+            return Ok(());
+        };
+        let gap = tokio::task::block_in_place(|| {
+            self.sequences.observe(
+                self.store,
+                &event.aggregate_type,
+                &event.aggregate_id,
+                seq,
+                lsn,
+            )
+        })?;
+        let Some(gap) = gap else {
+            return Ok(());
+        };
+        self.metrics.record_sequence_gap(&gap.aggregate_type);
+        warn!(aggregate_type = %gap.aggregate_type, aggregate_id = %gap.aggregate_id,
+            previous = ?gap.previous, got = gap.got, lsn = %gap.lsn, kind = ?gap.kind,
+            "aggregate sequence gap");
+        if self.sequences.stop_on_gap {
+            return Err(PipelineError::SequenceGap(gap));
+        }
         Ok(())
     }
 
@@ -746,8 +791,10 @@ impl<'a> Session<'a> {
         let slot = self.config.postgres.slot.clone();
         let system_id = self.system_id.clone();
         let commit_time = self.tracker.acked_commit_time();
+        let sequences = self.sequences.take_unsaved();
         let durable_commit_time = Arc::clone(&self.metrics.durable_commit_time);
         self.persisting = Some(tokio::task::spawn_blocking(move || {
+            store.save_sequences(&sequences)?;
             let durable = store.persist_acked(&slot, acked, &system_id, commit_time)?;
             durable_commit_time.set(commit_time);
             Ok(durable)
@@ -780,7 +827,9 @@ impl<'a> Session<'a> {
         let acked = self.tracker.acked();
         if acked > self.durable.lsn() && !crate::failpoint::sabotaged("never-persist") {
             let commit_time = self.tracker.acked_commit_time();
+            let sequences = self.sequences.take_unsaved();
             let durable = tokio::task::block_in_place(|| {
+                self.store.save_sequences(&sequences)?;
                 self.store.persist_acked(
                     &self.config.postgres.slot,
                     acked,

@@ -36,6 +36,13 @@ use crate::outbox::OutboxEvent;
 /// means "slow down", never "fail".
 const QUEUE_FULL_BACKOFF: Duration = Duration::from_millis(1);
 
+/// How long `send` waits for room in librdkafka's queue before it gives up
+/// with a retryable error, so a session stuck behind a full queue ends (and a
+/// shutdown is heard) instead of waiting forever. With
+/// `queue.buffering.max.messages` at least `limits.max_in_flight_events`
+/// (checked when the configuration is loaded) the pipeline never fills it.
+const QUEUE_FULL_LIMIT: Duration = Duration::from_secs(30);
+
 /// A record that Kafka acknowledged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Delivered {
@@ -276,10 +283,15 @@ impl<T: Send + 'static> KafkaSink<T> {
             .payload(event.payload.as_ref())
             .timestamp(event.timestamp_ms)
             .headers(headers);
+        let mut full_since: Option<std::time::Instant> = None;
         loop {
             match self.producer.send(record) {
                 Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                Err((err @ KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    let since = *full_since.get_or_insert_with(std::time::Instant::now);
+                    if since.elapsed() >= QUEUE_FULL_LIMIT {
+                        return Err(self.produce_error(&err, event));
+                    }
                     record = back;
                     self.queue_full_waits.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(QUEUE_FULL_BACKOFF).await;

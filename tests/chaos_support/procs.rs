@@ -96,6 +96,7 @@ pub enum Death {
 }
 
 /// How to start either process.
+#[derive(Clone)]
 pub struct Launcher {
     pub connector_config: PathBuf,
     pub consumer_args: Vec<String>,
@@ -157,6 +158,39 @@ impl Launcher {
             started: Instant::now(),
             terminated_at: None,
             incarnation,
+        }
+    }
+}
+
+impl Launcher {
+    /// Runs `outbox-cdc repair` to completion (the slot was lost); its log
+    /// goes to the connector's. Returns whether it succeeded.
+    pub fn repair(&self) -> Result<(), String> {
+        let log_path = self.log_path(Kind::Connector);
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| format!("open {}: {e}", log_path.display()))?;
+        let _ = writeln!(log, "=== chaos: outbox-cdc repair ===");
+        let status = Command::new(env!("CARGO_BIN_EXE_outbox-cdc"))
+            .args(["repair", "--config"])
+            .arg(&self.connector_config)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .env_remove("OUTBOX_CDC_FAILPOINT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .status()
+            .map_err(|e| format!("run outbox-cdc repair: {e}"))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "outbox-cdc repair failed ({status}); see {}",
+                log_path.display()
+            ))
         }
     }
 }

@@ -256,6 +256,9 @@ pub struct Verdict {
     pub order_violations: Vec<String>,
     pub unexplained_duplicates: Vec<String>,
     pub malformed: Vec<String>,
+    /// The connector's progress, checked by the harness: the stored offset
+    /// and the slot after each crash, and catching up while idle.
+    pub progress: Vec<String>,
 }
 
 impl Verdict {
@@ -298,6 +301,11 @@ impl Verdict {
             (
                 "records without event_id/aggregate_sequence headers",
                 &self.malformed,
+            ),
+            (
+                "offset and slot progress violations (stored offset went back, vanished or never \
+                 moved, slot confirmed beyond it, no catch-up while idle)",
+                &self.progress,
             ),
         ]
     }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use outbox_cdc::config::Config;
 use outbox_cdc::metrics::Metrics;
+use outbox_cdc::pg::Lsn;
 use outbox_cdc::pipeline::{self, PipelineError, RunOptions};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -173,6 +174,20 @@ max_backoff_ms = 2000
             .await
             .expect("end transaction");
         if commit { ids } else { Vec::new() }
+    }
+
+    /// Like [`Fixture::write_tx`] with a commit, and also returns
+    /// `pg_current_wal_insert_lsn()` read right after COMMIT returned: an upper
+    /// bound of the transaction's end LSN (its Commit `end_lsn`).
+    pub async fn write_tx_ended_by(&self, events: &[(&str, &str, String)]) -> (Vec<String>, Lsn) {
+        let ids = self.write_tx(events, true).await;
+        let text: String = self
+            .admin
+            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+            .await
+            .expect("pg_current_wal_insert_lsn")
+            .get(0);
+        (ids, text.parse().expect("an LSN"))
     }
 
     /// Waits until the slot exists (a connector process created it).
@@ -375,6 +390,11 @@ pub fn spawn_binary(config: &Path) -> ChildProcess {
 /// Reads every record of topics matching `^<prefix>\.` until `expected`
 /// records have arrived and then `settle` more time without new ones; panics
 /// with what it has if `timeout` passes first.
+///
+/// Each record (topic, partition, offset) is returned once: a topic that
+/// appears later rebalances the reader, which then reads the partitions it
+/// had from the start again (nothing is committed). Those re-reads are not
+/// records the connector sent twice.
 pub fn consume(prefix: &str, expected: usize, timeout: Duration, settle: Duration) -> Vec<Record> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", kafka_bootstrap())
@@ -388,6 +408,7 @@ pub fn consume(prefix: &str, expected: usize, timeout: Duration, settle: Duratio
     consumer.subscribe(&[&pattern]).expect("subscribe");
     let deadline = Instant::now() + timeout;
     let mut out = Vec::new();
+    let mut read: std::collections::HashSet<(String, i32, i64)> = std::collections::HashSet::new();
     let mut last_new = Instant::now();
     loop {
         if out.len() >= expected && last_new.elapsed() >= settle {
@@ -401,6 +422,9 @@ pub fn consume(prefix: &str, expected: usize, timeout: Duration, settle: Duratio
         }
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
+                if !read.insert((m.topic().to_owned(), m.partition(), m.offset())) {
+                    continue;
+                }
                 last_new = Instant::now();
                 let headers = m
                     .headers()
@@ -471,4 +495,28 @@ where
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     panic!("timed out after {timeout:?} waiting for: {what}");
+}
+
+/// The end offset (high watermark) of every partition of the topics matching
+/// `^<prefix>\.`, keyed by (topic, partition). Topics not created yet are absent.
+pub fn partition_ends(prefix: &str) -> BTreeMap<(String, i32), i64> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .set("allow.auto.create.topics", "false")
+        .create()
+        .expect("create metadata client");
+    let md = consumer
+        .fetch_metadata(None, Duration::from_secs(10))
+        .expect("fetch metadata");
+    let dotted = format!("{prefix}.");
+    let mut out = BTreeMap::new();
+    for t in md.topics().iter().filter(|t| t.name().starts_with(&dotted)) {
+        for p in t.partitions() {
+            let (_, high) = consumer
+                .fetch_watermarks(t.name(), p.id(), Duration::from_secs(10))
+                .unwrap_or_else(|e| panic!("end offset of {}[{}]: {e}", t.name(), p.id()));
+            out.insert((t.name().to_owned(), p.id()), high);
+        }
+    }
+    out
 }

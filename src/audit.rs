@@ -1,0 +1,577 @@
+//! `outbox-cdc audit`: compares the retained outbox rows of a time window with
+//! what Kafka holds, and answers "did we lose anything?".
+//!
+//! 1. The rows with `occurred_at` in `[since, until)` (optionally of one
+//!    aggregate type) are read as the connector maps them: event id, topic,
+//!    aggregate, sequence. Rows from `repair.occurred_at_margin_ms` earlier
+//!    are read too, but only to recognise their records (a transaction starts
+//!    before it commits, and records carry the commit time).
+//! 2. Every partition of every topic those rows route to is read with
+//!    `isolation.level = read_committed`, from the first offset at or after
+//!    `since` (by record timestamp) to the end as it was when the audit began.
+//! 3. Findings: rows with no record (missing; the exit status is non-zero),
+//!    records in the window whose event id has no row (phantoms), event ids
+//!    seen more than once (duplicates), and per key, first copies whose
+//!    sequence does not increase or that sit in two partitions (order
+//!    violations; non-zero exit).
+//!
+//! Memory stays bounded for large windows: event ids are kept as 128-bit
+//! fingerprints in a sorted vector with a copy count each (about 26 bytes a
+//! row), per key only the last sequence; the missing rows' details are read
+//! back in a second pass over the table.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{StreamExt as _, pin_mut};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde::Serialize;
+use tokio_postgres::Client;
+
+use crate::config::Config;
+use crate::coverage;
+use crate::outbox::{ChangeContext, OutboxMapper};
+use crate::pg::{Lsn, PgConnectConfig, PgError, PgTimestamp, quote_ident};
+use crate::pgoutput::{ColumnValue, Relation, RelationColumn, TupleData};
+
+/// What to audit.
+#[derive(Debug, Clone)]
+pub struct AuditOptions {
+    /// Start of the window, as PostgreSQL reads a `timestamptz` (RFC 3339 works).
+    pub since: String,
+    /// End of the window (exclusive); `None`: now.
+    pub until: Option<String>,
+    pub aggregate_type: Option<String>,
+    /// Details kept per finding kind (the counts are always complete).
+    pub max_examples: usize,
+}
+
+/// A row with no record in Kafka.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct MissingRow {
+    pub event_id: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub aggregate_sequence: Option<i64>,
+    pub topic: String,
+    pub occurred_at: String,
+}
+
+/// A record in the window whose event id matches no retained row.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Phantom {
+    pub event_id: String,
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct AuditReport {
+    pub since: String,
+    pub until: String,
+    pub rows: u64,
+    pub records: u64,
+    pub topics: Vec<String>,
+    pub missing: u64,
+    pub missing_rows: Vec<MissingRow>,
+    pub phantoms: u64,
+    pub phantom_records: Vec<Phantom>,
+    pub duplicates: u64,
+    pub duplicate_event_ids: Vec<String>,
+    pub order_violations: u64,
+    pub order_violation_details: Vec<String>,
+}
+
+impl AuditReport {
+    /// Whether nothing that breaks the contract was found (duplicates and
+    /// phantoms are reported, but do not fail the audit).
+    pub fn passed(&self) -> bool {
+        self.missing == 0 && self.order_violations == 0
+    }
+
+    pub fn to_text(&self) -> String {
+        let mut out = format!(
+            "audit {} .. {}: {} rows, {} records in {} topic(s)\n\
+             missing: {}\nphantoms: {}\nduplicates: {}\norder violations: {}\n",
+            self.since,
+            self.until,
+            self.rows,
+            self.records,
+            self.topics.len(),
+            self.missing,
+            self.phantoms,
+            self.duplicates,
+            self.order_violations
+        );
+        for m in &self.missing_rows {
+            out.push_str(&format!(
+                "  missing {} ({}/{} seq {:?}, topic {}, occurred {})\n",
+                m.event_id,
+                m.aggregate_type,
+                m.aggregate_id,
+                m.aggregate_sequence,
+                m.topic,
+                m.occurred_at
+            ));
+        }
+        for p in &self.phantom_records {
+            out.push_str(&format!(
+                "  phantom {} at {}[{}]@{}\n",
+                p.event_id, p.topic, p.partition, p.offset
+            ));
+        }
+        for d in &self.duplicate_event_ids {
+            out.push_str(&format!("  duplicate {d}\n"));
+        }
+        for o in &self.order_violation_details {
+            out.push_str(&format!("  order {o}\n"));
+        }
+        out.push_str(if self.passed() {
+            "audit PASSED\n"
+        } else {
+            "audit FAILED\n"
+        });
+        out
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("PostgreSQL: {0}")]
+    Pg(#[from] PgError),
+    #[error("Kafka: {0}")]
+    Kafka(String),
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+fn sql(during: &'static str) -> impl Fn(tokio_postgres::Error) -> AuditError {
+    move |e| AuditError::Pg(PgError::sql(during, e))
+}
+
+/// 128-bit fingerprint of an event id (two differently seeded hashes).
+fn fingerprint(event_id: &str) -> u128 {
+    let mut a = std::collections::hash_map::DefaultHasher::new();
+    0x9e37_79b9u32.hash(&mut a);
+    event_id.hash(&mut a);
+    let mut b = std::collections::hash_map::DefaultHasher::new();
+    0x85eb_ca6bu32.hash(&mut b);
+    event_id.hash(&mut b);
+    (u128::from(a.finish()) << 64) | u128::from(b.finish())
+}
+
+/// One retained row as the connector would publish it.
+struct Row {
+    event_id: String,
+    topic: String,
+    aggregate_type: String,
+    aggregate_id: String,
+    sequence: Option<i64>,
+    occurred_at: String,
+    in_window: bool,
+}
+
+pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport, AuditError> {
+    let pg = PgConnectConfig::parse(&config.postgres.url)?;
+    let client = pg.connect_sql().await?;
+    let e = sql("reading the audit window");
+    let until = options.until.clone().unwrap_or_else(|| "now".to_owned());
+    let row = client
+        .query_one(
+            "SELECT $1::text::timestamptz::text, $2::text::timestamptz::text, \
+                    (extract(epoch FROM $1::text::timestamptz) * 1000)::int8, \
+                    (extract(epoch FROM $2::text::timestamptz) * 1000)::int8",
+            &[&options.since, &until],
+        )
+        .await
+        .map_err(|err| AuditError::Config(format!("--since/--until: {err}")))?;
+    let mut report = AuditReport {
+        since: row.try_get(0).map_err(&e)?,
+        until: row.try_get(1).map_err(&e)?,
+        ..AuditReport::default()
+    };
+    let (since_ms, until_ms): (i64, i64) =
+        (row.try_get(2).map_err(&e)?, row.try_get(3).map_err(&e)?);
+    let margin_ms = config.repair.occurred_at_margin_ms as i64;
+
+    // 1. The rows.
+    let mut ids: Vec<(u128, bool)> = Vec::new();
+    let mut topics: BTreeSet<String> = BTreeSet::new();
+    for_each_row(
+        &client,
+        config,
+        options,
+        since_ms - margin_ms,
+        since_ms,
+        until_ms,
+        |r| {
+            if r.in_window {
+                report.rows += 1;
+            }
+            topics.insert(r.topic.clone());
+            ids.push((fingerprint(&r.event_id), r.in_window));
+        },
+    )
+    .await?;
+    ids.sort_unstable_by_key(|(f, _)| *f);
+    ids.dedup_by_key(|(f, _)| *f);
+    let mut copies: Vec<u16> = vec![0; ids.len()];
+    report.topics = topics.iter().cloned().collect();
+
+    // 2. The records.
+    let consumer = consumer(config)?;
+    let mut last_by_key: HashMap<u64, (i32, i64)> = HashMap::new();
+    for topic in &topics {
+        read_topic(&consumer, topic, since_ms, |rec| {
+            report.records += 1;
+            let in_window = rec
+                .timestamp_ms
+                .is_some_and(|t| t >= since_ms && t < until_ms);
+            let found = ids.binary_search_by_key(&fingerprint(&rec.event_id), |(f, _)| *f);
+            let Ok(i) = found else {
+                if in_window {
+                    report.phantoms += 1;
+                    if report.phantom_records.len() < options.max_examples {
+                        report.phantom_records.push(Phantom {
+                            event_id: rec.event_id.clone(),
+                            topic: topic.clone(),
+                            partition: rec.partition,
+                            offset: rec.offset,
+                        });
+                    }
+                }
+                return;
+            };
+            copies[i] = copies[i].saturating_add(1);
+            if copies[i] == 2 {
+                report.duplicates += 1;
+                if report.duplicate_event_ids.len() < options.max_examples {
+                    report.duplicate_event_ids.push(rec.event_id.clone());
+                }
+            }
+            if copies[i] > 1 {
+                return; // order is judged on first copies
+            }
+            let mut key_hash = std::collections::hash_map::DefaultHasher::new();
+            topic.hash(&mut key_hash);
+            rec.key.hash(&mut key_hash);
+            let key = key_hash.finish();
+            let (seq, partition) = (rec.sequence.unwrap_or(i64::MIN), rec.partition);
+            let violation = match last_by_key.get(&key) {
+                Some((p, _)) if *p != partition => Some(format!(
+                    "key {:?} in {topic} is in partitions {p} and {partition}",
+                    rec.key
+                )),
+                Some((_, last)) if rec.sequence.is_some() && seq <= *last => Some(format!(
+                    "key {:?} in {topic}: sequence {seq} at {partition}@{} after {last}",
+                    rec.key, rec.offset
+                )),
+                _ => None,
+            };
+            if let Some(v) = violation {
+                report.order_violations += 1;
+                if report.order_violation_details.len() < options.max_examples {
+                    report.order_violation_details.push(v);
+                }
+            }
+            last_by_key.insert(key, (partition, seq));
+        })?;
+    }
+
+    // 3. Missing rows, with their details from a second pass.
+    let missing: Vec<u128> = ids
+        .iter()
+        .zip(&copies)
+        .filter(|((_, in_window), n)| *in_window && **n == 0)
+        .map(|((f, _), _)| *f)
+        .collect();
+    report.missing = missing.len() as u64;
+    if !missing.is_empty() {
+        let mut details = Vec::new();
+        for_each_row(
+            &client,
+            config,
+            options,
+            since_ms,
+            since_ms,
+            until_ms,
+            |r| {
+                if details.len() < options.max_examples
+                    && missing.binary_search(&fingerprint(&r.event_id)).is_ok()
+                {
+                    details.push(MissingRow {
+                        event_id: r.event_id,
+                        aggregate_type: r.aggregate_type,
+                        aggregate_id: r.aggregate_id,
+                        aggregate_sequence: r.sequence,
+                        topic: r.topic,
+                        occurred_at: r.occurred_at,
+                    });
+                }
+            },
+        )
+        .await?;
+        report.missing_rows = details;
+    }
+    Ok(report)
+}
+
+/// Streams the retained rows with `occurred_at` in `[from_ms, until_ms)`,
+/// mapped as the connector maps them; `in_window` marks those at or after
+/// `since_ms`.
+async fn for_each_row(
+    client: &Client,
+    config: &Config,
+    options: &AuditOptions,
+    from_ms: i64,
+    since_ms: i64,
+    until_ms: i64,
+    mut each: impl FnMut(Row),
+) -> Result<(), AuditError> {
+    let e = sql("reading the outbox rows");
+    let invalid = |err: crate::outbox::ConfigError| AuditError::Config(err.to_string());
+    let table = coverage::configured_table(&config.outbox).map_err(invalid)?;
+    let names = config.outbox.column_names().map_err(invalid)?;
+    let mapper = OutboxMapper::new(&config.outbox).map_err(invalid)?;
+    let columns: Vec<(String, u32)> = client
+        .query(
+            "SELECT a.attname::text, a.atttypid FROM pg_attribute a \
+             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped \
+             ORDER BY a.attnum",
+            &[&table.schema, &table.name],
+        )
+        .await
+        .map_err(&e)?
+        .iter()
+        .map(|r| Ok((r.try_get(0).map_err(&e)?, r.try_get(1).map_err(&e)?)))
+        .collect::<Result<_, AuditError>>()?;
+    if !columns.iter().any(|(n, _)| n == "occurred_at") {
+        return Err(AuditError::Config(format!(
+            "{table} has no occurred_at column: the audit window cannot be chosen"
+        )));
+    }
+    let relation = Relation {
+        oid: 0,
+        namespace: table.schema.clone(),
+        name: table.name.clone(),
+        replica_identity: b'd',
+        columns: columns
+            .iter()
+            .map(|(name, type_oid)| RelationColumn {
+                flags: 0,
+                name: name.clone(),
+                type_oid: *type_oid,
+                type_modifier: -1,
+            })
+            .collect(),
+    };
+    let bound = mapper
+        .bind(&relation)
+        .map_err(|err| AuditError::Config(err.to_string()))?;
+    let select: Vec<String> = columns
+        .iter()
+        .map(|(name, _)| format!("{}::text", quote_ident(name)))
+        .collect();
+    let type_filter = match &options.aggregate_type {
+        Some(_) => format!(" AND o.{} = $3", quote_ident(&names.aggregate_type)),
+        None => String::new(),
+    };
+    let query = format!(
+        "SELECT {}, (extract(epoch FROM o.occurred_at) * 1000)::int8, o.occurred_at::text FROM {table} AS o \
+         WHERE o.occurred_at >= to_timestamp($1::int8 / 1000.0) \
+           AND o.occurred_at < to_timestamp($2::int8 / 1000.0){type_filter}",
+        select.join(", ")
+    );
+    let kind = options.aggregate_type.clone().unwrap_or_default();
+    let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match &options.aggregate_type {
+        Some(_) => vec![&from_ms, &until_ms, &kind],
+        None => vec![&from_ms, &until_ms],
+    };
+    let rows = client.query_raw(&query, params).await.map_err(&e)?;
+    pin_mut!(rows);
+    let n = columns.len();
+    while let Some(row) = rows.next().await {
+        let row = row.map_err(&e)?;
+        let values: Vec<ColumnValue> = (0..n)
+            .map(|i| {
+                Ok(match row.try_get::<_, Option<String>>(i).map_err(&e)? {
+                    Some(text) => ColumnValue::Text(Bytes::from(text)),
+                    None => ColumnValue::Null,
+                })
+            })
+            .collect::<Result<_, AuditError>>()?;
+        let occurred_ms: i64 = row.try_get(n).map_err(&e)?;
+        let occurred_at: String = row.try_get(n + 1).map_err(&e)?;
+        let ctx = ChangeContext {
+            lsn: Lsn::ZERO,
+            commit_time: PgTimestamp::now(),
+        };
+        // A row the connector cannot map (poison) has no record to find.
+        let Ok(event) = mapper.map_insert(&bound, &TupleData { columns: values }, &ctx) else {
+            continue;
+        };
+        let sequence = names.aggregate_sequence.as_ref().and_then(|_| {
+            event
+                .headers
+                .iter()
+                .find(|(k, _)| k == "aggregate_sequence")
+                .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse().ok())
+        });
+        each(Row {
+            event_id: event.event_id,
+            topic: event.topic,
+            aggregate_type: event.aggregate_type,
+            aggregate_id: event.aggregate_id,
+            sequence,
+            occurred_at,
+            in_window: occurred_ms >= since_ms,
+        });
+    }
+    Ok(())
+}
+
+/// A Kafka consumer with the connection and security settings of `[kafka]`
+/// (producer settings left out), reading committed records only.
+fn consumer(config: &Config) -> Result<BaseConsumer, AuditError> {
+    const CONNECTION: [&str; 7] = [
+        "bootstrap.servers",
+        "security.",
+        "ssl.",
+        "sasl.",
+        "socket.",
+        "broker.",
+        "client.",
+    ];
+    let mut client = ClientConfig::new();
+    for (key, value) in config.kafka.iter() {
+        if CONNECTION
+            .iter()
+            .any(|p| key == *p || (p.ends_with('.') && key.starts_with(p)))
+        {
+            client.set(key, value);
+        }
+    }
+    client
+        .set("group.id", "outbox-cdc-audit")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "false");
+    client
+        .create()
+        .map_err(|e| AuditError::Kafka(format!("creating the audit consumer: {e}")))
+}
+
+struct Rec {
+    event_id: String,
+    key: Vec<u8>,
+    sequence: Option<i64>,
+    partition: i32,
+    offset: i64,
+    timestamp_ms: Option<i64>,
+}
+
+const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Reads `topic` from the first offset at or after `since_ms` to the end as
+/// it is now, partition by partition.
+fn read_topic(
+    consumer: &BaseConsumer,
+    topic: &str,
+    since_ms: i64,
+    mut each: impl FnMut(Rec),
+) -> Result<(), AuditError> {
+    let kafka = |what: &str, e: rdkafka::error::KafkaError| {
+        AuditError::Kafka(format!("{what} of topic {topic:?}: {e}"))
+    };
+    let metadata = consumer
+        .fetch_metadata(Some(topic), KAFKA_TIMEOUT)
+        .map_err(|e| kafka("metadata", e))?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    let mut at_time = TopicPartitionList::new();
+    for p in &partitions {
+        at_time
+            .add_partition_offset(topic, *p, Offset::Offset(since_ms))
+            .map_err(|e| kafka("offsets", e))?;
+    }
+    let starts = consumer
+        .offsets_for_times(at_time, KAFKA_TIMEOUT)
+        .map_err(|e| kafka("offsets for the window's start", e))?;
+    let mut ends: BTreeMap<i32, i64> = BTreeMap::new();
+    let mut assignment = TopicPartitionList::new();
+    for elem in starts.elements() {
+        let (_, high) = consumer
+            .fetch_watermarks(topic, elem.partition(), KAFKA_TIMEOUT)
+            .map_err(|e| kafka("watermarks", e))?;
+        let start = match elem.offset() {
+            Offset::Offset(o) => o,
+            _ => high, // nothing at or after the window's start
+        };
+        if start < high {
+            ends.insert(elem.partition(), high);
+            assignment
+                .add_partition_offset(topic, elem.partition(), Offset::Offset(start))
+                .map_err(|e| kafka("assignment", e))?;
+        }
+    }
+    if ends.is_empty() {
+        return Ok(());
+    }
+    consumer
+        .assign(&assignment)
+        .map_err(|e| kafka("assign", e))?;
+    let mut idle_since = std::time::Instant::now();
+    while !ends.is_empty() {
+        match consumer.poll(Duration::from_millis(500)) {
+            Some(Ok(m)) => {
+                idle_since = std::time::Instant::now();
+                let partition = m.partition();
+                let Some(&end) = ends.get(&partition) else {
+                    continue;
+                };
+                if m.offset() >= end {
+                    ends.remove(&partition);
+                    continue;
+                }
+                let header = |name: &str| {
+                    m.headers().and_then(|h| {
+                        h.iter()
+                            .find(|x| x.key == name)
+                            .and_then(|x| x.value)
+                            .map(|v| String::from_utf8_lossy(v).into_owned())
+                    })
+                };
+                each(Rec {
+                    event_id: header("event_id").unwrap_or_default(),
+                    key: m.key().map(<[u8]>::to_vec).unwrap_or_default(),
+                    sequence: header("aggregate_sequence").and_then(|s| s.parse().ok()),
+                    partition,
+                    offset: m.offset(),
+                    timestamp_ms: m.timestamp().to_millis(),
+                });
+                if m.offset() + 1 >= end {
+                    ends.remove(&partition);
+                }
+            }
+            Some(Err(e)) => return Err(kafka("reading", e)),
+            None if idle_since.elapsed() > KAFKA_TIMEOUT => {
+                return Err(AuditError::Kafka(format!(
+                    "topic {topic:?}: no record for {KAFKA_TIMEOUT:?} before the end offsets {ends:?} \
+                     (transaction markers or compaction can leave gaps; the records read so far are counted)"
+                )));
+            }
+            None => {}
+        }
+    }
+    consumer.unassign().map_err(|e| kafka("unassign", e))?;
+    Ok(())
+}

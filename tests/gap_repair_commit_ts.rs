@@ -1,0 +1,154 @@
+//! Gap repair with `track_commit_timestamp = on`: rows are chosen by their
+//! transaction's commit timestamp, not by `occurred_at`. A row committed in
+//! the gap with an `occurred_at` far in the past is repaired; rows committed
+//! before the last acknowledged transaction are not published again.
+//!
+//! This test restarts the shared PostgreSQL twice (the setting needs a
+//! restart): it must stay the only test in this file. The setting is reset
+//! when the test ends, however it ends.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Duration;
+
+use common::relay::{Fixture, Running, consume};
+use common::{admin_client, init_tracing};
+use outbox_cdc::pipeline::RunOptions;
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+fn env_sh(arg: &str) {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let status = Command::new("bash")
+        .arg(format!("{root}/scripts/env.sh"))
+        .arg(arg)
+        .current_dir(root)
+        .status()
+        .unwrap_or_else(|e| panic!("scripts/env.sh {arg}: {e}"));
+    assert!(status.success(), "scripts/env.sh {arg} failed: {status}");
+}
+
+fn set_track_commit_timestamp(on: bool) {
+    let url = common::pg_admin_url();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .expect("connect as admin");
+            tokio::spawn(conn);
+            let sql = if on {
+                "ALTER SYSTEM SET track_commit_timestamp = on"
+            } else {
+                "ALTER SYSTEM RESET track_commit_timestamp"
+            };
+            client.batch_execute(sql).await.expect(sql);
+        });
+    })
+    .join()
+    .expect("set track_commit_timestamp");
+    env_sh("pg-restart");
+}
+
+/// Turns the setting off again (with a restart) when dropped.
+struct TrackingOff;
+
+impl Drop for TrackingOff {
+    fn drop(&mut self) {
+        set_track_commit_timestamp(false);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_by_commit_timestamp_is_exact() {
+    init_tracing();
+    set_track_commit_timestamp(true);
+    let _off = TrackingOff;
+    let admin = admin_client().await;
+    let on: String = admin
+        .query_one("SHOW track_commit_timestamp", &[])
+        .await
+        .expect("show")
+        .get(0);
+    assert_eq!(on, "on");
+
+    let fx = Fixture::new("repairts").await;
+    // No margin: exactly the rows committed at or after the acknowledged one.
+    let config = || fx.config_with("OUTBOX_CDC__REPAIR__COMMIT_TIME_MARGIN_MS=0");
+    let running = Running::start(config()).await;
+    let mut before = Vec::new();
+    for i in 0..5 {
+        before.extend(
+            fx.write_tx(&[("order", "t", format!(r#"{{"n":{i}}}"#))], true)
+                .await,
+        );
+    }
+    consume(
+        &fx.topic_prefix,
+        before.len(),
+        TIMEOUT,
+        Duration::from_secs(1),
+    );
+    running.stop().await.expect("graceful stop");
+
+    fx.admin
+        .execute("SELECT pg_drop_replication_slot($1)", &[&fx.slot])
+        .await
+        .expect("drop the slot");
+    // Committed in the gap, but claiming to have occurred in 2001: an
+    // occurred_at bound would leave it out.
+    let old_looking: String = fx
+        .admin
+        .query_one(
+            &format!(
+                "INSERT INTO public.{} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at)
+                 VALUES (gen_random_uuid(), 'order', 't', 6, 'Late', '{{}}', '2001-01-01')
+                 RETURNING event_id::text",
+                fx.table
+            ),
+            &[],
+        )
+        .await
+        .expect("insert")
+        .get(0);
+
+    let running = Running::spawn(
+        config(),
+        RunOptions {
+            recreate_slot: true,
+            ..RunOptions::default()
+        },
+    );
+    running.wait_streaming().await;
+    let records = consume(
+        &fx.topic_prefix,
+        before.len() + 1,
+        TIMEOUT,
+        Duration::from_secs(3),
+    );
+    let mut copies: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in &records {
+        *copies.entry(r.header("event_id")).or_default() += 1;
+    }
+    assert_eq!(
+        copies.get(old_looking.as_str()),
+        Some(&1),
+        "the row committed in the gap was not repaired: {copies:?}"
+    );
+    // The last acknowledged transaction itself is at the bound (ties are
+    // included); the ones before it are not sent again.
+    for id in &before[..before.len() - 1] {
+        assert_eq!(
+            copies.get(id.as_str()),
+            Some(&1),
+            "{id} sent again: {copies:?}"
+        );
+    }
+    running.stop().await.expect("graceful stop");
+    fx.cleanup().await;
+}
