@@ -86,6 +86,9 @@ pub struct Config {
     /// `[audit]`: live detection of gaps in aggregate sequences.
     #[serde(default)]
     pub audit: AuditSettings,
+    /// `[prune]`: deleting published outbox rows older than a retention.
+    #[serde(default)]
+    pub prune: PruneSettings,
 }
 
 /// `[audit]`: the connector follows each aggregate's `aggregate_sequence` as
@@ -119,6 +122,112 @@ impl Default for AuditSettings {
             on_gap: default_on_gap(),
         }
     }
+}
+
+/// `[prune]`: retention of outbox rows (DESIGN.md §13). Rows older than
+/// `retention` AND committed before the last acknowledged transaction (by the
+/// same rule and margins as gap repair, `[repair]`) are deleted, in batches of
+/// `batch_rows`, every `interval` while `run` streams, or once by
+/// `outbox-cdc prune`. Off by default.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PruneSettings {
+    /// How long rows are kept, as a number and a unit: `7d`, `36h`, `90m`,
+    /// `600s`. Default `""`: pruning is off.
+    #[serde(default)]
+    pub retention: String,
+    /// Rows deleted per batch (one short transaction each). Default 10000.
+    #[serde(default = "default_prune_batch_rows")]
+    pub batch_rows: u64,
+    /// How often `run` prunes, same units as `retention`. Default `5m`.
+    #[serde(default = "default_prune_interval")]
+    pub interval: String,
+}
+
+fn default_prune_batch_rows() -> u64 {
+    10_000
+}
+
+fn default_prune_interval() -> String {
+    "5m".into()
+}
+
+impl Default for PruneSettings {
+    fn default() -> Self {
+        PruneSettings {
+            retention: String::new(),
+            batch_rows: default_prune_batch_rows(),
+            interval: default_prune_interval(),
+        }
+    }
+}
+
+impl PruneSettings {
+    /// The retention, or `None` when pruning is off. Valid after `Config::load`.
+    pub fn retention(&self) -> Option<Duration> {
+        match self.retention.trim() {
+            "" => None,
+            text => parse_duration(text).ok(),
+        }
+    }
+
+    /// The pruning period of `run`. Valid after `Config::load`.
+    pub fn interval(&self) -> Duration {
+        parse_duration(&self.interval).unwrap_or(Duration::from_secs(300))
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        const UNITS: &str =
+            "a whole number and a unit: d (days), h (hours), m (minutes) or s (seconds), e.g. 7d";
+        if !self.retention.trim().is_empty() {
+            match parse_duration(&self.retention) {
+                Ok(d) if !d.is_zero() => {}
+                _ => {
+                    return Err(ConfigError::invalid(
+                        "prune.retention",
+                        &self.retention,
+                        format!("{UNITS}; or \"\" for no pruning"),
+                    ));
+                }
+            }
+        }
+        if !(1..=1_000_000).contains(&self.batch_rows) {
+            return Err(ConfigError::invalid(
+                "prune.batch_rows",
+                self.batch_rows,
+                "1 to 1000000",
+            ));
+        }
+        match parse_duration(&self.interval) {
+            Ok(d) if d >= Duration::from_secs(1) && d <= Duration::from_secs(86_400) => Ok(()),
+            _ => Err(ConfigError::invalid(
+                "prune.interval",
+                &self.interval,
+                format!("{UNITS}, from 1s to 1d"),
+            )),
+        }
+    }
+}
+
+/// `7d`, `36h`, `90m`, `600s` (surrounding spaces allowed).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?} has no unit"))?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} does not start with a whole number"))?;
+    let secs = match unit.trim() {
+        "d" => n.checked_mul(86_400),
+        "h" => n.checked_mul(3_600),
+        "m" => n.checked_mul(60),
+        "s" => Some(n),
+        other => return Err(format!("unknown unit {other:?}")),
+    }
+    .ok_or_else(|| format!("{text:?} is too long"))?;
+    Ok(Duration::from_secs(secs))
 }
 
 /// `[repair]`: which retained outbox rows gap repair publishes again after a
@@ -574,6 +683,7 @@ impl Config {
             ));
         }
         self.monitor.validate(&self.outbox.message_prefix)?;
+        self.prune.validate()?;
         self.topics.validate().map_err(|e| ConfigError::Invalid {
             key: e.key,
             value: e.value,
@@ -762,6 +872,7 @@ const NUMBER_KEYS: &[&str] = &[
     "monitor.heartbeat_interval_ms",
     "topics.partitions",
     "topics.replication_factor",
+    "prune.batch_rows",
 ];
 const BOOL_KEYS: &[&str] = &[
     "postgres.create_slot",
@@ -893,6 +1004,41 @@ mod tests {
         assert_eq!(c.limits.max_in_flight_bytes, 64 * 1024 * 1024);
         assert_eq!(c.http.listen, "127.0.0.1:9187");
         assert_eq!(c.offsets.flush_interval_ms, 200);
+    }
+
+    #[test]
+    fn prune_is_off_by_default_and_takes_durations_with_units() {
+        let c = parse(MINIMAL, &[]).unwrap();
+        assert_eq!(c.prune.retention(), None);
+        assert_eq!(c.prune.batch_rows, 10_000);
+        assert_eq!(c.prune.interval(), Duration::from_secs(300));
+        for (text, secs) in [
+            ("7d", 604_800),
+            ("36h", 129_600),
+            ("90m", 5_400),
+            ("600s", 600),
+        ] {
+            let c = parse(MINIMAL, &[("OUTBOX_CDC__PRUNE__RETENTION", text)]).unwrap();
+            assert_eq!(
+                c.prune.retention(),
+                Some(Duration::from_secs(secs)),
+                "{text}"
+            );
+        }
+        let c = parse(MINIMAL, &[("OUTBOX_CDC__PRUNE__RETENTION", "")]).unwrap();
+        assert_eq!(c.prune.retention(), None);
+        for (var, value, key) in [
+            ("OUTBOX_CDC__PRUNE__RETENTION", "7", "prune.retention"),
+            ("OUTBOX_CDC__PRUNE__RETENTION", "7w", "prune.retention"),
+            ("OUTBOX_CDC__PRUNE__RETENTION", "0d", "prune.retention"),
+            ("OUTBOX_CDC__PRUNE__RETENTION", "-1d", "prune.retention"),
+            ("OUTBOX_CDC__PRUNE__BATCH_ROWS", "0", "prune.batch_rows"),
+            ("OUTBOX_CDC__PRUNE__INTERVAL", "0s", "prune.interval"),
+            ("OUTBOX_CDC__PRUNE__INTERVAL", "2d", "prune.interval"),
+        ] {
+            let err = parse(MINIMAL, &[(var, value)]).unwrap_err();
+            assert_eq!(invalid_key(err), key, "{var}={value}");
+        }
     }
 
     #[test]

@@ -107,6 +107,41 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Publish retained outbox rows again, in per-aggregate sequence order, for
+    /// a consumer that lost its state. Reads the table and produces; needs
+    /// neither the offset store nor the slot, so the connector may run.
+    Replay {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// An RFC 3339 time (rows with occurred_at at or after it), or an
+        /// event_id (its row and every later one: occurred_at at or after its
+        /// occurred_at, and for its own aggregate, sequence at or after its sequence).
+        #[arg(long)]
+        since: String,
+        /// Only rows with occurred_at before this RFC 3339 time.
+        #[arg(long)]
+        until: Option<String>,
+        /// Only this aggregate type.
+        #[arg(long)]
+        aggregate_type: Option<String>,
+        /// Only this aggregate id.
+        #[arg(long)]
+        aggregate_id: Option<String>,
+        /// Appended to every record's topic, e.g. `.replay`.
+        #[arg(long, default_value = "")]
+        topic_suffix: String,
+        /// Count what would be sent, per topic; send nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Delete outbox rows older than [prune] retention that are certainly
+    /// published (committed before the stored acknowledged position), once.
+    /// Stop the connector first (it holds the offset store); a running
+    /// connector prunes by itself every [prune] interval.
+    Prune {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// Parse and validate the configuration file, then exit.
     ValidateConfig {
         #[arg(long, short)]
@@ -125,6 +160,8 @@ impl Command {
             Command::Check { config } => ("check", config),
             Command::Release { config, .. } => ("release", config),
             Command::Parked { config } => ("parked", config),
+            Command::Replay { config, .. } => ("replay", config),
+            Command::Prune { config } => ("prune", config),
             Command::ValidateConfig { config } => ("validate-config", config),
         }
     }
@@ -283,6 +320,34 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
             }
             Ok(report.passed())
         }
+        Command::Replay {
+            config,
+            since,
+            until,
+            aggregate_type,
+            aggregate_id,
+            topic_suffix,
+            dry_run,
+        } => {
+            let config = load(&config)?;
+            let options = pipeline::ReplayOptions {
+                since,
+                until,
+                aggregate_type,
+                aggregate_id,
+                topic_suffix,
+                dry_run,
+            };
+            let report = pipeline::replay(&config, &options).await?;
+            print!("{report}");
+            Ok(true)
+        }
+        Command::Prune { config } => {
+            let config = load(&config)?;
+            let report = pipeline::prune_stored(&config, &Metrics::default()).await?;
+            println!("{report}");
+            Ok(true)
+        }
         Command::ValidateConfig { config } => {
             let cfg = load(&config)?;
             println!(
@@ -313,6 +378,11 @@ async fn run(config: Arc<Config>, options: pipeline::RunOptions) -> anyhow::Resu
         .with_context(|| format!("cannot listen on http.listen = {}", config.http.listen))?;
     let monitor = monitor::spawn(config.clone(), metrics.clone(), stop_rx.clone());
     let heartbeat = heartbeat::spawn(config.clone(), metrics.clone(), stop_rx.clone());
+    let pruner = tokio::spawn(pipeline::run_pruner(
+        config.clone(),
+        metrics.clone(),
+        stop_rx.clone(),
+    ));
 
     let result = pipeline::run(config, options, metrics, stop_rx).await;
 
@@ -322,6 +392,7 @@ async fn run(config: Arc<Config>, options: pipeline::RunOptions) -> anyhow::Resu
         if let Some(h) = heartbeat {
             let _ = h.await;
         }
+        let _ = pruner.await;
     };
     if tokio::time::timeout(COMPANION_STOP_TIMEOUT, companions)
         .await

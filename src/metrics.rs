@@ -6,9 +6,10 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
+use crate::checkpoint::DurableCommitTime;
 use crate::pg::Lsn;
 
 /// (name, type, help) for every exported metric.
@@ -134,6 +135,26 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "gauge",
         "Rows the running gap repair has still to publish (0 when none runs).",
     ),
+    (
+        PRUNED_ROWS,
+        "counter",
+        "Outbox rows deleted by pruning ([prune] retention), by batch delete or partition drop.",
+    ),
+    (
+        OUTBOX_ROWS,
+        "gauge",
+        "Estimated rows in the outbox table (pg_class.reltuples of the table or its partitions; -1 until pruning measured it).",
+    ),
+    (
+        OUTBOX_BYTES,
+        "gauge",
+        "On-disk size of the outbox table with indexes and TOAST, partitions included (-1 until pruning measured it).",
+    ),
+    (
+        OLDEST_RETAINED_AGE,
+        "gauge",
+        "Age in seconds of the oldest outbox row's occurred_at (0 when the table is empty, -1 until pruning measured it).",
+    ),
 ];
 
 pub const SLOT_LAG_BYTES: &str = "outbox_cdc_slot_lag_bytes";
@@ -161,6 +182,10 @@ pub const RECONNECTS: &str = "outbox_cdc_reconnects_total";
 pub const REPAIR_ROWS: &str = "outbox_cdc_repair_rows_total";
 pub const SEQUENCE_GAPS: &str = "outbox_cdc_sequence_gaps_total";
 pub const REPAIR_ROWS_LEFT: &str = "outbox_cdc_repair_rows_left";
+pub const PRUNED_ROWS: &str = "outbox_cdc_pruned_rows_total";
+pub const OUTBOX_ROWS: &str = "outbox_cdc_outbox_rows";
+pub const OUTBOX_BYTES: &str = "outbox_cdc_outbox_bytes";
+pub const OLDEST_RETAINED_AGE: &str = "outbox_cdc_oldest_retained_age_seconds";
 
 /// Upper bounds of the commit-to-ack histogram buckets, in seconds.
 const LATENCY_BUCKETS: [f64; 14] = [
@@ -224,6 +249,14 @@ pub struct Metrics {
     pub reconnects: AtomicU64,
     pub repair_rows: AtomicU64,
     pub repair_rows_left: AtomicU64,
+    pub pruned_rows: AtomicU64,
+    pub outbox_rows: AtomicI64,
+    pub outbox_bytes: AtomicI64,
+    /// Milliseconds; -1 while unknown.
+    pub oldest_retained_age_ms: AtomicI64,
+    /// Commit time of the last acknowledged transaction the session
+    /// persisted: the pruner's bound while `run` holds the offset store.
+    pub durable_commit_time: Arc<DurableCommitTime>,
 }
 
 /// The values of pg_replication_slots.wal_status, in the order of their index.
@@ -258,6 +291,11 @@ impl Default for Metrics {
             reconnects: AtomicU64::new(0),
             repair_rows: AtomicU64::new(0),
             repair_rows_left: AtomicU64::new(0),
+            pruned_rows: AtomicU64::new(0),
+            outbox_rows: AtomicI64::new(-1),
+            outbox_bytes: AtomicI64::new(-1),
+            oldest_retained_age_ms: AtomicI64::new(-1),
+            durable_commit_time: Arc::default(),
         }
     }
 }
@@ -425,6 +463,13 @@ impl Metrics {
                     }
                 }
                 REPAIR_ROWS_LEFT => sample(&mut out, name, get(&self.repair_rows_left)),
+                PRUNED_ROWS => sample(&mut out, name, get(&self.pruned_rows)),
+                OUTBOX_ROWS => sample(&mut out, name, geti(&self.outbox_rows)),
+                OUTBOX_BYTES => sample(&mut out, name, geti(&self.outbox_bytes)),
+                OLDEST_RETAINED_AGE => match geti(&self.oldest_retained_age_ms) {
+                    -1 => sample(&mut out, name, -1),
+                    ms => sample(&mut out, name, ms as f64 / 1e3),
+                },
                 _ => {}
             }
         }

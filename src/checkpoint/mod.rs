@@ -13,9 +13,11 @@
 //! - The stored offset carries the cluster's system identifier; resume starts
 //!   at max(stored LSN, slot `confirmed_flush_lsn`).
 
+mod acked_time;
 mod store;
 mod tracker;
 
+pub use acked_time::DurableCommitTime;
 pub use store::{
     DurableLsn, OffsetStore, ParkedAggregate, PendingRepair, StoreError, StoredOffset,
 };

@@ -11,8 +11,11 @@
 //!   session starts from the durable acked LSN, after a backoff with jitter.
 
 mod poison;
+mod prune;
 mod repair;
+mod replay;
 mod resume;
+mod retained;
 mod sequences;
 mod session;
 
@@ -32,6 +35,8 @@ use crate::pg::{Lsn, PgError};
 use crate::pgoutput::DecodeError;
 use crate::sink::SinkError;
 
+pub use prune::{PruneError, PruneReport, prune_once, prune_stored, run_pruner};
+pub use replay::{ReplayError, ReplayOptions, ReplayReport, replay, replay_with};
 pub use resume::{ResumePlan, StartRefused};
 pub use sequences::{GapKind, SequenceGap};
 

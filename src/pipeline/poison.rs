@@ -10,10 +10,12 @@
 //! broken: an aggregate's events after a poison one never reach it.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 
-use crate::checkpoint::OffsetStore;
+use crate::checkpoint::{OffsetStore, ParkedAggregate, StoreError};
 use crate::outbox::{MapError, OutboxEvent, OutboxSettings, PoisonPolicy};
 use crate::pg::{Lsn, PgTimestamp};
 use crate::pgoutput::{ColumnValue, Relation, TupleData};
@@ -23,6 +25,87 @@ use super::PipelineError;
 /// Header names added to dead-lettered records.
 pub(crate) const H_DLQ_REASON: &str = "dlq_reason";
 pub(crate) const H_DLQ_ORIGINAL_TOPIC: &str = "dlq_original_topic";
+
+/// Where parked aggregates are kept: the offset store for the connector, or
+/// memory for a one-shot `replay` (which must not need the store).
+pub(crate) trait Parking {
+    fn parked_since(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> Result<Option<Lsn>, StoreError>;
+    fn parked_aggregate(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> Result<Option<ParkedAggregate>, StoreError>;
+    fn park(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        reason: &str,
+        lsn: Lsn,
+    ) -> Result<bool, StoreError>;
+}
+
+impl Parking for OffsetStore {
+    fn parked_since(&self, t: &str, id: &str) -> Result<Option<Lsn>, StoreError> {
+        OffsetStore::parked_since(self, t, id)
+    }
+    fn parked_aggregate(&self, t: &str, id: &str) -> Result<Option<ParkedAggregate>, StoreError> {
+        OffsetStore::parked_aggregate(self, t, id)
+    }
+    fn park(&self, t: &str, id: &str, reason: &str, lsn: Lsn) -> Result<bool, StoreError> {
+        tokio::task::block_in_place(|| OffsetStore::park(self, t, id, reason, lsn))
+    }
+}
+
+impl<P: Parking + ?Sized> Parking for Arc<P> {
+    fn parked_since(&self, t: &str, id: &str) -> Result<Option<Lsn>, StoreError> {
+        (**self).parked_since(t, id)
+    }
+    fn parked_aggregate(&self, t: &str, id: &str) -> Result<Option<ParkedAggregate>, StoreError> {
+        (**self).parked_aggregate(t, id)
+    }
+    fn park(&self, t: &str, id: &str, reason: &str, lsn: Lsn) -> Result<bool, StoreError> {
+        (**self).park(t, id, reason, lsn)
+    }
+}
+
+/// Aggregates parked for the length of one run, in memory: a replay parks an
+/// aggregate at its poison row and dead-letters the rest of it, in order.
+#[derive(Default)]
+pub(crate) struct MemoryParking {
+    parked: Mutex<HashMap<(String, String), ParkedAggregate>>,
+}
+
+impl Parking for MemoryParking {
+    fn parked_since(&self, t: &str, id: &str) -> Result<Option<Lsn>, StoreError> {
+        Ok(self.parked_aggregate(t, id)?.map(|p| p.lsn))
+    }
+    fn parked_aggregate(&self, t: &str, id: &str) -> Result<Option<ParkedAggregate>, StoreError> {
+        let parked = self.parked.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(parked.get(&(t.to_owned(), id.to_owned())).cloned())
+    }
+    fn park(&self, t: &str, id: &str, reason: &str, lsn: Lsn) -> Result<bool, StoreError> {
+        let mut parked = self.parked.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = (t.to_owned(), id.to_owned());
+        if parked.contains_key(&key) {
+            return Ok(false);
+        }
+        parked.insert(
+            key,
+            ParkedAggregate {
+                aggregate_type: t.to_owned(),
+                aggregate_id: id.to_owned(),
+                reason: reason.to_owned(),
+                lsn,
+                parked_at_unix_ms: PgTimestamp::now().unix_millis(),
+            },
+        );
+        Ok(true)
+    }
+}
 
 /// Where one mapped (or unmappable) row goes.
 pub(crate) enum Route {
@@ -58,7 +141,7 @@ impl PoisonPolicyRouter {
         &self,
         mapped: Result<OutboxEvent, MapError>,
         raw: impl FnOnce() -> Bytes,
-        store: &OffsetStore,
+        store: &(impl Parking + ?Sized),
         lsn: Lsn,
         commit_time: PgTimestamp,
     ) -> Result<Route, PipelineError> {
@@ -101,7 +184,7 @@ impl PoisonPolicyRouter {
             Err(source) => {
                 let reason = source.to_string();
                 if let Some((agg_type, agg_id)) = source.aggregate() {
-                    tokio::task::block_in_place(|| store.park(agg_type, agg_id, &reason, lsn))?;
+                    store.park(agg_type, agg_id, &reason, lsn)?;
                 }
                 let mut raw = raw();
                 if raw.len() > self.max_raw_bytes {

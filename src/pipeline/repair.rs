@@ -35,13 +35,12 @@ use crate::checkpoint::{OffsetStore, PendingRepair, StoredOffset};
 use crate::config::Config;
 use crate::coverage;
 use crate::metrics::Metrics;
-use crate::outbox::{ChangeContext, OutboxMapper};
-use crate::pg::{Lsn, PgError, PgTimestamp, QualifiedTable, quote_ident};
-use crate::pgoutput::{ColumnValue, Relation, RelationColumn, TupleData};
-use crate::sink::KafkaSink;
+use crate::outbox::ChangeContext;
+use crate::pg::{Lsn, PgTimestamp};
 
 use super::PipelineError;
 use super::poison::{PoisonPolicyRouter, Route};
+use super::retained::{BoundedSender, RetainedTable, micros_of, micros_text, sql, table_columns};
 
 /// Which rows a repair publishes: committed at or after `since`, judged by
 /// the commit timestamp or by `occurred_at`.
@@ -54,10 +53,6 @@ fn refused(reason: impl Into<String>, fix: impl Into<String>) -> PipelineError {
         reason: reason.into(),
         fix: fix.into(),
     }
-}
-
-fn sql(during: &str) -> impl Fn(tokio_postgres::Error) -> PipelineError + '_ {
-    move |e| PipelineError::Pg(PgError::sql(during.to_owned(), e))
 }
 
 /// Plans the repair of a lost slot from its stored offset: which bound, from
@@ -170,32 +165,8 @@ pub(crate) async fn publish(
     at: Lsn,
 ) -> Result<u64, PipelineError> {
     let e = sql("reading the outbox rows to repair");
-    let invalid = |e: crate::outbox::ConfigError| PipelineError::Protocol {
-        lsn: Lsn::ZERO,
-        what: format!("invalid outbox settings: {e}"),
-    };
-    let table = coverage::configured_table(&config.outbox).map_err(invalid)?;
-    let names = config.outbox.column_names().map_err(invalid)?;
-    let mapper = OutboxMapper::new(&config.outbox).map_err(invalid)?;
-    let columns = table_columns(client, &table).await?;
-    let relation = Relation {
-        oid: 0,
-        namespace: table.schema.clone(),
-        name: table.name.clone(),
-        replica_identity: b'd',
-        columns: columns
-            .iter()
-            .map(|(name, type_oid)| RelationColumn {
-                flags: 0,
-                name: name.clone(),
-                type_oid: *type_oid,
-                type_modifier: -1,
-            })
-            .collect(),
-    };
-    let bound = mapper
-        .bind(&relation)
-        .map_err(|source| PipelineError::Mapping { lsn: at, source })?;
+    let retained = RetainedTable::load(client, config).await?;
+    let table = &retained.table;
 
     let time = match pending.bound.as_str() {
         BY_COMMIT_TIMESTAMP => "coalesce(pg_xact_commit_timestamp(xmin), occurred_at)",
@@ -203,28 +174,12 @@ pub(crate) async fn publish(
     };
     // Rows whose commit timestamp is unknown (frozen, or committed before it
     // was tracked) fall back to occurred_at, which is earlier still.
-    let time = if pending.bound == BY_COMMIT_TIMESTAMP
-        && !columns.iter().any(|(n, _)| n == "occurred_at")
-    {
+    let time = if pending.bound == BY_COMMIT_TIMESTAMP && !retained.has_column("occurred_at") {
         "pg_xact_commit_timestamp(xmin)"
     } else {
         time
     };
-    let micros = format!("((extract(epoch FROM {time}) - 946684800) * 1e6)::float8");
-    // Qualified: a bare name in ORDER BY would sort by the ::text output
-    // column of the same name (10 before 2).
-    let mut order = vec![
-        format!("o.{}", quote_ident(&names.aggregate_type)),
-        format!("o.{}", quote_ident(&names.aggregate_id)),
-    ];
-    match &names.aggregate_sequence {
-        Some(seq) => order.push(format!("o.{}", quote_ident(seq))),
-        None => order.push(micros.clone()),
-    }
-    let select: Vec<String> = columns
-        .iter()
-        .map(|(name, _)| format!("{}::text", quote_ident(name)))
-        .collect();
+    let micros = micros_of(time);
     let filter = format!("{micros} >= $1::float8");
     if let Some(snapshot) = snapshot {
         client
@@ -251,12 +206,12 @@ pub(crate) async fn publish(
     info!(rows = total, table = %table, bound = %pending.bound, since = %micros_text(pending.since_micros),
         at = %at, "gap repair: publishing retained outbox rows");
 
-    let (sink, mut reports) = KafkaSink::<u64>::with_topics(&config.kafka, &config.topics)?;
+    let mut sender = BoundedSender::new(config)?;
     let router = PoisonPolicyRouter::new(&config.outbox);
     let query = format!(
         "SELECT {}, {micros}::int8 FROM {table} AS o WHERE {filter} ORDER BY {}",
-        select.join(", "),
-        order.join(", ")
+        retained.select_list(),
+        retained.order_by(&micros)
     );
     let rows = client
         .query_raw(
@@ -266,30 +221,27 @@ pub(crate) async fn publish(
         .await
         .map_err(&e)?;
     pin_mut!(rows);
-    let max_in_flight = config.limits.max_in_flight_events.max(1);
-    let mut in_flight: HashMap<u64, String> = HashMap::new();
     // The last number published per aggregate, for live gap detection: the
     // stream continues after these (at LSNs beyond `at`).
     let mut last_sequences: HashMap<(String, String), i64> = HashMap::new();
-    let mut sent: u64 = 0;
     let mut delivered: u64 = 0;
+    let count = |n: u64| {
+        metrics.repair_rows.fetch_add(n, Ordering::Relaxed);
+        let _ =
+            metrics
+                .repair_rows_left
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                    Some(left.saturating_sub(n))
+                });
+    };
     while let Some(row) = rows.next().await {
         let row = row.map_err(&e)?;
-        let values: Vec<ColumnValue> = (0..columns.len())
-            .map(|i| {
-                Ok(match row.try_get::<_, Option<String>>(i).map_err(&e)? {
-                    Some(text) => ColumnValue::Text(Bytes::from(text)),
-                    None => ColumnValue::Null,
-                })
-            })
-            .collect::<Result<_, PipelineError>>()?;
-        let commit_time = PgTimestamp(row.try_get::<_, i64>(columns.len()).map_err(&e)?);
-        let tuple = TupleData { columns: values };
+        let commit_time = PgTimestamp(row.try_get::<_, i64>(retained.columns.len()).map_err(&e)?);
         let ctx = ChangeContext {
             lsn: at,
             commit_time,
         };
-        let mapped = mapper.map_insert(&bound, &tuple, &ctx);
+        let mapped = retained.map(&row, &ctx)?;
         let raw = || Bytes::from_static(b"{}");
         let event = match router.route(mapped, raw, store, at, commit_time)? {
             Route::Publish(event) | Route::DeadLetter(event) => event,
@@ -300,17 +252,14 @@ pub(crate) async fn publish(
                 .or_insert(seq);
             *last = (*last).max(seq);
         }
-        while in_flight.len() >= max_in_flight {
-            delivered += wait_report(&mut reports, &mut in_flight, metrics).await?;
-        }
-        sent += 1;
-        in_flight.insert(sent, event.event_id.clone());
-        sink.send(&event, sent).await?;
+        let n = sender.send(&event).await?;
+        delivered += n;
+        count(n);
         crate::failpoint!("during-repair");
     }
-    while !in_flight.is_empty() {
-        delivered += wait_report(&mut reports, &mut in_flight, metrics).await?;
-    }
+    let n = sender.finish().await?;
+    delivered += n;
+    count(n);
     if snapshot.is_some() {
         client.batch_execute("COMMIT").await.map_err(&e)?;
     }
@@ -321,103 +270,4 @@ pub(crate) async fn publish(
         .collect();
     tokio::task::block_in_place(|| store.save_sequences(&sequences))?;
     Ok(delivered)
-}
-
-/// Takes one delivery report: a failure ends the repair (its plan stays, the
-/// next start repeats it).
-async fn wait_report(
-    reports: &mut tokio::sync::mpsc::UnboundedReceiver<crate::sink::DeliveryReport<u64>>,
-    in_flight: &mut HashMap<u64, String>,
-    metrics: &Metrics,
-) -> Result<u64, PipelineError> {
-    let Some(report) = reports.recv().await else {
-        return Err(PipelineError::Protocol {
-            lsn: Lsn::ZERO,
-            what: "the Kafka producer stopped during the gap repair".into(),
-        });
-    };
-    let event_id = in_flight.remove(&report.token).unwrap_or_default();
-    match report.result {
-        Ok(_) => {
-            metrics.repair_rows.fetch_add(1, Ordering::Relaxed);
-            let _ =
-                metrics
-                    .repair_rows_left
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                        Some(n.saturating_sub(1))
-                    });
-            Ok(1)
-        }
-        Err(source) => Err(PipelineError::Delivery {
-            event_id,
-            lsn: Lsn::ZERO,
-            source,
-        }),
-    }
-}
-
-/// `(name, type OID)` of the table's columns, in attribute order.
-async fn table_columns(
-    client: &Client,
-    table: &QualifiedTable,
-) -> Result<Vec<(String, u32)>, PipelineError> {
-    let e = sql("reading the outbox table's columns");
-    let rows = client
-        .query(
-            "SELECT a.attname::text, a.atttypid FROM pg_attribute a \
-             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped \
-             ORDER BY a.attnum",
-            &[&table.schema, &table.name],
-        )
-        .await
-        .map_err(&e)?;
-    rows.iter()
-        .map(|r| Ok((r.try_get(0).map_err(&e)?, r.try_get(1).map_err(&e)?)))
-        .collect()
-}
-
-/// A time as RFC 3339 text, for messages.
-fn micros_text(micros_since_2000: i64) -> String {
-    let unix_ms = PgTimestamp(micros_since_2000).unix_millis();
-    let secs = unix_ms.div_euclid(1000);
-    let ms = unix_ms.rem_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn times_print_as_rfc3339() {
-        // 2000-01-01T00:00:00Z is PostgreSQL's epoch.
-        assert_eq!(micros_text(0), "2000-01-01T00:00:00.000Z");
-        // 2026-12-01T01:02:03.456Z
-        let unix_ms: i64 = 1_796_086_923_456;
-        let micros = (unix_ms - 946_684_800_000) * 1000;
-        assert_eq!(micros_text(micros), "2026-12-01T01:02:03.456Z");
-    }
 }

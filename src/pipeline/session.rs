@@ -236,6 +236,9 @@ impl<'a> Session<'a> {
         feedback.set_flushed(durable.lsn());
         metrics.set_acked(durable.lsn());
         metrics.connected.store(1, Ordering::Relaxed);
+        // The stored offset was accepted for this cluster: the pruner may use its time.
+        let stored_time = stored.as_ref().and_then(|s| s.acked_commit_time);
+        metrics.durable_commit_time.set(stored_time);
         info!(slot, start = %start, skip_through = %skip_through, system_id = %identity.system_id, "streaming");
 
         let mut session = Session {
@@ -789,9 +792,12 @@ impl<'a> Session<'a> {
         let system_id = self.system_id.clone();
         let commit_time = self.tracker.acked_commit_time();
         let sequences = self.sequences.take_unsaved();
+        let durable_commit_time = Arc::clone(&self.metrics.durable_commit_time);
         self.persisting = Some(tokio::task::spawn_blocking(move || {
             store.save_sequences(&sequences)?;
-            store.persist_acked(&slot, acked, &system_id, commit_time)
+            let durable = store.persist_acked(&slot, acked, &system_id, commit_time)?;
+            durable_commit_time.set(commit_time);
+            Ok(durable)
         }));
     }
 
@@ -831,6 +837,7 @@ impl<'a> Session<'a> {
                     commit_time,
                 )
             })?;
+            self.metrics.durable_commit_time.set(commit_time);
             self.flushed(durable);
         }
         Ok(())

@@ -1,0 +1,549 @@
+//! Pruning (DESIGN.md §13): delete outbox rows older than `[prune] retention`
+//! that are certainly published, so that a gap repair always finds what it
+//! needs and nothing unpublished is ever lost to cleanup.
+//!
+//! A row is deleted only when BOTH hold, checked by the DELETE statement
+//! itself (never by a list computed earlier):
+//! - `occurred_at` is older than the retention;
+//! - it was committed before the last acknowledged transaction, by the rule
+//!   and margins of gap repair: with `track_commit_timestamp = on`, its
+//!   `pg_xact_commit_timestamp(xmin)` is before the acknowledged commit time
+//!   minus `repair.commit_time_margin_ms` (rows whose commit time is unknown
+//!   fall back to the next rule); otherwise its `occurred_at` (the writing
+//!   transaction's start, so earlier than its commit) is before the
+//!   acknowledged commit time minus `repair.occurred_at_margin_ms`.
+//!
+//! The acknowledged commit time is the one the offset store holds: read from
+//! the store by the one-shot `outbox-cdc prune`, and from the running
+//! session's [`DurableCommitTime`](crate::checkpoint::DurableCommitTime)
+//! (set after each persist) by `run`. Without one nothing is deleted.
+//!
+//! Deletes go in batches of `batch_rows` rows, by `ctid` from an index scan on
+//! `occurred_at`, each batch its own statement (its own short transaction).
+//! A leaf partition whose every row qualifies is detached and dropped
+//! instead, under a `SHARE` lock on the leaf (which waits for its in-flight
+//! inserts and holds off new ones) and a short `lock_timeout`.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_postgres::Client;
+use tokio_postgres::types::Type;
+use tracing::{debug, info, warn};
+
+use crate::checkpoint::OffsetStore;
+use crate::config::Config;
+use crate::coverage;
+use crate::metrics::Metrics;
+use crate::pg::{PgConnectConfig, PgTimestamp, QualifiedTable};
+
+use super::PipelineError;
+use super::retained::{micros_text, sql, table_columns};
+
+/// Why pruning cannot run at all; the operator fixes the setup.
+#[derive(Debug, thiserror::Error)]
+pub enum PruneError {
+    #[error(transparent)]
+    Pipeline(#[from] PipelineError),
+    #[error("cannot prune {table}: {reason}. Fix: {fix}")]
+    Refused {
+        table: String,
+        reason: String,
+        fix: String,
+    },
+}
+
+impl From<crate::pg::PgError> for PruneError {
+    fn from(e: crate::pg::PgError) -> Self {
+        PruneError::Pipeline(PipelineError::Pg(e))
+    }
+}
+
+/// What one prune did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PruneReport {
+    /// Rows deleted by batch deletes.
+    pub deleted_rows: u64,
+    /// Leaf partitions detached and dropped, with their row counts.
+    pub dropped_partitions: Vec<(String, u64)>,
+    /// Set when nothing was tried, and why.
+    pub skipped: Option<String>,
+    /// The acknowledged commit time the rows were judged against.
+    pub acked_commit_time: Option<PgTimestamp>,
+}
+
+impl PruneReport {
+    pub fn rows(&self) -> u64 {
+        self.deleted_rows + self.dropped_partitions.iter().map(|(_, n)| n).sum::<u64>()
+    }
+}
+
+impl std::fmt::Display for PruneReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(why) = &self.skipped {
+            return write!(f, "pruned nothing: {why}");
+        }
+        write!(f, "pruned {} rows", self.rows())?;
+        if !self.dropped_partitions.is_empty() {
+            let names: Vec<String> = self
+                .dropped_partitions
+                .iter()
+                .map(|(p, n)| format!("{p} ({n} rows)"))
+                .collect();
+            write!(f, " (dropped partitions: {})", names.join(", "))?;
+        }
+        if let Some(t) = self.acked_commit_time {
+            write!(f, "; acknowledged commit time {}", micros_text(t.0))?;
+        }
+        Ok(())
+    }
+}
+
+/// The one-shot `outbox-cdc prune`: reads the acknowledged commit time from
+/// the offset store (the connector must be stopped: it holds the store).
+pub async fn prune_stored(config: &Config, metrics: &Metrics) -> Result<PruneReport, PruneError> {
+    // No store, no acknowledged position (and no store is created here).
+    let acked = if !config.offsets.path.exists() {
+        None
+    } else {
+        let store = OffsetStore::open(&config.offsets.path).map_err(PipelineError::from)?;
+        store
+            .load(&config.postgres.slot)
+            .map_err(PipelineError::from)?
+            .and_then(|s| s.acked_commit_time)
+    };
+    let client = PgConnectConfig::parse(&config.postgres.url)?
+        .connect_sql()
+        .await?;
+    prune_once(&client, config, acked, metrics, None).await
+}
+
+/// One prune of the configured outbox against `acked` (the acknowledged
+/// commit time), then the size gauges. `stop` ends it between batches.
+pub async fn prune_once(
+    client: &Client,
+    config: &Config,
+    acked: Option<PgTimestamp>,
+    metrics: &Metrics,
+    stop: Option<&watch::Receiver<bool>>,
+) -> Result<PruneReport, PruneError> {
+    let table = coverage::configured_table(&config.outbox).map_err(|e| PruneError::Refused {
+        table: config.outbox.table.clone(),
+        reason: e.to_string(),
+        fix: "set outbox.table".into(),
+    })?;
+    let Some(retention) = config.prune.retention() else {
+        return Err(PruneError::Refused {
+            table: table.to_string(),
+            reason: "prune.retention is not set (pruning is off)".into(),
+            fix: "set [prune] retention, e.g. \"7d\"".into(),
+        });
+    };
+    let columns = table_columns(client, &table).await?;
+    if columns.is_empty() {
+        return Err(PruneError::Refused {
+            table: table.to_string(),
+            reason: "the table does not exist (or this role cannot see it)".into(),
+            fix: "check outbox.table and the role's privileges".into(),
+        });
+    }
+    if !columns.iter().any(|(n, _)| n == "occurred_at") {
+        return Err(PruneError::Refused {
+            table: table.to_string(),
+            reason: "it has no occurred_at column; retention is by occurred_at".into(),
+            fix: "add `occurred_at timestamptz NOT NULL DEFAULT now()` or leave [prune] retention empty"
+                .into(),
+        });
+    }
+    let mut report = PruneReport {
+        acked_commit_time: acked,
+        ..PruneReport::default()
+    };
+    let result = match acked {
+        None => {
+            report.skipped = Some(
+                "no acknowledged commit time is stored yet (nothing published, or an offset written \
+                 by an older version): no row is known to be published"
+                    .into(),
+            );
+            Ok(())
+        }
+        Some(acked) => {
+            prune_rows(client, config, &table, retention, acked, &mut report, stop).await
+        }
+    };
+    metrics
+        .pruned_rows
+        .fetch_add(report.rows(), Ordering::Relaxed);
+    if let Err(e) = measure(client, &table, metrics).await {
+        debug!(error = %e, "measuring the outbox table failed");
+    }
+    result?;
+    Ok(report)
+}
+
+/// The `WHERE` clause both the choice and the DELETE apply. `$1`: the
+/// retention cutoff, `$2`: the occurred_at bound, `$3`: the commit-time
+/// bound (all microseconds since 2000-01-01, float8).
+fn qualifies(by_commit_time: bool) -> String {
+    let ts = |p: &str| format!("to_timestamp({p}::float8 / 1e6 + 946684800)");
+    let by_time = format!("occurred_at < {}", ts("$2"));
+    let exact = if by_commit_time {
+        // A commit timestamp is never before occurred_at (the transaction's
+        // start), so the occurred_at prefilter only narrows.
+        format!(
+            "occurred_at < {c} AND CASE WHEN pg_xact_commit_timestamp(xmin) IS NULL THEN {by_time} \
+             ELSE pg_xact_commit_timestamp(xmin) < {c} END",
+            c = ts("$3")
+        )
+    } else {
+        by_time
+    };
+    format!("occurred_at < {} AND {exact}", ts("$1"))
+}
+
+async fn prune_rows(
+    client: &Client,
+    config: &Config,
+    table: &QualifiedTable,
+    retention: Duration,
+    acked: PgTimestamp,
+    report: &mut PruneReport,
+    stop: Option<&watch::Receiver<bool>>,
+) -> Result<(), PruneError> {
+    let e = sql("pruning the outbox");
+    let track: String = client
+        .query_one("SELECT current_setting('track_commit_timestamp')", &[])
+        .await
+        .map_err(&e)?
+        .try_get(0)
+        .map_err(&e)?;
+    let by_commit_time = track == "on";
+    let now: f64 = client
+        .query_one(
+            "SELECT ((extract(epoch FROM clock_timestamp()) - 946684800) * 1e6)::float8",
+            &[],
+        )
+        .await
+        .map_err(&e)?
+        .try_get(0)
+        .map_err(&e)?;
+    let cutoff = now - retention.as_micros() as f64;
+    let occurred_bound = (acked.0 - config.repair.occurred_at_margin_ms as i64 * 1000) as f64;
+    let commit_bound = (acked.0 - config.repair.commit_time_margin_ms as i64 * 1000) as f64;
+    let pred = qualifies(by_commit_time);
+    debug!(table = %table, cutoff = %micros_text(cutoff as i64), acked_commit_time = %micros_text(acked.0),
+        bound = if by_commit_time { "commit-timestamp" } else { "occurred-at" }, "pruning the outbox");
+
+    // (leaf, its parent, whether it is the parent's DEFAULT partition)
+    let leaves: Vec<(String, String, bool)> = client
+        .query(
+            "SELECT t.relid::regclass::text, t.parentrelid::regclass::text, p.partdefid = t.relid \
+             FROM pg_partition_tree($1::text::regclass) t \
+             LEFT JOIN pg_partitioned_table p ON p.partrelid = t.parentrelid \
+             WHERE t.isleaf AND t.level > 0",
+            &[&table.to_string()],
+        )
+        .await
+        .map_err(&e)?
+        .iter()
+        .map(|r| {
+            Ok((
+                r.try_get(0).map_err(&e)?,
+                r.try_get(1).map_err(&e)?,
+                r.try_get::<_, Option<bool>>(2)
+                    .map_err(&e)?
+                    .unwrap_or(false),
+            ))
+        })
+        .collect::<Result<_, PipelineError>>()?;
+    let params = [cutoff, occurred_bound, commit_bound];
+    if leaves.is_empty() {
+        report.deleted_rows +=
+            delete_batches(client, &table.to_string(), &pred, &params, config, stop).await?;
+        return Ok(());
+    }
+    for (leaf, parent, is_default) in leaves {
+        if stop.is_some_and(|s| *s.borrow()) {
+            break;
+        }
+        // A DEFAULT partition takes any row at any time: never dropped.
+        if !is_default
+            && let Some(rows) = drop_if_all_qualify(client, &parent, &leaf, &pred, &params).await?
+        {
+            info!(partition = %leaf, rows, "pruned: detached and dropped a partition whose every row is published and past retention");
+            report.dropped_partitions.push((leaf, rows));
+            continue;
+        }
+        report.deleted_rows += delete_batches(client, &leaf, &pred, &params, config, stop).await?;
+    }
+    Ok(())
+}
+
+/// Deletes qualifying rows of one table (a plain table or a leaf), a batch
+/// per statement, until a batch comes back short.
+async fn delete_batches(
+    client: &Client,
+    relation: &str,
+    pred: &str,
+    params: &[f64; 3],
+    config: &Config,
+    stop: Option<&watch::Receiver<bool>>,
+) -> Result<u64, PruneError> {
+    let e = sql("deleting a batch of outbox rows");
+    let limit = config.prune.batch_rows as i64;
+    // The predicate is in the DELETE too: a ctid chosen by the subquery can
+    // only ever delete a row that qualifies itself.
+    let statement = client
+        .prepare_typed(&format!(
+            "DELETE FROM {relation} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {relation} WHERE {pred} \
+             ORDER BY occurred_at LIMIT $4)) AND {pred}"
+            ),
+            &[Type::FLOAT8, Type::FLOAT8, Type::FLOAT8, Type::INT8],
+        )
+        .await
+        .map_err(&e)?;
+    let mut total = 0u64;
+    loop {
+        let n = client
+            .execute(&statement, &[&params[0], &params[1], &params[2], &limit])
+            .await
+            .map_err(&e)?;
+        total += n;
+        if n > 0 {
+            debug!(relation, rows = n, "pruned a batch");
+        }
+        if (n as i64) < limit || stop.is_some_and(|s| *s.borrow()) {
+            return Ok(total);
+        }
+    }
+}
+
+/// Detaches and drops `leaf` when it holds rows and every one qualifies;
+/// returns its row count, or `None` when it must be batch-deleted instead.
+async fn drop_if_all_qualify(
+    client: &Client,
+    parent: &str,
+    leaf: &str,
+    pred: &str,
+    params: &[f64; 3],
+) -> Result<Option<u64>, PruneError> {
+    let e = sql("dropping a pruned outbox partition");
+    // Cheap first (the occurred_at index): is the newest row past the cutoff?
+    let newest_ok: Option<bool> = client
+        .query_one(
+            &format!(
+                "SELECT max(occurred_at) < to_timestamp($1::float8 / 1e6 + 946684800) FROM {leaf}"
+            ),
+            &[&params[0]],
+        )
+        .await
+        .map_err(&e)?
+        .try_get(0)
+        .map_err(&e)?;
+    if newest_ok != Some(true) {
+        return Ok(None);
+    }
+    client
+        .batch_execute("BEGIN; SET LOCAL lock_timeout = '5s'")
+        .await
+        .map_err(&e)?;
+    let outcome = async {
+        // SHARE: waits for inserts in flight into this leaf, holds off new
+        // ones; readers (a gap repair, a replay) go on.
+        client
+            .batch_execute(&format!("LOCK TABLE {leaf} IN SHARE MODE"))
+            .await?;
+        let count = client
+            .prepare_typed(
+                &format!(
+                    "SELECT count(*) FILTER (WHERE NOT coalesce({pred}, false)), count(*) FROM {leaf}"
+                ),
+                &[Type::FLOAT8, Type::FLOAT8, Type::FLOAT8],
+            )
+            .await?;
+        let row = client
+            .query_one(&count, &[&params[0], &params[1], &params[2]])
+            .await?;
+        let (not_yet, rows): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+        if not_yet > 0 || rows == 0 {
+            return Ok(None);
+        }
+        client
+            .batch_execute(&format!(
+                "ALTER TABLE {parent} DETACH PARTITION {leaf}; DROP TABLE {leaf}"
+            ))
+            .await?;
+        Ok::<_, tokio_postgres::Error>(Some(rows as u64))
+    }
+    .await;
+    match outcome {
+        Ok(Some(rows)) => {
+            client.batch_execute("COMMIT").await.map_err(&e)?;
+            Ok(Some(rows))
+        }
+        Ok(None) => {
+            client.batch_execute("ROLLBACK").await.map_err(&e)?;
+            Ok(None)
+        }
+        Err(err) => {
+            let _ = client.batch_execute("ROLLBACK").await;
+            // Lock timeout, or not the owner: batch deletes reach the same rows.
+            warn!(partition = leaf, error = %err, "could not drop the partition; deleting its rows in batches instead");
+            Ok(None)
+        }
+    }
+}
+
+/// Sets the size gauges: estimated rows, bytes on disk, oldest row's age.
+async fn measure(
+    client: &Client,
+    table: &QualifiedTable,
+    metrics: &Metrics,
+) -> Result<(), PipelineError> {
+    let e = sql("measuring the outbox table");
+    let row = client
+        .query_one(
+            "SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::int8, \
+                    coalesce(sum(pg_total_relation_size(t.relid)), 0)::int8 \
+             FROM pg_partition_tree($1::text::regclass) t JOIN pg_class c ON c.oid = t.relid",
+            &[&table.to_string()],
+        )
+        .await
+        .map_err(&e)?;
+    metrics
+        .outbox_rows
+        .store(row.try_get(0).map_err(&e)?, Ordering::Relaxed);
+    metrics
+        .outbox_bytes
+        .store(row.try_get(1).map_err(&e)?, Ordering::Relaxed);
+    let age: Option<i64> = client
+        .query_one(
+            &format!(
+                "SELECT (extract(epoch FROM now() - min(occurred_at)) * 1000)::int8 FROM {table}"
+            ),
+            &[],
+        )
+        .await
+        .map_err(&e)?
+        .try_get(0)
+        .map_err(&e)?;
+    metrics
+        .oldest_retained_age_ms
+        .store(age.unwrap_or(0).max(0), Ordering::Relaxed);
+    Ok(())
+}
+
+/// `run`'s pruner: every `prune.interval`, prunes against the commit time
+/// the running session last persisted. Returns when `shutdown` turns true.
+/// Failures are logged and retried at the next interval.
+pub async fn run_pruner(
+    config: Arc<Config>,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let Some(retention) = config.prune.retention() else {
+        return;
+    };
+    let pg = match PgConnectConfig::parse(&config.postgres.url) {
+        Ok(pg) => pg,
+        Err(e) => {
+            warn!(error = %e, "pruner disabled: postgres.url does not parse");
+            return;
+        }
+    };
+    info!(
+        retention_s = retention.as_secs(),
+        interval_s = config.prune.interval().as_secs(),
+        "pruner started"
+    );
+    let mut tick = tokio::time::interval(config.prune.interval());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut client: Option<Client> = None;
+    let mut said_no_time = false;
+    let mut stop = shutdown.clone();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = stop.changed() => {
+                if changed.is_err() || *stop.borrow() {
+                    return;
+                }
+                continue;
+            }
+        }
+        let acked = metrics.durable_commit_time.get();
+        if acked.is_none() && !said_no_time {
+            info!(
+                "pruner: no acknowledged commit time yet; nothing is pruned until the connector persists one"
+            );
+            said_no_time = true;
+        }
+        let connected = match client.take() {
+            Some(c) if !c.is_closed() => Ok(c),
+            _ => pg.connect_sql().await,
+        };
+        let c = match connected {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, "pruner: cannot connect; retrying at the next interval");
+                continue;
+            }
+        };
+        let run = prune_once(&c, &config, acked, &metrics, Some(&shutdown));
+        let outcome = tokio::select! {
+            r = run => Some(r),
+            _ = wait_true(shutdown.clone()) => None,
+        };
+        match outcome {
+            None => return,
+            Some(Ok(report)) if report.rows() > 0 => info!(rows = report.rows(), "{report}"),
+            Some(Ok(report)) => debug!("{report}"),
+            Some(Err(e)) => warn!(error = %e, "pruning failed; retrying at the next interval"),
+        }
+        client = Some(c);
+    }
+}
+
+async fn wait_true(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_predicate_judges_by_commit_time_only_when_tracked() {
+        let off = qualifies(false);
+        assert!(!off.contains("pg_xact_commit_timestamp"), "{off}");
+        assert!(off.contains("$1") && off.contains("$2"));
+        let on = qualifies(true);
+        assert!(
+            on.contains("pg_xact_commit_timestamp(xmin) IS NULL THEN occurred_at <"),
+            "{on}"
+        );
+        assert!(on.contains("$3"));
+    }
+
+    #[test]
+    fn reports_say_what_was_done() {
+        let r = PruneReport {
+            skipped: Some("no acknowledged commit time".into()),
+            ..PruneReport::default()
+        };
+        assert_eq!(r.to_string(), "pruned nothing: no acknowledged commit time");
+        let r = PruneReport {
+            deleted_rows: 3,
+            dropped_partitions: vec![("p1".into(), 5)],
+            ..PruneReport::default()
+        };
+        assert_eq!(r.rows(), 8);
+        assert!(
+            r.to_string()
+                .starts_with("pruned 8 rows (dropped partitions: p1 (5 rows))")
+        );
+    }
+}

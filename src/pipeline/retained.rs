@@ -1,0 +1,265 @@
+//! Retained outbox rows as a second source (DESIGN.md §13): read them as text
+//! through a synthetic [`Relation`], map them like streamed inserts, and send
+//! them with bounded in-flight records. Shared by gap repair (`repair.rs`) and
+//! replay on demand (`replay.rs`).
+//!
+//! Rows are read with `query_raw`, which streams: memory holds at most the
+//! rows the connection has buffered plus `limits.max_in_flight_events`
+//! records waiting for Kafka.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use tokio_postgres::{Client, Row};
+
+use crate::config::Config;
+use crate::coverage;
+use crate::outbox::settings::ColumnNames;
+use crate::outbox::{BoundRelation, ChangeContext, MapError, OutboxEvent, OutboxMapper};
+use crate::pg::{Lsn, PgError, QualifiedTable, quote_ident};
+use crate::pgoutput::{ColumnValue, Relation, RelationColumn, TupleData};
+use crate::sink::{DeliveryReport, KafkaSink};
+
+use super::PipelineError;
+
+pub(crate) fn sql(during: &str) -> impl Fn(tokio_postgres::Error) -> PipelineError + '_ {
+    move |e| PipelineError::Pg(PgError::sql(during.to_owned(), e))
+}
+
+fn invalid(e: crate::outbox::ConfigError) -> PipelineError {
+    PipelineError::Protocol {
+        lsn: Lsn::ZERO,
+        what: format!("invalid outbox settings: {e}"),
+    }
+}
+
+/// The configured outbox table as the catalog shows it now, bound to the
+/// mapper through a synthetic Relation (the columns a pgoutput Relation
+/// message would carry).
+pub(crate) struct RetainedTable {
+    pub(crate) table: QualifiedTable,
+    pub(crate) names: ColumnNames,
+    /// `(name, type OID)` in attribute order.
+    pub(crate) columns: Vec<(String, u32)>,
+    mapper: OutboxMapper,
+    bound: BoundRelation,
+}
+
+impl RetainedTable {
+    pub(crate) async fn load(client: &Client, config: &Config) -> Result<Self, PipelineError> {
+        let table = coverage::configured_table(&config.outbox).map_err(invalid)?;
+        let names = config.outbox.column_names().map_err(invalid)?;
+        let mapper = OutboxMapper::new(&config.outbox).map_err(invalid)?;
+        let columns = table_columns(client, &table).await?;
+        let relation = Relation {
+            oid: 0,
+            namespace: table.schema.clone(),
+            name: table.name.clone(),
+            replica_identity: b'd',
+            columns: columns
+                .iter()
+                .map(|(name, type_oid)| RelationColumn {
+                    flags: 0,
+                    name: name.clone(),
+                    type_oid: *type_oid,
+                    type_modifier: -1,
+                })
+                .collect(),
+        };
+        let bound = mapper
+            .bind(&relation)
+            .map_err(|source| PipelineError::Mapping {
+                lsn: Lsn::ZERO,
+                source,
+            })?;
+        Ok(RetainedTable {
+            table,
+            names,
+            columns,
+            mapper,
+            bound,
+        })
+    }
+
+    pub(crate) fn has_column(&self, name: &str) -> bool {
+        self.columns.iter().any(|(n, _)| n == name)
+    }
+
+    /// Every column as text, in attribute order: what [`Self::map`] reads
+    /// from the first `columns.len()` fields of a row.
+    pub(crate) fn select_list(&self) -> String {
+        self.columns
+            .iter()
+            .map(|(name, _)| format!("{}::text", quote_ident(name)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Per-aggregate order: type, id, then the sequence (or `fallback` when
+    /// the table has none). Qualified with alias `o`: a bare name would sort
+    /// by the `::text` output column of the same name (10 before 2).
+    pub(crate) fn order_by(&self, fallback: &str) -> String {
+        let mut order = vec![
+            format!("o.{}", quote_ident(&self.names.aggregate_type)),
+            format!("o.{}", quote_ident(&self.names.aggregate_id)),
+        ];
+        match &self.names.aggregate_sequence {
+            Some(seq) => order.push(format!("o.{}", quote_ident(seq))),
+            None => order.push(fallback.to_owned()),
+        }
+        order.join(", ")
+    }
+
+    /// Maps one row read with [`Self::select_list`] first.
+    pub(crate) fn map(
+        &self,
+        row: &Row,
+        ctx: &ChangeContext,
+    ) -> Result<Result<OutboxEvent, MapError>, PipelineError> {
+        let e = sql("reading retained outbox rows");
+        let values: Vec<ColumnValue> = (0..self.columns.len())
+            .map(|i| {
+                Ok(match row.try_get::<_, Option<String>>(i).map_err(&e)? {
+                    Some(text) => ColumnValue::Text(Bytes::from(text)),
+                    None => ColumnValue::Null,
+                })
+            })
+            .collect::<Result<_, PipelineError>>()?;
+        let tuple = TupleData { columns: values };
+        Ok(self.mapper.map_insert(&self.bound, &tuple, ctx))
+    }
+}
+
+/// A Kafka producer with at most `max` records in flight; a failed delivery
+/// ends the caller's work with the event id.
+pub(crate) struct BoundedSender {
+    sink: KafkaSink<u64>,
+    reports: tokio::sync::mpsc::UnboundedReceiver<DeliveryReport<u64>>,
+    in_flight: HashMap<u64, String>,
+    sent: u64,
+    max: usize,
+}
+
+impl BoundedSender {
+    pub(crate) fn new(config: &Config) -> Result<Self, PipelineError> {
+        let (sink, reports) = KafkaSink::<u64>::with_topics(&config.kafka, &config.topics)?;
+        Ok(BoundedSender {
+            sink,
+            reports,
+            in_flight: HashMap::new(),
+            sent: 0,
+            max: config.limits.max_in_flight_events.max(1),
+        })
+    }
+
+    /// Sends one record after waiting for room; returns how many earlier
+    /// records Kafka acknowledged meanwhile.
+    pub(crate) async fn send(&mut self, event: &OutboxEvent) -> Result<u64, PipelineError> {
+        let mut delivered = 0;
+        while self.in_flight.len() >= self.max {
+            delivered += self.wait_report().await?;
+        }
+        self.sent += 1;
+        self.sink.send(event, self.sent).await?;
+        self.in_flight.insert(self.sent, event.event_id.clone());
+        Ok(delivered)
+    }
+
+    /// Waits for every record in flight; returns how many were acknowledged.
+    pub(crate) async fn finish(&mut self) -> Result<u64, PipelineError> {
+        let mut delivered = 0;
+        while !self.in_flight.is_empty() {
+            delivered += self.wait_report().await?;
+        }
+        Ok(delivered)
+    }
+
+    async fn wait_report(&mut self) -> Result<u64, PipelineError> {
+        let Some(report) = self.reports.recv().await else {
+            return Err(PipelineError::Protocol {
+                lsn: Lsn::ZERO,
+                what: "the Kafka producer stopped while publishing retained outbox rows".into(),
+            });
+        };
+        let event_id = self.in_flight.remove(&report.token).unwrap_or_default();
+        match report.result {
+            Ok(_) => Ok(1),
+            Err(source) => Err(PipelineError::Delivery {
+                event_id,
+                lsn: Lsn::ZERO,
+                source,
+            }),
+        }
+    }
+}
+
+/// `(name, type OID)` of the table's columns, in attribute order.
+pub(crate) async fn table_columns(
+    client: &Client,
+    table: &QualifiedTable,
+) -> Result<Vec<(String, u32)>, PipelineError> {
+    let e = sql("reading the outbox table's columns");
+    let rows = client
+        .query(
+            "SELECT a.attname::text, a.atttypid FROM pg_attribute a \
+             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped \
+             ORDER BY a.attnum",
+            &[&table.schema, &table.name],
+        )
+        .await
+        .map_err(&e)?;
+    rows.iter()
+        .map(|r| Ok((r.try_get(0).map_err(&e)?, r.try_get(1).map_err(&e)?)))
+        .collect()
+}
+
+/// A time (microseconds since 2000-01-01) as RFC 3339 text, for messages.
+pub(crate) fn micros_text(micros_since_2000: i64) -> String {
+    let unix_ms = crate::pg::PgTimestamp(micros_since_2000).unix_millis();
+    let secs = unix_ms.div_euclid(1000);
+    let ms = unix_ms.rem_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// A timestamp expression as microseconds since 2000-01-01, float8.
+pub(crate) fn micros_of(expr: &str) -> String {
+    format!("((extract(epoch FROM {expr}) - 946684800) * 1e6)::float8")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_print_as_rfc3339() {
+        // 2000-01-01T00:00:00Z is PostgreSQL's epoch.
+        assert_eq!(micros_text(0), "2000-01-01T00:00:00.000Z");
+        // 2026-12-01T01:02:03.456Z
+        let unix_ms: i64 = 1_796_086_923_456;
+        let micros = (unix_ms - 946_684_800_000) * 1000;
+        assert_eq!(micros_text(micros), "2026-12-01T01:02:03.456Z");
+    }
+}

@@ -1,0 +1,354 @@
+//! Pruning (DESIGN.md §13, `[prune]`): no row that was not yet published is
+//! ever deleted, whatever races it; whole partitions go when every row in
+//! them qualifies; without a stored acknowledged commit time nothing goes.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::relay::{Fixture, Running, consume, eventually};
+use common::{admin_client, init_tracing};
+use outbox_cdc::metrics::Metrics;
+use outbox_cdc::pg::PgTimestamp;
+use outbox_cdc::pipeline;
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Short retention and margin, small batches (several per prune).
+const PRUNE_ENV: &str = "OUTBOX_CDC__PRUNE__RETENTION=1s OUTBOX_CDC__PRUNE__BATCH_ROWS=7 \
+                         OUTBOX_CDC__REPAIR__OCCURRED_AT_MARGIN_MS=200";
+
+/// A writer committing one event per transaction until stopped; returns the
+/// committed event ids.
+fn spawn_writer(
+    table: String,
+    tag: &'static str,
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<Vec<String>>,
+) {
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let handle = tokio::spawn(async move {
+        let client = admin_client().await;
+        let mut ids = Vec::new();
+        let mut i = 0u64;
+        while !*stopped.borrow_and_update() {
+            let agg = format!("{tag}{}", i % 5);
+            let row = client
+                .query_one(
+                    &format!(
+                        "INSERT INTO public.{table} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload)
+                         VALUES (gen_random_uuid(), 'order', $1,
+                                 (SELECT coalesce(max(aggregate_sequence), 0) + 1 FROM public.{table}
+                                   WHERE aggregate_type = 'order' AND aggregate_id = $1),
+                                 'Written', jsonb_build_object('i', $2::int8))
+                         RETURNING event_id::text"
+                    ),
+                    &[&agg, &(i as i64)],
+                )
+                .await
+                .expect("writer insert");
+            ids.push(row.get(0));
+            i += 1;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        ids
+    });
+    (stop, handle)
+}
+
+async fn table_ids(fx: &Fixture) -> BTreeSet<String> {
+    fx.admin
+        .query(
+            &format!("SELECT event_id::text FROM public.{}", fx.table),
+            &[],
+        )
+        .await
+        .expect("read the outbox")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// The connector publishes, then stops while a writer goes on: the rows
+/// written after the stop are not published, and are past the retention when
+/// the one-shot prune runs (while the writer still writes). Every deleted row
+/// was in Kafka before the prune started; the unpublished ones all remain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_racing_writers_never_deletes_an_unpublished_row() {
+    init_tracing();
+    let fx = Fixture::new("prunerace").await;
+    fx.admin
+        .batch_execute(&format!("GRANT DELETE ON public.{} TO outbox", fx.table))
+        .await
+        .expect("grant delete");
+    let running = Running::start(fx.config_with(PRUNE_ENV)).await;
+    let (stop, writer) = spawn_writer(fx.table.clone(), "p");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    running.stop().await.expect("graceful stop");
+    // Unpublished from here on; older than the retention by the prune.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    // What Kafka holds before the prune (the connector is stopped: final).
+    let published: BTreeSet<String> = consume(&fx.topic_prefix, 1, TIMEOUT, Duration::from_secs(2))
+        .iter()
+        .map(|r| r.header("event_id").to_owned())
+        .collect();
+    assert!(
+        published.len() > 20,
+        "too little published: {}",
+        published.len()
+    );
+
+    let report = pipeline::prune_stored(&fx.config_with(PRUNE_ENV), &Metrics::default())
+        .await
+        .expect("prune");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.send(true).expect("stop the writer");
+    let committed: BTreeSet<String> = writer.await.expect("writer").into_iter().collect();
+    let after = table_ids(&fx).await;
+
+    let deleted: BTreeSet<&String> = committed.difference(&after).collect();
+    let unpublished: BTreeSet<&String> = committed.difference(&published).collect();
+    assert!(report.skipped.is_none(), "{report}");
+    assert!(!deleted.is_empty(), "the prune deleted nothing: {report}");
+    assert_eq!(deleted.len() as u64, report.rows(), "{report}");
+    assert!(
+        unpublished.len() > 20,
+        "the test needs unpublished rows past the retention: {}",
+        unpublished.len()
+    );
+    println!(
+        "committed {}, published {}, deleted {}, unpublished kept {}",
+        committed.len(),
+        published.len(),
+        deleted.len(),
+        unpublished.len()
+    );
+    let wrongly: Vec<&&String> = deleted
+        .iter()
+        .filter(|id| !published.contains(**id))
+        .collect();
+    assert!(
+        wrongly.is_empty(),
+        "{} deleted rows were never published: {wrongly:?}",
+        wrongly.len()
+    );
+    fx.cleanup().await;
+}
+
+/// `run`'s pruner reads the commit time the running session persisted (the
+/// store is locked): with the connector streaming and a writer racing, it
+/// deletes only published rows, and every row it deletes is in Kafka.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_running_pruner_deletes_only_published_rows() {
+    init_tracing();
+    let fx = Fixture::new("prunerun").await;
+    fx.admin
+        .batch_execute(&format!("GRANT DELETE ON public.{} TO outbox", fx.table))
+        .await
+        .expect("grant delete");
+    let env = format!("{PRUNE_ENV} OUTBOX_CDC__PRUNE__INTERVAL=1s");
+    let config = Arc::new(fx.config_with(&env));
+    let running = Running::start(fx.config_with(&env)).await;
+    let (stop_pruner, pruner_rx) = tokio::sync::watch::channel(false);
+    let pruner = tokio::spawn(pipeline::run_pruner(
+        config,
+        running.metrics.clone(),
+        pruner_rx,
+    ));
+    let (stop, writer) = spawn_writer(fx.table.clone(), "r");
+    let metrics = running.metrics.clone();
+    eventually("the pruner deleted rows", TIMEOUT, || {
+        let metrics = metrics.clone();
+        async move {
+            metrics
+                .pruned_rows
+                .load(std::sync::atomic::Ordering::Relaxed)
+                > 20
+        }
+    })
+    .await;
+    stop.send(true).expect("stop the writer");
+    let committed: BTreeSet<String> = writer.await.expect("writer").into_iter().collect();
+    stop_pruner.send(true).expect("stop the pruner");
+    pruner.await.expect("pruner task");
+    let after = table_ids(&fx).await;
+    let deleted: BTreeSet<&String> = committed.difference(&after).collect();
+    let records = consume(
+        &fx.topic_prefix,
+        committed.len(),
+        TIMEOUT,
+        Duration::from_secs(1),
+    );
+    let published: BTreeSet<&str> = records.iter().map(|r| r.header("event_id")).collect();
+    let lost: Vec<&&String> = deleted
+        .iter()
+        .filter(|id| !published.contains(id.as_str()))
+        .collect();
+    assert!(lost.is_empty(), "deleted and never published: {lost:?}");
+    let text = running.metrics.render();
+    for gauge in [
+        "outbox_cdc_outbox_rows ",
+        "outbox_cdc_outbox_bytes ",
+        "outbox_cdc_oldest_retained_age_seconds ",
+    ] {
+        let line = text.lines().find(|l| l.starts_with(gauge)).expect(gauge);
+        assert!(!line.ends_with(" -1"), "{line}: not measured");
+    }
+    running.stop().await.expect("graceful stop");
+    fx.cleanup().await;
+}
+
+/// No acknowledged commit time stored (the connector never published):
+/// nothing is deleted, however old the rows, and the report says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_without_a_stored_commit_time_deletes_nothing() {
+    init_tracing();
+    let fx = Fixture::new("prunenotime").await;
+    fx.admin
+        .batch_execute(&format!(
+            "GRANT DELETE ON public.{t} TO outbox;
+             INSERT INTO public.{t} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at)
+             SELECT gen_random_uuid(), 'order', 'old', n, 'Old', '{{}}', now() - interval '30 days'
+             FROM generate_series(1, 25) AS n;",
+            t = fx.table
+        ))
+        .await
+        .expect("old rows");
+    let report = pipeline::prune_stored(&fx.config_with(PRUNE_ENV), &Metrics::default())
+        .await
+        .expect("prune");
+    assert!(
+        report
+            .skipped
+            .as_deref()
+            .is_some_and(|why| why.contains("no acknowledged commit time")),
+        "{report}"
+    );
+    assert_eq!(report.rows(), 0);
+    assert_eq!(table_ids(&fx).await.len(), 25);
+    fx.cleanup().await;
+}
+
+/// A partitioned outbox, retention 1 h, acknowledged up to 2 h ago: a leaf
+/// whose every row qualifies is detached and dropped; a leaf past the
+/// retention that still holds rows committed after the acknowledged time
+/// (unpublished) is only batch-deleted, those rows kept; the DEFAULT
+/// partition and an empty future leaf are never dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_partitions_are_dropped_only_when_every_row_qualifies() {
+    init_tracing();
+    let fx = Fixture::new("pruneparts").await;
+    let t = &fx.table;
+    let row = fx
+        .admin
+        .query_one(
+            "SELECT (now() - interval '100 minutes')::text, \
+                    ((extract(epoch FROM now() - interval '2 hours') - 946684800) * 1e6)::int8",
+            &[],
+        )
+        .await
+        .expect("clock");
+    let (split, acked): (String, i64) = (row.get(0), row.get(1));
+    let insert = |agg: &str, n: i32, at: &str| {
+        format!(
+            "INSERT INTO public.{t} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at)
+             SELECT gen_random_uuid(), 'order', '{agg}', n, 'E', '{{}}', {at} FROM generate_series(1, {n}) AS n;"
+        )
+    };
+    fx.admin
+        .batch_execute(&format!(
+            "DROP PUBLICATION {p}; DROP TABLE public.{t};
+             CREATE TABLE public.{t} (
+                 event_id uuid NOT NULL, aggregate_type text NOT NULL, aggregate_id text NOT NULL,
+                 aggregate_sequence bigint NOT NULL, event_type text NOT NULL,
+                 schema_version integer NOT NULL DEFAULT 1, payload jsonb NOT NULL,
+                 occurred_at timestamptz NOT NULL DEFAULT now(),
+                 PRIMARY KEY (event_id, occurred_at)) PARTITION BY RANGE (occurred_at);
+             CREATE INDEX ON public.{t} (occurred_at);
+             CREATE TABLE public.{t}_old PARTITION OF public.{t} FOR VALUES FROM ('2020-01-01') TO ('2021-01-01');
+             CREATE TABLE public.{t}_held PARTITION OF public.{t} FOR VALUES FROM ('2021-01-01') TO ('{split}');
+             CREATE TABLE public.{t}_now PARTITION OF public.{t} FOR VALUES FROM ('{split}') TO ('2200-01-01');
+             CREATE TABLE public.{t}_future PARTITION OF public.{t} FOR VALUES FROM ('2200-01-01') TO ('2300-01-01');
+             CREATE TABLE public.{t}_def PARTITION OF public.{t} DEFAULT;
+             ALTER TABLE public.{t} OWNER TO outbox;
+             ALTER TABLE public.{t}_old OWNER TO outbox;
+             ALTER TABLE public.{t}_held OWNER TO outbox;
+             ALTER TABLE public.{t}_now OWNER TO outbox;
+             ALTER TABLE public.{t}_future OWNER TO outbox;
+             ALTER TABLE public.{t}_def OWNER TO outbox;
+             {old} {held} {unpublished} {young} {def}",
+            p = fx.publication,
+            old = insert("old", 30, "'2020-06-01'::timestamptz + n * interval '1 minute'"),
+            held = insert("held", 20, "now() - interval '3 hours'"),
+            unpublished = insert("unpublished", 5, "now() - interval '110 minutes'"),
+            young = insert("young", 30, "now()"),
+            def = insert("def", 10, "'2019-01-01'::timestamptz + n * interval '1 minute'"),
+        ))
+        .await
+        .expect("partitioned outbox");
+    let config = fx.config_with(
+        "OUTBOX_CDC__PRUNE__RETENTION=1h OUTBOX_CDC__PRUNE__BATCH_ROWS=4 \
+         OUTBOX_CDC__REPAIR__OCCURRED_AT_MARGIN_MS=0",
+    );
+    let client = outbox_cdc::pg::PgConnectConfig::parse(&config.postgres.url)
+        .expect("url")
+        .connect_sql()
+        .await
+        .expect("connect as outbox");
+    let metrics = Metrics::default();
+    let report = pipeline::prune_once(&client, &config, Some(PgTimestamp(acked)), &metrics, None)
+        .await
+        .expect("prune");
+
+    let leaves: BTreeSet<String> = fx
+        .admin
+        .query(
+            "SELECT relid::regclass::text FROM pg_partition_tree($1::text::regclass) WHERE isleaf",
+            &[&format!("public.{t}")],
+        )
+        .await
+        .expect("partitions")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let expect: BTreeSet<String> = ["held", "now", "future", "def"]
+        .iter()
+        .map(|p| format!("{t}_{p}"))
+        .collect();
+    assert_eq!(leaves, expect, "{report}");
+    assert_eq!(
+        report.dropped_partitions,
+        vec![(format!("{t}_old"), 30)],
+        "{report}"
+    );
+    assert_eq!(report.deleted_rows, 20 + 10, "{report}");
+    let left: Vec<(String, i64)> = fx
+        .admin
+        .query(
+            &format!("SELECT aggregate_id, count(*) FROM public.{t} GROUP BY 1 ORDER BY 1"),
+            &[],
+        )
+        .await
+        .expect("rows left")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        left,
+        vec![("unpublished".to_owned(), 5), ("young".to_owned(), 30)]
+    );
+    assert_eq!(
+        metrics
+            .pruned_rows
+            .load(std::sync::atomic::Ordering::Relaxed),
+        60
+    );
+    fx.admin
+        .batch_execute(&format!("DROP TABLE public.{t}"))
+        .await
+        .expect("drop");
+}

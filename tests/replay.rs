@@ -1,0 +1,217 @@
+//! Replay on demand (`outbox-cdc replay`): retained rows published again by
+//! time, by aggregate, from an event id, with a topic suffix, or only counted
+//! (dry run). No connector runs: replay reads the table and produces.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::init_tracing;
+use common::relay::{Fixture, Record, consume};
+use common::topic_partitions;
+use outbox_cdc::pipeline::{self, ReplayError, ReplayOptions};
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Rows with explicit times (2026-01-01T00:0m:00Z): aggregate order/A at
+/// minutes 1, 3, then 2 (its third event's transaction started before the
+/// second's); order/B at 2, 4; invoice/C at 6, 7. Returns event ids by
+/// (aggregate id, sequence).
+async fn seed(fx: &Fixture) -> BTreeMap<(String, i64), String> {
+    let rows = [
+        ("order", "A", 1, 1_i32),
+        ("order", "B", 1, 2),
+        ("order", "A", 2, 3),
+        ("order", "B", 2, 4),
+        ("order", "A", 3, 2),
+        ("invoice", "C", 1, 6),
+        ("invoice", "C", 2, 7),
+    ];
+    let mut ids = BTreeMap::new();
+    for (agg_type, agg_id, seq, minute) in rows {
+        let row = fx
+            .admin
+            .query_one(
+                &format!(
+                    "INSERT INTO public.{} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at)
+                     VALUES (gen_random_uuid(), $1, $2, $3::int8, 'E', jsonb_build_object('seq', $3::int8),
+                             '2026-01-01T00:00:00Z'::timestamptz + $4::int4 * interval '1 minute')
+                     RETURNING event_id::text",
+                    fx.table
+                ),
+                &[&agg_type, &agg_id, &(seq as i64), &minute],
+            )
+            .await
+            .expect("seed row");
+        ids.insert((agg_id.to_owned(), seq as i64), row.get(0));
+    }
+    ids
+}
+
+fn options(since: &str, suffix: &str) -> ReplayOptions {
+    ReplayOptions {
+        since: since.to_owned(),
+        topic_suffix: suffix.to_owned(),
+        ..ReplayOptions::default()
+    }
+}
+
+/// (aggregate id, sequence) of `records` on topics ending in `suffix`, in
+/// each partition's order.
+fn seen(records: &[Record], suffix: &str) -> Vec<(String, i64)> {
+    let mut mine: Vec<&Record> = records
+        .iter()
+        .filter(|r| r.topic.ends_with(suffix))
+        .collect();
+    mine.sort_by_key(|r| (r.topic.clone(), r.partition, r.offset));
+    mine.iter()
+        .map(|r| {
+            (
+                r.key.clone(),
+                r.header("aggregate_sequence").parse().expect("sequence"),
+            )
+        })
+        .collect()
+}
+
+fn of(aggregate: &str, seen: &[(String, i64)]) -> Vec<i64> {
+    seen.iter()
+        .filter(|(a, _)| a == aggregate)
+        .map(|(_, s)| *s)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_by_time_aggregate_event_id_with_suffix_and_dry_run() {
+    init_tracing();
+    let fx = Fixture::new("replay").await;
+    let ids = seed(&fx).await;
+    let config = fx.config();
+    let order = format!("{}.order", fx.topic_prefix);
+    let invoice = format!("{}.invoice", fx.topic_prefix);
+
+    // Dry run: counts per topic, sends nothing (not even a topic is created).
+    let dry = pipeline::replay(
+        &config,
+        &ReplayOptions {
+            dry_run: true,
+            ..options("2026-01-01T00:00:00Z", "")
+        },
+    )
+    .await
+    .expect("dry run");
+    assert_eq!(
+        dry.by_topic,
+        BTreeMap::from([(order.clone(), 5), (invoice.clone(), 2)])
+    );
+    assert_eq!(
+        topic_partitions(&order),
+        None,
+        "the dry run created {order}"
+    );
+    assert_eq!(topic_partitions(&invoice), None);
+
+    // By time, with --until, into suffixed topics.
+    let report = pipeline::replay(
+        &config,
+        &ReplayOptions {
+            until: Some("2026-01-01T00:06:00Z".into()),
+            ..options("2026-01-01T00:02:00Z", ".r1")
+        },
+    )
+    .await
+    .expect("replay by time");
+    assert_eq!(
+        report.by_topic,
+        BTreeMap::from([(format!("{order}.r1"), 4)])
+    );
+
+    // By aggregate.
+    pipeline::replay(
+        &config,
+        &ReplayOptions {
+            aggregate_type: Some("order".into()),
+            aggregate_id: Some("A".into()),
+            ..options("2026-01-01T00:00:00Z", ".r2")
+        },
+    )
+    .await
+    .expect("replay by aggregate");
+
+    // From an event id: A from its sequence 2 on (3 although it is at minute
+    // 2); the others from minute 3 on: B 2 (minute 4), C 1 and 2.
+    pipeline::replay(&config, &options(&ids[&("A".to_owned(), 2)], ".r3"))
+        .await
+        .expect("replay from an event id");
+
+    let records = consume(&fx.topic_prefix, 4 + 3 + 5, TIMEOUT, Duration::from_secs(1));
+    assert!(
+        records
+            .iter()
+            .all(|r| !r.topic.ends_with(".order") && !r.topic.ends_with(".invoice")),
+        "a replay wrote into an unsuffixed topic"
+    );
+    let r1 = seen(&records, ".r1");
+    assert_eq!(of("A", &r1), vec![2, 3], "{r1:?}");
+    assert_eq!(of("B", &r1), vec![1, 2], "{r1:?}");
+    let r2 = seen(&records, ".r2");
+    assert_eq!(r2, vec![("A".into(), 1), ("A".into(), 2), ("A".into(), 3)]);
+    let r3 = seen(&records, ".r3");
+    assert_eq!(of("A", &r3), vec![2, 3], "{r3:?}");
+    assert_eq!(of("B", &r3), vec![2], "{r3:?}");
+    assert_eq!(of("C", &r3), vec![1, 2], "{r3:?}");
+    // The records are the rows: event ids and keys as stored.
+    for r in records.iter().filter(|r| r.topic.ends_with(".r2")) {
+        let seq: i64 = r.header("aggregate_sequence").parse().unwrap();
+        assert_eq!(r.header("event_id"), ids[&("A".to_owned(), seq)]);
+        assert_eq!(r.key, "A");
+    }
+    fx.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_refuses_bad_times_unknown_event_ids_and_bad_suffixes() {
+    init_tracing();
+    let fx = Fixture::new("replaybad").await;
+    seed(&fx).await;
+    let config = fx.config();
+    let dry = |since: &str, suffix: &str| ReplayOptions {
+        dry_run: true,
+        ..options(since, suffix)
+    };
+    for bad in ["2026-13-01T00:00:00Z", "2026-01-01 10:00", "2026-01-01"] {
+        let err = pipeline::replay(&config, &dry(bad, "")).await.unwrap_err();
+        assert!(
+            matches!(&err, ReplayError::BadTime { flag: "since", .. }),
+            "{bad}: {err}"
+        );
+    }
+    let err = pipeline::replay(
+        &config,
+        &ReplayOptions {
+            until: Some("soon".into()),
+            ..dry("2026-01-01T00:00:00Z", "")
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(&err, ReplayError::BadTime { flag: "until", .. }),
+        "{err}"
+    );
+    for unknown in ["yesterday", "6f1c1a52-8d0e-4c59-a1b7-3c5f0d6f2a10"] {
+        let err = pipeline::replay(&config, &dry(unknown, ""))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, ReplayError::UnknownEventId(_)),
+            "{unknown}: {err}"
+        );
+    }
+    let err = pipeline::replay(&config, &dry("2026-01-01T00:00:00Z", "/x"))
+        .await
+        .unwrap_err();
+    assert!(matches!(&err, ReplayError::BadTopic { .. }), "{err}");
+    fx.cleanup().await;
+}
