@@ -24,7 +24,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::{StreamExt as _, pin_mut};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
@@ -33,10 +32,9 @@ use serde::Serialize;
 use tokio_postgres::Client;
 
 use crate::config::Config;
-use crate::coverage;
-use crate::outbox::{ChangeContext, OutboxMapper};
+use crate::outbox::ChangeContext;
 use crate::pg::{Lsn, PgConnectConfig, PgError, PgTimestamp, quote_ident};
-use crate::pgoutput::{ColumnValue, Relation, RelationColumn, TupleData};
+use crate::pipeline::retained::RetainedTable;
 
 /// What to audit.
 #[derive(Debug, Clone)]
@@ -148,6 +146,8 @@ pub enum AuditError {
     Kafka(String),
     #[error("configuration: {0}")]
     Config(String),
+    #[error(transparent)]
+    Pipeline(#[from] crate::pipeline::PipelineError),
 }
 
 fn sql(during: &'static str) -> impl Fn(tokio_postgres::Error) -> AuditError {
@@ -334,50 +334,14 @@ async fn for_each_row(
     mut each: impl FnMut(Row),
 ) -> Result<(), AuditError> {
     let e = sql("reading the outbox rows");
-    let invalid = |err: crate::outbox::ConfigError| AuditError::Config(err.to_string());
-    let table = coverage::configured_table(&config.outbox).map_err(invalid)?;
-    let names = config.outbox.column_names().map_err(invalid)?;
-    let mapper = OutboxMapper::new(&config.outbox).map_err(invalid)?;
-    let columns: Vec<(String, u32)> = client
-        .query(
-            "SELECT a.attname::text, a.atttypid FROM pg_attribute a \
-             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped \
-             ORDER BY a.attnum",
-            &[&table.schema, &table.name],
-        )
-        .await
-        .map_err(&e)?
-        .iter()
-        .map(|r| Ok((r.try_get(0).map_err(&e)?, r.try_get(1).map_err(&e)?)))
-        .collect::<Result<_, AuditError>>()?;
-    if !columns.iter().any(|(n, _)| n == "occurred_at") {
+    let retained = RetainedTable::load(client, config).await?;
+    if !retained.has_column("occurred_at") {
         return Err(AuditError::Config(format!(
-            "{table} has no occurred_at column: the audit window cannot be chosen"
+            "{} has no occurred_at column: the audit window cannot be chosen",
+            retained.table
         )));
     }
-    let relation = Relation {
-        oid: 0,
-        namespace: table.schema.clone(),
-        name: table.name.clone(),
-        replica_identity: b'd',
-        columns: columns
-            .iter()
-            .map(|(name, type_oid)| RelationColumn {
-                flags: 0,
-                name: name.clone(),
-                type_oid: *type_oid,
-                type_modifier: -1,
-            })
-            .collect(),
-    };
-    let bound = mapper
-        .bind(&relation)
-        .map_err(|err| AuditError::Config(err.to_string()))?;
-    let select: Vec<String> = columns
-        .iter()
-        .map(|(name, _)| format!("{}::text", quote_ident(name)))
-        .collect();
+    let (table, names) = (&retained.table, &retained.names);
     let type_filter = match &options.aggregate_type {
         Some(_) => format!(" AND o.{} = $3", quote_ident(&names.aggregate_type)),
         None => String::new(),
@@ -386,7 +350,7 @@ async fn for_each_row(
         "SELECT {}, (extract(epoch FROM o.occurred_at) * 1000)::int8, o.occurred_at::text FROM {table} AS o \
          WHERE o.occurred_at >= to_timestamp($1::int8 / 1000.0) \
            AND o.occurred_at < to_timestamp($2::int8 / 1000.0){type_filter}",
-        select.join(", ")
+        retained.select_list()
     );
     let kind = options.aggregate_type.clone().unwrap_or_default();
     let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match &options.aggregate_type {
@@ -395,17 +359,9 @@ async fn for_each_row(
     };
     let rows = client.query_raw(&query, params).await.map_err(&e)?;
     pin_mut!(rows);
-    let n = columns.len();
+    let n = retained.columns.len();
     while let Some(row) = rows.next().await {
         let row = row.map_err(&e)?;
-        let values: Vec<ColumnValue> = (0..n)
-            .map(|i| {
-                Ok(match row.try_get::<_, Option<String>>(i).map_err(&e)? {
-                    Some(text) => ColumnValue::Text(Bytes::from(text)),
-                    None => ColumnValue::Null,
-                })
-            })
-            .collect::<Result<_, AuditError>>()?;
         let occurred_ms: i64 = row.try_get(n).map_err(&e)?;
         let occurred_at: String = row.try_get(n + 1).map_err(&e)?;
         let ctx = ChangeContext {
@@ -413,7 +369,7 @@ async fn for_each_row(
             commit_time: PgTimestamp::now(),
         };
         // A row the connector cannot map (poison) has no record to find.
-        let Ok(event) = mapper.map_insert(&bound, &TupleData { columns: values }, &ctx) else {
+        let Ok(event) = retained.map(&row, &ctx)? else {
             continue;
         };
         let sequence = names.aggregate_sequence.as_ref().and_then(|_| {

@@ -15,7 +15,7 @@ mod prune;
 mod repair;
 mod replay;
 mod resume;
-mod retained;
+pub(crate) mod retained;
 mod sequences;
 mod session;
 
