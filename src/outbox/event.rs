@@ -28,6 +28,26 @@ pub struct OutboxEvent {
 }
 
 impl OutboxEvent {
+    /// What Kafka counts against `message.max.bytes`: key, value and headers
+    /// with their varint framing, plus the record's own overhead (an upper
+    /// estimate of librdkafka's `rd_kafka_msg_max_wire_size`; the topic name
+    /// is not part of the record).
+    pub fn wire_size(&self) -> usize {
+        /// Length, attributes, timestamp, offset, key/value lengths, header
+        /// count: varints at their widest.
+        const RECORD_OVERHEAD: usize = 40;
+        /// Two varint lengths per header.
+        const HEADER_OVERHEAD: usize = 10;
+        RECORD_OVERHEAD
+            + self.key.len()
+            + self.payload.len()
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| HEADER_OVERHEAD + k.len() + v.len())
+                .sum::<usize>()
+    }
+
     /// Approximate bytes this record holds in memory and on the wire (for in-flight limits).
     pub fn size_bytes(&self) -> usize {
         self.topic.len()
@@ -38,5 +58,29 @@ impl OutboxEvent {
                 .iter()
                 .map(|(k, v)| k.len() + v.len())
                 .sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_size_counts_what_kafka_counts() {
+        let event = |topic: &str| OutboxEvent {
+            topic: topic.into(),
+            key: Bytes::from_static(b"k1"),
+            payload: Bytes::from_static(b"{}"),
+            headers: vec![(Cow::Borrowed("event_id"), Bytes::from_static(b"e"))],
+            timestamp_ms: 0,
+            event_id: "e".into(),
+            aggregate_type: "t".into(),
+            aggregate_id: "k1".into(),
+            lsn: Lsn::ZERO,
+        };
+        // The topic is not part of the record.
+        assert_eq!(event("a").wire_size(), event(&"a".repeat(200)).wire_size());
+        // key 2 + value 2 + header (10 + 8 + 1) + record overhead 40.
+        assert_eq!(event("a").wire_size(), 2 + 2 + 19 + 40);
     }
 }

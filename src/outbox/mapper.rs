@@ -553,7 +553,7 @@ impl OutboxMapper {
     }
 
     fn finish(&self, row: &Partial<'_>, event: OutboxEvent) -> Result<OutboxEvent, MapError> {
-        let bytes = event.size_bytes();
+        let bytes = event.wire_size();
         if bytes > self.max_record_bytes {
             return Err(MapError::TooLarge {
                 bytes,
