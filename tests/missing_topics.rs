@@ -41,15 +41,6 @@ async fn topic_config(topic: &str, name: &str) -> Option<String> {
     resource.get(name).and_then(|entry| entry.value.clone())
 }
 
-async fn current_wal_lsn(fx: &Fixture) -> Lsn {
-    let row = fx
-        .admin
-        .query_one("SELECT pg_current_wal_lsn()::text", &[])
-        .await
-        .expect("pg_current_wal_lsn");
-    row.get::<_, String>(0).parse().expect("LSN")
-}
-
 /// Records by event id; panics on an event published twice.
 fn once_each(records: &[Record]) -> BTreeMap<String, &Record> {
     let mut out = BTreeMap::new();
@@ -158,10 +149,34 @@ async fn create_false_with_on_poison_fail_stops_quickly_naming_the_topic_without
     // Let the first event's acknowledgement become durable before the refusal.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let before_refused = current_wal_lsn(&fx).await;
-    let refused = fx
-        .write_tx(&[("invoice", "i1", r#"{"n": 2}"#.to_owned())], true)
-        .await;
+    // A WAL position inside the refused event's transaction, after its
+    // insert: acknowledging that transaction would move the offset beyond it
+    // (WAL before it, other sessions' included, may be acknowledged by an
+    // idle advance).
+    fx.admin.batch_execute("BEGIN").await.expect("BEGIN");
+    let refused: Vec<String> = vec![
+        fx.admin
+            .query_one(
+                &format!(
+                    "INSERT INTO public.{} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload)
+                     VALUES (gen_random_uuid(), 'invoice', 'i1', 1, 'TestEvent', '{{\"n\": 2}}') RETURNING event_id::text",
+                    fx.table
+                ),
+                &[],
+            )
+            .await
+            .expect("insert the refused event")
+            .get(0),
+    ];
+    let before_refused: Lsn = fx
+        .admin
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .await
+        .expect("pg_current_wal_insert_lsn")
+        .get::<_, String>(0)
+        .parse()
+        .expect("LSN");
+    fx.admin.batch_execute("COMMIT").await.expect("COMMIT");
     let after = fx
         .write_tx(&[("order", "o1", r#"{"n": 3}"#.to_owned())], true)
         .await;
@@ -208,15 +223,15 @@ async fn create_false_with_on_poison_fail_stops_quickly_naming_the_topic_without
         .parse()
         .expect("LSN");
     assert!(
-        confirmed <= before_refused,
-        "slot confirmed {confirmed} past the refused event (WAL was at {before_refused} before it)"
+        confirmed < before_refused,
+        "slot confirmed {confirmed} past the refused event (its transaction ends after {before_refused})"
     );
     {
         let store = OffsetStore::open(&fx.offsets_path()).expect("offset store");
         let stored = store.load(&fx.slot).expect("load").expect("an offset");
         assert!(
-            stored.lsn <= before_refused,
-            "stored offset {} past the refused event (WAL was at {before_refused} before it)",
+            stored.lsn < before_refused,
+            "stored offset {} past the refused event (its transaction ends after {before_refused})",
             stored.lsn
         );
     }

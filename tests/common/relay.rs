@@ -396,20 +396,23 @@ pub fn spawn_binary(config: &Path) -> ChildProcess {
 /// had from the start again (nothing is committed). Those re-reads are not
 /// records the connector sent twice.
 pub fn consume(prefix: &str, expected: usize, timeout: Duration, settle: Duration) -> Vec<Record> {
+    // Partitions are assigned by hand from offset 0, and the topic list is
+    // refreshed from metadata: no consumer group, so no rebalance can re-read
+    // or skip anything while the connector creates topics.
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", kafka_bootstrap())
         .set("group.id", unique_name("reader"))
-        .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
-        .set("topic.metadata.refresh.interval.ms", "500")
+        .set("allow.auto.create.topics", "false")
         .create()
         .expect("create consumer");
     let pattern = format!("^{}\\..*", prefix.replace('.', "\\."));
-    consumer.subscribe(&[&pattern]).expect("subscribe");
+    let wanted = format!("{prefix}.");
     let deadline = Instant::now() + timeout;
     let mut out = Vec::new();
-    let mut read: std::collections::HashSet<(String, i32, i64)> = std::collections::HashSet::new();
+    let mut assigned: std::collections::BTreeSet<(String, i32)> = std::collections::BTreeSet::new();
     let mut last_new = Instant::now();
+    let mut last_refresh: Option<Instant> = None;
     loop {
         if out.len() >= expected && last_new.elapsed() >= settle {
             return out;
@@ -420,11 +423,35 @@ pub fn consume(prefix: &str, expected: usize, timeout: Duration, settle: Duratio
                 out.len()
             );
         }
+        if last_refresh.is_none_or(|t| t.elapsed() >= Duration::from_millis(500)) {
+            last_refresh = Some(Instant::now());
+            if let Ok(md) = consumer.fetch_metadata(None, Duration::from_secs(5)) {
+                let mut grew = false;
+                for t in md.topics().iter().filter(|t| t.name().starts_with(&wanted)) {
+                    for p in t.partitions() {
+                        grew |= assigned.insert((t.name().to_owned(), p.id()));
+                    }
+                }
+                if grew {
+                    // Re-assigning keeps the positions of partitions already
+                    // read: each starts where it stands (new ones at 0).
+                    let mut tpl = rdkafka::TopicPartitionList::new();
+                    let positions = consumer.position().unwrap_or_default();
+                    for (topic, partition) in &assigned {
+                        let offset = positions
+                            .find_partition(topic, *partition)
+                            .map(|e| e.offset())
+                            .filter(|o| matches!(o, rdkafka::Offset::Offset(_)))
+                            .unwrap_or(rdkafka::Offset::Beginning);
+                        tpl.add_partition_offset(topic, *partition, offset)
+                            .expect("assignment");
+                    }
+                    consumer.assign(&tpl).expect("assign");
+                }
+            }
+        }
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
-                if !read.insert((m.topic().to_owned(), m.partition(), m.offset())) {
-                    continue;
-                }
                 last_new = Instant::now();
                 let headers = m
                     .headers()
@@ -458,7 +485,7 @@ pub fn consume(prefix: &str, expected: usize, timeout: Duration, settle: Duratio
                 });
             }
             Some(Err(e)) => {
-                // Topics appear as the connector creates them; transient errors are normal.
+                // A partition whose leader is still being elected; it recovers.
                 let _ = e;
             }
             None => {}
