@@ -690,6 +690,10 @@ fn check_every_change_resolves_through_the_relation_cache() {
 /// the property test's encode/decode round trip would cancel out shows.
 #[test]
 fn origin_follows_begin_with_its_name_and_commit_lsn() {
+    each_major(check_origin_follows_begin_with_its_name_and_commit_lsn);
+}
+
+fn check_origin_follows_begin_with_its_name_and_commit_lsn() {
     const ORIGIN_NAME: &str = "pgoutput_fixture_origin";
     const ORIGIN_LSN: u64 = 0x1_2345_6789; // '1/23456789' in the capture script
     let s = step("origin");
