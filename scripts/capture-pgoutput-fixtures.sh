@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Captures pgoutput protocol v1 messages from a real PostgreSQL 15 into
-# tests/fixtures/pgoutput/, one file per message, plus a MANIFEST.
+# Captures pgoutput protocol v1 messages from a real PostgreSQL into
+# tests/fixtures/pgoutput/ (PostgreSQL 15) or tests/fixtures/pgoutput-<major>/
+# (14, 16, 17, 18), one file per message, plus a MANIFEST.
 #
 # pg_logical_slot_get_binary_changes() returns exactly the bytes pgoutput
 # writes into each XLogData payload, so no replication transport is needed.
@@ -9,14 +10,17 @@
 #
 # Usage: OUTBOX_CDC_TEST_PG_ADMIN=postgres://postgres@127.0.0.1:54339/postgres \
 #        scripts/capture-pgoutput-fixtures.sh [output-dir]
-# The superuser URL must point at a PostgreSQL 15 cluster with wal_level=logical.
-# tests/pgoutput_golden.rs asserts the exact decoded content of every file, so
-# changing the workload here means updating that test too.
+# e.g. after `OUTBOX_CDC_PG_VERSION=17 scripts/env.sh up && . target/env/test.env`.
+# The superuser URL must point at a cluster with wal_level=logical, PostgreSQL 14
+# or later (13's pgoutput has no logical decoding messages, which the workload
+# needs). tests/pgoutput_golden.rs asserts the exact decoded content of every
+# set, so changing the workload here means updating that test and capturing
+# every set again.
 set -euo pipefail
 
 ADMIN="${OUTBOX_CDC_TEST_PG_ADMIN:?set OUTBOX_CDC_TEST_PG_ADMIN to a superuser URL of the test cluster}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-OUT="${1:-$ROOT/tests/fixtures/pgoutput}"
+OUT="${1:-}"
 
 SCHEMA=pgoutput_fixture
 PUB=pgoutput_fixture_pub
@@ -30,9 +34,13 @@ done
 sql() { PGOPTIONS='-c client_min_messages=warning' psql "$ADMIN" -X -q -At -v ON_ERROR_STOP=1 "$@"; }
 
 version=$(sql -c "SHOW server_version_num")
-if [ "$version" -lt 150000 ] || [ "$version" -ge 160000 ]; then
-    echo "capture: the fixtures are defined as PostgreSQL 15 output; server_version_num is $version" >&2
+if [ "$version" -lt 140000 ]; then
+    echo "capture: PostgreSQL 14 or later is needed (logical decoding messages); server_version_num is $version" >&2
     exit 1
+fi
+major=$((version / 10000))
+if [ -z "$OUT" ]; then
+    if [ "$major" = 15 ]; then OUT="$ROOT/tests/fixtures/pgoutput"; else OUT="$ROOT/tests/fixtures/pgoutput-$major"; fi
 fi
 if [ "$(sql -c "SHOW wal_level")" != logical ]; then
     echo "capture: the cluster needs wal_level=logical" >&2

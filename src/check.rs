@@ -63,7 +63,7 @@ fn query_fail(name: &'static str, e: &tokio_postgres::Error) -> CheckResult {
     fail(
         name,
         format!("the catalog query failed: {e}"),
-        "run `outbox-cdc check` as the role in postgres.url against a PostgreSQL 15 or later server",
+        "run `outbox-cdc check` as the role in postgres.url against a PostgreSQL 13 or later server",
     )
 }
 

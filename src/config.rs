@@ -312,6 +312,11 @@ pub struct PostgresSettings {
     /// such a slot may have been recreated, and starting would skip events.
     #[serde(default)]
     pub allow_slot_ahead: bool,
+    /// Create the slot with `failover` (PostgreSQL 17+), so that a standby with
+    /// `sync_replication_slots = on` keeps a copy that survives its promotion.
+    /// Refused at start on older servers. Has no effect on an existing slot. Default false.
+    #[serde(default)]
+    pub failover_slot: bool,
     /// application_name shown in pg_stat_replication. Default `outbox-cdc`.
     #[serde(default = "default_application_name")]
     pub application_name: String,
@@ -330,6 +335,7 @@ impl fmt::Debug for PostgresSettings {
             .field("create_slot", &self.create_slot)
             .field("create_publication", &self.create_publication)
             .field("allow_slot_ahead", &self.allow_slot_ahead)
+            .field("failover_slot", &self.failover_slot)
             .field("application_name", &self.application_name)
             .field("status_interval_ms", &self.status_interval_ms)
             .finish()
@@ -878,6 +884,7 @@ const BOOL_KEYS: &[&str] = &[
     "postgres.create_slot",
     "postgres.create_publication",
     "postgres.allow_slot_ahead",
+    "postgres.failover_slot",
     "outbox.allow_split_aggregates",
     "topics.create",
 ];

@@ -34,6 +34,30 @@ async fn outbox_client() -> tokio_postgres::Client {
     client
 }
 
+/// `scripts/env.sh` records the major it started (OUTBOX_CDC_PG_VERSION in
+/// target/env/test.env): a version matrix that ran on the wrong server would
+/// prove nothing.
+#[tokio::test]
+async fn the_server_is_the_major_the_environment_names() {
+    let asked: i32 = std::env::var("OUTBOX_CDC_PG_VERSION")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .expect(
+            "OUTBOX_CDC_PG_VERSION is not set to a major: source target/env/test.env written by scripts/env.sh up",
+        );
+    let version: i32 = common::admin_client()
+        .await
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .expect("server_version_num")
+        .get(0);
+    assert_eq!(
+        version / 10000,
+        asked,
+        "the environment asked for PostgreSQL {asked}, the server is {version}"
+    );
+}
+
 #[tokio::test]
 async fn outbox_role_creates_and_drops_a_pgoutput_slot() {
     common::init_tracing();

@@ -199,7 +199,7 @@ async fn slot_held_by_another_backend_is_slot_active_with_its_pid() {
         .unwrap();
     let holder_pid = holder.backend_pid().expect("backend pid");
     let stream = holder
-        .start_logical(&slot, Lsn::ZERO, &publication, true)
+        .start_logical(&slot, Lsn::ZERO, &publication, false)
         .await
         .expect("first stream");
 
@@ -207,7 +207,7 @@ async fn slot_held_by_another_backend_is_slot_active_with_its_pid() {
         .await
         .unwrap();
     match second
-        .start_logical(&slot, Lsn::ZERO, &publication, true)
+        .start_logical(&slot, Lsn::ZERO, &publication, false)
         .await
     {
         Err(e @ PgError::SlotActive { .. }) => {

@@ -196,16 +196,27 @@ async fn run(names: &Names) {
     xids.push(current_xid(&tx).await);
     tx.commit().await.expect("commit");
 
+    let version: i32 = db
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .expect("server_version_num")
+        .get(0);
+    // pgoutput decodes logical decoding messages from PostgreSQL 14 on (13
+    // refuses the option).
+    let messages = version >= 140000;
     // One call = one decoding session, like one replication connection.
     let rows = db
         .query(
-            "SELECT lsn::text, data FROM pg_logical_slot_get_binary_changes($1, NULL, NULL, \
-             'proto_version', '1', 'publication_names', $2, 'messages', 'true')",
+            &format!(
+                "SELECT lsn::text, data FROM pg_logical_slot_get_binary_changes($1, NULL, NULL, \
+                 'proto_version', '1', 'publication_names', $2{})",
+                if messages { ", 'messages', 'true'" } else { "" }
+            ),
             &[&names.slot, &names.publication],
         )
         .await
         .expect("pg_logical_slot_get_binary_changes");
-    let stream: Vec<(Lsn, Message)> = rows
+    let mut stream: Vec<(Lsn, Message)> = rows
         .iter()
         .map(|row| {
             let lsn: Lsn = row.get::<_, String>(0).parse().expect("lsn");
@@ -214,6 +225,18 @@ async fn run(names: &Names) {
             (lsn, message)
         })
         .collect();
+    if version < 150000 {
+        // Before 15, pgoutput also sends the transactions that changed no
+        // published table (here: the unpublished insert and the ALTER TABLE),
+        // as a Begin directly followed by its Commit.
+        let all = stream.len();
+        stream = without_empty_transactions(stream);
+        assert_eq!(
+            all - stream.len(),
+            4,
+            "PostgreSQL {version}: two empty transactions"
+        );
+    }
 
     check_transactions(&stream, &xids);
 
@@ -260,8 +283,25 @@ async fn run(names: &Names) {
         "I orders new=[5, after rollback, NULL, NULL]",
         "C",
     ];
+    let expected: Vec<&str> = expected
+        .into_iter()
+        .filter(|line| messages || !line.starts_with("M "))
+        .collect();
     assert_eq!(got, expected);
     assert_eq!(cache.len(), 2);
+}
+
+/// The stream without Begin/Commit pairs that hold nothing.
+fn without_empty_transactions(stream: Vec<(Lsn, Message)>) -> Vec<(Lsn, Message)> {
+    let mut out: Vec<(Lsn, Message)> = Vec::with_capacity(stream.len());
+    for (lsn, m) in stream {
+        if matches!(m, Message::Commit(_)) && matches!(out.last(), Some((_, Message::Begin(_)))) {
+            out.pop();
+            continue;
+        }
+        out.push((lsn, m));
+    }
+    out
 }
 
 /// Begin/Commit pairs: matching LSNs and times, the xids the transactions

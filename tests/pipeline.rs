@@ -636,7 +636,20 @@ async fn payload_bytes_are_published_as_stored_on_every_path() {
     common::init_tracing();
     let fx = Fixture::new("bytes").await;
     let prefix = format!("msg_{}", fx.name);
-    let config = fx.config_with(&format!("OUTBOX_CDC__OUTBOX__MESSAGE_PREFIX={prefix}"));
+    // pgoutput sends logical decoding messages from PostgreSQL 14 on (on 13 the
+    // prefix is refused: tests/version_features.rs); there only the table path runs.
+    let version: i32 = fx
+        .admin
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let messages = version >= 140000;
+    let config = if messages {
+        fx.config_with(&format!("OUTBOX_CDC__OUTBOX__MESSAGE_PREFIX={prefix}"))
+    } else {
+        fx.config()
+    };
     let running = Running::start(config).await;
     let literal = |s: &str| format!("'{}'", s.replace('\'', "''"));
     let insert = |agg: &str, payload: &str| {
@@ -677,6 +690,10 @@ async fn payload_bytes_are_published_as_stored_on_every_path() {
         ),
         ("msg-text", r#""a \"text\" payload""#, r#"a "text" payload"#),
     ];
+    let cases: Vec<_> = cases
+        .into_iter()
+        .filter(|(agg, ..)| messages || !agg.starts_with("msg-"))
+        .collect();
     let mut sql = String::new();
     for (agg, written, _) in &cases {
         match *agg {

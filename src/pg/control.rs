@@ -72,17 +72,41 @@ fn parse_lsn(text: &str, what: &'static str) -> Result<Lsn, PgError> {
 /// Creates a logical slot with pgoutput; returns its consistent point (the
 /// first position the slot will decode from).
 pub async fn create_logical_slot(client: &Client, slot: &str) -> Result<Lsn, PgError> {
+    create_logical_slot_with(client, slot, false).await
+}
+
+/// [`create_logical_slot`], with `failover` (PostgreSQL 17+: the slot is
+/// synchronised to standbys that set `sync_replication_slots`).
+pub async fn create_logical_slot_with(
+    client: &Client,
+    slot: &str,
+    failover: bool,
+) -> Result<Lsn, PgError> {
+    // (name, plugin, temporary, twophase, failover): the five-argument form exists from 17 on.
+    let sql = if failover {
+        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
+    } else {
+        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
+    };
     let row = client
-        .query_one(
-            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
-            &[&slot],
-        )
+        .query_one(sql, &[&slot])
         .await
         .map_err(|e| slot_sql_error(slot, "creating", e))?;
     let lsn: String = row
         .try_get(0)
         .map_err(|e| PgError::sql("reading the new slot's LSN", e))?;
     parse_lsn(&lsn, "pg_create_logical_replication_slot")
+}
+
+/// `server_version_num`, e.g. 170004.
+pub async fn server_version_num(client: &Client) -> Result<i32, PgError> {
+    let during = "reading server_version_num";
+    client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .map_err(|e| PgError::sql(during, e))?
+        .try_get(0)
+        .map_err(|e| PgError::sql(during, e))
 }
 
 pub async fn drop_slot(client: &Client, slot: &str) -> Result<(), PgError> {

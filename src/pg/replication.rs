@@ -249,7 +249,8 @@ impl ReplicationConnection {
 
 /// The START_REPLICATION command. The slot is a quoted identifier; the
 /// publication list is a string literal holding a quoted identifier (pgoutput
-/// splits it like SQL identifiers).
+/// splits it like SQL identifiers). `messages` is sent only when wanted: it is
+/// off by default, and PostgreSQL 13's pgoutput refuses the option altogether.
 pub(crate) fn start_replication_command(
     slot: &str,
     start: Lsn,
@@ -257,9 +258,10 @@ pub(crate) fn start_replication_command(
     messages: bool,
 ) -> String {
     format!(
-        "START_REPLICATION SLOT {} LOGICAL {start} (proto_version '1', publication_names {}, messages '{messages}')",
+        "START_REPLICATION SLOT {} LOGICAL {start} (proto_version '1', publication_names {}{})",
         quote_ident(slot),
         quote_replication_literal(&quote_ident(publication)),
+        if messages { ", messages 'true'" } else { "" },
     )
 }
 
@@ -605,7 +607,7 @@ mod tests {
         );
         assert_eq!(
             start_replication_command("s", Lsn::ZERO, "it's \"x\"", false),
-            "START_REPLICATION SLOT \"s\" LOGICAL 0/0 (proto_version '1', publication_names '\"it''s \"\"x\"\"\"', messages 'false')"
+            "START_REPLICATION SLOT \"s\" LOGICAL 0/0 (proto_version '1', publication_names '\"it''s \"\"x\"\"\"')"
         );
     }
 

@@ -106,6 +106,17 @@ pub enum StartRefused {
         stored_lsn: Lsn,
         confirmed: Lsn,
     },
+    #[error(
+        "postgres.failover_slot = true needs PostgreSQL 17 or later (failover slots), but the server's \
+         server_version_num is {server_version}: set postgres.failover_slot = false, or upgrade the server"
+    )]
+    FailoverSlotUnsupported { server_version: i32 },
+    #[error(
+        "outbox.message_prefix is set, but pgoutput sends logical decoding messages only from PostgreSQL 14 on \
+         (the server's server_version_num is {server_version}): leave outbox.message_prefix empty and publish \
+         through the outbox table, or upgrade the server"
+    )]
+    MessagesUnsupported { server_version: i32 },
 }
 
 /// Inputs of the decision.

@@ -123,6 +123,16 @@ impl<'a> Session<'a> {
         // Proof before the slot is touched (DESIGN.md §5a): the publication
         // carries every row of the outbox table, or the start is refused.
         let coverage = prove_coverage(&client, config).await?;
+        // Features older majors lack: refused before the slot is touched.
+        if config.postgres.failover_slot || mapper.wants_messages() {
+            let server_version = control::server_version_num(&client).await?;
+            if config.postgres.failover_slot && server_version < 170000 {
+                return Err(StartRefused::FailoverSlotUnsupported { server_version }.into());
+            }
+            if mapper.wants_messages() && server_version < 140000 {
+                return Err(StartRefused::MessagesUnsupported { server_version }.into());
+            }
+        }
 
         let stored = store.load(slot)?;
         let slot_info = control::slot_info(&client, slot).await?;
@@ -172,8 +182,13 @@ impl<'a> Session<'a> {
             })?;
             match plan {
                 ResumePlan::CreateSlot => {
-                    let at = control::create_logical_slot(&client, slot).await?;
-                    info!(slot, lsn = %at, "created replication slot");
+                    let at = control::create_logical_slot_with(
+                        &client,
+                        slot,
+                        config.postgres.failover_slot,
+                    )
+                    .await?;
+                    info!(slot, lsn = %at, failover = config.postgres.failover_slot, "created replication slot");
                     (at, Lsn::ZERO)
                 }
                 ResumePlan::RecreateSlot {

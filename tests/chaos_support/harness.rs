@@ -30,6 +30,11 @@ pub struct Options {
     /// The outbox is a hash-partitioned table published by leaf names
     /// (`OUTBOX_CDC_CHAOS_PARTITIONED=1`; tests/chaos_partitioned.rs).
     pub partitioned: bool,
+    /// `OUTBOX_CDC_CHAOS_EVERY_FAILPOINT=0`: a run too short to reach every
+    /// failpoint (the version matrix's 10-cycle runs of scripts/test.sh) passes
+    /// with at least one fired; the Kafka outage, the PostgreSQL restart and
+    /// the invariants are still required. Default 1: every failpoint must fire.
+    pub every_failpoint: bool,
 }
 
 fn env_num<T: std::str::FromStr>(var: &str, default: T) -> T {
@@ -57,6 +62,7 @@ impl Options {
                 aggregates: env_num("OUTBOX_CDC_CHAOS_AGGREGATES", 300),
             },
             partitioned: env_num("OUTBOX_CDC_CHAOS_PARTITIONED", 0u8) == 1,
+            every_failpoint: env_num("OUTBOX_CDC_CHAOS_EVERY_FAILPOINT", 1u8) != 0,
         }
     }
 }
@@ -291,7 +297,7 @@ pub async fn run(opts: Options) {
             &format!("invariants violated:\n{}", verdict.details()),
         );
     }
-    let coverage = coverage_gaps(&tally);
+    let coverage = coverage_gaps(&tally, opts.every_failpoint);
     if !coverage.is_empty() {
         fail(
             opts.seed,
@@ -822,8 +828,9 @@ async fn drain(
     }
 }
 
-fn coverage_gaps(tally: &Tally) -> Vec<String> {
+fn coverage_gaps(tally: &Tally, every_failpoint: bool) -> Vec<String> {
     let mut gaps = Vec::new();
+    let mut unfired = Vec::new();
     let points = CONNECTOR_FAILPOINTS
         .iter()
         .chain([&CONNECTOR_SHUTDOWN_FAILPOINT])
@@ -831,12 +838,22 @@ fn coverage_gaps(tally: &Tally) -> Vec<String> {
         .chain(CONSUMER_FAILPOINTS.iter().map(|p| format!("consumer:{p}")));
     for p in points {
         if !tally.failpoint_hits.contains_key(&p) {
-            gaps.push(if p.starts_with("connector:") {
+            unfired.push(if p.starts_with("connector:") {
                 format!("{p} (never fired: was the connector built with --features failpoints?)")
             } else {
                 format!("{p} (never fired)")
             });
         }
+    }
+    if every_failpoint {
+        gaps.append(&mut unfired);
+    } else if tally.failpoint_hits.is_empty() {
+        gaps.push("any failpoint (none fired)".into());
+    } else if !unfired.is_empty() {
+        eprintln!(
+            "chaos: not exercised, allowed by OUTBOX_CDC_CHAOS_EVERY_FAILPOINT=0: {}",
+            unfired.join(", ")
+        );
     }
     if tally.kafka_outages == 0 {
         gaps.push("a Kafka outage".into());
