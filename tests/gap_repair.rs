@@ -277,3 +277,36 @@ async fn a_repair_killed_half_way_finishes_on_the_next_start() {
     running.stop().await.expect("graceful stop");
     fx.cleanup().await;
 }
+
+/// The slot lost before the connector acknowledged any transaction: the
+/// offset stored when the slot was created carries the creation time, so the
+/// repair still knows where to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_lost_before_anything_was_acknowledged_is_repaired() {
+    init_tracing();
+    let fx = Fixture::new("repairfresh").await;
+    let running = Running::start(fx.config()).await;
+    running.stop().await.expect("graceful stop");
+    fx.admin
+        .execute("SELECT pg_drop_replication_slot($1)", &[&fx.slot])
+        .await
+        .expect("drop the slot");
+    let gap = fx
+        .write_tx(&[("order", "f", r#"{"n":1}"#.to_owned())], true)
+        .await;
+    let running = Running::spawn(
+        fx.config(),
+        RunOptions {
+            recreate_slot: true,
+            ..RunOptions::default()
+        },
+    );
+    running.wait_streaming().await;
+    let records = consume(&fx.topic_prefix, 1, TIMEOUT, Duration::from_secs(1));
+    assert!(
+        records.iter().any(|r| r.header("event_id") == gap[0]),
+        "the row committed while the slot was gone was not repaired"
+    );
+    running.stop().await.expect("graceful stop");
+    fx.cleanup().await;
+}

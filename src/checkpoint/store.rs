@@ -65,6 +65,9 @@ pub struct StoredOffset {
     /// (stores written before it was recorded have none): where gap repair
     /// starts after a lost slot.
     pub acked_commit_time: Option<PgTimestamp>,
+    /// `acked_commit_time` is when the slot was (re)created, not the commit of
+    /// an acknowledged transaction: nothing was acknowledged since.
+    pub commit_time_is_slot_creation: bool,
 }
 
 /// A gap repair in progress (DESIGN.md §13): written before the lost slot is
@@ -176,6 +179,8 @@ struct OffsetRecordV1 {
     /// Microseconds since 2000-01-01; absent in stores written before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     acked_commit_time: Option<i64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    commit_time_is_slot_creation: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -329,7 +334,19 @@ impl OffsetStore {
     /// Blocks on the flush (an fsync): call it from a blocking context such as
     /// `tokio::task::spawn_blocking`, not on an async worker thread.
     pub fn persist(&self, slot: &str, lsn: Lsn, system_id: &str) -> Result<DurableLsn, StoreError> {
-        self.persist_acked(slot, lsn, system_id, None)
+        self.persist_with(slot, lsn, system_id, None, false)
+    }
+
+    /// [`Self::persist`] for a slot (re)created at `created_at`: the time a gap
+    /// repair starts from until a transaction is acknowledged.
+    pub fn persist_created(
+        &self,
+        slot: &str,
+        lsn: Lsn,
+        system_id: &str,
+        created_at: PgTimestamp,
+    ) -> Result<DurableLsn, StoreError> {
+        self.persist_with(slot, lsn, system_id, Some(created_at), true)
     }
 
     /// [`Self::persist`], recording the commit time of the last transaction
@@ -340,6 +357,17 @@ impl OffsetStore {
         lsn: Lsn,
         system_id: &str,
         acked_commit_time: Option<PgTimestamp>,
+    ) -> Result<DurableLsn, StoreError> {
+        self.persist_with(slot, lsn, system_id, acked_commit_time, false)
+    }
+
+    fn persist_with(
+        &self,
+        slot: &str,
+        lsn: Lsn,
+        system_id: &str,
+        acked_commit_time: Option<PgTimestamp>,
+        slot_creation: bool,
     ) -> Result<DurableLsn, StoreError> {
         loop {
             let current = self.offsets.get(slot).map_err(|source| StoreError::Read {
@@ -363,16 +391,24 @@ impl OffsetStore {
                     return Ok(DurableLsn(stored.lsn));
                 }
             }
-            let previous_commit_time = match &current {
-                Some(raw) => self.decode_offset(slot, raw)?.acked_commit_time,
-                None => None,
+            let previous = match &current {
+                Some(raw) => {
+                    let p = self.decode_offset(slot, raw)?;
+                    (p.acked_commit_time, p.commit_time_is_slot_creation)
+                }
+                None => (None, false),
+            };
+            let (commit_time, is_creation) = match acked_commit_time {
+                Some(t) => (Some(t), slot_creation),
+                None => previous,
             };
             let record = OffsetRecordV1 {
                 v: ENCODING_VERSION,
                 lsn,
                 system_id: system_id.to_owned(),
                 updated_at_unix_ms: PgTimestamp::now().unix_millis(),
-                acked_commit_time: acked_commit_time.or(previous_commit_time).map(|t| t.0),
+                acked_commit_time: commit_time.map(|t| t.0),
+                commit_time_is_slot_creation: is_creation,
             };
             let swapped = self
                 .offsets
@@ -666,6 +702,7 @@ impl OffsetStore {
             system_id: record.system_id,
             updated_at_unix_ms: record.updated_at_unix_ms,
             acked_commit_time: record.acked_commit_time.map(PgTimestamp),
+            commit_time_is_slot_creation: record.commit_time_is_slot_creation,
         })
     }
 

@@ -112,6 +112,9 @@ pub async fn prune_stored(config: &Config, metrics: &Metrics) -> Result<PruneRep
         store
             .load(&config.postgres.slot)
             .map_err(PipelineError::from)?
+            // A slot's creation time is no acknowledged commit: rows before it
+            // were never in this slot.
+            .filter(|s| !s.commit_time_is_slot_creation)
             .and_then(|s| s.acked_commit_time)
     };
     let client = PgConnectConfig::parse(&config.postgres.url)?

@@ -121,7 +121,10 @@ pub(crate) async fn plan(
     } else {
         Some(f64::MIN) // no time column: the table's history cannot be judged
     };
-    let covered = oldest.is_some_and(|o| o <= acked.0 as f64);
+    // Nothing acknowledged since the slot was created: no row after that
+    // moment was ever pruned as published, whatever the table holds.
+    let covered =
+        stored.commit_time_is_slot_creation || oldest.is_some_and(|o| o <= acked.0 as f64);
     if !covered && !accept_gap {
         let from = micros_text(acked.0);
         let window = match oldest {

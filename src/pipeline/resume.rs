@@ -229,6 +229,7 @@ mod tests {
             system_id: sys.to_owned(),
             updated_at_unix_ms: 0,
             acked_commit_time: None,
+            commit_time_is_slot_creation: false,
         }
     }
 

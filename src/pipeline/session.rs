@@ -137,6 +137,7 @@ impl<'a> Session<'a> {
         let stored = store.load(slot)?;
         let slot_info = control::slot_info(&client, slot).await?;
         let pending = store.pending_repair(slot)?;
+        let mut created_at: Option<PgTimestamp> = None;
         let (start, skip_through) = if let Some(pending) = pending {
             // A repair that did not finish: finish it before anything else.
             if let Some(stored) = stored
@@ -182,6 +183,10 @@ impl<'a> Session<'a> {
             })?;
             match plan {
                 ResumePlan::CreateSlot => {
+                    // What a gap repair would start from if this slot were
+                    // lost before any transaction is acknowledged: everything
+                    // the slot will carry commits after this moment.
+                    created_at = Some(server_clock(&client).await?);
                     let at = control::create_logical_slot_with(
                         &client,
                         slot,
@@ -237,8 +242,10 @@ impl<'a> Session<'a> {
 
         // Persist the start before streaming: it records the cluster identity on
         // first start and gives the first reportable (durable) position.
-        let durable =
-            tokio::task::block_in_place(|| store.persist(slot, start, &identity.system_id))?;
+        let durable = tokio::task::block_in_place(|| match created_at {
+            Some(at) => store.persist_created(slot, start, &identity.system_id, at),
+            None => store.persist(slot, start, &identity.system_id),
+        })?;
         let stream = repl
             .start_logical(
                 slot,
@@ -252,7 +259,10 @@ impl<'a> Session<'a> {
         metrics.set_acked(durable.lsn());
         metrics.connected.store(1, Ordering::Relaxed);
         // The stored offset was accepted for this cluster: the pruner may use its time.
-        let stored_time = stored.as_ref().and_then(|s| s.acked_commit_time);
+        let stored_time = stored
+            .as_ref()
+            .filter(|s| !s.commit_time_is_slot_creation)
+            .and_then(|s| s.acked_commit_time);
         metrics.durable_commit_time.set(stored_time);
         info!(slot, start = %start, skip_through = %skip_through, system_id = %identity.system_id, "streaming");
 
@@ -963,14 +973,7 @@ async fn repair_lost_slot(
     };
     // The commit time the new offset stands for: everything before the
     // slot's consistent point committed before this moment.
-    let now: i64 = client
-        .query_one(
-            "SELECT ((extract(epoch FROM clock_timestamp()) - 946684800) * 1e6)::int8",
-            &[],
-        )
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(|e| PgError::sql("reading the server clock", e))?;
+    let now = server_clock(client).await?;
     let rows = repair::publish(
         client,
         config,
@@ -983,11 +986,24 @@ async fn repair_lost_slot(
     .await?;
     tokio::task::block_in_place(|| -> Result<(), StoreError> {
         store.remove(slot)?;
-        store.persist_acked(slot, at, system_id, Some(PgTimestamp(now)))?;
+        store.persist_created(slot, at, system_id, now)?;
         store.end_repair(slot)
     })?;
     info!(slot, rows, start = %at, "gap repair finished: every retained row committed after the lost position was published");
     Ok(at)
+}
+
+/// The server's clock now, as a commit-time bound.
+async fn server_clock(client: &tokio_postgres::Client) -> Result<PgTimestamp, PgError> {
+    client
+        .query_one(
+            "SELECT ((extract(epoch FROM clock_timestamp()) - 946684800) * 1e6)::int8",
+            &[],
+        )
+        .await
+        .and_then(|row| row.try_get(0))
+        .map(PgTimestamp)
+        .map_err(|e| PgError::sql("reading the server clock", e))
 }
 
 /// Why a session ended, given the failure that ended its loop and the first
