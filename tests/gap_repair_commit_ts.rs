@@ -12,46 +12,12 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::env_sh;
 use common::relay::{Fixture, Running, consume};
+use common::{TrackingOff, set_track_commit_timestamp};
 use common::{admin_client, init_tracing};
 use outbox_cdc::pipeline::RunOptions;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
-
-fn set_track_commit_timestamp(on: bool) {
-    let url = common::pg_admin_url();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
-            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                .await
-                .expect("connect as admin");
-            tokio::spawn(conn);
-            let sql = if on {
-                "ALTER SYSTEM SET track_commit_timestamp = on"
-            } else {
-                "ALTER SYSTEM RESET track_commit_timestamp"
-            };
-            client.batch_execute(sql).await.expect(sql);
-        });
-    })
-    .join()
-    .expect("set track_commit_timestamp");
-    env_sh("pg-restart");
-}
-
-/// Turns the setting off again (with a restart) when dropped.
-struct TrackingOff;
-
-impl Drop for TrackingOff {
-    fn drop(&mut self) {
-        set_track_commit_timestamp(false);
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repair_by_commit_timestamp_is_exact() {

@@ -9,59 +9,13 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
-use common::init_tracing;
 use common::relay::Fixture;
+use common::{TrackingOff, init_tracing, set_track_commit_timestamp};
 use outbox_cdc::metrics::Metrics;
 use outbox_cdc::pg::PgTimestamp;
 use outbox_cdc::pipeline;
-
-fn env_sh(arg: &str) {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let status = Command::new("bash")
-        .arg(format!("{root}/scripts/env.sh"))
-        .arg(arg)
-        .current_dir(root)
-        .status()
-        .unwrap_or_else(|e| panic!("scripts/env.sh {arg}: {e}"));
-    assert!(status.success(), "scripts/env.sh {arg} failed: {status}");
-}
-
-fn set_track_commit_timestamp(on: bool) {
-    let url = common::pg_admin_url();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
-            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                .await
-                .expect("connect as admin");
-            tokio::spawn(conn);
-            let sql = if on {
-                "ALTER SYSTEM SET track_commit_timestamp = on"
-            } else {
-                "ALTER SYSTEM RESET track_commit_timestamp"
-            };
-            client.batch_execute(sql).await.expect(sql);
-        });
-    })
-    .join()
-    .expect("set track_commit_timestamp");
-    env_sh("pg-restart");
-}
-
-/// Turns the setting off again (with a restart) when dropped.
-struct TrackingOff;
-
-impl Drop for TrackingOff {
-    fn drop(&mut self) {
-        set_track_commit_timestamp(false);
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prune_by_commit_timestamp_keeps_old_rows_committed_after_the_acknowledged_one() {

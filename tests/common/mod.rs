@@ -143,6 +143,43 @@ pub fn env_sh(arg: &str) {
     assert!(status.success(), "scripts/env.sh {arg} failed: {status}");
 }
 
+/// Turns `track_commit_timestamp` on or off (ALTER SYSTEM, then
+/// `scripts/env.sh pg-restart`): for tests that must be the only one in
+/// their file.
+pub fn set_track_commit_timestamp(on: bool) {
+    let url = pg_admin_url();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .expect("connect as admin");
+            tokio::spawn(conn);
+            let sql = if on {
+                "ALTER SYSTEM SET track_commit_timestamp = on"
+            } else {
+                "ALTER SYSTEM RESET track_commit_timestamp"
+            };
+            client.batch_execute(sql).await.expect(sql);
+        });
+    })
+    .join()
+    .expect("set track_commit_timestamp");
+    env_sh("pg-restart");
+}
+
+/// Turns `track_commit_timestamp` off again (with a restart) when dropped.
+pub struct TrackingOff;
+
+impl Drop for TrackingOff {
+    fn drop(&mut self) {
+        set_track_commit_timestamp(false);
+    }
+}
+
 /// Installs a tracing subscriber once (RUST_LOG controls it; silent by default).
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
