@@ -8,7 +8,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::relay::{Fixture, Record, Running, consume, spawn_binary};
+use common::relay::{Fixture, Record, Running, consume, read_records, spawn_binary};
 use common::{admin_client, init_tracing};
 use outbox_cdc::coverage::CoverageProblem;
 use outbox_cdc::outbox::MapError;
@@ -166,12 +166,55 @@ async fn partitioned_outbox_with_partition_churn(via_root: bool) {
     stop_tx.send(true).expect("stop the writer");
     written.extend(writer.await.expect("writer"));
 
-    let records = consume(
+    let records = match read_records(
         &f.topic_prefix,
         written.len(),
         Duration::from_secs(60),
         Duration::from_secs(2),
-    );
+    ) {
+        Ok(records) => records,
+        Err(partial) => {
+            let seen: BTreeSet<String> = partial
+                .iter()
+                .map(|r| r.header("event_id").to_owned())
+                .collect();
+            let missing: Vec<String> = written.difference(&seen).cloned().collect();
+            let rows = f
+                .admin
+                .query(
+                    &format!(
+                        "SELECT event_id::text, tableoid::regclass::text, aggregate_id, aggregate_sequence, \
+                         occurred_at::text, xmin::text FROM public.{t} WHERE event_id::text = ANY($1)"
+                    ),
+                    &[&missing],
+                )
+                .await
+                .expect("describe the missing rows");
+            let described: Vec<String> = rows
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{} in {} ({} #{}, at {}, xid {})",
+                        r.get::<_, String>(0),
+                        r.get::<_, String>(1),
+                        r.get::<_, String>(2),
+                        r.get::<_, i64>(3),
+                        r.get::<_, String>(4),
+                        r.get::<_, String>(5)
+                    )
+                })
+                .collect();
+            let state = match running.stop().await {
+                Ok(()) => "the connector was running and stopped cleanly".to_owned(),
+                Err(e) => format!("the connector had stopped: {e}"),
+            };
+            panic!(
+                "{} of {} records arrived within 60 s; {state}; missing: {described:?} (ids {missing:?})",
+                partial.len(),
+                written.len()
+            );
+        }
+    };
     assert_all_in_order(&records, &written);
     assert!(
         written.len() > 20,

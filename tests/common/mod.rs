@@ -183,7 +183,12 @@ impl Drop for TrackingOff {
 /// Installs a tracing subscriber once (RUST_LOG controls it; silent by default).
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        // The connector's info log is captured with the test's output, so a
+        // failing test shows what the connector did (RUST_LOG overrides).
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("outbox_cdc=info")),
+        )
         .with_test_writer()
         .try_init();
 }

@@ -390,12 +390,23 @@ pub fn spawn_binary(config: &Path) -> ChildProcess {
 /// Reads every record of topics matching `^<prefix>\.` until `expected`
 /// records have arrived and then `settle` more time without new ones; panics
 /// with what it has if `timeout` passes first.
-///
-/// Each record (topic, partition, offset) is returned once: a topic that
-/// appears later rebalances the reader, which then reads the partitions it
-/// had from the start again (nothing is committed). Those re-reads are not
-/// records the connector sent twice.
 pub fn consume(prefix: &str, expected: usize, timeout: Duration, settle: Duration) -> Vec<Record> {
+    read_records(prefix, expected, timeout, settle).unwrap_or_else(|partial| {
+        panic!(
+            "consumer timed out after {timeout:?}: {} of {expected} records from topics {prefix}.*",
+            partial.len()
+        )
+    })
+}
+
+/// [`consume`], returning what arrived (`Err`) when `timeout` passes first,
+/// so that a test can say which records are missing.
+pub fn read_records(
+    prefix: &str,
+    expected: usize,
+    timeout: Duration,
+    settle: Duration,
+) -> Result<Vec<Record>, Vec<Record>> {
     // Partitions are assigned by hand from offset 0, and the topic list is
     // refreshed from metadata: no consumer group, so no rebalance can re-read
     // or skip anything while the connector creates topics.
@@ -406,7 +417,6 @@ pub fn consume(prefix: &str, expected: usize, timeout: Duration, settle: Duratio
         .set("allow.auto.create.topics", "false")
         .create()
         .expect("create consumer");
-    let pattern = format!("^{}\\..*", prefix.replace('.', "\\."));
     let wanted = format!("{prefix}.");
     let deadline = Instant::now() + timeout;
     let mut out = Vec::new();
@@ -415,13 +425,10 @@ pub fn consume(prefix: &str, expected: usize, timeout: Duration, settle: Duratio
     let mut last_refresh: Option<Instant> = None;
     loop {
         if out.len() >= expected && last_new.elapsed() >= settle {
-            return out;
+            return Ok(out);
         }
         if Instant::now() > deadline {
-            panic!(
-                "consumer timed out after {timeout:?}: {} of {expected} records from {pattern}",
-                out.len()
-            );
+            return Err(out);
         }
         if last_refresh.is_none_or(|t| t.elapsed() >= Duration::from_millis(500)) {
             last_refresh = Some(Instant::now());
