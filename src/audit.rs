@@ -35,6 +35,7 @@ use crate::config::Config;
 use crate::outbox::ChangeContext;
 use crate::pg::{Lsn, PgConnectConfig, PgError, PgTimestamp, quote_ident};
 use crate::pipeline::retained::RetainedTable;
+use crate::pipeline::{EventIdSet, ReplayOptions, ReplayReport};
 
 /// What to audit.
 #[derive(Debug, Clone)]
@@ -46,6 +47,41 @@ pub struct AuditOptions {
     pub aggregate_type: Option<String>,
     /// Details kept per finding kind (the counts are always complete).
     pub max_examples: usize,
+    /// Keep a progress line on stderr (for a terminal).
+    pub progress: bool,
+}
+
+/// One line on stderr, rewritten at most four times a second.
+struct Progress {
+    enabled: bool,
+    last: Option<std::time::Instant>,
+}
+
+impl Progress {
+    fn new(enabled: bool) -> Progress {
+        Progress {
+            enabled,
+            last: None,
+        }
+    }
+
+    fn show(&mut self, line: impl FnOnce() -> String) {
+        if !self.enabled
+            || self
+                .last
+                .is_some_and(|t| t.elapsed() < Duration::from_millis(250))
+        {
+            return;
+        }
+        self.last = Some(std::time::Instant::now());
+        eprint!("\r\x1b[2K{}", line());
+    }
+
+    fn finish(&mut self) {
+        if self.enabled && self.last.is_some() {
+            eprint!("\r\x1b[2K");
+        }
+    }
 }
 
 /// A row with no record in Kafka.
@@ -83,6 +119,12 @@ pub struct AuditReport {
     pub duplicate_event_ids: Vec<String>,
     pub order_violations: u64,
     pub order_violation_details: Vec<String>,
+    /// Every missing row's event id (the details above are only examples).
+    #[serde(skip)]
+    pub missing_ids: EventIdSet,
+    /// The window in RFC 3339 (UTC), as `replay` takes it.
+    #[serde(skip)]
+    window: (String, String),
 }
 
 impl AuditReport {
@@ -154,17 +196,6 @@ fn sql(during: &'static str) -> impl Fn(tokio_postgres::Error) -> AuditError {
     move |e| AuditError::Pg(PgError::sql(during, e))
 }
 
-/// 128-bit fingerprint of an event id (two differently seeded hashes).
-fn fingerprint(event_id: &str) -> u128 {
-    let mut a = std::collections::hash_map::DefaultHasher::new();
-    0x9e37_79b9u32.hash(&mut a);
-    event_id.hash(&mut a);
-    let mut b = std::collections::hash_map::DefaultHasher::new();
-    0x85eb_ca6bu32.hash(&mut b);
-    event_id.hash(&mut b);
-    (u128::from(a.finish()) << 64) | u128::from(b.finish())
-}
-
 /// One retained row as the connector would publish it.
 struct Row {
     event_id: String,
@@ -185,7 +216,9 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
         .query_one(
             "SELECT $1::text::timestamptz::text, $2::text::timestamptz::text, \
                     (extract(epoch FROM $1::text::timestamptz) * 1000)::int8, \
-                    (extract(epoch FROM $2::text::timestamptz) * 1000)::int8",
+                    (extract(epoch FROM $2::text::timestamptz) * 1000)::int8, \
+                    to_char($1::text::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
+                    to_char($2::text::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
             &[&options.since, &until],
         )
         .await
@@ -193,11 +226,14 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
     let mut report = AuditReport {
         since: row.try_get(0).map_err(&e)?,
         until: row.try_get(1).map_err(&e)?,
+        window: (row.try_get(4).map_err(&e)?, row.try_get(5).map_err(&e)?),
         ..AuditReport::default()
     };
     let (since_ms, until_ms): (i64, i64) =
         (row.try_get(2).map_err(&e)?, row.try_get(3).map_err(&e)?);
     let margin_ms = config.repair.occurred_at_margin_ms as i64;
+
+    let mut progress = Progress::new(options.progress);
 
     // 1. The rows.
     let mut ids: Vec<(u128, bool)> = Vec::new();
@@ -213,8 +249,9 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
             if r.in_window {
                 report.rows += 1;
             }
+            progress.show(|| format!("audit: {} rows read", report.rows));
             topics.insert(r.topic.clone());
-            ids.push((fingerprint(&r.event_id), r.in_window));
+            ids.push((EventIdSet::fingerprint(&r.event_id), r.in_window));
         },
     )
     .await?;
@@ -229,10 +266,17 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
     for topic in &topics {
         read_topic(&consumer, topic, since_ms, |rec| {
             report.records += 1;
+            progress.show(|| {
+                format!(
+                    "audit: {} rows, {} records read (topic {topic})",
+                    report.rows, report.records
+                )
+            });
             let in_window = rec
                 .timestamp_ms
                 .is_some_and(|t| t >= since_ms && t < until_ms);
-            let found = ids.binary_search_by_key(&fingerprint(&rec.event_id), |(f, _)| *f);
+            let found =
+                ids.binary_search_by_key(&EventIdSet::fingerprint(&rec.event_id), |(f, _)| *f);
             let Ok(i) = found else {
                 if in_window {
                     report.phantoms += 1;
@@ -291,7 +335,8 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
         .map(|((f, _), _)| *f)
         .collect();
     report.missing = missing.len() as u64;
-    if !missing.is_empty() {
+    report.missing_ids = EventIdSet::from_fingerprints(missing);
+    if !report.missing_ids.is_empty() {
         let mut details = Vec::new();
         for_each_row(
             &client,
@@ -301,8 +346,7 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
             since_ms,
             until_ms,
             |r| {
-                if details.len() < options.max_examples
-                    && missing.binary_search(&fingerprint(&r.event_id)).is_ok()
+                if details.len() < options.max_examples && report.missing_ids.contains(&r.event_id)
                 {
                     details.push(MissingRow {
                         event_id: r.event_id,
@@ -318,7 +362,56 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
         .await?;
         report.missing_rows = details;
     }
+    progress.finish();
     Ok(report)
+}
+
+/// What `audit --repair` did: the rows it republished, and the audit after.
+#[derive(Debug)]
+pub struct RepairOutcome {
+    pub replayed: ReplayReport,
+    pub after: AuditReport,
+}
+
+/// `audit --repair`: publishes every row `found` reports missing again (in
+/// per-aggregate sequence order, through `replay` with the same window and
+/// aggregate type), then audits the window again.
+///
+/// A republished event lands after the later events of its aggregate that
+/// did arrive, so the audit after may report those keys out of order;
+/// consumers that order by the `aggregate_sequence` header are unaffected.
+pub async fn repair(
+    config: &Config,
+    options: &AuditOptions,
+    found: &AuditReport,
+) -> Result<RepairOutcome, AuditError> {
+    let replayed = if found.missing_ids.is_empty() {
+        ReplayReport::default()
+    } else {
+        let replay = ReplayOptions {
+            since: found.window.0.clone(),
+            until: Some(found.window.1.clone()),
+            aggregate_type: options.aggregate_type.clone(),
+            only: Some(found.missing_ids.clone()),
+            ..ReplayOptions::default()
+        };
+        crate::pipeline::replay(config, &replay)
+            .await
+            .map_err(|e| match e {
+                crate::pipeline::ReplayError::Pipeline(p) => AuditError::Pipeline(p),
+                other => AuditError::Config(format!("replaying the missing rows: {other}")),
+            })?
+    };
+    let after = run(
+        config,
+        &AuditOptions {
+            since: found.window.0.clone(),
+            until: Some(found.window.1.clone()),
+            ..options.clone()
+        },
+    )
+    .await?;
+    Ok(RepairOutcome { replayed, after })
 }
 
 /// Streams the retained rows with `occurred_at` in `[from_ms, until_ms)`,

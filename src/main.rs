@@ -106,6 +106,11 @@ enum Command {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// Publish the missing rows again (like `replay`, in per-aggregate
+        /// sequence order), then audit the window again. Exits 0 when nothing
+        /// is missing after it and no key was out of order before it.
+        #[arg(long)]
+        repair: bool,
     },
     /// Publish retained outbox rows again, in per-aggregate sequence order, for
     /// a consumer that lost its state. Reads the table and produces; needs
@@ -304,6 +309,7 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
             until,
             aggregate_type,
             json,
+            repair,
         } => {
             let config = load(&config)?;
             let options = outbox_cdc::audit::AuditOptions {
@@ -311,14 +317,32 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
                 until,
                 aggregate_type,
                 max_examples: 100,
+                progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
             };
             let report = outbox_cdc::audit::run(&config, &options).await?;
+            if !repair {
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&report)?);
+                } else {
+                    print!("{}", report.to_text());
+                }
+                return Ok(report.passed());
+            }
+            let outcome = outbox_cdc::audit::repair(&config, &options, &report).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                let all = serde_json::json!({
+                    "found": report,
+                    "republished": outcome.replayed.total(),
+                    "republished_by_topic": outcome.replayed.by_topic,
+                    "after": outcome.after,
+                });
+                println!("{}", serde_json::to_string_pretty(&all)?);
             } else {
                 print!("{}", report.to_text());
+                print!("repair: {}", outcome.replayed);
+                print!("after the repair:\n{}", outcome.after.to_text());
             }
-            Ok(report.passed())
+            Ok(outcome.after.missing == 0 && report.order_violations == 0)
         }
         Command::Replay {
             config,
@@ -337,6 +361,7 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
                 aggregate_id,
                 topic_suffix,
                 dry_run,
+                only: None,
             };
             let report = pipeline::replay(&config, &options).await?;
             print!("{report}");

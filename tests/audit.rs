@@ -73,6 +73,7 @@ async fn audit_finds_exactly_what_is_missing_foreign_or_repeated() {
         until: None,
         aggregate_type: None,
         max_examples: 100,
+        progress: false,
     };
     let clean = run(&fx.config(), &options).await.expect("audit");
     assert_eq!(
@@ -148,5 +149,126 @@ async fn audit_finds_exactly_what_is_missing_foreign_or_repeated() {
     .await
     .expect("audit");
     assert_eq!((narrowed.rows, narrowed.missing), (0, 0));
+    fx.cleanup().await;
+}
+
+/// Records deleted from a topic (the delete-records admin call, as retention
+/// or an operator's mistake would) are exactly the audit's missing rows, and
+/// `audit --repair` publishes them again so that nothing is missing after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_records_are_found_and_repaired() {
+    init_tracing();
+    let fx = Fixture::new("auditdel").await;
+    let since: String = fx
+        .admin
+        .query_one("SELECT (now() - interval '1 second')::text", &[])
+        .await
+        .expect("now")
+        .get(0);
+    let running = Running::start(fx.config()).await;
+    let mut published = Vec::new();
+    for i in 0..24 {
+        let agg = format!("d{}", i % 6);
+        published.extend(
+            fx.write_tx(&[("order", agg.as_str(), format!(r#"{{"n":{i}}}"#))], true)
+                .await,
+        );
+    }
+    let records = consume(
+        &fx.topic_prefix,
+        published.len(),
+        TIMEOUT,
+        Duration::from_secs(1),
+    );
+    running.stop().await.expect("graceful stop");
+
+    // Delete the first two records of every partition that has at least three.
+    let mut per_partition: std::collections::BTreeMap<(String, i32), Vec<&common::relay::Record>> =
+        Default::default();
+    for r in &records {
+        per_partition
+            .entry((r.topic.clone(), r.partition))
+            .or_default()
+            .push(r);
+    }
+    let mut cut = rdkafka::TopicPartitionList::new();
+    let mut deleted = BTreeSet::new();
+    for ((topic, partition), mut recs) in per_partition {
+        recs.sort_by_key(|r| r.offset);
+        if recs.len() < 3 {
+            continue;
+        }
+        let low = recs[0].offset;
+        cut.add_partition_offset(&topic, partition, rdkafka::Offset::Offset(low + 2))
+            .expect("partition offset");
+        deleted.extend(recs[..2].iter().map(|r| r.header("event_id").to_owned()));
+    }
+    assert!(!deleted.is_empty(), "no partition had three records");
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        ClientConfig::new()
+            .set("bootstrap.servers", kafka_bootstrap())
+            .create()
+            .expect("admin client");
+    let result = admin
+        .delete_records(&cut, &rdkafka::admin::AdminOptions::new())
+        .await
+        .expect("delete records");
+    for e in result.elements() {
+        assert!(e.error().is_ok(), "delete records in {e:?}");
+    }
+
+    let options = AuditOptions {
+        since: since.clone(),
+        until: None,
+        aggregate_type: None,
+        max_examples: 100,
+        progress: false,
+    };
+    let report = run(&fx.config(), &options).await.expect("audit");
+    let missing: BTreeSet<String> = report
+        .missing_rows
+        .iter()
+        .map(|m| m.event_id.clone())
+        .collect();
+    assert_eq!(missing, deleted, "{}", report.to_text());
+    assert_eq!(
+        (report.missing, report.phantoms, report.duplicates),
+        (deleted.len() as u64, 0, 0),
+        "{}",
+        report.to_text()
+    );
+
+    // The binary's --repair republishes exactly the missing rows and passes.
+    let config = fx.write_config_file();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-cdc"))
+        .args(["audit", "--repair", "--json", "--since", &since, "--config"])
+        .arg(&config)
+        .output()
+        .expect("run outbox-cdc audit --repair");
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("audit --repair prints JSON ({e}): {output:?}"));
+    assert_eq!(output.status.code(), Some(0), "{json:#}");
+    assert_eq!(json["found"]["missing"], deleted.len(), "{json:#}");
+    assert_eq!(json["republished"], deleted.len(), "{json:#}");
+    assert_eq!(json["after"]["missing"], 0, "{json:#}");
+    assert_eq!(json["after"]["duplicates"], 0, "{json:#}");
+
+    // The republished records are in Kafka now, each once.
+    let after = consume(
+        &fx.topic_prefix,
+        published.len(),
+        TIMEOUT,
+        Duration::from_secs(1),
+    );
+    let ids: Vec<String> = after
+        .iter()
+        .map(|r| r.header("event_id").to_owned())
+        .collect();
+    let unique: BTreeSet<String> = ids.iter().cloned().collect();
+    assert_eq!(ids.len(), unique.len(), "a record arrived twice");
+    assert_eq!(
+        unique,
+        published.iter().cloned().collect::<BTreeSet<String>>()
+    );
     fx.cleanup().await;
 }

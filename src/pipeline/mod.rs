@@ -36,7 +36,7 @@ use crate::pgoutput::DecodeError;
 use crate::sink::SinkError;
 
 pub use prune::{PruneError, PruneReport, prune_once, prune_stored, run_pruner};
-pub use replay::{ReplayError, ReplayOptions, ReplayReport, replay, replay_with};
+pub use replay::{EventIdSet, ReplayError, ReplayOptions, ReplayReport, replay, replay_with};
 pub use resume::{ResumePlan, StartRefused};
 pub use sequences::{GapKind, SequenceGap};
 

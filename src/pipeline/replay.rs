@@ -10,7 +10,8 @@
 //!   taken by sequence instead (sequence `>=` its sequence), so the aggregate's
 //!   history resumes exactly at that event;
 //! - `--until <time>`: only rows with `occurred_at < until`;
-//! - `--aggregate-type`, `--aggregate-id`: only those aggregates.
+//! - `--aggregate-type`, `--aggregate-id`: only those aggregates;
+//! - [`ReplayOptions::only`] (from `audit --repair`): only those event ids.
 //!
 //! Rows go out in per-aggregate sequence order, mapped like streamed inserts
 //! (same topics, keys, headers; `lsn` is the server's WAL position when the
@@ -22,6 +23,8 @@
 //! of the live topics. `--dry-run` counts per topic and sends nothing.
 
 use std::collections::BTreeMap;
+use std::hash::{Hash as _, Hasher as _};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_util::{StreamExt as _, pin_mut};
@@ -48,6 +51,45 @@ pub struct ReplayOptions {
     /// Appended to every record's topic; empty for none.
     pub topic_suffix: String,
     pub dry_run: bool,
+    /// Only rows with these event ids (the other filters still apply).
+    pub only: Option<EventIdSet>,
+}
+
+/// A compact set of event ids: 128-bit fingerprints (two differently seeded
+/// 64-bit hashes), 16 bytes an id, sorted. A false match needs two 64-bit
+/// collisions at once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventIdSet(Arc<Vec<u128>>);
+
+impl EventIdSet {
+    /// The fingerprint an event id is kept as.
+    pub fn fingerprint(event_id: &str) -> u128 {
+        let half = |seed: u32| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            seed.hash(&mut h);
+            event_id.hash(&mut h);
+            h.finish()
+        };
+        (u128::from(half(0x9e37_79b9)) << 64) | u128::from(half(0x85eb_ca6b))
+    }
+
+    pub fn from_fingerprints(mut fingerprints: Vec<u128>) -> EventIdSet {
+        fingerprints.sort_unstable();
+        fingerprints.dedup();
+        EventIdSet(Arc::new(fingerprints))
+    }
+
+    pub fn contains(&self, event_id: &str) -> bool {
+        self.0.binary_search(&Self::fingerprint(event_id)).is_ok()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// What a replay sent (or, dry, would send).
@@ -286,6 +328,13 @@ pub async fn replay_with(
             commit_time,
         };
         let mapped = retained.map(&row, &ctx)?;
+        if let Some(only) = &options.only {
+            // An unmappable row has no event id to match; it is not wanted.
+            match &mapped {
+                Ok(event) if only.contains(&event.event_id) => {}
+                _ => continue,
+            }
+        }
         let raw = || Bytes::from_static(b"{}");
         let mut event = match router.route(mapped, raw, &parking, at, commit_time)? {
             Route::Publish(event) | Route::DeadLetter(event) => event,

@@ -260,6 +260,7 @@ pub async fn run(opts: Options) {
         until: None,
         aggregate_type: None,
         max_examples: 20,
+        progress: false,
     };
     match outbox_cdc::audit::run(&config, &options).await {
         Ok(a) => {
