@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use common::relay::{Fixture, Record, Running, consume, read_records, spawn_binary};
 use common::{admin_client, init_tracing};
+use outbox_cdc::checkpoint::OffsetStore;
 use outbox_cdc::coverage::CoverageProblem;
 use outbox_cdc::outbox::MapError;
+use outbox_cdc::pg::Lsn;
 use outbox_cdc::pipeline::{PipelineError, RunOptions};
 
 /// Replaces the fixture's plain table by a range-partitioned one with the same
@@ -609,7 +611,7 @@ async fn a_publication_narrowed_while_streaming_stops_the_connector() {
     let f = Fixture::new("narrowed").await;
     let (t, p) = (f.table.clone(), f.publication.clone());
     let running =
-        Running::start(f.config_with("OUTBOX_CDC__MONITOR__SLOT_POLL_INTERVAL_MS=300")).await;
+        Running::start(f.config_with("OUTBOX_CDC__MONITOR__SLOT_POLL_INTERVAL_MS=3000")).await;
     f.write_tx(&[("order", "a", r#"{"n":1}"#.to_owned())], true)
         .await;
     consume(&f.topic_prefix, 1, Duration::from_secs(30), Duration::ZERO);
@@ -621,6 +623,26 @@ async fn a_publication_narrowed_while_streaming_stops_the_connector() {
         format!("ALTER PUBLICATION {p} SET (publish = 'update, delete')")
     };
     f.admin.batch_execute(&narrow).await.expect(&narrow);
+    let narrowed: Lsn = f
+        .admin
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .expect("lsn")
+        .get::<_, String>(0)
+        .parse()
+        .expect("lsn");
+    // A row the narrowed publication hides, then rows it still sends (with a
+    // row filter) until the connector stops: their deliveries must not
+    // acknowledge past the hidden one.
+    f.write_tx(&[("order", "hidden", r#"{"n":2}"#.to_owned())], true)
+        .await;
+    let mut n = 3;
+    while !running.is_finished() && n < 400 {
+        f.write_tx(&[("order", "a", format!(r#"{{"n":{n}}}"#))], true)
+            .await;
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     match running.finished(Duration::from_secs(30)).await {
         Err(PipelineError::CoverageLost(lost)) => assert!(
             if row_filter {
@@ -632,5 +654,21 @@ async fn a_publication_narrowed_while_streaming_stops_the_connector() {
         ),
         other => panic!("expected a stop on the narrowed publication, got {other:?}"),
     }
+    let stored = OffsetStore::open(&f.offsets_path())
+        .expect("offset store")
+        .load(&f.slot)
+        .expect("load")
+        .expect("an offset")
+        .lsn;
+    let confirmed: Lsn = f
+        .slot_confirmed_flush()
+        .await
+        .expect("slot")
+        .parse()
+        .expect("lsn");
+    assert!(
+        stored <= narrowed && confirmed <= narrowed,
+        "acknowledged past the narrowing at {narrowed}: stored {stored}, slot confirmed {confirmed}"
+    );
     f.cleanup().await;
 }

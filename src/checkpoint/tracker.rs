@@ -7,9 +7,15 @@
 //! acked LSN is then its `end_lsn`. Each transaction is popped once, so
 //! `delivered` is O(1) amortized.
 //!
-//! Invariant: the front entry, if any, is never finished (it is open, or
-//! committed with undelivered events). Hence "queue empty" is exactly "nothing
-//! open, nothing in flight".
+//! The acked LSN is also held at or below a ceiling, when one is set
+//! ([`AckTracker::prove_through`]): the WAL position at which the connector
+//! last proved that the publication carries the outbox. pgoutput drops rows
+//! silently once a publication is narrowed, so a position is acknowledged
+//! only after a proof that began at or after it.
+//!
+//! Invariant: the front entry, if any, is never finished unless it is a
+//! committed transaction held above the ceiling. Hence "queue empty" is
+//! exactly "nothing open, nothing in flight, nothing held".
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -118,6 +124,8 @@ pub struct AckTracker {
     in_flight_events: usize,
     in_flight_bytes: usize,
     stale_tokens: u64,
+    /// The acked LSN never passes it; `None`: no ceiling.
+    ceiling: Option<Lsn>,
 }
 
 impl AckTracker {
@@ -136,7 +144,25 @@ impl AckTracker {
             in_flight_events: 0,
             in_flight_bytes: 0,
             stale_tokens: 0,
+            ceiling: None,
         }
+    }
+
+    /// The publication was proven to carry the outbox at WAL position
+    /// `through`: from now on the acked LSN may reach it, but not pass it
+    /// (until a later proof). The ceiling only rises. Returns the new acked
+    /// LSN if transactions held below it are now acked.
+    pub fn prove_through(&mut self, through: Lsn) -> Option<Lsn> {
+        if self.ceiling.is_some_and(|c| c >= through) {
+            return None;
+        }
+        self.ceiling = Some(through);
+        self.pop_finished()
+    }
+
+    /// Whether a position is at or below the ceiling.
+    fn proven(&self, lsn: Lsn) -> bool {
+        self.ceiling.is_none_or(|c| lsn <= c)
     }
 
     fn next_seq(&self) -> u64 {
@@ -268,19 +294,22 @@ impl AckTracker {
     /// transaction the server sent before this point is acked, so `wal_end`
     /// itself may become the acked LSN (if greater). Returns it if it advanced.
     pub fn idle_advance(&mut self, wal_end: Lsn) -> Option<Lsn> {
-        if !self.is_idle() || wal_end <= self.acked {
+        let target = self.ceiling.map_or(wal_end, |c| c.min(wal_end));
+        if !self.is_idle() || target <= self.acked {
             return None;
         }
-        self.acked = wal_end;
-        self.floor = self.floor.max(wal_end);
-        Some(wal_end)
+        self.acked = target;
+        self.floor = self.floor.max(target);
+        Some(target)
     }
 
     /// Pops finished transactions off the front; returns the new acked LSN if
     /// one of them was a committed transaction beyond the current acked LSN.
     fn pop_finished(&mut self) -> Option<Lsn> {
         let mut advanced = None;
-        while self.queue.front().is_some_and(Tx::is_finished) {
+        while self.queue.front().is_some_and(|tx| {
+            tx.is_finished() && !matches!(tx.state, TxState::Committed(end) if !self.proven(end))
+        }) {
             let Some(tx) = self.queue.pop_front() else {
                 break;
             };
@@ -334,7 +363,7 @@ impl AckTracker {
             .map(|tx| tx.commit_time)
     }
 
-    /// Nothing open and nothing in flight.
+    /// Nothing open, nothing in flight and nothing held above the ceiling.
     pub fn is_idle(&self) -> bool {
         self.queue.is_empty()
     }
@@ -392,6 +421,36 @@ mod tests {
         assert!(t.is_idle());
         assert_eq!((t.in_flight_events(), t.in_flight_bytes()), (0, 0));
         assert_eq!(t.stale_tokens(), 0);
+    }
+
+    #[test]
+    fn nothing_is_acked_past_the_last_proof() {
+        let mut t = AckTracker::new(lsn(0));
+        assert_eq!(t.prove_through(lsn(15)), None);
+        let (a, _) = tx(&mut t, 1, 10);
+        let (b, _) = tx(&mut t, 1, 20);
+        t.begin(ts(3)).unwrap();
+        t.commit(lsn(30)).unwrap();
+        assert_eq!(t.delivered(b[0]), None);
+        assert_eq!(t.delivered(a[0]), Some(lsn(10)), "up to the ceiling");
+        assert_eq!(t.acked_commit_time(), Some(ts(10)));
+        assert!(
+            !t.is_idle(),
+            "delivered transactions above the ceiling are held"
+        );
+        assert_eq!(t.idle_advance(lsn(40)), None, "no idle advance while held");
+        assert_eq!(t.prove_through(lsn(12)), None, "the ceiling never falls");
+        assert_eq!(t.prove_through(lsn(25)), Some(lsn(20)));
+        assert_eq!(t.acked_commit_time(), Some(ts(20)));
+        assert_eq!(t.prove_through(lsn(35)), Some(lsn(30)));
+        assert!(t.is_idle());
+        assert_eq!(
+            t.idle_advance(lsn(50)),
+            Some(lsn(35)),
+            "idle advance stops at it too"
+        );
+        assert_eq!(t.prove_through(lsn(60)), None);
+        assert_eq!(t.idle_advance(lsn(50)), Some(lsn(50)));
     }
 
     #[test]

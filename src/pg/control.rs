@@ -149,6 +149,22 @@ pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, 
     }))
 }
 
+/// The server's WAL position: where WAL is written on a primary, where it is
+/// replayed on a standby.
+pub async fn wal_position(client: &Client) -> Result<Lsn, PgError> {
+    let during = "reading the server's WAL position";
+    let row = client
+        .query_one(
+            "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                     ELSE pg_current_wal_lsn() END)::text",
+            &[],
+        )
+        .await
+        .map_err(|e| PgError::sql(during, e))?;
+    let text: String = row.try_get(0).map_err(|e| PgError::sql(during, e))?;
+    parse_lsn(&text, "the WAL position")
+}
+
 pub async fn current_wal_lsn(client: &Client) -> Result<Lsn, PgError> {
     let row = client
         .query_one("SELECT pg_current_wal_lsn()::text", &[])

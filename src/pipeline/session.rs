@@ -72,8 +72,9 @@ pub(crate) struct Session<'a> {
     /// Control connection for looking up relations start-up did not know and
     /// for re-proving coverage.
     catalog: Arc<tokio_postgres::Client>,
-    /// The running re-proof of coverage, and when the last one started.
-    reproof: Option<JoinHandle<Result<Vec<CoverageProblem>, PgError>>>,
+    /// The running re-proof of coverage (its problems, and the WAL position
+    /// it holds for), and when the last one started.
+    reproof: Option<JoinHandle<Result<(Vec<CoverageProblem>, Lsn), PgError>>>,
     reproof_started: Instant,
     open: Option<OpenTx>,
     skip_through: Lsn,
@@ -122,7 +123,7 @@ impl<'a> Session<'a> {
 
         // Proof before the slot is touched (DESIGN.md §5a): the publication
         // carries every row of the outbox table, or the start is refused.
-        let coverage = prove_coverage(&client, config).await?;
+        let (coverage, proven_through) = prove_coverage(&client, config).await?;
         // Features older majors lack: refused before the slot is touched.
         if config.postgres.failover_slot || mapper.wants_messages() {
             let server_version = control::server_version_num(&client).await?;
@@ -266,6 +267,8 @@ impl<'a> Session<'a> {
         metrics.durable_commit_time.set(stored_time);
         info!(slot, start = %start, skip_through = %skip_through, system_id = %identity.system_id, "streaming");
 
+        let mut tracker = AckTracker::new(durable.lsn());
+        tracker.prove_through(proven_through);
         let mut session = Session {
             config,
             store,
@@ -273,7 +276,7 @@ impl<'a> Session<'a> {
             mapper,
             sink,
             reports,
-            tracker: AckTracker::new(durable.lsn()),
+            tracker,
             feedback,
             durable,
             system_id: identity.system_id,
@@ -759,6 +762,11 @@ impl<'a> Session<'a> {
     /// committed after an `ALTER PUBLICATION` that drops the table, adds a row
     /// filter or stops publishing inserts are never sent. The stream cannot
     /// show it, the catalog can: stop loudly.
+    ///
+    /// Each proof reads the WAL position before the catalog; a passing proof
+    /// lets the acked LSN reach that position, never beyond (the tracker's
+    /// ceiling). So a narrowing stops the connector before anything written
+    /// after it is acknowledged, however long the proof interval.
     fn reprove_coverage(&mut self) -> Result<(), PipelineError> {
         if let Some(running) = self.reproof.as_mut() {
             let Some(done) = futures_util::FutureExt::now_or_never(running) else {
@@ -766,10 +774,14 @@ impl<'a> Session<'a> {
             };
             self.reproof = None;
             match done {
-                Ok(Ok(problems)) if !problems.is_empty() => {
+                Ok(Ok((problems, _))) if !problems.is_empty() => {
                     return Err(PipelineError::CoverageLost(NotCovered { problems }));
                 }
-                Ok(Ok(_)) => {}
+                Ok(Ok((_, through))) => {
+                    if self.tracker.prove_through(through).is_some() {
+                        self.mark_dirty();
+                    }
+                }
                 Ok(Err(e)) => {
                     warn!(error = %e, "re-proving the publication's coverage failed; trying again later")
                 }
@@ -791,10 +803,12 @@ impl<'a> Session<'a> {
             return Ok(()); // validated before streaming
         };
         self.reproof = Some(tokio::spawn(async move {
+            let through = control::wal_position(&client).await?;
             let facts = coverage::gather(&client, &table, &publication).await?;
-            Ok(coverage::judge(&facts, &table, &publication, &mapped)
+            let problems = coverage::judge(&facts, &table, &publication, &mapped)
                 .err()
-                .unwrap_or_default())
+                .unwrap_or_default();
+            Ok((problems, through))
         }));
         Ok(())
     }
@@ -868,6 +882,43 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
+    /// At a graceful stop: one more coverage proof, so that what was delivered
+    /// since the last one is acknowledged (bounded; on failure the next start
+    /// re-sends it, or refuses to start if the publication was narrowed).
+    async fn final_proof(&mut self) {
+        let (Ok(table), Ok(mapped)) = (
+            coverage::configured_table(&self.config.outbox),
+            coverage::mapped_columns(&self.config.outbox),
+        ) else {
+            return;
+        };
+        let publication = self.config.postgres.publication.as_str();
+        let proof = async {
+            let through = control::wal_position(&self.catalog).await?;
+            let facts = coverage::gather(&self.catalog, &table, publication).await?;
+            Ok::<_, PgError>((
+                coverage::judge(&facts, &table, publication, &mapped),
+                through,
+            ))
+        };
+        match tokio::time::timeout(Duration::from_secs(5), proof).await {
+            Ok(Ok((Ok(_), through))) => {
+                self.tracker.prove_through(through);
+            }
+            Ok(Ok((Err(problems), _))) => warn!(
+                problems = %NotCovered { problems },
+                "the publication no longer carries the outbox: what was delivered since the last proof is not \
+                 acknowledged"
+            ),
+            Ok(Err(e)) => {
+                warn!(error = %e, "the final coverage proof failed; the next start re-sends what was delivered since the last one")
+            }
+            Err(_) => warn!(
+                "the final coverage proof timed out; the next start re-sends what was delivered since the last one"
+            ),
+        }
+    }
+
     /// After a session failed: take the delivery reports that arrive within a
     /// short bound and persist the acknowledged prefix, so the next session
     /// re-sends only what was really unacknowledged. It also waits for a
@@ -938,6 +989,7 @@ impl<'a> Session<'a> {
             }
         }
         crate::failpoint!("during-shutdown");
+        self.final_proof().await;
         self.persist_now().await?;
         info!(acked = %self.durable.lsn(), "final acknowledged position persisted");
         if let Err(e) = stream.shutdown().await {
@@ -1027,10 +1079,12 @@ fn prefer_refusal(failure: PipelineError, drained: Option<PipelineError>) -> Pip
 
 /// Gathers the catalog facts (creating the publication first when configured
 /// to and missing) and proves the publication covers the outbox table.
+/// Returns the coverage and the WAL position the proof holds for (read
+/// before the catalog, see [`Session::reprove_coverage`]).
 async fn prove_coverage(
     client: &tokio_postgres::Client,
     config: &Config,
-) -> Result<Coverage, PipelineError> {
+) -> Result<(Coverage, Lsn), PipelineError> {
     let publication = config.postgres.publication.as_str();
     let invalid = |e: crate::outbox::ConfigError| PipelineError::Protocol {
         lsn: Lsn::ZERO,
@@ -1038,6 +1092,7 @@ async fn prove_coverage(
     };
     let table = coverage::configured_table(&config.outbox).map_err(invalid)?;
     let mapped = coverage::mapped_columns(&config.outbox).map_err(invalid)?;
+    let through = control::wal_position(client).await?;
     let mut facts = coverage::gather(client, &table, publication).await?;
     if config.postgres.create_publication && facts.publication.is_none() {
         if let Some(t) = &facts.table {
@@ -1047,8 +1102,9 @@ async fn prove_coverage(
             facts = coverage::gather(client, &table, publication).await?;
         }
     }
-    coverage::judge(&facts, &table, publication, &mapped)
-        .map_err(|problems| PipelineError::NotCovered(NotCovered { problems }))
+    let coverage = coverage::judge(&facts, &table, publication, &mapped)
+        .map_err(|problems| PipelineError::NotCovered(NotCovered { problems }))?;
+    Ok((coverage, through))
 }
 
 fn protocol(lsn: Lsn, what: impl std::fmt::Display) -> PipelineError {

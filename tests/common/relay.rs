@@ -303,6 +303,11 @@ impl Running {
         }
     }
 
+    /// Whether the pipeline has returned (by itself: a refusal or a stop).
+    pub fn is_finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+
     /// Signals a graceful stop and waits for the pipeline to return.
     pub async fn stop(self) -> Result<(), PipelineError> {
         let _ = self.stop.send(true);
