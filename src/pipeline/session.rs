@@ -882,8 +882,8 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    /// At a graceful stop: one more coverage proof, so that what was delivered
-    /// since the last one is acknowledged (bounded; on failure the next start
+    /// At a stop: one more coverage proof, so that what was delivered since
+    /// the last one is acknowledged (bounded; on failure the next start
     /// re-sends it, or refuses to start if the publication was narrowed).
     async fn final_proof(&mut self) {
         let (Ok(table), Ok(mapped)) = (
@@ -945,6 +945,12 @@ impl<'a> Session<'a> {
                 }
                 Ok(None) | Err(_) => break,
             }
+        }
+        if !matches!(
+            failure,
+            PipelineError::CoverageLost(_) | PipelineError::NotCovered(_)
+        ) {
+            self.final_proof().await;
         }
         match self.persist_now().await {
             Ok(()) => {
