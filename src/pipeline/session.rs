@@ -50,6 +50,9 @@ struct OpenTx {
     replayed: bool,
 }
 
+/// A coverage re-proof: the problems found, and the WAL position it holds for.
+type ReproofTask = JoinHandle<Result<(Vec<CoverageProblem>, Lsn), PgError>>;
+
 pub(crate) struct Session<'a> {
     config: &'a Config,
     store: &'a Arc<OffsetStore>,
@@ -74,7 +77,7 @@ pub(crate) struct Session<'a> {
     catalog: Arc<tokio_postgres::Client>,
     /// The running re-proof of coverage (its problems, and the WAL position
     /// it holds for), and when the last one started.
-    reproof: Option<JoinHandle<Result<(Vec<CoverageProblem>, Lsn), PgError>>>,
+    reproof: Option<ReproofTask>,
     reproof_started: Instant,
     open: Option<OpenTx>,
     skip_through: Lsn,
