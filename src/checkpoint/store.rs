@@ -27,6 +27,8 @@ const SEQUENCES_TREE: &str = "sequences";
 const ENCODING_VERSION: u32 = 1;
 /// sled's page cache bound; the store holds a handful of small keys.
 const CACHE_CAPACITY_BYTES: u64 = 8 * 1024 * 1024;
+const LOCK_RETRIES: u32 = 10;
+const LOCK_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// An LSN that is durable in the offset store: flushed to disk by a
 /// successful [`OffsetStore::persist`], or read back by
@@ -245,23 +247,36 @@ impl OffsetStore {
     /// parked aggregates into memory.
     pub fn open(path: &Path) -> Result<OffsetStore, StoreError> {
         let path = path.to_path_buf();
-        let db = sled::Config::new()
-            .path(&path)
-            .cache_capacity(CACHE_CAPACITY_BYTES)
-            .open()
-            .map_err(|source| {
-                if is_lock_conflict(&source) {
-                    StoreError::Locked {
-                        path: path.clone(),
-                        source,
-                    }
-                } else {
-                    StoreError::Open {
-                        path: path.clone(),
-                        source,
-                    }
+        // sled's file lock outlives the last handle of a store closed in this
+        // process by a moment (its flusher thread lets go of it), so a lock
+        // conflict is tried again briefly before it is reported: another
+        // process holding the store still fails within a second.
+        let mut attempts = 0;
+        let db = loop {
+            let opened = sled::Config::new()
+                .path(&path)
+                .cache_capacity(CACHE_CAPACITY_BYTES)
+                .open();
+            match opened {
+                Err(source) if is_lock_conflict(&source) && attempts < LOCK_RETRIES => {
+                    attempts += 1;
+                    std::thread::sleep(LOCK_RETRY_PAUSE);
                 }
-            })?;
+                Err(source) if is_lock_conflict(&source) => {
+                    return Err(StoreError::Locked {
+                        path: path.clone(),
+                        source,
+                    });
+                }
+                Err(source) => {
+                    return Err(StoreError::Open {
+                        path: path.clone(),
+                        source,
+                    });
+                }
+                Ok(db) => break db,
+            }
+        };
         let open_tree = |name: &str| {
             db.open_tree(name).map_err(|source| StoreError::Open {
                 path: path.clone(),
