@@ -15,10 +15,11 @@
 //!    sequence does not increase or that sit in two partitions (order
 //!    violations; non-zero exit).
 //!
-//! Memory stays bounded for large windows: event ids are kept as 128-bit
-//! fingerprints in a sorted vector with a copy count each (about 26 bytes a
-//! row), per key only the last sequence; the missing rows' details are read
-//! back in a second pass over the table.
+//! Memory stays bounded for large windows: event ids are kept as 127-bit
+//! fingerprints (the low bit says whether the row is in the window) in a
+//! sorted vector with a copy count each (18 bytes a row), per key only the
+//! last sequence; the missing rows' details are read back in a second pass
+//! over the table. The consumer's read-ahead is capped (8 MiB queued).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
@@ -236,7 +237,8 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
     let mut progress = Progress::new(options.progress);
 
     // 1. The rows.
-    let mut ids: Vec<(u128, bool)> = Vec::new();
+    // Fingerprint (low bit clear) | in-window flag.
+    let mut ids: Vec<u128> = Vec::new();
     let mut topics: BTreeSet<String> = BTreeSet::new();
     for_each_row(
         &client,
@@ -251,12 +253,13 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
             }
             progress.show(|| format!("audit: {} rows read", report.rows));
             topics.insert(r.topic.clone());
-            ids.push((EventIdSet::fingerprint(&r.event_id), r.in_window));
+            ids.push(EventIdSet::fingerprint(&r.event_id) | u128::from(r.in_window));
         },
     )
     .await?;
-    ids.sort_unstable_by_key(|(f, _)| *f);
-    ids.dedup_by_key(|(f, _)| *f);
+    ids.sort_unstable_by_key(|f| *f & !1);
+    ids.dedup_by_key(|f| *f & !1);
+    ids.shrink_to_fit();
     let mut copies: Vec<u16> = vec![0; ids.len()];
     report.topics = topics.iter().cloned().collect();
 
@@ -276,7 +279,7 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
                 .timestamp_ms
                 .is_some_and(|t| t >= since_ms && t < until_ms);
             let found =
-                ids.binary_search_by_key(&EventIdSet::fingerprint(&rec.event_id), |(f, _)| *f);
+                ids.binary_search_by_key(&EventIdSet::fingerprint(&rec.event_id), |f| *f & !1);
             let Ok(i) = found else {
                 if in_window {
                     report.phantoms += 1;
@@ -331,8 +334,8 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
     let missing: Vec<u128> = ids
         .iter()
         .zip(&copies)
-        .filter(|((_, in_window), n)| *in_window && **n == 0)
-        .map(|((f, _), _)| *f)
+        .filter(|(f, n)| *f & 1 == 1 && **n == 0)
+        .map(|(f, _)| *f & !1)
         .collect();
     report.missing = missing.len() as u64;
     report.missing_ids = EventIdSet::from_fingerprints(missing);
@@ -510,7 +513,13 @@ fn consumer(config: &Config) -> Result<BaseConsumer, AuditError> {
         .set("group.id", "outbox-cdc-audit")
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "false");
+        .set("enable.partition.eof", "false")
+        // librdkafka reads ahead up to 64 MiB a partition by default; the
+        // audit reads one topic at a time and needs little buffered (without
+        // a short backoff, a full queue slows fetching down by seconds).
+        .set("queued.max.messages.kbytes", "8192")
+        .set("queued.min.messages", "10000")
+        .set("fetch.queue.backoff.ms", "10");
     client
         .create()
         .map_err(|e| AuditError::Kafka(format!("creating the audit consumer: {e}")))

@@ -55,9 +55,9 @@ pub struct ReplayOptions {
     pub only: Option<EventIdSet>,
 }
 
-/// A compact set of event ids: 128-bit fingerprints (two differently seeded
-/// 64-bit hashes), 16 bytes an id, sorted. A false match needs two 64-bit
-/// collisions at once.
+/// A compact set of event ids: 127-bit fingerprints (two differently seeded
+/// 64-bit hashes, the lowest bit cleared for its users' flags), 16 bytes an
+/// id, sorted. A false match needs a collision of both hashes at once.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EventIdSet(Arc<Vec<u128>>);
 
@@ -70,7 +70,7 @@ impl EventIdSet {
             event_id.hash(&mut h);
             h.finish()
         };
-        (u128::from(half(0x9e37_79b9)) << 64) | u128::from(half(0x85eb_ca6b))
+        ((u128::from(half(0x9e37_79b9)) << 64) | u128::from(half(0x85eb_ca6b))) & !1
     }
 
     pub fn from_fingerprints(mut fingerprints: Vec<u128>) -> EventIdSet {
