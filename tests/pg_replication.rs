@@ -638,3 +638,60 @@ async fn a_silent_server_is_asked_for_a_keepalive_then_timed_out() {
         "asked the server for a keepalive before giving up"
     );
 }
+
+/// `target_session_attrs` over a multi-host URL: a host that does not answer
+/// and one of the wrong kind are passed over, on both the replication and the
+/// SQL connection; when no host fits, the error names the wish and what was
+/// found, and is retryable (a failover may be in progress).
+#[tokio::test]
+async fn target_session_attrs_picks_the_fitting_host() {
+    let url = common::pg_url();
+    // postgres://user:password@host:port/db[?...]: a closed port first
+    // (nothing listens on port 1), then the server.
+    let at = url.rfind('@').expect("user in the test URL") + 1;
+    let slash = at + url[at..].find('/').expect("database in the test URL");
+    let (head, server, tail) = (&url[..at], &url[at..slash], &url[slash..]);
+    let multi = |attrs: &str| {
+        let sep = if tail.contains('?') { '&' } else { '?' };
+        PgConnectConfig::parse(&format!(
+            "{head}127.0.0.1:1,{server}{tail}{sep}target_session_attrs={attrs}"
+        ))
+        .expect("multi-host URL parses")
+    };
+    for attrs in ["read-write", "primary", "any", "prefer-standby"] {
+        let cfg = multi(attrs);
+        let mut conn = ReplicationConnection::connect(&cfg, "outbox-cdc-test")
+            .await
+            .unwrap_or_else(|e| panic!("replication connection with {attrs}: {e}"));
+        conn.identify_system().await.expect("identify");
+        let client = cfg
+            .connect_sql()
+            .await
+            .unwrap_or_else(|e| panic!("SQL connection with {attrs}: {e}"));
+        let one: i32 = client
+            .query_one("SELECT 1", &[])
+            .await
+            .expect("query")
+            .get(0);
+        assert_eq!(one, 1);
+    }
+    for attrs in ["standby", "read-only"] {
+        let err = ReplicationConnection::connect(&multi(attrs), "outbox-cdc-test")
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{attrs}: a primary was accepted"));
+        assert!(
+            matches!(&err, PgError::WrongServerKind { wanted, .. } if *wanted == attrs),
+            "{attrs}: {err}"
+        );
+        assert!(err.is_retryable(), "{err}");
+        let err = multi(attrs).connect_sql().await.err().expect("SQL refused");
+        assert!(matches!(err, PgError::WrongServerKind { .. }), "{err}");
+    }
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let bad = PgConnectConfig::parse(&format!("{url}{sep}target_session_attrs=leader"));
+    assert!(
+        matches!(&bad, Err(PgError::Config { key, .. }) if key == "target_session_attrs"),
+        "{bad:?}"
+    );
+}

@@ -215,6 +215,7 @@ pub struct PgConnectConfig {
     tokio: tokio_postgres::Config,
     tls: TlsSettings,
     auth: AuthSettings,
+    session_attrs: SessionAttrs,
 }
 
 impl fmt::Debug for PgConnectConfig {
@@ -224,14 +225,125 @@ impl fmt::Debug for PgConnectConfig {
 }
 
 /// The keys we parse ourselves (tokio-postgres does not get them).
-const OWN_KEYS: [&str; 6] = [
+const OWN_KEYS: [&str; 7] = [
     "sslmode",
     "sslrootcert",
     "sslcert",
     "sslkey",
     "channel_binding",
     "require_auth",
+    "target_session_attrs",
 ];
+
+/// libpq's `target_session_attrs`: which server of a multi-host list a
+/// connection stays on. Hosts are tried in order; one of the wrong kind is
+/// passed over like an unreachable one, so after a failover the connector
+/// finds the promoted primary by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SessionAttrs {
+    #[default]
+    Any,
+    /// `transaction_read_only` is off.
+    ReadWrite,
+    ReadOnly,
+    /// Not in recovery.
+    Primary,
+    /// In recovery (a hot standby).
+    Standby,
+    /// A standby if any answers, else any server.
+    PreferStandby,
+}
+
+/// What a session reached, as [`SessionAttrs`] judges it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerKind {
+    pub in_recovery: bool,
+    pub read_only: bool,
+}
+
+impl ServerKind {
+    /// The query that tells, one row: `pg_is_in_recovery`, `transaction_read_only`.
+    pub(crate) const QUERY: &'static str =
+        "SELECT pg_is_in_recovery()::text, current_setting('transaction_read_only')";
+
+    /// From the query's two text columns.
+    pub(crate) fn from_text(in_recovery: &str, read_only: &str) -> ServerKind {
+        ServerKind {
+            in_recovery: in_recovery == "true",
+            read_only: read_only == "on",
+        }
+    }
+
+    pub fn describe(&self) -> &'static str {
+        match (self.in_recovery, self.read_only) {
+            (true, _) => "a standby (in recovery)",
+            (false, true) => "a read-only primary",
+            (false, false) => "a read-write primary",
+        }
+    }
+}
+
+impl SessionAttrs {
+    fn parse(value: &str) -> Result<SessionAttrs, PgError> {
+        Ok(match value {
+            "any" => SessionAttrs::Any,
+            "read-write" => SessionAttrs::ReadWrite,
+            "read-only" => SessionAttrs::ReadOnly,
+            "primary" => SessionAttrs::Primary,
+            "standby" => SessionAttrs::Standby,
+            "prefer-standby" => SessionAttrs::PreferStandby,
+            other => {
+                return Err(PgError::Config {
+                    key: "target_session_attrs".into(),
+                    message: format!(
+                        "{other:?} is not one of any, read-write, read-only, primary, standby, prefer-standby"
+                    ),
+                });
+            }
+        })
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            SessionAttrs::Any => "any",
+            SessionAttrs::ReadWrite => "read-write",
+            SessionAttrs::ReadOnly => "read-only",
+            SessionAttrs::Primary => "primary",
+            SessionAttrs::Standby => "standby",
+            SessionAttrs::PreferStandby => "prefer-standby",
+        }
+    }
+
+    /// The passes over the host list: prefer-standby first looks for a
+    /// standby, then takes any server.
+    pub(crate) fn passes(self) -> &'static [SessionAttrs] {
+        match self {
+            SessionAttrs::PreferStandby => &[SessionAttrs::Standby, SessionAttrs::Any],
+            SessionAttrs::Any => &[SessionAttrs::Any],
+            SessionAttrs::ReadWrite => &[SessionAttrs::ReadWrite],
+            SessionAttrs::ReadOnly => &[SessionAttrs::ReadOnly],
+            SessionAttrs::Primary => &[SessionAttrs::Primary],
+            SessionAttrs::Standby => &[SessionAttrs::Standby],
+        }
+    }
+
+    /// Whether the server's kind must be asked after the session started.
+    pub(crate) fn needs_check(self) -> bool {
+        self != SessionAttrs::Any
+    }
+
+    /// Whether a server of `kind` fits (`None`: not asked, fits only `any`).
+    pub(crate) fn accepts(self, kind: Option<ServerKind>) -> bool {
+        match (self, kind) {
+            (SessionAttrs::Any, _) => true,
+            (_, None) => false,
+            (SessionAttrs::ReadWrite, Some(k)) => !k.read_only,
+            (SessionAttrs::ReadOnly, Some(k)) => k.read_only,
+            (SessionAttrs::Primary, Some(k)) => !k.in_recovery,
+            (SessionAttrs::Standby | SessionAttrs::PreferStandby, Some(k)) => k.in_recovery,
+        }
+    }
+}
 
 impl PgConnectConfig {
     /// Parses a `postgres://` URL or a libpq key=value string. A missing user
@@ -263,8 +375,10 @@ impl PgConnectConfig {
             channel_binding: ChannelBinding::Prefer,
             require_auth: RequireAuth::default(),
         };
+        let mut session_attrs = SessionAttrs::Any;
         for (key, value) in own_pairs {
             match key.as_str() {
+                "target_session_attrs" => session_attrs = SessionAttrs::parse(&value)?,
                 "sslmode" => tls.mode = SslMode::parse(&value)?,
                 "sslrootcert" => tls.root_cert = Some(PathBuf::from(value)),
                 "channel_binding" => {
@@ -368,7 +482,12 @@ impl PgConnectConfig {
                 message: format!("{ports} ports for {hosts} hosts"),
             });
         }
-        Ok(PgConnectConfig { tokio, tls, auth })
+        Ok(PgConnectConfig {
+            tokio,
+            tls,
+            auth,
+            session_attrs,
+        })
     }
 
     pub fn tokio_config(&self) -> &tokio_postgres::Config {
@@ -381,6 +500,10 @@ impl PgConnectConfig {
 
     pub fn auth(&self) -> &AuthSettings {
         &self.auth
+    }
+
+    pub fn session_attrs(&self) -> SessionAttrs {
+        self.session_attrs
     }
 
     /// The user name (always present after parsing).

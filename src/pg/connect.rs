@@ -19,7 +19,7 @@ use tokio::net::TcpStream;
 use tokio_postgres::config::Host;
 
 use super::auth::{AuthError, AuthRequest, Authenticator, check_first_request};
-use super::config::{PgConnectConfig, SslMode, endpoint_name};
+use super::config::{PgConnectConfig, ServerKind, SslMode, endpoint_name};
 use super::error::PgError;
 use super::tls;
 use super::wire::{
@@ -98,34 +98,59 @@ impl PgStream {
     }
 }
 
-/// Opens a socket to the first endpoint that answers and negotiates TLS per
-/// sslmode. Returns the stream and its `host:port`.
-pub(crate) async fn open(cfg: &PgConnectConfig) -> Result<(PgStream, String), PgError> {
+/// Connects to the endpoints in order, as libpq does: an unreachable one is
+/// passed over, and so is (under `target_session_attrs`) one whose kind does
+/// not fit. `attempt` starts a session on an opened socket (TLS negotiated per
+/// sslmode) and, when asked to, reports the server's kind.
+pub(crate) async fn connect_first<T, F, Fut>(
+    cfg: &PgConnectConfig,
+    mut attempt: F,
+) -> Result<T, PgError>
+where
+    F: FnMut(PgStream, String, bool) -> Fut,
+    Fut: std::future::Future<Output = Result<(T, Option<ServerKind>), PgError>>,
+{
     let tls = tls::client_config(cfg.tls()).map_err(|e| PgError::Config {
         key: "sslrootcert".into(),
         message: e.to_string(),
     })?;
     let timeout = connect_timeout(cfg);
+    let attrs = cfg.session_attrs();
     let mut last_err = None;
-    for (host, port) in cfg.endpoints() {
-        let addr = endpoint_name(&host, port);
-        let attempt = open_one(&host, port, &addr, cfg.tls().mode, tls.clone());
-        let result = match tokio::time::timeout(timeout, attempt).await {
-            Ok(r) => r,
-            Err(_) => Err(PgError::Timeout {
-                addr: addr.clone(),
-                during: "connecting",
-                after: timeout,
-            }),
-        };
-        match result {
-            Ok(stream) => return Ok((stream, addr)),
-            // An unreachable host: try the next one, as libpq does.
-            Err(e) if e.is_retryable() => {
-                tracing::debug!(addr = %addr, error = %e, "endpoint unavailable");
-                last_err = Some(e);
+    for wanted in attrs.passes() {
+        for (host, port) in cfg.endpoints() {
+            let addr = endpoint_name(&host, port);
+            let attempt_open = open_one(&host, port, &addr, cfg.tls().mode, tls.clone());
+            let opened = match tokio::time::timeout(timeout, attempt_open).await {
+                Ok(r) => r,
+                Err(_) => Err(PgError::Timeout {
+                    addr: addr.clone(),
+                    during: "connecting",
+                    after: timeout,
+                }),
+            };
+            let started = match opened {
+                Ok(stream) => attempt(stream, addr.clone(), attrs.needs_check()).await,
+                Err(e) => Err(e),
+            };
+            match started {
+                Ok((value, kind)) if wanted.accepts(kind) => return Ok(value),
+                Ok((_, kind)) => {
+                    let got = kind.map_or("of an unknown kind", |k| k.describe());
+                    tracing::debug!(addr = %addr, wanted = wanted.name(), got, "server passed over (target_session_attrs)");
+                    last_err = Some(PgError::WrongServerKind {
+                        addr,
+                        wanted: attrs.name(),
+                        got,
+                    });
+                }
+                // An unreachable host (or one starting up): try the next one.
+                Err(e) if e.is_retryable() => {
+                    tracing::debug!(addr = %addr, error = %e, "endpoint unavailable");
+                    last_err = Some(e);
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         }
     }
     Err(last_err.unwrap_or_else(|| PgError::Config {
@@ -246,7 +271,39 @@ impl Session {
     /// Opens the socket, sends the startup packet with `params`, authenticates
     /// and waits for ReadyForQuery, all within the connect timeout.
     pub async fn start(cfg: &PgConnectConfig, params: &[(&str, &str)]) -> Result<Session, PgError> {
-        let (stream, addr) = open(cfg).await?;
+        connect_first(cfg, |stream, addr, check| async move {
+            let mut session = Session::started_on(cfg, params, stream, addr).await?;
+            let kind = match check {
+                true => Some(session.server_kind().await?),
+                false => None,
+            };
+            Ok((session, kind))
+        })
+        .await
+    }
+
+    /// The server's kind, for `target_session_attrs`.
+    async fn server_kind(&mut self) -> Result<ServerKind, PgError> {
+        const DURING: &str = "asking the server's kind (target_session_attrs)";
+        let rows = self.simple_query(ServerKind::QUERY, DURING).await?;
+        match rows.first().map(Vec::as_slice) {
+            Some([Some(recovery), Some(read_only)]) => {
+                Ok(ServerKind::from_text(recovery, read_only))
+            }
+            _ => Err(PgError::BadReply {
+                addr: self.addr.clone(),
+                command: "SELECT pg_is_in_recovery()",
+                message: format!("expected one row of two values, got {rows:?}"),
+            }),
+        }
+    }
+
+    async fn started_on(
+        cfg: &PgConnectConfig,
+        params: &[(&str, &str)],
+        stream: PgStream,
+        addr: String,
+    ) -> Result<Session, PgError> {
         let mut session = Session {
             stream,
             buf: BytesMut::with_capacity(64 * 1024),
@@ -610,7 +667,33 @@ impl tokio_postgres::tls::TlsConnect<SqlStream> for AlreadyNegotiated {
 /// authentication policy and timeouts as the replication connection); its
 /// connection task is spawned.
 pub(crate) async fn connect_sql(cfg: &PgConnectConfig) -> Result<tokio_postgres::Client, PgError> {
-    let (stream, addr) = open(cfg).await?;
+    connect_first(cfg, |stream, addr, check| async move {
+        let client = sql_on(cfg, stream, addr.clone()).await?;
+        if !check {
+            return Ok((client, None));
+        }
+        let row = client
+            .query_one(ServerKind::QUERY, &[])
+            .await
+            .map_err(|e| {
+                PgError::sql(format!("asking {addr} its kind (target_session_attrs)"), e)
+            })?;
+        let text = |i: usize| -> Result<String, PgError> {
+            row.try_get(i).map_err(|e| {
+                PgError::sql(format!("asking {addr} its kind (target_session_attrs)"), e)
+            })
+        };
+        Ok((client, Some(ServerKind::from_text(&text(0)?, &text(1)?))))
+    })
+    .await
+}
+
+/// A tokio-postgres client on an opened socket.
+async fn sql_on(
+    cfg: &PgConnectConfig,
+    stream: PgStream,
+    addr: String,
+) -> Result<tokio_postgres::Client, PgError> {
     let outcome = Arc::new(std::sync::Mutex::new(AuthOutcome::default()));
     let stream = SqlStream {
         end_point: stream.tls_server_end_point(),

@@ -156,6 +156,18 @@ pub enum PgError {
 
     #[error("{what}: {message}")]
     Internal { what: &'static str, message: String },
+
+    /// No host of the list is the kind `target_session_attrs` asks for (during
+    /// a failover: the old primary is down and the standby not yet promoted).
+    #[error(
+        "no server fits target_session_attrs={wanted}: the last one tried, {addr}, is {got}; retrying \
+         (a failover in progress ends when a standby is promoted)"
+    )]
+    WrongServerKind {
+        addr: String,
+        wanted: &'static str,
+        got: &'static str,
+    },
 }
 
 fn display_pid(pid: Option<i32>) -> String {
@@ -169,6 +181,7 @@ impl PgError {
             PgError::Io { .. } | PgError::Closed { .. } | PgError::Timeout { .. } => true,
             // The slot is the HA lock: another instance holds it, and may let go.
             PgError::SlotActive { .. } => true,
+            PgError::WrongServerKind { .. } => true,
             PgError::Server { server, .. } => sqlstate_is_retryable(&server.code),
             PgError::Sql { source, .. } => sql_error_is_retryable(source),
             PgError::Config { .. }
