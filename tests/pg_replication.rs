@@ -685,7 +685,7 @@ async fn target_session_attrs_picks_the_fitting_host() {
             "{attrs}: {err}"
         );
         assert!(err.is_retryable(), "{err}");
-        let err = multi(attrs).connect_sql().await.err().expect("SQL refused");
+        let err = multi(attrs).connect_sql().await.expect_err("SQL refused");
         assert!(matches!(err, PgError::WrongServerKind { .. }), "{err}");
     }
     let sep = if url.contains('?') { '&' } else { '?' };
