@@ -12,9 +12,10 @@
 #   scripts/env.sh status       say what runs (exit 0 if both run, 3 otherwise)
 #   scripts/env.sh kafka-stop | kafka-start | pg-stop | pg-start | pg-restart
 #                               for chaos tests; the other server is left alone
-#   scripts/env.sh stop-primary | promote
-#                               for failover tests: stop the primary (fast, clean),
-#                               promote the standby (it then takes writes)
+#   scripts/env.sh stop-primary | crash-primary | promote
+#                               for failover tests: stop the primary (fast and clean,
+#                               or immediate as in a crash), promote the standby (it
+#                               then takes writes)
 #
 # Everything lives under target/env/ of this checkout (PostgreSQL's data falls
 # back to /tmp/outbox-cdc-env-<hash> when the `postgres` OS user cannot reach the
@@ -526,6 +527,18 @@ pg_stop() {
 # synchronized_standby_slots on the primary). It shares the primary's socket
 # directory and PG_HOME (pg-standby/, pg-standby.log).
 
+# Stops the primary as a crash would (`pg_ctl stop -m immediate`: no shutdown
+# checkpoint, WAL not yet streamed to the standby is lost to it).
+pg_crash() {
+    [[ -d "$ENV_DIR" ]] || return 0
+    pg_paths
+    local pid
+    pid="$(pg_pid)"
+    if [[ -z "$pid" ]]; then return 0; fi
+    log "crashing PostgreSQL (pid $pid, pg_ctl stop -m immediate)"
+    as_postgres "$PG_SERVER_BIN/pg_ctl" stop -D "$PG_DATA" -m immediate -w -t 30 >/dev/null 2>&1 || kill -9 "$pid" 2>/dev/null || true
+}
+
 standby_made() { [[ -e "$ENV_DIR/standby.made" && -s "$STANDBY_DATA/PG_VERSION" ]]; }
 
 standby_running() { [[ -n "$(pg_pid "$STANDBY_DATA")" ]]; }
@@ -1015,6 +1028,7 @@ main() {
         pg-start) with_lock; need_env; pg_paths; pg_start; pg_wait_ready ;;
         pg-restart) with_lock; need_env; pg_stop; pg_paths; pg_start; pg_wait_ready ;;
         stop-primary) with_lock; need_env; pg_stop ;;
+        crash-primary) with_lock; need_env; pg_crash ;;
         promote) with_lock; need_env; standby_promote; write_test_env ;;
         -h | --help | help) usage ;;
         *) usage ;;

@@ -4,7 +4,9 @@
 # suite, on PostgreSQL 15), then the PostgreSQL version matrix: for each other
 # major (13, 14, 16, 17, 18) the servers are brought up with that major and the
 # core suite runs against it with the same test binaries (MATRIX_TESTS below; the
-# chaos run with 10 cycles). The servers are brought down again however the
+# chaos run with 10 cycles); from 17 on, the failover tests (FAILOVER_TESTS)
+# then run, each on a fresh primary and standby (`scripts/env.sh up --standby`),
+# since each stops the primary. The servers are brought down again however the
 # tests end. Exits with the tests' status; a major whose server cannot be
 # started fails the run.
 #
@@ -108,6 +110,9 @@ fi
 # version-dependent features, the server's major, and a 10-cycle chaos run.
 MATRIX_TESTS=(env_servers pipeline pgoutput_live pg_replication pg_control operations
     no_silent_skip version_features chaos)
+# Failover tests (not default cargo targets: they stop the primary), run per
+# major from 17 on, each on a fresh `scripts/env.sh up --standby`.
+FAILOVER_TESTS=(failover failover_unsynced)
 matrix="${OUTBOX_CDC_TEST_PG_MATRIX-}"
 if [[ -z "$matrix" ]]; then
     for m in 13 14 15 16 17 18; do
@@ -142,6 +147,26 @@ for major in $matrix; do
     unset OUTBOX_CDC_SOAK_CYCLES OUTBOX_CDC_CHAOS_EVERY_FAILPOINT
     if [[ "$major_status" != 0 ]]; then status=$major_status; fi
     timings+=("PostgreSQL $major core suite: $([[ "$major_status" == 0 ]] && echo passed || echo FAILED) in $((SECONDS - t0))s (servers up in ${up}s)")
+    # Failover (17+: failover slots): each test stops the primary, so each
+    # gets a fresh primary and standby.
+    if ((major >= 17)); then
+        for t in "${FAILOVER_TESTS[@]}"; do
+            t0=$SECONDS
+            echo "test.sh: PostgreSQL $major: $t (primary and standby)"
+            scripts/env.sh down >"$ROOT/target/env-down.log" 2>&1 || { cat "$ROOT/target/env-down.log" >&2; }
+            ha_status=0
+            if OUTBOX_CDC_PG_VERSION="$major" scripts/env.sh up --standby; then
+                # shellcheck source=/dev/null
+                . target/env/test.env
+                run_cargo test --no-fail-fast --features "$features" --test "$t" "$@" || ha_status=$?
+            else
+                echo "test.sh: PostgreSQL $major: scripts/env.sh up --standby failed (output above)"
+                ha_status=1
+            fi
+            if [[ "$ha_status" != 0 ]]; then status=$ha_status; fi
+            timings+=("PostgreSQL $major $t: $([[ "$ha_status" == 0 ]] && echo passed || echo FAILED) in $((SECONDS - t0))s")
+        done
+    fi
 done
 for line in "${timings[@]}"; do echo "test.sh: $line"; done
 

@@ -4,6 +4,7 @@
 //! with the variables read here. A missing variable is a test failure, never a skip.
 #![allow(dead_code)]
 
+pub mod ha;
 pub mod relay;
 
 use std::sync::atomic::{AtomicU32, Ordering};
