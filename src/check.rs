@@ -25,7 +25,15 @@ const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Outcome {
     Pass(String),
-    Fail { problem: String, fix: String },
+    /// Works now, but a foreseeable event (a failover) would need an operator.
+    Warn {
+        problem: String,
+        fix: String,
+    },
+    Fail {
+        problem: String,
+        fix: String,
+    },
     Skip(String),
 }
 
@@ -46,6 +54,16 @@ fn fail(name: &'static str, problem: impl Into<String>, fix: impl Into<String>) 
     CheckResult {
         name,
         outcome: Outcome::Fail {
+            problem: problem.into(),
+            fix: fix.into(),
+        },
+    }
+}
+
+fn warn(name: &'static str, problem: impl Into<String>, fix: impl Into<String>) -> CheckResult {
+    CheckResult {
+        name,
+        outcome: Outcome::Warn {
             problem: problem.into(),
             fix: fix.into(),
         },
@@ -95,8 +113,12 @@ pub(crate) fn render(results: &[CheckResult]) -> String {
             Outcome::Skip(why) => {
                 let _ = writeln!(out, "SKIP  {:<width$}  {why}", r.name);
             }
-            Outcome::Fail { problem, fix } => {
-                let _ = writeln!(out, "FAIL  {:<width$}  {problem}", r.name);
+            Outcome::Fail { problem, fix } | Outcome::Warn { problem, fix } => {
+                let label = match r.outcome {
+                    Outcome::Fail { .. } => "FAIL",
+                    _ => "WARN",
+                };
+                let _ = writeln!(out, "{label}  {:<width$}  {problem}", r.name);
                 for (i, line) in fix.lines().enumerate() {
                     let label = if i == 0 { "fix:" } else { "" };
                     let _ = writeln!(out, "      {:<width$}  {label:<4} {line}", "");
@@ -108,6 +130,7 @@ pub(crate) fn render(results: &[CheckResult]) -> String {
     let failed = count(|o| matches!(o, Outcome::Fail { .. }));
     let skipped = count(|o| matches!(o, Outcome::Skip(_)));
     let passed = count(|o| matches!(o, Outcome::Pass(_)));
+    let warned = count(|o| matches!(o, Outcome::Warn { .. }));
     let verdict = if failed == 0 && skipped == 0 {
         "OK"
     } else {
@@ -115,16 +138,16 @@ pub(crate) fn render(results: &[CheckResult]) -> String {
     };
     let _ = writeln!(
         out,
-        "check {verdict}: {passed} passed, {failed} failed, {skipped} skipped"
+        "check {verdict}: {passed} passed, {warned} warnings, {failed} failed, {skipped} skipped"
     );
     out
 }
 
-/// True when every check passed.
+/// True when every check passed (warnings included).
 pub(crate) fn all_passed(results: &[CheckResult]) -> bool {
     results
         .iter()
-        .all(|r| matches!(r.outcome, Outcome::Pass(_)))
+        .all(|r| matches!(r.outcome, Outcome::Pass(_) | Outcome::Warn { .. }))
 }
 
 async fn check_kafka(settings: sink::KafkaSettings) -> CheckResult {
@@ -157,10 +180,11 @@ struct Facts {
 }
 
 async fn check_postgres(config: &Config) -> Vec<CheckResult> {
-    const DB_CHECKS: [&str; 11] = [
+    const DB_CHECKS: [&str; 12] = [
         "wal_level",
         "replication slots",
         "slot",
+        "failover",
         "wal senders",
         "replication privilege",
         "outbox table",
@@ -242,6 +266,10 @@ async fn check_postgres(config: &Config) -> Vec<CheckResult> {
     let (slots, slot) = replication_slots(&client, config).await;
     results.push(slots);
     results.push(slot);
+    results.push(match failover_facts(&client, config).await {
+        Ok(facts) => judge_failover(&facts),
+        Err(e) => query_fail("failover", &e),
+    });
     results.push(wal_senders(&client, &config.postgres.slot).await);
     results.push(replication_privilege(&client, &facts).await);
     // The same proof `run` makes before streaming (coverage::judge).
@@ -493,6 +521,145 @@ fn missing_slot(config: &Config, slot: &str) -> CheckResult {
                 slot.replace('\'', "''")
             ),
         )
+    }
+}
+
+/// What decides whether the slot survives a PostgreSQL failover.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FailoverFacts {
+    slot: String,
+    server_version: i32,
+    in_recovery: bool,
+    /// Physical slots on this server: standbys that stream with one.
+    physical_slots: Vec<String>,
+    /// 17+: the slot's `failover` flag (None: no such slot, or before 17).
+    slot_failover: Option<bool>,
+    /// 17+ on a standby: the slot's `synced` flag.
+    slot_synced: Option<bool>,
+    /// 17+: `synchronized_standby_slots` (empty before 17).
+    synchronized_standby_slots: String,
+    /// `postgres.failover_slot`.
+    failover_slot: bool,
+}
+
+async fn failover_facts(
+    client: &Client,
+    config: &Config,
+) -> Result<FailoverFacts, tokio_postgres::Error> {
+    let slot = config.postgres.slot.clone();
+    let row = client
+        .query_one(
+            "SELECT current_setting('server_version_num')::int, pg_is_in_recovery(), \
+                    ARRAY(SELECT slot_name::text FROM pg_replication_slots WHERE slot_type = 'physical' \
+                          ORDER BY 1)",
+            &[],
+        )
+        .await?;
+    let mut facts = FailoverFacts {
+        slot,
+        server_version: row.get(0),
+        in_recovery: row.get(1),
+        physical_slots: row.get(2),
+        slot_failover: None,
+        slot_synced: None,
+        synchronized_standby_slots: String::new(),
+        failover_slot: config.postgres.failover_slot,
+    };
+    if facts.server_version >= 170000 {
+        let row = client
+            .query_one(
+                "SELECT (SELECT failover FROM pg_replication_slots WHERE slot_name = $1), \
+                        (SELECT synced FROM pg_replication_slots WHERE slot_name = $1), \
+                        current_setting('synchronized_standby_slots')",
+                &[&facts.slot],
+            )
+            .await?;
+        facts.slot_failover = row.get(0);
+        facts.slot_synced = row.get(1);
+        facts.synchronized_standby_slots = row.get(2);
+    }
+    Ok(facts)
+}
+
+/// Whether a failover of this server would keep the slot (PostgreSQL 17+
+/// failover slots), or would need a gap repair.
+fn judge_failover(f: &FailoverFacts) -> CheckResult {
+    const NAME: &str = "failover";
+    let slot = &f.slot;
+    if f.in_recovery {
+        return match f.slot_synced {
+            Some(true) => pass(
+                NAME,
+                format!("connected to a standby with slot {slot:?} synced from the primary"),
+            ),
+            _ => warn(
+                NAME,
+                format!(
+                    "connected to a standby without a synced slot {slot:?}: if it is promoted, the slot is lost"
+                ),
+                "point postgres.url at the primary (several hosts with target_session_attrs=read-write follow a \
+                 failover); see docs/operations.md, \"PostgreSQL failover\"",
+            ),
+        };
+    }
+    if f.physical_slots.is_empty() {
+        return pass(
+            NAME,
+            "no standby streams from a physical slot here: nothing to fail over to",
+        );
+    }
+    let standbys = f.physical_slots.join(", ");
+    if f.server_version < 170000 {
+        return warn(
+            NAME,
+            format!(
+                "standbys stream from here (physical slots {standbys}), and before PostgreSQL 17 slots are not \
+                 copied to them: after a failover the connector stops with the slot-lost refusal"
+            ),
+            "after a failover run `outbox-cdc repair` against the new primary (docs/operations.md, \
+             \"Failover runbook per major\"); keep track_commit_timestamp = on and the outbox's retention longer \
+             than a failover takes",
+        );
+    }
+    match f.slot_failover {
+        None if !f.failover_slot => warn(
+            NAME,
+            format!(
+                "standbys stream from here ({standbys}) but postgres.failover_slot is false: the slot the connector \
+                 creates would not be synced to them, and a failover would lose it"
+            ),
+            "set postgres.failover_slot = true before the first start",
+        ),
+        Some(false) => warn(
+            NAME,
+            format!(
+                "slot {slot:?} was created without failover: it is not synced to the standbys ({standbys}), and a \
+                 failover would lose it"
+            ),
+            format!(
+                "stop the connector and, on a replication connection (psql \"dbname=... replication=database\"), \
+                 run ALTER_REPLICATION_SLOT {slot} (FAILOVER true); set postgres.failover_slot = true"
+            ),
+        ),
+        _ if f.synchronized_standby_slots.trim().is_empty() => warn(
+            NAME,
+            format!(
+                "slot {slot:?} fails over, but synchronized_standby_slots is empty: the connector may be sent \
+                 changes a standby has not received, and a promotion would then move the slot back past them"
+            ),
+            format!(
+                "ALTER SYSTEM SET synchronized_standby_slots = '{}'; SELECT pg_reload_conf();  -- as a superuser",
+                f.physical_slots.join(",")
+            ),
+        ),
+        _ => pass(
+            NAME,
+            format!(
+                "slot {slot:?} fails over; standbys ({}) must sync it (sync_replication_slots = on, checked on the \
+                 standby: pg_replication_slots.synced)",
+                f.synchronized_standby_slots
+            ),
+        ),
     }
 }
 
@@ -1064,5 +1231,104 @@ mod tests {
         assert_eq!(lines[5], "check FAILED: 1 passed, 1 failed, 1 skipped");
         assert!(!all_passed(&results));
         assert!(all_passed(&results[..1]));
+    }
+}
+
+#[cfg(test)]
+mod failover_tests {
+    use super::*;
+
+    fn facts() -> FailoverFacts {
+        FailoverFacts {
+            slot: "outbox_cdc".into(),
+            server_version: 170004,
+            in_recovery: false,
+            physical_slots: vec!["standby1".into()],
+            slot_failover: Some(true),
+            slot_synced: Some(false),
+            synchronized_standby_slots: "standby1".into(),
+            failover_slot: true,
+        }
+    }
+
+    fn is_warn(r: &CheckResult, needle: &str) -> bool {
+        matches!(&r.outcome, Outcome::Warn { problem, fix } if problem.contains(needle) || fix.contains(needle))
+    }
+
+    #[test]
+    fn a_failover_slot_with_synchronized_standbys_passes() {
+        assert!(matches!(judge_failover(&facts()).outcome, Outcome::Pass(_)));
+        let alone = FailoverFacts {
+            physical_slots: vec![],
+            server_version: 150000,
+            slot_failover: None,
+            ..facts()
+        };
+        assert!(matches!(judge_failover(&alone).outcome, Outcome::Pass(_)));
+    }
+
+    #[test]
+    fn what_a_failover_would_lose_is_a_warning_with_its_fix() {
+        let old = FailoverFacts {
+            server_version: 160000,
+            slot_failover: None,
+            synchronized_standby_slots: String::new(),
+            ..facts()
+        };
+        assert!(is_warn(&judge_failover(&old), "outbox-cdc repair"));
+        let not_flagged = FailoverFacts {
+            slot_failover: Some(false),
+            ..facts()
+        };
+        assert!(is_warn(
+            &judge_failover(&not_flagged),
+            "ALTER_REPLICATION_SLOT outbox_cdc (FAILOVER true)"
+        ));
+        let not_configured = FailoverFacts {
+            slot_failover: None,
+            failover_slot: false,
+            ..facts()
+        };
+        assert!(is_warn(
+            &judge_failover(&not_configured),
+            "postgres.failover_slot = true"
+        ));
+        let unsynchronized = FailoverFacts {
+            synchronized_standby_slots: String::new(),
+            ..facts()
+        };
+        assert!(is_warn(
+            &judge_failover(&unsynchronized),
+            "synchronized_standby_slots = 'standby1'"
+        ));
+        let on_standby = FailoverFacts {
+            in_recovery: true,
+            ..facts()
+        };
+        assert!(is_warn(&judge_failover(&on_standby), "slot is lost"));
+        let synced = FailoverFacts {
+            in_recovery: true,
+            slot_synced: Some(true),
+            ..facts()
+        };
+        assert!(matches!(judge_failover(&synced).outcome, Outcome::Pass(_)));
+    }
+
+    #[test]
+    fn warnings_do_not_fail_the_check_but_are_counted() {
+        let results = vec![
+            pass("a", "fine"),
+            warn("failover", "would lose the slot", "fix it"),
+        ];
+        assert!(all_passed(&results));
+        let text = render(&results);
+        assert!(
+            text.contains("WARN  failover  would lose the slot"),
+            "{text}"
+        );
+        assert!(
+            text.contains("check OK: 1 passed, 1 warnings, 0 failed, 0 skipped"),
+            "{text}"
+        );
     }
 }

@@ -16,7 +16,9 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::ha::{ids_on, multi_host_url, slot_on_standby, spawn_writer, standby_admin};
+use common::ha::{
+    check_line, check_report, ids_on, multi_host_url, slot_on_standby, spawn_writer, standby_admin,
+};
 use common::relay::{Fixture, Running, read_records};
 use common::{env_sh, init_tracing};
 
@@ -55,6 +57,18 @@ async fn a_promoted_standby_with_the_synced_slot_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
+    let report = check_report(
+        &fx.write_config_file(),
+        &[
+            ("OUTBOX_CDC__POSTGRES__URL", multi_host_url()),
+            ("OUTBOX_CDC__POSTGRES__FAILOVER_SLOT", "true".into()),
+        ],
+    );
+    let line = check_line(&report, "failover");
+    assert!(
+        line.starts_with("PASS") && line.contains("fails over"),
+        "{report}"
+    );
 
     env_sh("crash-primary");
     let _ = stop_tx.send(true);

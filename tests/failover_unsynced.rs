@@ -9,7 +9,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::ha::{multi_host_url, slot_on_standby, spawn_writer, standby_admin};
+use common::ha::{
+    check_line, check_report, multi_host_url, slot_on_standby, spawn_writer, standby_admin,
+};
 use common::relay::{Fixture, Running};
 use common::{env_sh, init_tracing};
 use outbox_cdc::checkpoint::OffsetStore;
@@ -39,6 +41,15 @@ async fn a_promoted_standby_without_the_slot_is_refused_loudly() {
         slot_on_standby(&standby, &fx.slot).await,
         None,
         "a slot created without FAILOVER is not synced"
+    );
+    let report = check_report(
+        &fx.write_config_file(),
+        &[("OUTBOX_CDC__POSTGRES__URL", multi_host_url())],
+    );
+    let line = check_line(&report, "failover");
+    assert!(
+        line.starts_with("WARN") && line.contains("created without failover"),
+        "check warns that a failover would lose the slot:\n{report}"
     );
 
     env_sh("crash-primary");

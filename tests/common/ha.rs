@@ -91,3 +91,22 @@ pub async fn ids_on(client: &tokio_postgres::Client, table: &str) -> Vec<String>
         .map(|r| r.get(0))
         .collect()
 }
+
+/// `outbox-cdc check` with `config` and environment overrides; its report.
+pub fn check_report(config: &std::path::Path, env: &[(&str, String)]) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-cdc"))
+        .args(["check", "--config"])
+        .arg(config)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("run outbox-cdc check");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The report's line for check `name`.
+pub fn check_line<'a>(report: &'a str, name: &str) -> &'a str {
+    report
+        .lines()
+        .find(|l| l.get(6..).is_some_and(|rest| rest.starts_with(name)))
+        .unwrap_or_else(|| panic!("no {name:?} line in the check report:\n{report}"))
+}
