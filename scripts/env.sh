@@ -12,10 +12,10 @@
 #   scripts/env.sh status       say what runs (exit 0 if both run, 3 otherwise)
 #   scripts/env.sh kafka-stop | kafka-start | pg-stop | pg-start | pg-restart
 #                               for chaos tests; the other server is left alone
-#   scripts/env.sh stop-primary | crash-primary | promote
+#   scripts/env.sh stop-primary | crash-primary | promote | standby-restart
 #                               for failover tests: stop the primary (fast and clean,
 #                               or immediate as in a crash), promote the standby (it
-#                               then takes writes)
+#                               then takes writes), restart the standby
 #
 # Everything lives under target/env/ of this checkout (PostgreSQL's data falls
 # back to /tmp/outbox-cdc-env-<hash> when the `postgres` OS user cannot reach the
@@ -1029,6 +1029,7 @@ main() {
         pg-restart) with_lock; need_env; pg_stop; pg_paths; pg_start; pg_wait_ready ;;
         stop-primary) with_lock; need_env; pg_stop ;;
         crash-primary) with_lock; need_env; pg_crash ;;
+        standby-restart) with_lock; need_env; standby_stop; standby_start ;;
         promote) with_lock; need_env; standby_promote; write_test_env ;;
         -h | --help | help) usage ;;
         *) usage ;;

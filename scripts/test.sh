@@ -4,9 +4,10 @@
 # suite, on PostgreSQL 15), then the PostgreSQL version matrix: for each other
 # major (13, 14, 16, 17, 18) the servers are brought up with that major and the
 # core suite runs against it with the same test binaries (MATRIX_TESTS below; the
-# chaos run with 10 cycles); from 17 on, the failover tests (FAILOVER_TESTS)
-# then run, each on a fresh primary and standby (`scripts/env.sh up --standby`),
-# since each stops the primary. The servers are brought down again however the
+# chaos run with 10 cycles); from 16 on, decoding from a standby
+# (STANDBY_TESTS) and from 17 on the failover tests (FAILOVER_TESTS) then run,
+# each on a fresh primary and standby (`scripts/env.sh up --standby`), since
+# each stops or restarts a server. The servers are brought down again however the
 # tests end. Exits with the tests' status; a major whose server cannot be
 # started fails the run.
 #
@@ -113,6 +114,8 @@ MATRIX_TESTS=(env_servers pipeline pgoutput_live pg_replication pg_control opera
 # Failover tests (not default cargo targets: they stop the primary), run per
 # major from 17 on, each on a fresh `scripts/env.sh up --standby`.
 FAILOVER_TESTS=(failover failover_unsynced)
+# Decoding from a standby (16+), on a fresh standby environment too.
+STANDBY_TESTS=(standby_decoding)
 matrix="${OUTBOX_CDC_TEST_PG_MATRIX-}"
 if [[ -z "$matrix" ]]; then
     for m in 13 14 15 16 17 18; do
@@ -147,10 +150,13 @@ for major in $matrix; do
     unset OUTBOX_CDC_SOAK_CYCLES OUTBOX_CDC_CHAOS_EVERY_FAILPOINT
     if [[ "$major_status" != 0 ]]; then status=$major_status; fi
     timings+=("PostgreSQL $major core suite: $([[ "$major_status" == 0 ]] && echo passed || echo FAILED) in $((SECONDS - t0))s (servers up in ${up}s)")
-    # Failover (17+: failover slots): each test stops the primary, so each
-    # gets a fresh primary and standby.
-    if ((major >= 17)); then
-        for t in "${FAILOVER_TESTS[@]}"; do
+    # With a standby (16+: decoding on a standby; 17+: failover slots): each
+    # test stops or restarts a server, so each gets a fresh primary and standby.
+    ha_tests=()
+    if ((major >= 16)); then ha_tests+=("${STANDBY_TESTS[@]}"); fi
+    if ((major >= 17)); then ha_tests+=("${FAILOVER_TESTS[@]}"); fi
+    if ((${#ha_tests[@]} > 0)); then
+        for t in "${ha_tests[@]}"; do
             t0=$SECONDS
             echo "test.sh: PostgreSQL $major: $t (primary and standby)"
             scripts/env.sh down >"$ROOT/target/env-down.log" 2>&1 || { cat "$ROOT/target/env-down.log" >&2; }

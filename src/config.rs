@@ -317,6 +317,12 @@ pub struct PostgresSettings {
     /// Refused at start on older servers. Has no effect on an existing slot. Default false.
     #[serde(default)]
     pub failover_slot: bool,
+    /// The primary, when `url` is a hot standby (decoding on a standby,
+    /// PostgreSQL 16+): the heartbeat writes there, and slot creation asks it
+    /// for a running-transactions record (`pg_log_standby_snapshot()`).
+    /// Without it the heartbeat is off on a standby. Default: none.
+    #[serde(default)]
+    pub primary_url: Option<String>,
     /// application_name shown in pg_stat_replication. Default `outbox-cdc`.
     #[serde(default = "default_application_name")]
     pub application_name: String,
@@ -336,6 +342,7 @@ impl fmt::Debug for PostgresSettings {
             .field("create_publication", &self.create_publication)
             .field("allow_slot_ahead", &self.allow_slot_ahead)
             .field("failover_slot", &self.failover_slot)
+            .field("primary_url", &self.primary_url.as_deref().map(redact_url))
             .field("application_name", &self.application_name)
             .field("status_interval_ms", &self.status_interval_ms)
             .finish()
@@ -623,6 +630,15 @@ impl Config {
                 "postgres.url",
                 "",
                 "a PostgreSQL URL or key=value connection string",
+            ));
+        }
+        if let Some(primary) = &pg.primary_url
+            && let Err(e) = crate::pg::PgConnectConfig::parse(primary)
+        {
+            return Err(ConfigError::invalid(
+                "postgres.primary_url",
+                redact_url(primary),
+                format!("a PostgreSQL URL or key=value connection string ({e})"),
             ));
         }
         check_slot_name("postgres.slot", &pg.slot)?;

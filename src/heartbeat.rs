@@ -14,6 +14,9 @@
 //! event: the pipeline only maps transactional messages, and config validation
 //! keeps its prefix apart from `outbox.message_prefix`). Failures count
 //! `outbox_cdc_heartbeat_errors_total` and reconnect on the next tick.
+//!
+//! When the connector decodes on a standby, the heartbeat goes to
+//! `postgres.primary_url` (its WAL reaches the standby); without one it is off.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -48,13 +51,32 @@ async fn run(
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let pg = match PgConnectConfig::parse(&config.postgres.url) {
+    // On a standby (decoding there, PostgreSQL 16+) the heartbeat must be
+    // written on the primary: postgres.primary_url.
+    let (url, key) = match &config.postgres.primary_url {
+        Some(primary) => (primary.as_str(), "postgres.primary_url"),
+        None => (config.postgres.url.as_str(), "postgres.url"),
+    };
+    let pg = match PgConnectConfig::parse(url) {
         Ok(pg) => pg,
         Err(e) => {
-            warn!(error = %e, "heartbeat disabled: postgres.url does not parse");
+            warn!(error = %e, "heartbeat disabled: {key} does not parse");
             return;
         }
     };
+    let mut client: Option<tokio_postgres::Client> = None;
+    if config.postgres.primary_url.is_none()
+        && let Ok(c) = crate::monitor::connected(&pg, &mut client).await
+        && outbox_cdc::pg::control::in_recovery(c)
+            .await
+            .unwrap_or(false)
+    {
+        warn!(
+            "heartbeat disabled: postgres.url is a standby, where no WAL can be written; set postgres.primary_url \
+             to write the heartbeat on the primary"
+        );
+        return;
+    }
     let prefix = config.monitor.heartbeat_prefix.as_str();
     info!(
         prefix,
@@ -63,7 +85,6 @@ async fn run(
     );
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut client: Option<tokio_postgres::Client> = None;
     let mut failing = false;
     loop {
         tokio::select! {

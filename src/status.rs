@@ -94,11 +94,12 @@ pub struct SlotSnapshot {
     pub slot: Option<SlotStatus>,
 }
 
-/// Reads the slot's row, then `pg_current_wal_lsn()` (in this order, so that the
-/// lags are never negative).
+/// Reads the slot's row, then the server's WAL position (in this order, so
+/// that the lags are never negative): `pg_current_wal_lsn()` on a primary,
+/// `pg_last_wal_replay_lsn()` on a standby.
 pub async fn poll_slot(client: &Client, slot: &str) -> Result<SlotSnapshot, PgError> {
     let info = control::slot_info(client, slot).await?;
-    let current_wal_lsn = control::current_wal_lsn(client).await?;
+    let current_wal_lsn = control::wal_position(client).await?;
     let slot = info.map(|info| SlotStatus {
         lag_bytes: info
             .confirmed_flush_lsn

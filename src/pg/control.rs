@@ -99,6 +99,17 @@ pub async fn create_logical_slot_with(
 }
 
 /// `server_version_num`, e.g. 170004.
+/// Whether the server is a standby (in recovery).
+pub async fn in_recovery(client: &Client) -> Result<bool, PgError> {
+    let during = "reading pg_is_in_recovery()";
+    client
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await
+        .map_err(|e| PgError::sql(during, e))?
+        .try_get(0)
+        .map_err(|e| PgError::sql(during, e))
+}
+
 pub async fn server_version_num(client: &Client) -> Result<i32, PgError> {
     let during = "reading server_version_num";
     client

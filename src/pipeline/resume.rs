@@ -117,6 +117,12 @@ pub enum StartRefused {
          through the outbox table, or upgrade the server"
     )]
     MessagesUnsupported { server_version: i32 },
+    #[error(
+        "postgres.url reaches a standby (in recovery), and logical decoding on a standby needs PostgreSQL 16 or \
+         later (the server's server_version_num is {server_version}): point postgres.url at the primary, or \
+         add target_session_attrs=read-write to a multi-host URL"
+    )]
+    StandbyDecodingUnsupported { server_version: i32 },
 }
 
 /// Inputs of the decision.

@@ -128,14 +128,16 @@ impl<'a> Session<'a> {
         // carries every row of the outbox table, or the start is refused.
         let (coverage, proven_through) = prove_coverage(&client, config).await?;
         // Features older majors lack: refused before the slot is touched.
-        if config.postgres.failover_slot || mapper.wants_messages() {
-            let server_version = control::server_version_num(&client).await?;
-            if config.postgres.failover_slot && server_version < 170000 {
-                return Err(StartRefused::FailoverSlotUnsupported { server_version }.into());
-            }
-            if mapper.wants_messages() && server_version < 140000 {
-                return Err(StartRefused::MessagesUnsupported { server_version }.into());
-            }
+        let server_version = control::server_version_num(&client).await?;
+        if config.postgres.failover_slot && server_version < 170000 {
+            return Err(StartRefused::FailoverSlotUnsupported { server_version }.into());
+        }
+        if mapper.wants_messages() && server_version < 140000 {
+            return Err(StartRefused::MessagesUnsupported { server_version }.into());
+        }
+        let on_standby = control::in_recovery(&client).await?;
+        if on_standby && server_version < 160000 {
+            return Err(StartRefused::StandbyDecodingUnsupported { server_version }.into());
         }
 
         let stored = store.load(slot)?;
@@ -191,12 +193,15 @@ impl<'a> Session<'a> {
                     // lost before any transaction is acknowledged: everything
                     // the slot will carry commits after this moment.
                     created_at = Some(server_clock(&client).await?);
-                    let at = control::create_logical_slot_with(
+                    let creating = control::create_logical_slot_with(
                         &client,
                         slot,
                         config.postgres.failover_slot,
-                    )
-                    .await?;
+                    );
+                    let at = match on_standby {
+                        true => with_standby_snapshots(config, creating).await?,
+                        false => creating.await?,
+                    };
                     info!(slot, lsn = %at, failover = config.postgres.failover_slot, "created replication slot");
                     (at, Lsn::ZERO)
                 }
@@ -1083,6 +1088,50 @@ fn prefer_refusal(failure: PipelineError, drained: Option<PipelineError>) -> Pip
             refused
         }
         _ => failure,
+    }
+}
+
+/// Creating a slot on a standby waits for a running-transactions record from
+/// the primary (written every 15 s while it is busy). With
+/// `postgres.primary_url` the primary is asked for one every second until the
+/// slot exists.
+async fn with_standby_snapshots<T>(
+    config: &Config,
+    creating: impl std::future::Future<Output = Result<T, PgError>>,
+) -> Result<T, PgError> {
+    let Some(primary) = config.postgres.primary_url.as_deref() else {
+        warn!(
+            "creating the slot on a standby: it waits for the primary's next running-transactions record \
+             (set postgres.primary_url to ask the primary for one)"
+        );
+        return creating.await;
+    };
+    let primary = crate::pg::PgConnectConfig::parse(primary)?;
+    let asking = async move {
+        let client = match primary.connect_sql().await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, "postgres.primary_url: cannot connect to ask for a standby snapshot");
+                return std::future::pending().await;
+            }
+        };
+        loop {
+            if let Err(e) = client
+                .execute("SELECT pg_log_standby_snapshot()", &[])
+                .await
+            {
+                let why = e
+                    .as_db_error()
+                    .map_or_else(|| e.to_string(), |d| d.message().to_owned());
+                warn!(error = %why, "pg_log_standby_snapshot() on postgres.primary_url failed (the role needs \
+                    GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO <role>)");
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    };
+    tokio::select! {
+        created = creating => created,
+        never = asking => never,
     }
 }
 
