@@ -136,9 +136,14 @@ pub(crate) fn render(results: &[CheckResult]) -> String {
     } else {
         "FAILED"
     };
+    let warnings = match warned {
+        0 => String::new(),
+        1 => ", 1 warning".to_owned(),
+        n => format!(", {n} warnings"),
+    };
     let _ = writeln!(
         out,
-        "check {verdict}: {passed} passed, {warned} warnings, {failed} failed, {skipped} skipped"
+        "check {verdict}: {passed} passed, {failed} failed, {skipped} skipped{warnings}"
     );
     out
 }
@@ -1327,7 +1332,7 @@ mod failover_tests {
             "{text}"
         );
         assert!(
-            text.contains("check OK: 1 passed, 1 warnings, 0 failed, 0 skipped"),
+            text.contains("check OK: 1 passed, 0 failed, 0 skipped, 1 warning"),
             "{text}"
         );
     }
