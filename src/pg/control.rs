@@ -99,6 +99,19 @@ pub async fn create_logical_slot_with(
 }
 
 /// `server_version_num`, e.g. 170004.
+/// The server's kind, as `target_session_attrs` judges it.
+pub async fn server_kind(client: &Client) -> Result<super::config::ServerKind, PgError> {
+    let during = "asking the server's kind (target_session_attrs)";
+    let row = client
+        .query_one(super::config::ServerKind::QUERY, &[])
+        .await
+        .map_err(|e| PgError::sql(during, e))?;
+    let text = |i: usize| -> Result<String, PgError> {
+        row.try_get(i).map_err(|e| PgError::sql(during, e))
+    };
+    Ok(super::config::ServerKind::from_text(&text(0)?, &text(1)?))
+}
+
 /// Whether the server is a standby (in recovery).
 pub async fn in_recovery(client: &Client) -> Result<bool, PgError> {
     let during = "reading pg_is_in_recovery()";

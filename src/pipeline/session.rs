@@ -790,6 +790,12 @@ impl<'a> Session<'a> {
                         self.mark_dirty();
                     }
                 }
+                Ok(Err(e @ PgError::WrongServerKind { .. })) => {
+                    // Fenced (made read-only) or demoted while we streamed:
+                    // leave it; the reconnect passes it over.
+                    warn!(error = %e, "the server no longer fits target_session_attrs; reconnecting");
+                    return Err(PipelineError::Pg(e));
+                }
                 Ok(Err(e)) => {
                     warn!(error = %e, "re-proving the publication's coverage failed; trying again later")
                 }
@@ -810,7 +816,20 @@ impl<'a> Session<'a> {
         ) else {
             return Ok(()); // validated before streaming
         };
+        let attrs = PgConnectConfig::parse(&self.config.postgres.url)
+            .map(|pg| pg.session_attrs())
+            .unwrap_or_default();
         self.reproof = Some(tokio::spawn(async move {
+            if attrs.needs_check() {
+                let kind = control::server_kind(&client).await?;
+                if !attrs.accepts(Some(kind)) {
+                    return Err(PgError::WrongServerKind {
+                        addr: "the connected server".into(),
+                        wanted: attrs.name(),
+                        got: kind.describe(),
+                    });
+                }
+            }
             let through = control::wal_position(&client).await?;
             let facts = coverage::gather(&client, &table, &publication).await?;
             let problems = coverage::judge(&facts, &table, &publication, &mapped)
