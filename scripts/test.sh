@@ -110,7 +110,7 @@ fi
 # `check`/`status` catalog queries, the partitioned outbox (no silent skip),
 # version-dependent features, the server's major, and a 10-cycle chaos run.
 MATRIX_TESTS=(env_servers pipeline pgoutput_live pg_replication pg_control operations
-    no_silent_skip version_features chaos)
+    no_silent_skip version_features server_shutdown chaos)
 # Failover tests (not default cargo targets: they stop the primary), run per
 # major from 17 on, each on a fresh `scripts/env.sh up --standby`.
 FAILOVER_TESTS=(failover failover_unsynced)

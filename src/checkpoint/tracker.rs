@@ -160,6 +160,14 @@ impl AckTracker {
         self.pop_finished()
     }
 
+    /// Removes the ceiling for good (the server is shutting down: nothing can
+    /// commit any more). Returns the new acked LSN if held transactions are
+    /// now acked.
+    pub fn lift_ceiling(&mut self) -> Option<Lsn> {
+        self.ceiling = None;
+        self.pop_finished()
+    }
+
     /// Whether a position is at or below the ceiling.
     fn proven(&self, lsn: Lsn) -> bool {
         self.ceiling.is_none_or(|c| lsn <= c)
@@ -451,6 +459,10 @@ mod tests {
         );
         assert_eq!(t.prove_through(lsn(60)), None);
         assert_eq!(t.idle_advance(lsn(50)), Some(lsn(50)));
+        let (d, _) = tx(&mut t, 1, 70);
+        assert_eq!(t.delivered(d[0]), None, "held above the ceiling");
+        assert_eq!(t.lift_ceiling(), Some(lsn(70)));
+        assert_eq!(t.idle_advance(lsn(90)), Some(lsn(90)));
     }
 
     #[test]

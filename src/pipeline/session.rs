@@ -50,6 +50,9 @@ struct OpenTx {
     replayed: bool,
 }
 
+/// SQLSTATE `cannot_connect_now`: "the database system is shutting down".
+const SHUTTING_DOWN: &str = "57P03";
+
 /// A coverage re-proof: the problems found, and the WAL position it holds for.
 type ReproofTask = JoinHandle<Result<(Vec<CoverageProblem>, Lsn), PgError>>;
 
@@ -790,6 +793,18 @@ impl<'a> Session<'a> {
                         self.mark_dirty();
                     }
                 }
+                Ok(Err(e)) if e.sqlstate() == Some(SHUTTING_DOWN) => {
+                    // No transaction can commit any more, and the server's
+                    // walsender waits (up to wal_sender_timeout) for us to
+                    // confirm everything it sent before it lets the shutdown
+                    // finish: acknowledge the rest without a proof.
+                    info!(
+                        "the server is shutting down: acknowledging what it sends without a coverage proof"
+                    );
+                    if self.tracker.lift_ceiling().is_some() {
+                        self.mark_dirty();
+                    }
+                }
                 Ok(Err(e @ PgError::WrongServerKind { .. })) => {
                     // Fenced (made read-only) or demoted while we streamed:
                     // leave it; the reconnect passes it over.
@@ -804,7 +819,12 @@ impl<'a> Session<'a> {
                 }
             }
         }
-        if self.reproof_started.elapsed() < self.config.monitor.slot_poll_interval() {
+        // A closed catalog connection is asked about at once (a server
+        // shutdown closes it first, then waits for us to confirm its WAL).
+        if self.reproof_started.elapsed() < self.config.monitor.slot_poll_interval()
+            && !(self.catalog.is_closed()
+                && self.reproof_started.elapsed() >= Duration::from_millis(500))
+        {
             return Ok(());
         }
         self.reproof_started = Instant::now();
@@ -816,10 +836,19 @@ impl<'a> Session<'a> {
         ) else {
             return Ok(()); // validated before streaming
         };
-        let attrs = PgConnectConfig::parse(&self.config.postgres.url)
-            .map(|pg| pg.session_attrs())
-            .unwrap_or_default();
+        let pg = PgConnectConfig::parse(&self.config.postgres.url);
+        let attrs = pg.as_ref().map(|pg| pg.session_attrs()).unwrap_or_default();
         self.reproof = Some(tokio::spawn(async move {
+            if client.is_closed() {
+                // Closed under us: a new connection says why (57P03 while the
+                // server shuts down).
+                let pg = pg?;
+                pg.connect_sql().await?;
+                return Err(PgError::Closed {
+                    addr: pg.redacted(),
+                    during: "re-proving coverage (the session's SQL connection closed)",
+                });
+            }
             if attrs.needs_check() {
                 let kind = control::server_kind(&client).await?;
                 if !attrs.accepts(Some(kind)) {

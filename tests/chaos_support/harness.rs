@@ -400,7 +400,7 @@ async fn chaos(
     let mut next_writer_kill = rng.range(2, 6);
     // Once per run, half-way: the slot is lost while writers commit, and
     // `outbox-cdc repair` republishes the gap from the outbox table.
-    let slot_lost_at = opts.cycles / 2;
+    let mut slot_lost_at = opts.cycles / 2;
     while tally.cycles < opts.cycles
         || (tally.kafka_outages as usize) < kafka_at.len()
         || (tally.pg_restarts as usize) < pg_at.len()
@@ -452,25 +452,39 @@ async fn chaos(
                 p.abandon();
                 after_connector_death(offsets, names, &mut admin, reader, &mut tally).await;
             }
-            drop_slot(names, &mut admin).await?;
-            // Writers go on: their rows are in the gap only the table holds.
-            tokio::time::sleep(Duration::from_millis(700)).await;
-            let t = Instant::now();
-            let repair = launcher.clone();
-            tokio::task::spawn_blocking(move || repair.repair())
-                .await
-                .map_err(|e| format!("repair task: {e}"))??;
-            tally.slot_repairs += 1;
-            eprintln!(
-                "chaos: cycle {}: slot dropped, gap repaired ({:?})",
-                tally.cycles,
-                t.elapsed()
-            );
-            // Repaired rows repeat what was acknowledged within the repair's
-            // margin: the contract's wider duplicate window, not bounded by
-            // the stored offset.
-            tally.add_window(before, reader.watermarks(Duration::from_secs(5)), None);
-            connector.respawn_at = Instant::now();
+            if !repair_can_prove(offsets, names, &mut admin).await {
+                // The stored offset's last commit is older than every outbox
+                // row (it acknowledged only transactions without one, e.g. the
+                // noise table's empty transactions before PostgreSQL 15): the
+                // repair would rightly refuse (rows might have been deleted).
+                // Lose the slot at a later cycle instead.
+                eprintln!(
+                    "chaos: cycle {}: slot loss postponed: no acknowledged commit yet at or after the oldest outbox row",
+                    tally.cycles
+                );
+                connector.respawn_at = Instant::now();
+                slot_lost_at = tally.cycles + 1;
+            } else {
+                drop_slot(names, &mut admin).await?;
+                // Writers go on: their rows are in the gap only the table holds.
+                tokio::time::sleep(Duration::from_millis(700)).await;
+                let t = Instant::now();
+                let repair = launcher.clone();
+                tokio::task::spawn_blocking(move || repair.repair())
+                    .await
+                    .map_err(|e| format!("repair task: {e}"))??;
+                tally.slot_repairs += 1;
+                eprintln!(
+                    "chaos: cycle {}: slot dropped, gap repaired ({:?})",
+                    tally.cycles,
+                    t.elapsed()
+                );
+                // Repaired rows repeat what was acknowledged within the repair's
+                // margin: the contract's wider duplicate window, not bounded by
+                // the stored offset.
+                tally.add_window(before, reader.watermarks(Duration::from_secs(5)), None);
+                connector.respawn_at = Instant::now();
+            }
         }
         if let Some(&at) = pg_at.get(tally.pg_restarts as usize) {
             if tally.cycles >= at {
@@ -695,6 +709,36 @@ async fn after_connector_death(
         }
     }
     Some(stored)
+}
+
+/// Whether `outbox-cdc repair` can prove the gap covered (the condition of
+/// `src/pipeline/repair.rs`): nothing acknowledged since the slot was made, or
+/// the table still holds a row from at or before the acknowledged commit.
+async fn repair_can_prove(offsets: &Path, names: &Names, admin: &mut Admin) -> bool {
+    let stored = match OffsetStore::open(offsets).and_then(|s| s.load(&names.slot)) {
+        Ok(Some(stored)) => stored,
+        _ => return false,
+    };
+    if stored.commit_time_is_slot_creation {
+        return true;
+    }
+    let Some(acked) = stored.acked_commit_time else {
+        return false;
+    };
+    let oldest: Option<f64> = admin
+        .get()
+        .await
+        .query_one(
+            &format!(
+                "SELECT ((extract(epoch FROM min(occurred_at)) - 946684800) * 1e6)::float8 FROM public.{}",
+                names.outbox
+            ),
+            &[],
+        )
+        .await
+        .ok()
+        .and_then(|row| row.get(0));
+    oldest.is_some_and(|o| o <= acked.0 as f64)
 }
 
 /// Drops the run's slot once no walsender holds it (the connector was killed;
