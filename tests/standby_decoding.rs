@@ -3,8 +3,10 @@
 //! standby, events written on the primary arrive through it, the standby is
 //! restarted mid-stream without loss, lag is measured against the standby's
 //! replay position and the heartbeat is written on the primary. Needs
-//! `scripts/env.sh up --standby` and restarts the standby: run by
-//! `scripts/test.sh` (`cargo test --test standby_decoding`), not by default.
+//! `scripts/env.sh up --standby` and restarts the standby: run by hand
+//! (`cargo test --test standby_decoding`), not by default and not in CI yet:
+//! it has failed (deliveries stalled on PG16; rows lost once across the
+//! restart), see docs/operations.md "Decoding from a standby".
 
 mod common;
 
