@@ -397,8 +397,22 @@ pub fn spawn_binary(config: &Path) -> ChildProcess {
 /// with what it has if `timeout` passes first.
 pub fn consume(prefix: &str, expected: usize, timeout: Duration, settle: Duration) -> Vec<Record> {
     read_records(prefix, expected, timeout, settle).unwrap_or_else(|partial| {
+        // Whether the broker holds more than was read (a reader problem) or
+        // not (the records never reached it): per partition, end offset and
+        // what was read.
+        let mut read: BTreeMap<(String, i32), usize> = BTreeMap::new();
+        for r in &partial {
+            *read.entry((r.topic.clone(), r.partition)).or_default() += 1;
+        }
+        let ends: Vec<String> = partition_ends(prefix)
+            .into_iter()
+            .map(|((t, p), high)| {
+                let n = read.get(&(t.clone(), p)).copied().unwrap_or(0);
+                format!("{t}[{p}]: end offset {high}, read {n}")
+            })
+            .collect();
         panic!(
-            "consumer timed out after {timeout:?}: {} of {expected} records from topics {prefix}.*",
+            "consumer timed out after {timeout:?}: {} of {expected} records from topics {prefix}.*; {ends:?}",
             partial.len()
         )
     })
