@@ -434,6 +434,10 @@ pub fn read_records(
         .set("group.id", unique_name("reader"))
         .set("enable.auto.commit", "false")
         .set("allow.auto.create.topics", "false")
+        // Should a partition's position ever be reset, read it again from
+        // the start (records read twice are dropped below), never skip to
+        // its end as the default `latest` would.
+        .set("auto.offset.reset", "earliest")
         .create()
         .expect("create consumer");
     let wanted = format!("{prefix}.");
@@ -442,6 +446,8 @@ pub fn read_records(
     let mut assigned: std::collections::BTreeSet<(String, i32)> = std::collections::BTreeSet::new();
     let mut last_new = Instant::now();
     let mut last_refresh: Option<Instant> = None;
+    let mut seen: std::collections::BTreeSet<(String, i32, i64)> =
+        std::collections::BTreeSet::new();
     loop {
         if out.len() >= expected && last_new.elapsed() >= settle {
             return Ok(out);
@@ -478,6 +484,10 @@ pub fn read_records(
         }
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
+                // Each record (topic, partition, offset) once.
+                if !seen.insert((m.topic().to_owned(), m.partition(), m.offset())) {
+                    continue;
+                }
                 last_new = Instant::now();
                 let headers = m
                     .headers()
