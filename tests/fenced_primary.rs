@@ -11,39 +11,19 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::relay::{Fixture, Running, consume, eventually};
-use common::{init_tracing, pg_admin_url, pg_url};
+use common::{admin_statements, init_tracing, pg_url};
 
 /// Sets (or resets) `default_transaction_read_only` server-wide and reloads.
 fn fence(read_only: bool) {
-    let url = pg_admin_url();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
-            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                .await
-                .expect("connect as admin");
-            tokio::spawn(conn);
-            client
-                .batch_execute("SET default_transaction_read_only = off")
-                .await
-                .expect("admin session read-write");
-            let sql = if read_only {
-                "ALTER SYSTEM SET default_transaction_read_only = on"
-            } else {
-                "ALTER SYSTEM RESET default_transaction_read_only"
-            };
-            client.batch_execute(sql).await.expect(sql);
-            client
-                .batch_execute("SELECT pg_reload_conf()")
-                .await
-                .expect("reload");
-        });
-    })
-    .join()
-    .expect("fence");
+    admin_statements(&[
+        "SET default_transaction_read_only = off",
+        if read_only {
+            "ALTER SYSTEM SET default_transaction_read_only = on"
+        } else {
+            "ALTER SYSTEM RESET default_transaction_read_only"
+        },
+        "SELECT pg_reload_conf()",
+    ]);
 }
 
 /// Lifts the fence when dropped, so a failing test leaves the server writable.

@@ -672,18 +672,8 @@ pub(crate) async fn connect_sql(cfg: &PgConnectConfig) -> Result<tokio_postgres:
         if !check {
             return Ok((client, None));
         }
-        let row = client
-            .query_one(ServerKind::QUERY, &[])
-            .await
-            .map_err(|e| {
-                PgError::sql(format!("asking {addr} its kind (target_session_attrs)"), e)
-            })?;
-        let text = |i: usize| -> Result<String, PgError> {
-            row.try_get(i).map_err(|e| {
-                PgError::sql(format!("asking {addr} its kind (target_session_attrs)"), e)
-            })
-        };
-        Ok((client, Some(ServerKind::from_text(&text(0)?, &text(1)?))))
+        let kind = super::control::server_kind(&client).await?;
+        Ok((client, Some(kind)))
     })
     .await
 }

@@ -148,7 +148,19 @@ pub fn env_sh(arg: &str) {
 /// `scripts/env.sh pg-restart`): for tests that must be the only one in
 /// their file.
 pub fn set_track_commit_timestamp(on: bool) {
+    admin_statements(&[if on {
+        "ALTER SYSTEM SET track_commit_timestamp = on"
+    } else {
+        "ALTER SYSTEM RESET track_commit_timestamp"
+    }]);
+    env_sh("pg-restart");
+}
+
+/// Runs `statements` one by one as the superuser, on a runtime of their own
+/// (so that Drop guards can call it too).
+pub fn admin_statements(statements: &[&str]) {
     let url = pg_admin_url();
+    let statements: Vec<String> = statements.iter().map(|s| (*s).to_owned()).collect();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -159,17 +171,13 @@ pub fn set_track_commit_timestamp(on: bool) {
                 .await
                 .expect("connect as admin");
             tokio::spawn(conn);
-            let sql = if on {
-                "ALTER SYSTEM SET track_commit_timestamp = on"
-            } else {
-                "ALTER SYSTEM RESET track_commit_timestamp"
-            };
-            client.batch_execute(sql).await.expect(sql);
+            for sql in &statements {
+                client.batch_execute(sql).await.expect(sql);
+            }
         });
     })
     .join()
-    .expect("set track_commit_timestamp");
-    env_sh("pg-restart");
+    .expect("admin statements");
 }
 
 /// Turns `track_commit_timestamp` off again (with a restart) when dropped.
