@@ -176,6 +176,12 @@ for major in $matrix; do
         done
     fi
 done
+# Each panic's first lines once more, at the end, where a short excerpt of the
+# output (a CI summary) still shows why a test failed.
+if grep -q "panicked at" "$out"; then
+    echo "test.sh: panics, first lines of each:"
+    grep -A2 "panicked at" "$out" | grep -v '^--$' | cut -c1-1200 | head -n 45
+fi
 for line in "${timings[@]}"; do echo "test.sh: $line"; done
 
 # One closing line over every `test result:` line of both runs.

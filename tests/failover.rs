@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use common::ha::{
     check_line, check_report, ids_on, multi_host_url, slot_on_standby, spawn_writer, standby_admin,
 };
-use common::relay::{Fixture, Running, read_records};
+use common::relay::{Fixture, Running, read_records, read_versus_ends};
 use common::{env_sh, init_tracing};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,9 +120,10 @@ async fn a_promoted_standby_with_the_synced_slot_loses_nothing() {
                 .collect();
             let missing: Vec<&String> = expected.difference(&seen).collect();
             panic!(
-                "{} of {} rows of the new primary arrived within 120 s after the failover; missing: {missing:?}",
+                "{} of {} rows of the new primary arrived within 120 s after the failover; missing: {missing:?}; {:?}",
                 seen.len(),
-                expected.len()
+                expected.len(),
+                read_versus_ends(&fx.topic_prefix, &partial)
             );
         }
     };

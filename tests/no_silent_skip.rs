@@ -8,7 +8,9 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::relay::{Fixture, Record, Running, consume, read_records, spawn_binary};
+use common::relay::{
+    Fixture, Record, Running, consume, read_records, read_versus_ends, spawn_binary,
+};
 use common::{admin_client, init_tracing};
 use outbox_cdc::checkpoint::OffsetStore;
 use outbox_cdc::coverage::CoverageProblem;
@@ -211,9 +213,10 @@ async fn partitioned_outbox_with_partition_churn(via_root: bool) {
                 Err(e) => format!("the connector had stopped: {e}"),
             };
             panic!(
-                "{} of {} records arrived within 60 s; {state}; missing: {described:?} (ids {missing:?})",
+                "{} of {} records arrived within 60 s; {state}; missing: {described:?} (ids {missing:?}); {:?}",
                 partial.len(),
-                written.len()
+                written.len(),
+                read_versus_ends(&f.topic_prefix, &partial)
             );
         }
     };

@@ -116,12 +116,28 @@ impl Tally {
 }
 
 /// One plan per start; the first starts of each kind walk through every
-/// failpoint and stop mode once, later ones are drawn at random.
-fn next_plan(kind: Kind, start: u32, rng: &mut Rng) -> Plan {
+/// failpoint and stop mode once; after that a failpoint of this kind that has
+/// not fired yet (its process died another way first) is planned again, with
+/// a small hit count, and otherwise plans are drawn at random.
+fn next_plan(kind: Kind, start: u32, fired: &BTreeMap<String, u64>, rng: &mut Rng) -> Plan {
     let modes: u64 = match kind {
         Kind::Connector => 7,
         Kind::Consumer => 6,
     };
+    let points: &[&'static str] = match kind {
+        Kind::Connector => &CONNECTOR_FAILPOINTS,
+        Kind::Consumer => &CONSUMER_FAILPOINTS,
+    };
+    if u64::from(start) > modes
+        && let Some(point) = points
+            .iter()
+            .find(|p| !fired.contains_key(&format!("{}:{p}", kind.name())))
+    {
+        return Plan::Failpoint {
+            point,
+            n: rng.range(1, 3),
+        };
+    }
     let mode = if u64::from(start) <= modes {
         u64::from(start) - 1
     } else {
@@ -596,7 +612,7 @@ async fn step(
     let Some(p) = slot.proc.as_mut() else {
         if Instant::now() >= slot.respawn_at {
             slot.starts += 1;
-            let plan = next_plan(slot.kind, slot.starts, rng);
+            let plan = next_plan(slot.kind, slot.starts, &tally.failpoint_hits, rng);
             slot.proc = Some(launcher.spawn(slot.kind, plan, slot.starts));
         }
         return Ok(());

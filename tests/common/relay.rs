@@ -397,25 +397,29 @@ pub fn spawn_binary(config: &Path) -> ChildProcess {
 /// with what it has if `timeout` passes first.
 pub fn consume(prefix: &str, expected: usize, timeout: Duration, settle: Duration) -> Vec<Record> {
     read_records(prefix, expected, timeout, settle).unwrap_or_else(|partial| {
-        // Whether the broker holds more than was read (a reader problem) or
-        // not (the records never reached it): per partition, end offset and
-        // what was read.
-        let mut read: BTreeMap<(String, i32), usize> = BTreeMap::new();
-        for r in &partial {
-            *read.entry((r.topic.clone(), r.partition)).or_default() += 1;
-        }
-        let ends: Vec<String> = partition_ends(prefix)
-            .into_iter()
-            .map(|((t, p), high)| {
-                let n = read.get(&(t.clone(), p)).copied().unwrap_or(0);
-                format!("{t}[{p}]: end offset {high}, read {n}")
-            })
-            .collect();
         panic!(
-            "consumer timed out after {timeout:?}: {} of {expected} records from topics {prefix}.*; {ends:?}",
-            partial.len()
+            "consumer timed out after {timeout:?}: {} of {expected} records from topics {prefix}.*; {:?}",
+            partial.len(),
+            read_versus_ends(prefix, &partial)
         )
     })
+}
+
+/// Per partition of the topics `^<prefix>\.`, its end offset beside how many
+/// records were read from it: tells a reader problem (the broker holds more)
+/// from records that never reached the broker.
+pub fn read_versus_ends(prefix: &str, read: &[Record]) -> Vec<String> {
+    let mut counts: BTreeMap<(String, i32), usize> = BTreeMap::new();
+    for r in read {
+        *counts.entry((r.topic.clone(), r.partition)).or_default() += 1;
+    }
+    partition_ends(prefix)
+        .into_iter()
+        .map(|((t, p), high)| {
+            let n = counts.get(&(t.clone(), p)).copied().unwrap_or(0);
+            format!("{t}[{p}]: end offset {high}, read {n}")
+        })
+        .collect()
 }
 
 /// [`consume`], returning what arrived (`Err`) when `timeout` passes first,
