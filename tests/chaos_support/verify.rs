@@ -49,6 +49,10 @@ impl Rec {
 /// Reads the run's topics from the beginning, incrementally.
 pub struct KafkaReader {
     consumer: BaseConsumer,
+    /// Metadata and end offsets come from this client, never from `consumer`:
+    /// metadata requests on a consumer that is fetching stalled its fetches
+    /// (librdkafka 2.12, see tests/common/relay.rs `read_records`).
+    meta: BaseConsumer,
     prefix: String,
     next: BTreeMap<Tp, i64>,
     pub records: Vec<Rec>,
@@ -64,8 +68,14 @@ impl KafkaReader {
             .set("auto.offset.reset", "earliest")
             .create()
             .expect("create the verification reader");
+        let meta: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("allow.auto.create.topics", "false")
+            .create()
+            .expect("create the verification reader's metadata client");
         KafkaReader {
             consumer,
+            meta,
             prefix: format!("{prefix}."),
             next: BTreeMap::new(),
             records: Vec::new(),
@@ -76,7 +86,7 @@ impl KafkaReader {
     /// High watermark of every partition of the run's topics.
     pub fn watermarks(&self, timeout: Duration) -> Result<BTreeMap<Tp, i64>, String> {
         let md = self
-            .consumer
+            .meta
             .fetch_metadata(None, timeout)
             .map_err(|e| format!("metadata: {e}"))?;
         let mut out = BTreeMap::new();
@@ -87,7 +97,7 @@ impl KafkaReader {
         {
             for p in t.partitions() {
                 let (_, high) = self
-                    .consumer
+                    .meta
                     .fetch_watermarks(t.name(), p.id(), timeout)
                     .map_err(|e| format!("watermarks of {}[{}]: {e}", t.name(), p.id()))?;
                 out.insert((t.name().to_owned(), p.id()), high);
