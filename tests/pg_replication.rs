@@ -11,13 +11,24 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use outbox_cdc::checkpoint::OffsetStore;
 use outbox_cdc::pg::control;
 use outbox_cdc::pg::{
-    Lsn, PgConnectConfig, PgError, QualifiedTable, ReplicationConnection, ReplicationEvent,
-    ReplicationStream, StreamOptions,
+    DurableLsn, Lsn, PgConnectConfig, PgError, QualifiedTable, ReplicationConnection,
+    ReplicationEvent, ReplicationStream, StreamOptions,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
+
+/// `lsn` made durable the only way there is: stored and flushed by an offset
+/// store (`set_flushed` takes nothing else).
+fn durable(lsn: Lsn) -> DurableLsn {
+    let dir = tempfile::tempdir().expect("temp dir for an offset store");
+    let store = OffsetStore::open(&dir.path().join("offsets")).expect("open the offset store");
+    store
+        .persist("pg_replication_test", lsn, "0")
+        .expect("persist")
+}
 
 fn outbox_config() -> PgConnectConfig {
     PgConnectConfig::parse(&common::pg_url()).expect("OUTBOX_CDC_TEST_PG parses")
@@ -245,7 +256,7 @@ async fn streams_confirms_shuts_down_and_resumes_without_resending() {
 
     // Only what the caller reports as flushed is confirmed.
     let feedback = stream.feedback();
-    feedback.set_flushed(txn.end_lsn);
+    feedback.set_flushed(durable(txn.end_lsn));
     wait_for("confirmed_flush_lsn to reach the commit end", || async {
         let s = control::slot_info(&fx.admin, &fx.slot)
             .await
@@ -325,7 +336,7 @@ async fn stalled_consumer_keeps_its_connection_because_feedback_flows() {
     let (mut stream, pid) = fx.start_with(&cfg, Lsn::ZERO, options).await;
     fx.insert(&["warm-up"]).await;
     let first = recv_txn(&mut stream).await;
-    stream.feedback().set_flushed(first.end_lsn);
+    stream.feedback().set_flushed(durable(first.end_lsn));
 
     insert_many(&fx, "stalled").await;
     // The consumer stalls for more than three times wal_sender_timeout.
@@ -338,7 +349,7 @@ async fn stalled_consumer_keeps_its_connection_because_feedback_flows() {
     let big = recv_txn(&mut stream).await;
     let inserts = big.tags.iter().filter(|t| **t == b'I').count();
     assert_eq!(inserts, STALL_ROWS);
-    stream.feedback().set_flushed(big.end_lsn);
+    stream.feedback().set_flushed(durable(big.end_lsn));
     fx.insert(&["after-stall"]).await;
     let after = recv_txn(&mut stream).await;
     assert!(after.messages.iter().any(|m| contains(m, b"after-stall")));
@@ -537,7 +548,7 @@ async fn keepalive_requesting_a_reply_is_answered_and_shutdown_is_clean() {
     assert_eq!(answer, Some((0, 0, 0, false)));
 
     // A new flushed position goes out soon, without waiting for the timer.
-    stream.feedback().set_flushed(Lsn::new(0x50));
+    stream.feedback().set_flushed(durable(Lsn::new(0x50)));
     let flushed = tokio::time::timeout(Duration::from_secs(5), scripted::next_status(&mut rx))
         .await
         .expect("a status update after set_flushed");

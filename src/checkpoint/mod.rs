@@ -17,8 +17,7 @@ mod acked_time;
 mod store;
 mod tracker;
 
+pub use crate::pg::DurableLsn;
 pub use acked_time::DurableCommitTime;
-pub use store::{
-    DurableLsn, OffsetStore, ParkedAggregate, PendingRepair, StoreError, StoredOffset,
-};
+pub use store::{Flushed, OffsetStore, ParkedAggregate, PendingRepair, StoreError, StoredOffset};
 pub use tracker::{AckTracker, EventToken, TrackerError};

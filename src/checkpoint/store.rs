@@ -18,7 +18,7 @@ use std::sync::{PoisonError, RwLock};
 
 use serde::{Deserialize, Serialize};
 
-use crate::pg::{Lsn, PgTimestamp};
+use crate::pg::{DurableLsn, Lsn, PgTimestamp};
 
 const OFFSETS_TREE: &str = "offsets";
 const PARKED_TREE: &str = "parked";
@@ -30,31 +30,15 @@ const CACHE_CAPACITY_BYTES: u64 = 8 * 1024 * 1024;
 const LOCK_RETRIES: u32 = 10;
 const LOCK_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// An LSN that is durable in the offset store: flushed to disk by a
-/// successful [`OffsetStore::persist`], or read back by
-/// [`OffsetStore::durable_lsn`] and then flushed.
-///
-/// This is the only type the pipeline feeds to PostgreSQL as the flush
-/// position. It has no public constructor, so reporting an LSN beyond what is
-/// durable locally is impossible by construction:
+/// Proof that the offset store has just flushed: what a [`DurableLsn`] is
+/// made from. Only this module can make one (the field is private), after a
+/// successful flush, so only the store can say an LSN is durable:
 ///
 /// ```compile_fail,E0423
-/// let forged = outbox_cdc::checkpoint::DurableLsn(outbox_cdc::pg::Lsn::new(1));
+/// let forged = outbox_cdc::checkpoint::Flushed(());
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DurableLsn(Lsn);
-
-impl DurableLsn {
-    pub fn lsn(&self) -> Lsn {
-        self.0
-    }
-}
-
-impl fmt::Display for DurableLsn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
+#[derive(Debug)]
+pub struct Flushed(());
 
 /// What is stored for one replication slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -337,8 +321,8 @@ impl OffsetStore {
         let Some(stored) = self.load(slot)? else {
             return Ok(None);
         };
-        self.flush("read", slot_key(slot))?;
-        Ok(Some(DurableLsn(stored.lsn)))
+        let flushed = self.flush("read", slot_key(slot))?;
+        Ok(Some(DurableLsn::new(stored.lsn, flushed)))
     }
 
     /// Stores `lsn` for `slot` and flushes it. The stored LSN never goes
@@ -402,8 +386,8 @@ impl OffsetStore {
                     });
                 }
                 if stored.lsn >= lsn {
-                    self.flush("persist", slot_key(slot))?;
-                    return Ok(DurableLsn(stored.lsn));
+                    let flushed = self.flush("persist", slot_key(slot))?;
+                    return Ok(DurableLsn::new(stored.lsn, flushed));
                 }
             }
             let previous = match &current {
@@ -443,8 +427,8 @@ impl OffsetStore {
                 break;
             }
         }
-        self.flush("persist", slot_key(slot))?;
-        Ok(DurableLsn(lsn))
+        let flushed = self.flush("persist", slot_key(slot))?;
+        Ok(DurableLsn::new(lsn, flushed))
     }
 
     /// Forgets the offset of `slot` (the explicit recreate-slot path).
@@ -526,7 +510,7 @@ impl OffsetStore {
                 key: repair_key(slot),
                 source,
             })?;
-        self.flush("begin repair", repair_key(slot))
+        self.flush("begin repair", repair_key(slot)).map(drop)
     }
 
     /// The repair of `slot` that has not finished, if any.
@@ -557,7 +541,7 @@ impl OffsetStore {
                 key: repair_key(slot),
                 source,
             })?;
-        self.flush("end repair", repair_key(slot))
+        self.flush("end repair", repair_key(slot)).map(drop)
     }
 
     /// Parks an aggregate: its later events go to the dead-letter topic until
@@ -698,14 +682,14 @@ impl OffsetStore {
         Ok(out)
     }
 
-    fn flush(&self, op: &'static str, key: String) -> Result<(), StoreError> {
+    fn flush(&self, op: &'static str, key: String) -> Result<Flushed, StoreError> {
         self.db.flush().map_err(|source| StoreError::Flush {
             path: self.path.clone(),
             op,
             key,
             source,
         })?;
-        Ok(())
+        Ok(Flushed(()))
     }
 
     fn decode_offset(&self, slot: &str, raw: &[u8]) -> Result<StoredOffset, StoreError> {

@@ -25,7 +25,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use super::codec::{StatusUpdate, encode_status_update};
 use super::error::PgError;
 use super::wire::encode;
-use super::{Lsn, PgTimestamp};
+use super::{DurableLsn, Lsn, PgTimestamp};
 
 /// State shared by the handle(s), the writer task and the reader.
 #[derive(Default)]
@@ -105,11 +105,11 @@ impl FeedbackHandle {
     }
 
     /// Everything up to `lsn` is durable locally; the server may recycle WAL
-    /// and the slot advances to it. Pass only positions read back from durable
-    /// storage. A position behind the current one is ignored; `written` is
-    /// raised to it if needed. The update is sent within `min_gap`.
-    pub fn set_flushed(&self, lsn: Lsn) {
-        let raw = lsn.as_u64();
+    /// and the slot advances to it (only the offset store makes a
+    /// [`DurableLsn`]). A position behind the current one is ignored;
+    /// `written` is raised to it if needed. The update is sent within `min_gap`.
+    pub fn set_flushed(&self, lsn: DurableLsn) {
+        let raw = lsn.lsn().as_u64();
         self.state.written.fetch_max(raw, Ordering::SeqCst);
         let previous = self.state.flushed.fetch_max(raw, Ordering::SeqCst);
         if raw > previous {
@@ -227,9 +227,9 @@ mod tests {
         h.set_written(Lsn::new(100));
         h.set_written(Lsn::new(50));
         assert_eq!(h.written(), Lsn::new(100));
-        h.set_flushed(Lsn::new(200));
+        h.set_flushed(DurableLsn::for_test(Lsn::new(200)));
         assert_eq!((h.written(), h.flushed()), (Lsn::new(200), Lsn::new(200)));
-        h.set_flushed(Lsn::new(150));
+        h.set_flushed(DurableLsn::for_test(Lsn::new(150)));
         assert_eq!(h.flushed(), Lsn::new(200));
     }
 
@@ -259,7 +259,7 @@ mod tests {
         let task = tokio::spawn(run_writer(client, "test".into(), state, timing, stop_rx));
 
         tokio::time::sleep(Duration::from_millis(20)).await;
-        h.set_flushed(Lsn::new(0x10));
+        h.set_flushed(DurableLsn::for_test(Lsn::new(0x10)));
         tokio::time::sleep(Duration::from_millis(300)).await;
         h.set_written(Lsn::new(0x20));
         tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -314,7 +314,7 @@ mod tests {
         let task = tokio::spawn(run_writer(client, "test".into(), state, timing, stop_rx));
         let started = std::time::Instant::now();
         for i in 1..=200u64 {
-            h.set_flushed(Lsn::new(i));
+            h.set_flushed(DurableLsn::for_test(Lsn::new(i)));
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;

@@ -33,6 +33,53 @@ impl Lsn {
     }
 }
 
+/// An LSN that is durable in the offset store: flushed to disk by a
+/// successful [`OffsetStore::persist`](crate::checkpoint::OffsetStore::persist),
+/// or read back by
+/// [`OffsetStore::durable_lsn`](crate::checkpoint::OffsetStore::durable_lsn)
+/// and then flushed.
+///
+/// This is the only type [`FeedbackHandle::set_flushed`](crate::pg::FeedbackHandle::set_flushed)
+/// takes, so the flush position reported to PostgreSQL (which lets it recycle
+/// WAL and advance the slot) cannot be beyond what is durable locally. Making
+/// one needs a [`Flushed`](crate::checkpoint::Flushed) proof, which only the
+/// offset store can make; neither a forged value nor a plain [`Lsn`] compiles:
+///
+/// ```compile_fail,E0423
+/// let forged = outbox_cdc::pg::DurableLsn(outbox_cdc::pg::Lsn::new(1));
+/// ```
+///
+/// ```compile_fail,E0308
+/// fn report(feedback: &outbox_cdc::pg::FeedbackHandle) {
+///     feedback.set_flushed(outbox_cdc::pg::Lsn::new(1));
+/// }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DurableLsn(Lsn);
+
+impl DurableLsn {
+    /// `lsn` is durable: the store has just flushed it (the proof says so).
+    pub fn new(lsn: Lsn, _flushed: crate::checkpoint::Flushed) -> DurableLsn {
+        DurableLsn(lsn)
+    }
+
+    pub fn lsn(&self) -> Lsn {
+        self.0
+    }
+
+    /// For the feedback task's own unit tests, which have no store.
+    #[cfg(test)]
+    pub(crate) fn for_test(lsn: Lsn) -> DurableLsn {
+        DurableLsn(lsn)
+    }
+}
+
+impl fmt::Display for DurableLsn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 impl fmt::Display for Lsn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:X}/{:X}", self.0 >> 32, self.0 & 0xFFFF_FFFF)

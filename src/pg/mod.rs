@@ -9,9 +9,9 @@
 //! - `error`: `PgError` and the one SQLSTATE classification table.
 //!
 //! LSN rules kept here (DESIGN.md §5): the flushed position reported to the
-//! server only comes from the caller (`FeedbackHandle::set_flushed`), who
-//! passes only positions that are durable locally; reported positions never
-//! move backwards, and written >= flushed.
+//! server only comes from the caller (`FeedbackHandle::set_flushed`), and only
+//! as a [`DurableLsn`], which only the offset store can make; reported
+//! positions never move backwards, and written >= flushed.
 
 mod auth;
 mod codec;
@@ -35,7 +35,7 @@ pub use control::SlotInfo;
 pub use error::{PgError, ServerError};
 pub use feedback::FeedbackHandle;
 pub use ident::{QualifiedTable, quote_ident};
-pub use lsn::Lsn;
+pub use lsn::{DurableLsn, Lsn};
 pub use replication::{
     ExportedSlot, ReplicationConnection, ReplicationStream, StreamOptions, SystemIdentity,
 };

@@ -270,7 +270,7 @@ impl<'a> Session<'a> {
             )
             .await?;
         let feedback = stream.feedback();
-        feedback.set_flushed(durable.lsn());
+        feedback.set_flushed(durable);
         metrics.set_acked(durable.lsn());
         metrics.connected.store(1, Ordering::Relaxed);
         // The stored offset was accepted for this cluster: the pruner may use its time.
@@ -907,7 +907,7 @@ impl<'a> Session<'a> {
     /// A persist finished: the position is durable, so it may be reported.
     fn flushed(&mut self, durable: DurableLsn) {
         crate::failpoint!("after-persist-before-status-update");
-        self.feedback.set_flushed(durable.lsn());
+        self.feedback.set_flushed(durable);
         self.metrics.set_acked(durable.lsn());
         if durable.lsn() > self.durable.lsn() {
             self.durable = durable;
