@@ -11,29 +11,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::env_sh;
+use common::KafkaStopped;
 use common::relay::{Fixture, consume, eventually, spawn_binary};
 use outbox_cdc::pg::Lsn;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Starts Kafka again even when the test fails half-way.
-struct KafkaBackOnDrop(bool);
-
-impl KafkaBackOnDrop {
-    fn restore(&mut self) {
-        if !self.0 {
-            self.0 = true;
-            env_sh("kafka-start");
-        }
-    }
-}
-
-impl Drop for KafkaBackOnDrop {
-    fn drop(&mut self) {
-        self.restore();
-    }
-}
 
 fn free_port() -> u16 {
     let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
@@ -105,8 +87,7 @@ async fn lag_and_unacked_age_rise_while_kafka_is_down_and_fall_after() {
     })
     .await;
 
-    let mut kafka = KafkaBackOnDrop(false);
-    env_sh("kafka-stop");
+    let mut kafka = KafkaStopped::stop();
     let before = current_wal_lsn(&fx).await;
     for i in 5..25 {
         written.extend(

@@ -8,17 +8,8 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::env_sh;
+use common::KafkaStopped;
 use common::relay::{Fixture, Running, consume};
-
-/// Starts Kafka again even when the test fails half-way.
-struct KafkaBackOnDrop;
-
-impl Drop for KafkaBackOnDrop {
-    fn drop(&mut self) {
-        env_sh("kafka-start");
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_down_for_30_seconds_then_everything_arrives_in_order() {
@@ -47,8 +38,7 @@ async fn kafka_down_for_30_seconds_then_everything_arrives_in_order() {
     assert_eq!(before.len(), 20, "delivery works before the outage");
 
     {
-        let _restore = KafkaBackOnDrop;
-        env_sh("kafka-stop");
+        let _kafka = KafkaStopped::stop();
         let outage = tokio::time::Instant::now();
         while outage.elapsed() < Duration::from_secs(30) {
             write_batch(&fx, 5, &mut written).await;

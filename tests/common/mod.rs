@@ -144,6 +144,34 @@ pub fn env_sh(arg: &str) {
     assert!(status.success(), "scripts/env.sh {arg} failed: {status}");
 }
 
+/// The shared Kafka broker stopped (`scripts/env.sh kafka-stop`) until
+/// [`KafkaStopped::restore`] or the end of the value's scope, so that a test
+/// failing half-way still starts it again. For tests alone in their file.
+pub struct KafkaStopped {
+    restored: bool,
+}
+
+impl KafkaStopped {
+    pub fn stop() -> KafkaStopped {
+        let stopped = KafkaStopped { restored: false };
+        env_sh("kafka-stop");
+        stopped
+    }
+
+    pub fn restore(&mut self) {
+        if !self.restored {
+            self.restored = true;
+            env_sh("kafka-start");
+        }
+    }
+}
+
+impl Drop for KafkaStopped {
+    fn drop(&mut self) {
+        self.restore();
+    }
+}
+
 /// Turns `track_commit_timestamp` on or off (ALTER SYSTEM, then
 /// `scripts/env.sh pg-restart`): for tests that must be the only one in
 /// their file.
