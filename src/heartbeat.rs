@@ -30,6 +30,8 @@ use outbox_cdc::config::Config;
 use outbox_cdc::metrics::Metrics;
 use outbox_cdc::pg::{PgConnectConfig, PgError};
 
+use crate::periodic::{self, Step, Wording, connected};
+
 const HEARTBEAT_SQL: &str = "SELECT pg_logical_emit_message(false, $1, now()::text)::text";
 
 /// Upper bound of one heartbeat (connect + statement).
@@ -49,7 +51,7 @@ async fn run(
     config: Arc<Config>,
     interval: Duration,
     metrics: Arc<Metrics>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
     // On a standby (decoding there, PostgreSQL 16+) the heartbeat must be
     // written on the primary: postgres.primary_url.
@@ -66,7 +68,7 @@ async fn run(
     };
     let mut client: Option<tokio_postgres::Client> = None;
     if config.postgres.primary_url.is_none()
-        && let Ok(c) = crate::monitor::connected(&pg, &mut client).await
+        && let Ok(c) = connected(&pg, &mut client).await
         && outbox_cdc::pg::control::in_recovery(c)
             .await
             .unwrap_or(false)
@@ -77,63 +79,23 @@ async fn run(
         );
         return;
     }
-    let prefix = config.monitor.heartbeat_prefix.as_str();
+    let prefix = config.monitor.heartbeat_prefix.clone();
     info!(
         prefix,
         interval_ms = interval.as_millis() as u64,
         "heartbeat on"
     );
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut failing = false;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            changed = shutdown.changed() => {
-                if changed.is_err() || *shutdown.borrow() {
-                    debug!("heartbeat stopped");
-                    return;
-                }
-                continue;
-            }
-        }
-        let outcome = tokio::select! {
-            outcome = tokio::time::timeout(BEAT_TIMEOUT, beat(&pg, prefix, &mut client)) => outcome,
-            _ = shutdown.changed() => {
-                debug!("heartbeat stopped during a beat");
-                return;
-            }
-        };
-        match outcome {
-            Ok(Ok(lsn)) => {
-                metrics.heartbeats.fetch_add(1, Ordering::Relaxed);
-                debug!(%lsn, "heartbeat written");
-                if failing {
-                    info!("heartbeat: writing again");
-                    failing = false;
-                }
-            }
-            Ok(Err(e)) => {
-                client = None;
-                metrics.heartbeat_errors.fetch_add(1, Ordering::Relaxed);
-                if !failing {
-                    warn!(error = %e, "heartbeat failed; retrying every interval");
-                    failing = true;
-                }
-            }
-            Err(_) => {
-                client = None;
-                metrics.heartbeat_errors.fetch_add(1, Ordering::Relaxed);
-                if !failing {
-                    warn!(
-                        timeout_ms = BEAT_TIMEOUT.as_millis() as u64,
-                        "heartbeat timed out"
-                    );
-                    failing = true;
-                }
-            }
-        }
-    }
+    let beat = Beat {
+        pg,
+        prefix,
+        metrics,
+    };
+    let words = Wording {
+        task: "heartbeat",
+        failed: "heartbeat failed",
+        again: "heartbeat: writing again",
+    };
+    periodic::run_every(beat, client, interval, BEAT_TIMEOUT, words, shutdown).await;
 }
 
 /// Why a heartbeat was not written.
@@ -148,17 +110,35 @@ enum BeatError {
     },
 }
 
-/// Writes one heartbeat; returns the LSN of its WAL record.
-async fn beat(
-    pg: &PgConnectConfig,
-    prefix: &str,
-    client: &mut Option<tokio_postgres::Client>,
-) -> Result<String, BeatError> {
-    let c = crate::monitor::connected(pg, client).await?;
-    let emit = |source| BeatError::Emit {
-        prefix: prefix.to_owned(),
-        source,
-    };
-    let row = c.query_one(HEARTBEAT_SQL, &[&prefix]).await.map_err(emit)?;
-    row.try_get(0).map_err(emit)
+/// One heartbeat: a non-transactional logical message into this database's WAL.
+struct Beat {
+    pg: PgConnectConfig,
+    prefix: String,
+    metrics: Arc<Metrics>,
+}
+
+impl Step for Beat {
+    type Error = BeatError;
+
+    async fn run(&mut self, client: &mut Option<tokio_postgres::Client>) -> Result<(), BeatError> {
+        let c = connected(&self.pg, client).await?;
+        let emit = |source| BeatError::Emit {
+            prefix: self.prefix.clone(),
+            source,
+        };
+        let row = c
+            .query_one(HEARTBEAT_SQL, &[&self.prefix])
+            .await
+            .map_err(emit)?;
+        let lsn: String = row.try_get(0).map_err(emit)?;
+        self.metrics.heartbeats.fetch_add(1, Ordering::Relaxed);
+        debug!(%lsn, "heartbeat written");
+        Ok(())
+    }
+
+    fn failed(&mut self) {
+        self.metrics
+            .heartbeat_errors
+            .fetch_add(1, Ordering::Relaxed);
+    }
 }

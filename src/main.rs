@@ -3,6 +3,7 @@
 mod check;
 mod heartbeat;
 mod monitor;
+mod periodic;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};

@@ -14,12 +14,14 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::{debug, info, warn};
+use tracing::warn;
 
 use outbox_cdc::config::Config;
 use outbox_cdc::metrics::Metrics;
 use outbox_cdc::pg::{PgConnectConfig, PgError, PgTimestamp};
 use outbox_cdc::status;
+
+use crate::periodic::{self, Step, Wording, connected};
 
 /// Upper bound of one poll (connect + two queries); a hung server must not stop
 /// the poller for longer than this.
@@ -31,98 +33,52 @@ pub(crate) fn spawn(
     metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    tokio::spawn(run(config, metrics, shutdown))
-}
-
-async fn run(config: Arc<Config>, metrics: Arc<Metrics>, mut shutdown: watch::Receiver<bool>) {
-    let pg = match PgConnectConfig::parse(&config.postgres.url) {
-        Ok(pg) => pg,
-        Err(e) => {
-            // `run` parses the same URL and refuses it with the same error.
-            warn!(error = %e, "slot monitor disabled: postgres.url does not parse");
-            return;
-        }
-    };
-    let slot = config.postgres.slot.as_str();
-    let mut tick = tokio::time::interval(config.monitor.slot_poll_interval());
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut client: Option<tokio_postgres::Client> = None;
-    let mut failing = false;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            changed = shutdown.changed() => {
-                if changed.is_err() || *shutdown.borrow() {
-                    debug!("slot monitor stopped");
-                    return;
-                }
-                continue;
-            }
-        }
-        let outcome = tokio::select! {
-            outcome = tokio::time::timeout(POLL_TIMEOUT, poll(&pg, slot, &mut client, &metrics)) => outcome,
-            _ = shutdown.changed() => {
-                debug!("slot monitor stopped during a poll");
+    tokio::spawn(async move {
+        let pg = match PgConnectConfig::parse(&config.postgres.url) {
+            Ok(pg) => pg,
+            Err(e) => {
+                // `run` parses the same URL and refuses it with the same error.
+                warn!(error = %e, "slot monitor disabled: postgres.url does not parse");
                 return;
             }
         };
-        match outcome {
-            Ok(Ok(())) => {
-                if failing {
-                    info!(slot, "slot monitor: polling again");
-                    failing = false;
-                }
-            }
-            Ok(Err(e)) => {
-                client = None;
-                metrics.slot_poll_errors.fetch_add(1, Ordering::Relaxed);
-                if !failing {
-                    warn!(slot, error = %e, "slot monitor: poll failed; retrying every interval");
-                    failing = true;
-                } else {
-                    debug!(slot, error = %e, "slot monitor: poll failed");
-                }
-            }
-            Err(_) => {
-                client = None;
-                metrics.slot_poll_errors.fetch_add(1, Ordering::Relaxed);
-                if !failing {
-                    warn!(
-                        slot,
-                        timeout_ms = POLL_TIMEOUT.as_millis() as u64,
-                        "slot monitor: poll timed out"
-                    );
-                    failing = true;
-                }
-            }
-        }
-    }
+        let poll = Poll {
+            pg,
+            slot: config.postgres.slot.clone(),
+            metrics,
+        };
+        let words = Wording {
+            task: "slot monitor",
+            failed: "slot monitor: poll failed",
+            again: "slot monitor: polling again",
+        };
+        let interval = config.monitor.slot_poll_interval();
+        periodic::run_every(poll, None, interval, POLL_TIMEOUT, words, shutdown).await;
+    })
 }
 
-async fn poll(
-    pg: &PgConnectConfig,
-    slot: &str,
-    client: &mut Option<tokio_postgres::Client>,
-    metrics: &Metrics,
-) -> Result<(), PgError> {
-    let c = connected(pg, client).await?;
-    let snapshot = status::poll_slot(c, slot).await?;
-    let gauges = snapshot.slot.as_ref().map(|s| s.gauges());
-    let now_ms = u64::try_from(PgTimestamp::now().unix_millis()).unwrap_or(0);
-    metrics.set_slot(gauges.as_ref(), now_ms);
-    Ok(())
+/// One poll: the slot's row and the server's WAL position into the gauges.
+struct Poll {
+    pg: PgConnectConfig,
+    slot: String,
+    metrics: Arc<Metrics>,
 }
 
-/// The open SQL connection in `client`, or a new one if there is none or it closed.
-pub(crate) async fn connected<'a>(
-    pg: &PgConnectConfig,
-    client: &'a mut Option<tokio_postgres::Client>,
-) -> Result<&'a tokio_postgres::Client, PgError> {
-    if client.as_ref().is_some_and(|c| c.is_closed()) {
-        *client = None;
+impl Step for Poll {
+    type Error = PgError;
+
+    async fn run(&mut self, client: &mut Option<tokio_postgres::Client>) -> Result<(), PgError> {
+        let c = connected(&self.pg, client).await?;
+        let snapshot = status::poll_slot(c, &self.slot).await?;
+        let gauges = snapshot.slot.as_ref().map(|s| s.gauges());
+        let now_ms = u64::try_from(PgTimestamp::now().unix_millis()).unwrap_or(0);
+        self.metrics.set_slot(gauges.as_ref(), now_ms);
+        Ok(())
     }
-    match client {
-        Some(c) => Ok(c),
-        None => Ok(client.insert(pg.connect_sql().await?)),
+
+    fn failed(&mut self) {
+        self.metrics
+            .slot_poll_errors
+            .fetch_add(1, Ordering::Relaxed);
     }
 }
