@@ -8,6 +8,8 @@
 //! `after-ack-before-persist`, `after-persist-before-status-update`,
 //! `during-shutdown`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 /// Marks a crash point; see the module documentation.
 #[macro_export]
 macro_rules! failpoint {
@@ -17,43 +19,49 @@ macro_rules! failpoint {
     };
 }
 
-#[cfg(feature = "failpoints")]
-mod armed {
-    use std::sync::OnceLock;
-    use std::sync::atomic::{AtomicU64, Ordering};
+/// A crash point armed by a spec `<name>:<n>` (`<name>` alone is `<name>:1`):
+/// the n-th time the named point is reached the process kills itself with
+/// SIGKILL. Shared by the connector's points (behind the `failpoints`
+/// feature) and the reference consumer's (always compiled, it is a test tool).
+#[derive(Debug)]
+pub struct CrashPoint {
+    name: String,
+    at: u64,
+    hits: AtomicU64,
+}
 
-    pub const ENV_VAR: &str = "OUTBOX_CDC_FAILPOINT";
-
-    struct Armed {
-        name: String,
-        at: u64,
-        hits: AtomicU64,
+impl CrashPoint {
+    /// Reads the spec from the environment variable `var`; `None` when it is
+    /// unset or not a valid spec (a count of 0 or not a number).
+    pub fn from_env(var: &str) -> Option<CrashPoint> {
+        CrashPoint::parse(&std::env::var(var).ok()?)
     }
 
-    fn armed() -> Option<&'static Armed> {
-        static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
-        ARMED
-            .get_or_init(|| {
-                let spec = std::env::var(ENV_VAR).ok()?;
-                let (name, at) = spec.rsplit_once(':').unwrap_or((spec.as_str(), "1"));
-                let at = at.parse().ok().filter(|n| *n > 0)?;
-                Some(Armed {
-                    name: name.to_owned(),
-                    at,
-                    hits: AtomicU64::new(0),
-                })
-            })
-            .as_ref()
+    pub fn parse(spec: &str) -> Option<CrashPoint> {
+        let (name, at) = spec.rsplit_once(':').unwrap_or((spec, "1"));
+        let at = at.trim().parse().ok().filter(|n| *n > 0)?;
+        Some(CrashPoint {
+            name: name.trim().to_owned(),
+            at,
+            hits: AtomicU64::new(0),
+        })
     }
 
-    pub fn hit(name: &'static str) {
-        let Some(armed) = armed() else { return };
-        if armed.name != name {
+    /// `<name>:<n>`, for a start-up log line.
+    pub fn describe(&self) -> String {
+        format!("{}:{}", self.name, self.at)
+    }
+
+    /// Counts a pass through the point `name`; kills the process on the
+    /// armed one's n-th pass. Other names are ignored.
+    pub fn hit(&self, name: &str) {
+        if self.name != name {
             return;
         }
-        if armed.hits.fetch_add(1, Ordering::SeqCst) + 1 == armed.at {
-            eprintln!("failpoint {name}: killing the process (hit {})", armed.at);
-            // SIGKILL ourselves: the same as an operator's kill -9.
+        if self.hits.fetch_add(1, Ordering::SeqCst) + 1 == self.at {
+            eprintln!("failpoint {name}: killing the process (hit {})", self.at);
+            // SIGKILL ourselves, as an operator's kill -9 would: no
+            // destructors, no flushes, no offset commit on the way out.
             let _ = std::process::Command::new("kill")
                 .args(["-9", &std::process::id().to_string()])
                 .status();
@@ -62,8 +70,18 @@ mod armed {
     }
 }
 
+/// The connector's armed point (`OUTBOX_CDC_FAILPOINT`).
 #[cfg(feature = "failpoints")]
-pub use armed::{ENV_VAR, hit};
+pub const ENV_VAR: &str = "OUTBOX_CDC_FAILPOINT";
+
+/// Marks a connector crash point (through [`failpoint!`](crate::failpoint!)).
+#[cfg(feature = "failpoints")]
+pub fn hit(name: &'static str) {
+    static ARMED: std::sync::OnceLock<Option<CrashPoint>> = std::sync::OnceLock::new();
+    if let Some(armed) = ARMED.get_or_init(|| CrashPoint::from_env(ENV_VAR)) {
+        armed.hit(name);
+    }
+}
 
 /// A deliberately broken behaviour, for proving that the chaos verdict can
 /// fail: `OUTBOX_CDC_SABOTAGE=never-persist` makes a `failpoints` build never
@@ -87,6 +105,18 @@ pub fn sabotaged(what: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::CrashPoint;
+
+    #[test]
+    fn spec_parsing() {
+        let a = CrashPoint::parse("after-offset-commit:3").unwrap();
+        assert_eq!(a.describe(), "after-offset-commit:3");
+        let a = CrashPoint::parse("after-receive").unwrap();
+        assert_eq!(a.describe(), "after-receive:1");
+        assert!(CrashPoint::parse("after-receive:0").is_none());
+        assert!(CrashPoint::parse("after-receive:x").is_none());
+    }
+
     /// Plain `cargo test --all-targets` (no features) must not build a test
     /// that only works with crash points compiled in: every test file that
     /// needs the feature is declared with `required-features`, so cargo skips
