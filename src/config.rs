@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::outbox::OutboxSettings;
+use crate::setting::InvalidSetting;
 use crate::sink::{KafkaSettings, TopicSettings};
 
 /// Prefix of environment variables that override file keys:
@@ -31,27 +32,19 @@ pub enum ConfigError {
     Syntax { path: String, message: String },
     #[error("environment variable {var} does not name a config key: {reason}")]
     EnvKey { var: String, reason: String },
-    #[error("invalid {key} = {value:?}: {allowed}")]
-    Invalid {
-        key: String,
-        value: String,
-        allowed: String,
-    },
+    #[error(transparent)]
+    Invalid(#[from] InvalidSetting),
 }
 
 impl ConfigError {
     fn invalid(key: &str, value: impl fmt::Display, allowed: impl Into<String>) -> ConfigError {
-        ConfigError::Invalid {
-            key: key.to_owned(),
-            value: value.to_string(),
-            allowed: allowed.into(),
-        }
+        ConfigError::Invalid(InvalidSetting::new(key, value, allowed))
     }
 
     /// The config key this error is about, when it is about one key.
     pub fn key(&self) -> Option<&str> {
         match self {
-            ConfigError::Invalid { key, .. } => Some(key),
+            ConfigError::Invalid(e) => Some(&e.key),
             _ => None,
         }
     }
@@ -706,16 +699,8 @@ impl Config {
         }
         self.monitor.validate(&self.outbox.message_prefix)?;
         self.prune.validate()?;
-        self.topics.validate().map_err(|e| ConfigError::Invalid {
-            key: e.key,
-            value: e.value,
-            allowed: e.allowed,
-        })?;
-        self.outbox.validate().map_err(|e| ConfigError::Invalid {
-            key: e.key.clone(),
-            value: e.value.clone(),
-            allowed: e.allowed.clone(),
-        })?;
+        self.topics.validate()?;
+        self.outbox.validate()?;
         match self.kafka.validate() {
             Ok(()) => {}
             Err(crate::sink::SinkError::Config {
@@ -723,18 +708,14 @@ impl Config {
                 value,
                 allowed,
             }) => {
-                return Err(ConfigError::Invalid {
-                    key: format!("kafka.{key}"),
+                return Err(ConfigError::invalid(
+                    &format!("kafka.{key}"),
                     value,
                     allowed,
-                });
+                ));
             }
             Err(other) => {
-                return Err(ConfigError::Invalid {
-                    key: "kafka".into(),
-                    value: String::new(),
-                    allowed: other.to_string(),
-                });
+                return Err(ConfigError::invalid("kafka", "", other.to_string()));
             }
         }
         Ok(())

@@ -17,5 +17,6 @@ pub mod outbox;
 pub mod pg;
 pub mod pgoutput;
 pub mod pipeline;
+pub mod setting;
 pub mod sink;
 pub mod status;

@@ -27,31 +27,8 @@ pub(crate) const STANDARD_HEADERS: [&str; 7] = [
     "lsn",
 ];
 
-/// A configuration value that is not allowed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid {key} = {value:?}: {allowed}")]
-pub struct ConfigError {
-    /// Dotted key as written in the config file, e.g. `outbox.topic`.
-    pub key: String,
-    /// The rejected value, as given.
-    pub value: String,
-    /// What would have been accepted (and why this was not).
-    pub allowed: String,
-}
-
-impl ConfigError {
-    fn new(
-        key: impl Into<String>,
-        value: impl Into<String>,
-        allowed: impl Into<String>,
-    ) -> ConfigError {
-        ConfigError {
-            key: key.into(),
-            value: value.into(),
-            allowed: allowed.into(),
-        }
-    }
-}
+/// What `OutboxSettings::validate` refuses (the crate's one settings error).
+pub use crate::setting::InvalidSetting as ConfigError;
 
 /// The `[outbox]` section.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -641,14 +618,5 @@ event_id = "id"
             .unwrap_err()
             .to_string();
         assert!(e.contains("sequence"), "{e}");
-    }
-
-    #[test]
-    fn display_quotes_the_value() {
-        let e = ConfigError::new("outbox.topic", "a\"b", "something");
-        assert_eq!(
-            e.to_string(),
-            "invalid outbox.topic = \"a\\\"b\": something"
-        );
     }
 }

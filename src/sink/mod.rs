@@ -38,6 +38,4 @@ pub use error::SinkError;
 pub use partition::{java_partition, murmur2};
 pub use producer::{Delivered, DeliveryReport, KafkaSink, NewSink};
 pub use settings::{DEFAULT_MESSAGE_TIMEOUT_MS, KafkaSettings, is_secret_key};
-pub use topics::{
-    DEFAULT_PARTITIONS, DEFAULT_REPLICATION_FACTOR, TopicSettingError, TopicSettings,
-};
+pub use topics::{DEFAULT_PARTITIONS, DEFAULT_REPLICATION_FACTOR, TopicSettings};

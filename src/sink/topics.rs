@@ -25,7 +25,6 @@
 //! The blocking librdkafka metadata calls run on tokio's blocking pool.
 
 use std::collections::{BTreeMap, HashSet};
-use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -39,6 +38,7 @@ use serde::Deserialize;
 use super::error::{SinkError, poison_code, retryable_code};
 use super::producer::creation_error;
 use super::settings::{KafkaSettings, Scalar};
+use crate::setting::InvalidSetting;
 
 /// Default of `topics.partitions`.
 pub const DEFAULT_PARTITIONS: i32 = 3;
@@ -83,28 +83,10 @@ impl Default for TopicSettings {
     }
 }
 
-/// A `[topics]` value that is not allowed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid {key} = {value:?}: {allowed}")]
-pub struct TopicSettingError {
-    /// Dotted key as written in the config file, e.g. `topics.partitions`.
-    pub key: String,
-    pub value: String,
-    pub allowed: String,
-}
-
-fn setting_error(key: &str, value: impl fmt::Display, allowed: &str) -> TopicSettingError {
-    TopicSettingError {
-        key: key.to_owned(),
-        value: value.to_string(),
-        allowed: allowed.to_owned(),
-    }
-}
-
 impl TopicSettings {
-    pub fn validate(&self) -> Result<(), TopicSettingError> {
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
         if self.partitions < 1 {
-            return Err(setting_error(
+            return Err(InvalidSetting::new(
                 "topics.partitions",
                 self.partitions,
                 "at least 1 (the partition count of topics outbox-cdc creates)",
@@ -113,7 +95,7 @@ impl TopicSettings {
         if self.replication_factor != -1
             && !(1..=i32::from(i16::MAX)).contains(&self.replication_factor)
         {
-            return Err(setting_error(
+            return Err(InvalidSetting::new(
                 "topics.replication_factor",
                 self.replication_factor,
                 "-1 (the broker's default.replication.factor) or 1 to 32767",
@@ -121,15 +103,15 @@ impl TopicSettings {
         }
         for (key, value) in &self.config {
             if key.trim().is_empty() || key.chars().any(char::is_whitespace) {
-                return Err(setting_error(
-                    &format!("topics.config.{key:?}"),
+                return Err(InvalidSetting::new(
+                    format!("topics.config.{key:?}"),
                     value,
                     "a Kafka topic config name such as \"retention.ms\" (no spaces)",
                 ));
             }
             if value.trim().is_empty() {
-                return Err(setting_error(
-                    &format!("topics.config.{key}"),
+                return Err(InvalidSetting::new(
+                    format!("topics.config.{key}"),
                     value,
                     "a non-empty value (leave the key out for the broker's default)",
                 ));
