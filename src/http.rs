@@ -1,8 +1,9 @@
 //! A minimal HTTP/1.1 endpoint for `/metrics`, `/healthz` and `/readyz`, and
 //! the matching client `status` uses to read a running connector.
 //!
-//! Only GET of three fixed paths, one request per connection, bounded request
-//! size: small enough that a framework would add more than it saves.
+//! Only GET of three fixed paths, one request per connection, a request head
+//! read whole (however it is segmented) up to a bound: small enough that a
+//! framework would add more than it saves.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
@@ -114,11 +115,17 @@ pub async fn serve(listen: &str, metrics: Arc<Metrics>) -> std::io::Result<Optio
             };
             let metrics = metrics.clone();
             tokio::spawn(async move {
-                let mut buf = [0u8; 2048];
-                let read =
-                    tokio::time::timeout(Duration::from_secs(5), socket.read(&mut buf)).await;
-                let Ok(Ok(n)) = read else { return };
-                let (status, content_type, body) = respond(&buf[..n], &metrics);
+                let read = tokio::time::timeout(REQUEST_TIMEOUT, read_head(&mut socket)).await;
+                let (status, content_type, body) = match read {
+                    Ok(Ok(Head::Complete(head))) => respond(&head, &metrics),
+                    Ok(Ok(Head::TooLarge)) => (
+                        "431 Request Header Fields Too Large",
+                        "text/plain",
+                        format!("request head over {MAX_REQUEST_HEAD} bytes\n"),
+                    ),
+                    // Closed before a whole head, a read error, or too slow.
+                    Ok(Ok(Head::Closed)) | Ok(Err(_)) | Err(_) => return,
+                };
                 let head = format!(
                     "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
                     body.len()
@@ -132,6 +139,43 @@ pub async fn serve(listen: &str, metrics: Arc<Metrics>) -> std::io::Result<Optio
             });
         }
     })))
+}
+
+/// Largest request head (request line and headers) the server reads.
+const MAX_REQUEST_HEAD: usize = 8 * 1024;
+/// How long a client may take to send its request head.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a client sent before the blank line that ends an HTTP request head.
+enum Head {
+    Complete(Vec<u8>),
+    TooLarge,
+    Closed,
+}
+
+/// Reads up to the end of the request head (`\r\n\r\n`, or `\n\n` from a
+/// lenient client), however many segments it arrives in.
+async fn read_head<R: tokio::io::AsyncRead + Unpin>(socket: &mut R) -> std::io::Result<Head> {
+    let mut head = Vec::with_capacity(512);
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = socket.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(Head::Closed);
+        }
+        // Search from just before the new bytes: the terminator may straddle reads.
+        let from = head.len().saturating_sub(3);
+        head.extend_from_slice(&chunk[..n]);
+        let tail = &head[from..];
+        let ended =
+            tail.windows(4).any(|w| w == b"\r\n\r\n") || tail.windows(2).any(|w| w == b"\n\n");
+        if head.len() > MAX_REQUEST_HEAD {
+            return Ok(Head::TooLarge);
+        }
+        if ended {
+            return Ok(Head::Complete(head));
+        }
+    }
 }
 
 fn respond(request: &[u8], metrics: &Metrics) -> (&'static str, &'static str, String) {
@@ -186,6 +230,36 @@ mod tests {
             "404 Not Found"
         );
         assert_eq!(respond(b"", &m).0, "405 Method Not Allowed");
+    }
+
+    #[tokio::test]
+    async fn a_request_head_split_over_segments_is_read_whole() {
+        let m = Arc::new(Metrics::default());
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let server = serve(&addr.to_string(), m).await.unwrap().unwrap();
+        let exchange = async |parts: &[&[u8]]| {
+            let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+            socket.set_nodelay(true).unwrap();
+            for part in parts {
+                socket.write_all(part).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let mut answer = String::new();
+            socket.read_to_string(&mut answer).await.unwrap();
+            answer
+        };
+        let answer = exchange(&[b"GE", b"T /heal", b"thz HTTP/1.1\r\nHost: x\r", b"\n\r\n"]).await;
+        assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+        assert!(answer.ends_with("ok\n"), "{answer}");
+        let huge = format!(
+            "GET /healthz HTTP/1.1\r\nX-Pad: {}\r\n\r\n",
+            "a".repeat(9000)
+        );
+        let answer = exchange(&[huge.as_bytes()]).await;
+        assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+        server.abort();
     }
 
     #[test]
