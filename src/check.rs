@@ -37,22 +37,68 @@ pub(crate) enum Outcome {
     Skip(String),
 }
 
+/// The items of the report. Each is printed under its name; tests name them
+/// through this type, not through strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Item {
+    Configuration,
+    PostgresConnection,
+    WalLevel,
+    ReplicationSlots,
+    Slot,
+    Failover,
+    WalSenders,
+    ReplicationPrivilege,
+    OutboxTable,
+    SelectPrivilege,
+    OutboxColumns,
+    Publication,
+    PublicationTables,
+    PublicationPublishes,
+    Heartbeat,
+    Kafka,
+}
+
+impl Item {
+    /// The item's name in the report.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Item::Configuration => "configuration",
+            Item::PostgresConnection => "postgres connection",
+            Item::WalLevel => "wal_level",
+            Item::ReplicationSlots => "replication slots",
+            Item::Slot => "slot",
+            Item::Failover => "failover",
+            Item::WalSenders => "wal senders",
+            Item::ReplicationPrivilege => "replication privilege",
+            Item::OutboxTable => "outbox table",
+            Item::SelectPrivilege => "select privilege",
+            Item::OutboxColumns => "outbox columns",
+            Item::Publication => "publication",
+            Item::PublicationTables => "publication tables",
+            Item::PublicationPublishes => "publication publishes",
+            Item::Heartbeat => "heartbeat",
+            Item::Kafka => "kafka",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CheckResult {
-    pub(crate) name: &'static str,
+    pub(crate) item: Item,
     pub(crate) outcome: Outcome,
 }
 
-fn pass(name: &'static str, detail: impl Into<String>) -> CheckResult {
+fn pass(item: Item, detail: impl Into<String>) -> CheckResult {
     CheckResult {
-        name,
+        item,
         outcome: Outcome::Pass(detail.into()),
     }
 }
 
-fn fail(name: &'static str, problem: impl Into<String>, fix: impl Into<String>) -> CheckResult {
+fn fail(item: Item, problem: impl Into<String>, fix: impl Into<String>) -> CheckResult {
     CheckResult {
-        name,
+        item,
         outcome: Outcome::Fail {
             problem: problem.into(),
             fix: fix.into(),
@@ -60,9 +106,9 @@ fn fail(name: &'static str, problem: impl Into<String>, fix: impl Into<String>) 
     }
 }
 
-fn warn(name: &'static str, problem: impl Into<String>, fix: impl Into<String>) -> CheckResult {
+fn warn(item: Item, problem: impl Into<String>, fix: impl Into<String>) -> CheckResult {
     CheckResult {
-        name,
+        item,
         outcome: Outcome::Warn {
             problem: problem.into(),
             fix: fix.into(),
@@ -70,16 +116,16 @@ fn warn(name: &'static str, problem: impl Into<String>, fix: impl Into<String>) 
     }
 }
 
-fn skip(name: &'static str, why: impl Into<String>) -> CheckResult {
+fn skip(item: Item, why: impl Into<String>) -> CheckResult {
     CheckResult {
-        name,
+        item,
         outcome: Outcome::Skip(why.into()),
     }
 }
 
-fn query_fail(name: &'static str, e: &tokio_postgres::Error) -> CheckResult {
+fn query_fail(item: Item, e: &tokio_postgres::Error) -> CheckResult {
     fail(
-        name,
+        item,
         format!("the catalog query failed: {e}"),
         "run `outbox-cdc check` as the role in postgres.url against a PostgreSQL 13 or later server",
     )
@@ -92,7 +138,7 @@ pub(crate) async fn run(config: &Config) -> Vec<CheckResult> {
     results.push(match kafka.await {
         Ok(result) => result,
         Err(e) => fail(
-            "kafka",
+            Item::Kafka,
             format!("the check task failed: {e}"),
             "run the check again",
         ),
@@ -103,22 +149,22 @@ pub(crate) async fn run(config: &Config) -> Vec<CheckResult> {
 /// The report printed to stdout: one line per check, a fix line under each
 /// failure, and a summary.
 pub(crate) fn render(results: &[CheckResult]) -> String {
-    let width = results.iter().map(|r| r.name.len()).max().unwrap_or(0);
+    let width = results.iter().map(|r| r.item.name().len()).max().unwrap_or(0);
     let mut out = String::new();
     for r in results {
         match &r.outcome {
             Outcome::Pass(detail) => {
-                let _ = writeln!(out, "PASS  {:<width$}  {detail}", r.name);
+                let _ = writeln!(out, "PASS  {:<width$}  {detail}", r.item.name());
             }
             Outcome::Skip(why) => {
-                let _ = writeln!(out, "SKIP  {:<width$}  {why}", r.name);
+                let _ = writeln!(out, "SKIP  {:<width$}  {why}", r.item.name());
             }
             Outcome::Fail { problem, fix } | Outcome::Warn { problem, fix } => {
                 let label = match r.outcome {
                     Outcome::Fail { .. } => "FAIL",
                     _ => "WARN",
                 };
-                let _ = writeln!(out, "{label}  {:<width$}  {problem}", r.name);
+                let _ = writeln!(out, "{label}  {:<width$}  {problem}", r.item.name());
                 for (i, line) in fix.lines().enumerate() {
                     let label = if i == 0 { "fix:" } else { "" };
                     let _ = writeln!(out, "      {:<width$}  {label:<4} {line}", "");
@@ -159,7 +205,7 @@ async fn check_kafka(settings: sink::KafkaSettings) -> CheckResult {
     let bootstrap = settings.bootstrap_servers().unwrap_or_default().to_owned();
     match sink::check_reachable(&settings, KAFKA_TIMEOUT).await {
         Ok(info) => pass(
-            "kafka",
+            Item::Kafka,
             format!(
                 "{} broker(s) at {bootstrap}: {} (answered by {})",
                 info.broker_count,
@@ -168,7 +214,7 @@ async fn check_kafka(settings: sink::KafkaSettings) -> CheckResult {
             ),
         ),
         Err(e) => fail(
-            "kafka",
+            Item::Kafka,
             format!("no cluster metadata from {bootstrap:?} within {KAFKA_TIMEOUT:?}: {e}"),
             "start the brokers or correct kafka.\"bootstrap.servers\"; the addresses must be reachable \
              from here and match the brokers' advertised.listeners; check security.protocol, sasl.* and \
@@ -185,30 +231,30 @@ struct Facts {
 }
 
 async fn check_postgres(config: &Config) -> Vec<CheckResult> {
-    const DB_CHECKS: [&str; 12] = [
-        "wal_level",
-        "replication slots",
-        "slot",
-        "failover",
-        "wal senders",
-        "replication privilege",
-        "outbox table",
-        "select privilege",
-        "outbox columns",
-        "publication",
-        "publication tables",
-        "publication publishes",
+    const DB_CHECKS: [Item; 12] = [
+        Item::WalLevel,
+        Item::ReplicationSlots,
+        Item::Slot,
+        Item::Failover,
+        Item::WalSenders,
+        Item::ReplicationPrivilege,
+        Item::OutboxTable,
+        Item::SelectPrivilege,
+        Item::OutboxColumns,
+        Item::Publication,
+        Item::PublicationTables,
+        Item::PublicationPublishes,
     ];
     let mut results = Vec::new();
     let skip_all = |results: &mut Vec<CheckResult>, why: &str| {
-        results.extend(DB_CHECKS.iter().map(|name| skip(name, why)));
+        results.extend(DB_CHECKS.iter().map(|item| skip(*item, why)));
     };
     let (table, columns) = match (config.outbox.table_name(), config.outbox.column_names()) {
         (Ok(t), Ok(c)) => (t, c),
         // `Config::load` validated both already; kept for a library caller.
         (Err(e), _) | (_, Err(e)) => {
             results.push(fail(
-                "configuration",
+                Item::Configuration,
                 e.to_string(),
                 "correct the [outbox] section",
             ));
@@ -219,7 +265,7 @@ async fn check_postgres(config: &Config) -> Vec<CheckResult> {
         Ok(pg) => pg,
         Err(e) => {
             results.push(fail(
-                "postgres connection",
+                Item::PostgresConnection,
                 e.to_string(),
                 "correct postgres.url",
             ));
@@ -231,7 +277,7 @@ async fn check_postgres(config: &Config) -> Vec<CheckResult> {
         Ok(c) => c,
         Err(e) => {
             results.push(fail(
-                "postgres connection",
+                Item::PostgresConnection,
                 format!("cannot connect to {}: {e}", pg.redacted()),
                 "correct postgres.url (host, port, dbname, user, sslmode); give the password in the URL \
                  or PGPASSWORD; make sure pg_hba.conf admits this host and user",
@@ -251,13 +297,13 @@ async fn check_postgres(config: &Config) -> Vec<CheckResult> {
             let user: String = row.get(0);
             let version: String = row.get(1);
             results.push(pass(
-                "postgres connection",
+                Item::PostgresConnection,
                 format!("{} as {user} (PostgreSQL {version})", pg.redacted()),
             ));
             user
         }
         Err(e) => {
-            results.push(query_fail("postgres connection", &e));
+            results.push(query_fail(Item::PostgresConnection, &e));
             skip_all(&mut results, "no database connection");
             return results;
         }
@@ -273,7 +319,7 @@ async fn check_postgres(config: &Config) -> Vec<CheckResult> {
     results.push(slot);
     results.push(match failover_facts(&client, config).await {
         Ok(facts) => judge_failover(&facts),
-        Err(e) => query_fail("failover", &e),
+        Err(e) => query_fail(Item::Failover, &e),
     });
     results.push(wal_senders(&client, &config.postgres.slot).await);
     results.push(replication_privilege(&client, &facts).await);
@@ -296,23 +342,23 @@ async fn check_postgres(config: &Config) -> Vec<CheckResult> {
     match &proof {
         Ok(p) if p.table_problems().is_empty() && p.catalog.table.is_some() => {
             let oid = p.catalog.table.as_ref().map_or(0, |t| t.oid);
-            results.push(pass("outbox table", p.table_detail(&facts)));
+            results.push(pass(Item::OutboxTable, p.table_detail(&facts)));
             results.push(select_privilege(&client, oid, &facts).await);
             results.push(outbox_columns(&client, oid, &facts, &config.outbox.extra_headers).await);
         }
         Ok(p) => {
-            results.push(fail_with("outbox table", &p.table_problems()));
-            results.push(skip("select privilege", "the outbox table is unusable"));
-            results.push(skip("outbox columns", "the outbox table is unusable"));
+            results.push(fail_with(Item::OutboxTable, &p.table_problems()));
+            results.push(skip(Item::SelectPrivilege, "the outbox table is unusable"));
+            results.push(skip(Item::OutboxColumns, "the outbox table is unusable"));
         }
         Err(e) => {
             results.push(fail(
-                "outbox table",
+                Item::OutboxTable,
                 format!("the catalog query failed: {e}"),
                 "run `outbox-cdc check` as the role in postgres.url",
             ));
-            results.push(skip("select privilege", "the catalog query failed"));
-            results.push(skip("outbox columns", "the catalog query failed"));
+            results.push(skip(Item::SelectPrivilege, "the catalog query failed"));
+            results.push(skip(Item::OutboxColumns, "the catalog query failed"));
         }
     }
     results.extend(publication(&client, config, &facts, proof.as_ref().ok()).await);
@@ -323,7 +369,7 @@ async fn check_postgres(config: &Config) -> Vec<CheckResult> {
 }
 
 async fn wal_level(client: &Client) -> CheckResult {
-    const NAME: &str = "wal_level";
+    const NAME: Item = Item::WalLevel;
     match client
         .query_one("SELECT current_setting('wal_level')", &[])
         .await
@@ -356,8 +402,8 @@ struct SlotRow {
 /// Capacity for our slot, then the slot itself if it exists.
 async fn replication_slots(client: &Client, config: &Config) -> (CheckResult, CheckResult) {
     let slot = config.postgres.slot.as_str();
-    const CAPACITY: &str = "replication slots";
-    const SLOT: &str = "slot";
+    const CAPACITY: Item = Item::ReplicationSlots;
+    const SLOT: Item = Item::Slot;
     let rows = match client
         .query(
             "SELECT slot_name::text, plugin::text, database::text, active, wal_status, \
@@ -487,7 +533,7 @@ async fn replication_slots(client: &Client, config: &Config) -> (CheckResult, Ch
 /// offset is stored (the start would be refused), a refused start when the
 /// connector may not create it.
 fn missing_slot(config: &Config, slot: &str) -> CheckResult {
-    const SLOT: &str = "slot";
+    const SLOT: Item = Item::Slot;
     let path = &config.offsets.path;
     // Only an existing, unlocked store is read: sled creates missing
     // directories, and a running connector holds the lock.
@@ -589,7 +635,7 @@ async fn failover_facts(
 /// Whether a failover of this server would keep the slot (PostgreSQL 17+
 /// failover slots), or would need a gap repair.
 fn judge_failover(f: &FailoverFacts) -> CheckResult {
-    const NAME: &str = "failover";
+    const NAME: Item = Item::Failover;
     let slot = &f.slot;
     if f.in_recovery {
         return match f.slot_synced {
@@ -669,7 +715,7 @@ fn judge_failover(f: &FailoverFacts) -> CheckResult {
 }
 
 async fn wal_senders(client: &Client, slot: &str) -> CheckResult {
-    const NAME: &str = "wal senders";
+    const NAME: Item = Item::WalSenders;
     let row = match client
         .query_one(
             "SELECT current_setting('max_wal_senders')::int, \
@@ -705,7 +751,7 @@ async fn wal_senders(client: &Client, slot: &str) -> CheckResult {
 }
 
 async fn replication_privilege(client: &Client, facts: &Facts) -> CheckResult {
-    const NAME: &str = "replication privilege";
+    const NAME: Item = Item::ReplicationPrivilege;
     match client
         .query_one(
             "SELECT rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user",
@@ -738,7 +784,7 @@ async fn replication_privilege(client: &Client, facts: &Facts) -> CheckResult {
 }
 
 async fn select_privilege(client: &Client, oid: u32, facts: &Facts) -> CheckResult {
-    const NAME: &str = "select privilege";
+    const NAME: Item = Item::SelectPrivilege;
     match client
         .query_one("SELECT has_table_privilege($1::oid, 'SELECT')", &[&oid])
         .await
@@ -875,7 +921,7 @@ async fn outbox_columns(
     facts: &Facts,
     extra_headers: &[String],
 ) -> CheckResult {
-    const NAME: &str = "outbox columns";
+    const NAME: Item = Item::OutboxColumns;
     let rows = match client
         .query(
             "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), \
@@ -938,9 +984,9 @@ async fn publication(
     facts: &Facts,
     proof: Option<&Proof>,
 ) -> Vec<CheckResult> {
-    const EXISTS: &str = "publication";
-    const TABLES: &str = "publication tables";
-    const PUBLISHES: &str = "publication publishes";
+    const EXISTS: Item = Item::Publication;
+    const TABLES: Item = Item::PublicationTables;
+    const PUBLISHES: Item = Item::PublicationPublishes;
     let name = &config.postgres.publication;
     let quoted = quote_ident(name);
     let partitioned = proof
@@ -1033,7 +1079,7 @@ async fn publication(
 /// With `create_publication = true`, `run` creates a missing publication: that
 /// needs CREATE on the database and ownership of the table.
 async fn can_create_publication(client: &Client, facts: &Facts, create_sql: &str) -> CheckResult {
-    const NAME: &str = "publication";
+    const NAME: Item = Item::Publication;
     let row = client
         .query_one(
             "SELECT has_database_privilege(current_database(), 'CREATE'), \
@@ -1064,7 +1110,7 @@ async fn can_create_publication(client: &Client, facts: &Facts, create_sql: &str
 /// The coverage proof's verdict on the publication's tables, then: nothing
 /// else in it (other tables' changes are decoded and sent for nothing).
 fn publication_tables(name: &str, facts: &Facts, proof: Option<&Proof>) -> CheckResult {
-    const NAME: &str = "publication tables";
+    const NAME: Item = Item::PublicationTables;
     let Some(proof) = proof else {
         return skip(NAME, "the catalog query failed");
     };
@@ -1164,14 +1210,14 @@ impl Proof {
 }
 
 /// One FAIL line for one or more problems of the proof.
-fn fail_with(name: &'static str, problems: &[&CoverageProblem]) -> CheckResult {
+fn fail_with(item: Item, problems: &[&CoverageProblem]) -> CheckResult {
     let what: Vec<String> = problems.iter().map(ToString::to_string).collect();
     let fixes: Vec<String> = problems.iter().map(|p| p.fix()).collect();
-    fail(name, what.join("; "), fixes.join("\n"))
+    fail(item, what.join("; "), fixes.join("\n"))
 }
 
 async fn heartbeat(client: &Client, prefix: &str, interval: Duration) -> CheckResult {
-    const NAME: &str = "heartbeat";
+    const NAME: Item = Item::Heartbeat;
     match client
         .query_one(
             "SELECT has_function_privilege('pg_logical_emit_message(boolean, text, text)', 'EXECUTE')",
@@ -1215,13 +1261,13 @@ mod tests {
     #[test]
     fn report_has_a_line_per_check_and_the_fix_under_each_failure() {
         let results = vec![
-            pass("wal_level", "logical"),
+            pass(Item::WalLevel, "logical"),
             fail(
-                "publication",
+                Item::Publication,
                 "publication \"p\" does not exist",
                 "CREATE PUBLICATION ...;\nor set x",
             ),
-            skip("publication tables", "the publication does not exist yet"),
+            skip(Item::PublicationTables, "the publication does not exist yet"),
         ];
         let text = render(&results);
         let lines: Vec<&str> = text.lines().collect();
@@ -1322,8 +1368,8 @@ mod failover_tests {
     #[test]
     fn warnings_do_not_fail_the_check_but_are_counted() {
         let results = vec![
-            pass("a", "fine"),
-            warn("failover", "would lose the slot", "fix it"),
+            pass(Item::Slot, "fine"),
+            warn(Item::Failover, "would lose the slot", "fix it"),
         ];
         assert!(all_passed(&results));
         let text = render(&results);
