@@ -149,7 +149,11 @@ pub(crate) async fn run(config: &Config) -> Vec<CheckResult> {
 /// The report printed to stdout: one line per check, a fix line under each
 /// failure, and a summary.
 pub(crate) fn render(results: &[CheckResult]) -> String {
-    let width = results.iter().map(|r| r.item.name().len()).max().unwrap_or(0);
+    let width = results
+        .iter()
+        .map(|r| r.item.name().len())
+        .max()
+        .unwrap_or(0);
     let mut out = String::new();
     for r in results {
         match &r.outcome {
@@ -1267,7 +1271,10 @@ mod tests {
                 "publication \"p\" does not exist",
                 "CREATE PUBLICATION ...;\nor set x",
             ),
-            skip(Item::PublicationTables, "the publication does not exist yet"),
+            skip(
+                Item::PublicationTables,
+                "the publication does not exist yet",
+            ),
         ];
         let text = render(&results);
         let lines: Vec<&str> = text.lines().collect();

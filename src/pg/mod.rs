@@ -18,6 +18,7 @@ mod codec;
 mod config;
 mod connect;
 pub mod control;
+pub(crate) mod cursor;
 mod error;
 mod feedback;
 mod ident;

@@ -12,6 +12,7 @@ use std::fmt;
 use bytes::{Buf, Bytes, BytesMut};
 use postgres_protocol::message::frontend;
 
+use super::cursor::{BigEndian, Cursor, Fault};
 use super::error::{PgError, ServerError};
 
 /// Backend message tags we handle.
@@ -146,28 +147,23 @@ pub(crate) fn next_frame(buf: &mut BytesMut, max: usize) -> Result<Option<Frame>
     }))
 }
 
-/// A bounds-checked cursor over one message body.
+/// A bounds-checked cursor over one message body (a [`Cursor`] whose
+/// failures name the message tag).
 pub(crate) struct Reader<'a> {
     tag: Tag,
-    body: &'a Bytes,
-    pos: usize,
+    cur: Cursor<'a>,
 }
 
 impl<'a> Reader<'a> {
     pub fn new(tag: u8, body: &'a Bytes) -> Reader<'a> {
         Reader {
             tag: Tag(tag),
-            body,
-            pos: 0,
+            cur: Cursor::new(body),
         }
     }
 
     pub fn offset(&self) -> usize {
-        self.pos
-    }
-
-    pub fn remaining(&self) -> usize {
-        self.body.len() - self.pos
+        self.cur.pos()
     }
 
     pub fn invalid(&self, offset: usize, what: &'static str) -> WireError {
@@ -178,89 +174,73 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], WireError> {
-        if self.remaining() < n {
-            return Err(WireError::Truncated {
-                tag: self.tag,
-                offset: self.pos,
-                needed: n - self.remaining(),
+    fn fault(&self, fault: Fault, what: &'static str) -> WireError {
+        let tag = self.tag;
+        match fault {
+            Fault::Truncated {
+                at,
+                needed,
+                available,
+            } => WireError::Truncated {
+                tag,
+                offset: at,
+                needed: needed - available,
                 what,
-            });
+            },
+            Fault::NoNul { at } => WireError::MissingNul { tag, offset: at },
+            Fault::NotUtf8 { at } => WireError::BadUtf8 { tag, offset: at },
+            Fault::Trailing { at, count } => WireError::Trailing {
+                tag,
+                offset: at,
+                extra: count,
+            },
         }
-        let s = &self.body[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(s)
     }
 
-    fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], WireError> {
-        let mut out = [0u8; N];
-        out.copy_from_slice(self.take(N, what)?);
-        Ok(out)
+    fn int<T: BigEndian>(&mut self, what: &'static str) -> Result<T, WireError> {
+        self.cur.int().map_err(|f| self.fault(f, what))
     }
 
     pub fn u8(&mut self, what: &'static str) -> Result<u8, WireError> {
-        Ok(self.array::<1>(what)?[0])
+        self.int(what)
     }
 
     pub fn i16(&mut self, what: &'static str) -> Result<i16, WireError> {
-        Ok(i16::from_be_bytes(self.array(what)?))
+        self.int(what)
     }
 
     pub fn i32(&mut self, what: &'static str) -> Result<i32, WireError> {
-        Ok(i32::from_be_bytes(self.array(what)?))
+        self.int(what)
     }
 
     pub fn u64(&mut self, what: &'static str) -> Result<u64, WireError> {
-        Ok(u64::from_be_bytes(self.array(what)?))
+        self.int(what)
     }
 
     pub fn i64(&mut self, what: &'static str) -> Result<i64, WireError> {
-        Ok(i64::from_be_bytes(self.array(what)?))
+        self.int(what)
     }
 
     /// `n` bytes as a zero-copy slice of the body.
     pub fn bytes(&mut self, n: usize, what: &'static str) -> Result<Bytes, WireError> {
-        let start = self.pos;
-        self.take(n, what)?;
-        Ok(self.body.slice(start..start + n))
+        self.cur.bytes(n).map_err(|f| self.fault(f, what))
     }
 
     /// Everything left, zero-copy.
     pub fn rest(&mut self) -> Bytes {
-        let s = self.body.slice(self.pos..);
-        self.pos = self.body.len();
-        s
+        self.cur.rest()
     }
 
     /// A NUL-terminated UTF-8 string.
     pub fn cstr(&mut self) -> Result<&'a str, WireError> {
-        let start = self.pos;
-        let body: &'a [u8] = self.body;
-        let rel = body[start..]
-            .iter()
-            .position(|&b| b == 0)
-            .ok_or(WireError::MissingNul {
-                tag: self.tag,
-                offset: start,
-            })?;
-        let s = std::str::from_utf8(&body[start..start + rel]).map_err(|_| WireError::BadUtf8 {
-            tag: self.tag,
-            offset: start,
-        })?;
-        self.pos = start + rel + 1;
-        Ok(s)
+        self.cur.cstr().map_err(|f| self.fault(f, "string"))
     }
 
     /// Requires that the whole body was consumed.
     pub fn finish(&self) -> Result<(), WireError> {
-        if self.remaining() != 0 {
-            return Err(WireError::Trailing {
-                tag: self.tag,
-                offset: self.pos,
-                extra: self.remaining(),
-            });
-        }
-        Ok(())
+        self.cur
+            .finish()
+            .map_err(|f| self.fault(f, "end of message"))
     }
 }
 
