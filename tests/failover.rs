@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use common::ha::{
     check_line, check_report, ids_on, multi_host_url, slot_on_standby, spawn_writer, standby_admin,
 };
-use common::relay::{Fixture, Running, read_records, read_versus_ends};
+use common::relay::{Fixture, Running, read_ids, read_versus_ends};
 use common::{env_sh, init_tracing};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -106,9 +106,9 @@ async fn a_promoted_standby_with_the_synced_slot_loses_nothing() {
         "the new primary holds {} rows",
         expected.len()
     );
-    let records = match read_records(
+    let records = match read_ids(
         &fx.topic_prefix,
-        expected.len(),
+        &expected,
         Duration::from_secs(120),
         Duration::from_secs(2),
     ) {

@@ -8,9 +8,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::relay::{
-    Fixture, Record, Running, consume, read_records, read_versus_ends, spawn_binary,
-};
+use common::relay::{Fixture, Record, Running, consume, read_ids, read_versus_ends, spawn_binary};
 use common::{admin_client, init_tracing};
 use outbox_cdc::checkpoint::OffsetStore;
 use outbox_cdc::coverage::CoverageProblem;
@@ -170,9 +168,9 @@ async fn partitioned_outbox_with_partition_churn(via_root: bool) {
     stop_tx.send(true).expect("stop the writer");
     written.extend(writer.await.expect("writer"));
 
-    let records = match read_records(
+    let records = match read_ids(
         &f.topic_prefix,
-        written.len(),
+        &written,
         Duration::from_secs(60),
         Duration::from_secs(2),
     ) {

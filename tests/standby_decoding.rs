@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::ha::{ids_on, spawn_writer};
-use common::relay::{Fixture, read_records, spawn_binary};
+use common::relay::{Fixture, read_ids, spawn_binary};
 use common::{env_sh, init_tracing, pg_url};
 
 fn standby_url() -> String {
@@ -96,9 +96,9 @@ async fn events_written_on_the_primary_arrive_through_a_slot_on_the_standby() {
     );
 
     let expected: BTreeSet<String> = ids_on(&fx.admin, &fx.table).await.into_iter().collect();
-    let records = read_records(
+    let records = read_ids(
         &fx.topic_prefix,
-        expected.len(),
+        &expected,
         Duration::from_secs(120),
         Duration::from_secs(2),
     )

@@ -430,6 +430,40 @@ pub fn read_records(
     timeout: Duration,
     settle: Duration,
 ) -> Result<Vec<Record>, Vec<Record>> {
+    let mut count = 0;
+    read_until(prefix, timeout, settle, expected == 0, |_| {
+        count += 1;
+        count >= expected
+    })
+}
+
+/// Reads until a record with each of `ids` (header `event_id`) has arrived and
+/// then `settle` more time without new ones; `Err` with what arrived when
+/// `timeout` passes first. Unlike a count, duplicates (a replay after a
+/// restart) cannot make it stop before the last row arrived.
+pub fn read_ids(
+    prefix: &str,
+    ids: &std::collections::BTreeSet<String>,
+    timeout: Duration,
+    settle: Duration,
+) -> Result<Vec<Record>, Vec<Record>> {
+    let mut waiting: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
+    read_until(prefix, timeout, settle, ids.is_empty(), |r| {
+        waiting.remove(r.header("event_id"));
+        waiting.is_empty()
+    })
+}
+
+/// Reads every record of topics matching `^<prefix>\.`, passing each new one
+/// to `enough` until it says so (or from the start when `enough_already`),
+/// then `settle` more time without new records.
+fn read_until(
+    prefix: &str,
+    timeout: Duration,
+    settle: Duration,
+    enough_already: bool,
+    mut enough: impl FnMut(&Record) -> bool,
+) -> Result<Vec<Record>, Vec<Record>> {
     // Partitions are assigned by hand from offset 0, and the topic list is
     // refreshed from metadata: no consumer group, so no rebalance can re-read
     // or skip anything while the connector creates topics.
@@ -460,8 +494,9 @@ pub fn read_records(
     let mut last_refresh: Option<Instant> = None;
     let mut seen: std::collections::BTreeSet<(String, i32, i64)> =
         std::collections::BTreeSet::new();
+    let mut done = enough_already;
     loop {
-        if out.len() >= expected && last_new.elapsed() >= settle {
+        if done && last_new.elapsed() >= settle {
             return Ok(out);
         }
         if Instant::now() > deadline {
@@ -531,6 +566,9 @@ pub fn read_records(
                     timestamp_ms: m.timestamp().to_millis(),
                     headers,
                 });
+                if !done {
+                    done = enough(out.last().expect("just pushed"));
+                }
             }
             Some(Err(e)) => {
                 // A partition whose leader is still being elected; it recovers.
