@@ -405,6 +405,27 @@ pub fn consume(prefix: &str, expected: usize, timeout: Duration, settle: Duratio
     })
 }
 
+/// [`read_ids`], panicking with what is missing and each partition's end
+/// offset when `timeout` passes first.
+pub fn consume_ids(
+    prefix: &str,
+    ids: &std::collections::BTreeSet<String>,
+    timeout: Duration,
+    settle: Duration,
+) -> Vec<Record> {
+    read_ids(prefix, ids, timeout, settle).unwrap_or_else(|partial| {
+        let seen: std::collections::BTreeSet<&str> =
+            partial.iter().map(|r| r.header("event_id")).collect();
+        let missing: Vec<&String> = ids.iter().filter(|id| !seen.contains(id.as_str())).collect();
+        panic!(
+            "consumer timed out after {timeout:?}: {} of {} events from topics {prefix}.*, missing {missing:?}; {:?}",
+            ids.len() - missing.len(),
+            ids.len(),
+            read_versus_ends(prefix, &partial)
+        )
+    })
+}
+
 /// Per partition of the topics `^<prefix>\.`, its end offset beside how many
 /// records were read from it: tells a reader problem (the broker holds more)
 /// from records that never reached the broker.
