@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::Lsn;
 use super::config::SslMode;
 use super::wire::WireError;
+use crate::Disposition;
 
 /// The fields of a PostgreSQL ErrorResponse that matter to us.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -175,6 +176,36 @@ fn display_pid(pid: Option<i32>) -> String {
 }
 
 impl PgError {
+    /// Whether reconnecting (with backoff) can cure this error: the one place
+    /// that decides. A PostgreSQL error never refuses a single record.
+    pub fn disposition(&self) -> Disposition {
+        let retry = match self {
+            PgError::Io { .. } | PgError::Closed { .. } | PgError::Timeout { .. } => true,
+            // The slot is the HA lock: another instance holds it, and may let go.
+            PgError::SlotActive { .. } => true,
+            PgError::WrongServerKind { .. } => true,
+            PgError::Server { server, .. } => sqlstate_is_retryable(&server.code),
+            PgError::Sql { source, .. } => sql_error_is_retryable(source),
+            PgError::Config { .. }
+            | PgError::TlsUnsupported { .. }
+            | PgError::Tls { .. }
+            | PgError::Auth { .. }
+            | PgError::SlotMissing { .. }
+            | PgError::SlotExists { .. }
+            | PgError::Protocol { .. }
+            | PgError::Replication { .. }
+            | PgError::Unexpected { .. }
+            | PgError::BadReply { .. }
+            | PgError::Encode { .. }
+            | PgError::Internal { .. } => false,
+        };
+        if retry {
+            Disposition::Retry
+        } else {
+            Disposition::Stop
+        }
+    }
+
     /// Whether reconnecting (with backoff) can cure this error.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -285,6 +316,57 @@ mod tests {
             "28P01", "28000", "42704", "55000", "42501", "3D000", "42710", "XX000",
         ] {
             assert!(!sqlstate_is_retryable(code), "{code} should be definite");
+        }
+    }
+
+    #[test]
+    fn disposition_equals_the_old_predicate() {
+        let addr = || "a".to_owned();
+        let mut all = vec![
+            PgError::Closed {
+                addr: addr(),
+                during: "d",
+            },
+            PgError::Config {
+                key: "k".into(),
+                message: "m".into(),
+            },
+            PgError::WrongServerKind {
+                addr: addr(),
+                wanted: "w",
+                got: "g",
+            },
+            PgError::Internal {
+                what: "w",
+                message: "m".into(),
+            },
+        ];
+        for code in [
+            "08006", "08001", "57P01", "57P02", "57P03", "57014", "53300", "55006", "40001",
+            "40P01", "28P01", "28000", "42704", "55000", "42501", "3D000", "42710", "XX000",
+        ] {
+            all.push(PgError::Server {
+                addr: addr(),
+                during: "d".into(),
+                server: Box::new(server(code)),
+            });
+            all.push(PgError::SlotActive {
+                slot: "s".into(),
+                pid: None,
+                server: Box::new(server(code)),
+            });
+            all.push(PgError::SlotMissing {
+                slot: "s".into(),
+                server: Box::new(server(code)),
+            });
+        }
+        for e in all {
+            let old = if e.is_retryable() {
+                Disposition::Retry
+            } else {
+                Disposition::Stop
+            };
+            assert_eq!(e.disposition(), old, "{e:?}");
         }
     }
 

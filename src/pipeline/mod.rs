@@ -26,6 +26,7 @@ use rand::RngExt as _;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+use crate::Disposition;
 use crate::checkpoint::{OffsetStore, StoreError};
 use crate::config::Config;
 use crate::coverage::{NotCovered, Unaccounted};
@@ -133,6 +134,45 @@ pub enum PipelineError {
 }
 
 impl PipelineError {
+    /// Whether a new session (after a backoff) may cure this: the one place
+    /// that decides for the reconnect loop. Never `RecordRefused`: the poison
+    /// policy has had its say before an error ends a session, so a refusal
+    /// that gets here stops.
+    pub fn disposition(&self) -> Disposition {
+        use Disposition::{RecordRefused, Retry, Stop};
+        match self {
+            PipelineError::Pg(e) => e.disposition(),
+            PipelineError::Sink(e) => match e.disposition() {
+                Retry => Retry,
+                RecordRefused | Stop => Stop,
+            },
+            PipelineError::Store(e) => {
+                if e.is_retryable() {
+                    Retry
+                } else {
+                    Stop
+                }
+            }
+            // The record was not refused: producing it again from the durable
+            // LSN (with a new producer, if this one broke) may succeed.
+            PipelineError::Delivery { source, .. } => match source.disposition() {
+                RecordRefused => Stop,
+                Retry | Stop => Retry,
+            },
+            PipelineError::StreamEnded | PipelineError::Parked { .. } => Retry,
+            PipelineError::Refused(_)
+            | PipelineError::Decode { .. }
+            | PipelineError::Protocol { .. }
+            | PipelineError::Poison { .. }
+            | PipelineError::Mapping { .. }
+            | PipelineError::NotCovered(_)
+            | PipelineError::CoverageLost(_)
+            | PipelineError::RepairRefused { .. }
+            | PipelineError::SequenceGap(_)
+            | PipelineError::Unaccounted(_) => Stop,
+        }
+    }
+
     /// Whether a new session (after a backoff) may cure this.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -227,4 +267,91 @@ pub fn open_store(config: &Config) -> Result<OffsetStore, PipelineError> {
 fn jitter(backoff: Duration) -> Duration {
     let ms = backoff.as_millis().max(2) as u64;
     Duration::from_millis(rand::rng().random_range(ms / 2..=ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn old_is_retryable(e: &PipelineError) -> bool {
+        e.is_retryable()
+    }
+
+    #[test]
+    fn disposition_equals_the_old_predicate() {
+        let mut all = vec![
+            PipelineError::StreamEnded,
+            PipelineError::Parked {
+                aggregate_type: "a".into(),
+                aggregate_id: "1".into(),
+                lsn: Lsn::new(1),
+                reason: "r".into(),
+            },
+            PipelineError::Protocol {
+                lsn: Lsn::ZERO,
+                what: "w".into(),
+            },
+            PipelineError::Poison {
+                event_id: "e".into(),
+                lsn: Lsn::new(1),
+                reason: "r".into(),
+                refusal: None,
+            },
+            PipelineError::RepairRefused {
+                reason: "r".into(),
+                fix: "f".into(),
+            },
+            PipelineError::Store(StoreError::Locked {
+                path: "p".into(),
+                source: sled::Error::Unsupported("x".into()),
+            }),
+            PipelineError::Store(StoreError::Open {
+                path: "p".into(),
+                source: sled::Error::Unsupported("x".into()),
+            }),
+            PipelineError::Pg(PgError::Closed {
+                addr: "a".into(),
+                during: "d",
+            }),
+            PipelineError::Pg(PgError::Config {
+                key: "k".into(),
+                message: "m".into(),
+            }),
+        ];
+        for code in ["55006", "42704", "08006", "57P01", "XX000"] {
+            let server = crate::pg::ServerError {
+                severity: "ERROR".into(),
+                code: code.into(),
+                message: "replication slot \"s\" is active for PID 7".into(),
+                detail: None,
+                hint: None,
+            };
+            all.push(PipelineError::Pg(PgError::SlotActive {
+                slot: "s".into(),
+                pid: None,
+                server: Box::new(server.clone()),
+            }));
+            all.push(PipelineError::Pg(PgError::Server {
+                addr: "a".into(),
+                during: "d".into(),
+                server: Box::new(server),
+            }));
+        }
+        for e in SinkError::every_kind() {
+            all.push(PipelineError::Delivery {
+                event_id: "e".into(),
+                lsn: Lsn::new(1),
+                source: e.clone(),
+            });
+            all.push(PipelineError::Sink(e));
+        }
+        for e in all {
+            let old = if old_is_retryable(&e) {
+                Disposition::Retry
+            } else {
+                Disposition::Stop
+            };
+            assert_eq!(e.disposition(), old, "{e:?}");
+        }
+    }
 }

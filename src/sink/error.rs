@@ -30,6 +30,8 @@
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
+use crate::Disposition;
+
 /// Everything that can go wrong in the Kafka sink.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SinkError {
@@ -159,6 +161,42 @@ impl SinkError {
             | SinkError::Fatal { event_id, .. }
             | SinkError::TopicMissing { event_id, .. } => event_id.as_deref(),
             _ => None,
+        }
+    }
+
+    /// What the pipeline does about this error: the one place that decides.
+    pub fn disposition(&self) -> Disposition {
+        use Disposition::{RecordRefused, Retry, Stop};
+        match self {
+            SinkError::Config { .. } | SinkError::ClientCreation { .. } => Stop,
+            SinkError::Task { .. } | SinkError::TopicNotReady { .. } => Retry,
+            SinkError::TopicMissing { .. } => RecordRefused,
+            SinkError::Metadata { code: None, .. } => Retry,
+            SinkError::Metadata {
+                code: Some(code), ..
+            } if retryable_code(*code) => Retry,
+            SinkError::Metadata { .. } => Stop,
+            // A refused record decides even when it also broke the producer:
+            // with `enable.gapless.guarantee` a refusal in a batch is fatal.
+            SinkError::Produce { code, .. }
+            | SinkError::Delivery { code, .. }
+            | SinkError::Fatal { code, .. }
+                if poison_code(*code) =>
+            {
+                RecordRefused
+            }
+            // A new session brings a new producer, which cures a broken one.
+            SinkError::Fatal { .. } => Retry,
+            SinkError::Produce { code, .. }
+            | SinkError::Delivery { code, .. }
+            | SinkError::Flush { code, .. }
+                if retryable_code(*code) || fatal_code(*code) =>
+            {
+                Retry
+            }
+            SinkError::Produce { .. } | SinkError::Delivery { .. } | SinkError::Flush { .. } => {
+                Stop
+            }
         }
     }
 
@@ -320,6 +358,66 @@ fn fatal_code(code: RDKafkaErrorCode) -> bool {
 }
 
 #[cfg(test)]
+impl SinkError {
+    /// Every variant that carries a code, with every code librdkafka knows,
+    /// plus the variants without one.
+    pub(crate) fn every_kind() -> Vec<SinkError> {
+        let mut all = vec![
+            SinkError::Config {
+                key: "acks".into(),
+                value: "1".into(),
+                allowed: "all".into(),
+            },
+            SinkError::ClientCreation { reason: "r".into() },
+            SinkError::Task { reason: "r".into() },
+            SinkError::TopicMissing {
+                topic: "t".into(),
+                reason: "r".into(),
+                event_id: None,
+            },
+            SinkError::TopicNotReady {
+                topic: "t".into(),
+                reason: "r".into(),
+            },
+            SinkError::Metadata {
+                code: None,
+                bootstrap: "b".into(),
+                detail: String::new(),
+            },
+        ];
+        for raw in -200..200 {
+            let Ok(resp) = rdkafka::types::RDKafkaRespErr::try_from(raw) else {
+                continue;
+            };
+            let code = RDKafkaErrorCode::from(resp);
+            all.push(SinkError::Produce {
+                code,
+                topic: "t".into(),
+                event_id: "e".into(),
+            });
+            all.push(SinkError::Delivery {
+                code,
+                topic: "t".into(),
+                event_id: Some("e".into()),
+            });
+            all.push(SinkError::Fatal {
+                code,
+                reason: "r".into(),
+                topic: None,
+                event_id: None,
+            });
+            all.push(SinkError::Flush { code, in_flight: 1 });
+            all.push(SinkError::Metadata {
+                code: Some(code),
+                bootstrap: "b".into(),
+                detail: String::new(),
+            });
+        }
+        all
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -328,6 +426,21 @@ mod tests {
             code,
             topic: "t".into(),
             event_id: Some("e1".into()),
+        }
+    }
+
+    #[test]
+    fn disposition_equals_the_old_predicates() {
+        for e in SinkError::every_kind() {
+            // What the pipeline derived from the four predicates.
+            let old = if e.is_record_refused() {
+                Disposition::RecordRefused
+            } else if e.is_retryable() || e.is_fatal() {
+                Disposition::Retry
+            } else {
+                Disposition::Stop
+            };
+            assert_eq!(e.disposition(), old, "{e:?}");
         }
     }
 
