@@ -1,7 +1,7 @@
 //! Errors from talking to PostgreSQL, and the one place where SQLSTATEs are
 //! classified into "a retry can cure this" and "a person must act".
 //!
-//! The pipeline decides whether to reconnect from [`PgError::is_retryable`],
+//! The pipeline decides whether to reconnect from [`PgError::disposition`],
 //! never from message text.
 
 use std::fmt;
@@ -206,30 +206,6 @@ impl PgError {
         }
     }
 
-    /// Whether reconnecting (with backoff) can cure this error.
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            PgError::Io { .. } | PgError::Closed { .. } | PgError::Timeout { .. } => true,
-            // The slot is the HA lock: another instance holds it, and may let go.
-            PgError::SlotActive { .. } => true,
-            PgError::WrongServerKind { .. } => true,
-            PgError::Server { server, .. } => sqlstate_is_retryable(&server.code),
-            PgError::Sql { source, .. } => sql_error_is_retryable(source),
-            PgError::Config { .. }
-            | PgError::TlsUnsupported { .. }
-            | PgError::Tls { .. }
-            | PgError::Auth { .. }
-            | PgError::SlotMissing { .. }
-            | PgError::SlotExists { .. }
-            | PgError::Protocol { .. }
-            | PgError::Replication { .. }
-            | PgError::Unexpected { .. }
-            | PgError::BadReply { .. }
-            | PgError::Encode { .. }
-            | PgError::Internal { .. } => false,
-        }
-    }
-
     /// The SQLSTATE the server sent, if this error came from the server.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
@@ -320,57 +296,6 @@ mod tests {
     }
 
     #[test]
-    fn disposition_equals_the_old_predicate() {
-        let addr = || "a".to_owned();
-        let mut all = vec![
-            PgError::Closed {
-                addr: addr(),
-                during: "d",
-            },
-            PgError::Config {
-                key: "k".into(),
-                message: "m".into(),
-            },
-            PgError::WrongServerKind {
-                addr: addr(),
-                wanted: "w",
-                got: "g",
-            },
-            PgError::Internal {
-                what: "w",
-                message: "m".into(),
-            },
-        ];
-        for code in [
-            "08006", "08001", "57P01", "57P02", "57P03", "57014", "53300", "55006", "40001",
-            "40P01", "28P01", "28000", "42704", "55000", "42501", "3D000", "42710", "XX000",
-        ] {
-            all.push(PgError::Server {
-                addr: addr(),
-                during: "d".into(),
-                server: Box::new(server(code)),
-            });
-            all.push(PgError::SlotActive {
-                slot: "s".into(),
-                pid: None,
-                server: Box::new(server(code)),
-            });
-            all.push(PgError::SlotMissing {
-                slot: "s".into(),
-                server: Box::new(server(code)),
-            });
-        }
-        for e in all {
-            let old = if e.is_retryable() {
-                Disposition::Retry
-            } else {
-                Disposition::Stop
-            };
-            assert_eq!(e.disposition(), old, "{e:?}");
-        }
-    }
-
-    #[test]
     fn classifies_variants() {
         let addr = "127.0.0.1:5432".to_owned();
         let e = PgError::Server {
@@ -378,7 +303,7 @@ mod tests {
             during: "x".into(),
             server: Box::new(server("57P01")),
         };
-        assert!(e.is_retryable());
+        assert_eq!(e.disposition(), Disposition::Retry);
         assert_eq!(e.sqlstate(), Some("57P01"));
         let e = PgError::Auth {
             user: "u".into(),
@@ -386,12 +311,12 @@ mod tests {
             reason: "r".into(),
             code: Some("28P01".into()),
         };
-        assert!(!e.is_retryable());
+        assert_eq!(e.disposition(), Disposition::Stop);
         let e = PgError::TlsUnsupported {
             addr,
             mode: SslMode::Require,
         };
-        assert!(!e.is_retryable());
+        assert_eq!(e.disposition(), Disposition::Stop);
         assert_eq!(
             e.to_string(),
             "server does not support TLS (sslmode=require) at 127.0.0.1:5432"
@@ -401,7 +326,7 @@ mod tests {
             pid: Some(42),
             server: Box::new(server("55006")),
         };
-        assert!(e.is_retryable());
+        assert_eq!(e.disposition(), Disposition::Retry);
         assert_eq!(e.to_string(), "replication slot \"s\" is active for PID 42");
     }
 }

@@ -146,13 +146,7 @@ impl PipelineError {
                 Retry => Retry,
                 RecordRefused | Stop => Stop,
             },
-            PipelineError::Store(e) => {
-                if e.is_retryable() {
-                    Retry
-                } else {
-                    Stop
-                }
-            }
+            PipelineError::Store(e) => e.disposition(),
             // The record was not refused: producing it again from the durable
             // LSN (with a new producer, if this one broke) may succeed.
             PipelineError::Delivery { source, .. } => match source.disposition() {
@@ -170,29 +164,6 @@ impl PipelineError {
             | PipelineError::RepairRefused { .. }
             | PipelineError::SequenceGap(_)
             | PipelineError::Unaccounted(_) => Stop,
-        }
-    }
-
-    /// Whether a new session (after a backoff) may cure this.
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            PipelineError::Pg(e) => e.is_retryable() || matches!(e, PgError::SlotActive { .. }),
-            PipelineError::Sink(e) => e.is_retryable() || (e.is_fatal() && !e.is_record_refused()),
-            PipelineError::Store(e) => e.is_retryable(),
-            // A fatal producer error is cured by a new producer (a new session);
-            // a record refused for good is not.
-            PipelineError::Delivery { source, .. } => !source.is_record_refused(),
-            PipelineError::StreamEnded | PipelineError::Parked { .. } => true,
-            PipelineError::Refused(_)
-            | PipelineError::Decode { .. }
-            | PipelineError::Protocol { .. }
-            | PipelineError::Poison { .. }
-            | PipelineError::Mapping { .. }
-            | PipelineError::NotCovered(_)
-            | PipelineError::CoverageLost(_)
-            | PipelineError::RepairRefused { .. }
-            | PipelineError::SequenceGap(_)
-            | PipelineError::Unaccounted(_) => false,
         }
     }
 }
@@ -230,9 +201,12 @@ pub async fn run(
         metrics
             .connected
             .store(0, std::sync::atomic::Ordering::Relaxed);
-        match result {
+        let e = match result {
             Ok(()) => return Ok(()),
-            Err(e) if e.is_retryable() => {
+            Err(e) => e,
+        };
+        match e.disposition() {
+            Disposition::Retry => {
                 if started.elapsed() > Duration::from_secs(60) {
                     backoff = config.retry.initial_backoff();
                 }
@@ -250,7 +224,7 @@ pub async fn run(
                 }
                 backoff = (backoff * 2).min(config.retry.max_backoff());
             }
-            Err(e) => {
+            Disposition::RecordRefused | Disposition::Stop => {
                 error!(error = %e, "stopping: this failure needs an operator");
                 return Err(e);
             }
@@ -272,86 +246,122 @@ fn jitter(backoff: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdkafka::types::RDKafkaErrorCode as C;
 
-    fn old_is_retryable(e: &PipelineError) -> bool {
-        e.is_retryable()
+    fn sink(code: C) -> SinkError {
+        SinkError::Produce {
+            code,
+            topic: "t".into(),
+            event_id: "e".into(),
+        }
     }
 
+    fn delivery(source: SinkError) -> PipelineError {
+        PipelineError::Delivery {
+            event_id: "e".into(),
+            lsn: Lsn::new(1),
+            source,
+        }
+    }
+
+    fn server(code: &str) -> Box<crate::pg::ServerError> {
+        Box::new(crate::pg::ServerError {
+            severity: "ERROR".into(),
+            code: code.into(),
+            message: "m".into(),
+            detail: None,
+            hint: None,
+        })
+    }
+
+    fn store_error(locked: bool) -> PipelineError {
+        let (path, source) = ("p".into(), sled::Error::Unsupported("x".into()));
+        PipelineError::Store(match locked {
+            true => StoreError::Locked { path, source },
+            false => StoreError::Open { path, source },
+        })
+    }
+
+    /// The reconnect loop's truth table. It is the one `is_retryable` gave
+    /// before `disposition()` replaced it (checked against it when it came in).
     #[test]
-    fn disposition_equals_the_old_predicate() {
-        let mut all = vec![
-            PipelineError::StreamEnded,
-            PipelineError::Parked {
-                aggregate_type: "a".into(),
-                aggregate_id: "1".into(),
-                lsn: Lsn::new(1),
-                reason: "r".into(),
-            },
-            PipelineError::Protocol {
-                lsn: Lsn::ZERO,
-                what: "w".into(),
-            },
-            PipelineError::Poison {
-                event_id: "e".into(),
-                lsn: Lsn::new(1),
-                reason: "r".into(),
-                refusal: None,
-            },
-            PipelineError::RepairRefused {
-                reason: "r".into(),
-                fix: "f".into(),
-            },
-            PipelineError::Store(StoreError::Locked {
-                path: "p".into(),
-                source: sled::Error::Unsupported("x".into()),
-            }),
-            PipelineError::Store(StoreError::Open {
-                path: "p".into(),
-                source: sled::Error::Unsupported("x".into()),
-            }),
-            PipelineError::Pg(PgError::Closed {
-                addr: "a".into(),
-                during: "d",
-            }),
-            PipelineError::Pg(PgError::Config {
-                key: "k".into(),
-                message: "m".into(),
-            }),
+    fn disposition_table() {
+        use Disposition::{Retry, Stop};
+        let rows = [
+            // Kafka: a refused record that reaches the loop stops (the poison
+            // policy already had its say); a broken producer retries.
+            (PipelineError::Sink(sink(C::MessageTimedOut)), Retry),
+            (
+                PipelineError::Sink(sink(C::OutOfOrderSequenceNumber)),
+                Retry,
+            ),
+            (PipelineError::Sink(sink(C::MessageSizeTooLarge)), Stop),
+            (PipelineError::Sink(sink(C::Fail)), Stop),
+            // A delivery failure that is not a refusal always retries.
+            (delivery(sink(C::MessageTimedOut)), Retry),
+            (delivery(sink(C::Fail)), Retry),
+            (delivery(sink(C::MessageSizeTooLarge)), Stop),
+            (
+                PipelineError::Pg(PgError::SlotActive {
+                    slot: "s".into(),
+                    pid: Some(7),
+                    server: server("55006"),
+                }),
+                Retry,
+            ),
+            (
+                PipelineError::Pg(PgError::Server {
+                    addr: "a".into(),
+                    during: "d".into(),
+                    server: server("57P01"),
+                }),
+                Retry,
+            ),
+            (
+                PipelineError::Pg(PgError::SlotMissing {
+                    slot: "s".into(),
+                    server: server("42704"),
+                }),
+                Stop,
+            ),
+            (store_error(true), Retry),
+            (store_error(false), Stop),
+            (PipelineError::StreamEnded, Retry),
+            (
+                PipelineError::Parked {
+                    aggregate_type: "a".into(),
+                    aggregate_id: "1".into(),
+                    lsn: Lsn::new(1),
+                    reason: "r".into(),
+                },
+                Retry,
+            ),
+            (
+                PipelineError::Protocol {
+                    lsn: Lsn::new(1),
+                    what: "w".into(),
+                },
+                Stop,
+            ),
+            (
+                PipelineError::Poison {
+                    event_id: "e".into(),
+                    lsn: Lsn::new(1),
+                    reason: "r".into(),
+                    refusal: None,
+                },
+                Stop,
+            ),
+            (
+                PipelineError::RepairRefused {
+                    reason: "r".into(),
+                    fix: "f".into(),
+                },
+                Stop,
+            ),
         ];
-        for code in ["55006", "42704", "08006", "57P01", "XX000"] {
-            let server = crate::pg::ServerError {
-                severity: "ERROR".into(),
-                code: code.into(),
-                message: "replication slot \"s\" is active for PID 7".into(),
-                detail: None,
-                hint: None,
-            };
-            all.push(PipelineError::Pg(PgError::SlotActive {
-                slot: "s".into(),
-                pid: None,
-                server: Box::new(server.clone()),
-            }));
-            all.push(PipelineError::Pg(PgError::Server {
-                addr: "a".into(),
-                during: "d".into(),
-                server: Box::new(server),
-            }));
-        }
-        for e in SinkError::every_kind() {
-            all.push(PipelineError::Delivery {
-                event_id: "e".into(),
-                lsn: Lsn::new(1),
-                source: e.clone(),
-            });
-            all.push(PipelineError::Sink(e));
-        }
-        for e in all {
-            let old = if old_is_retryable(&e) {
-                Disposition::Retry
-            } else {
-                Disposition::Stop
-            };
-            assert_eq!(e.disposition(), old, "{e:?}");
+        for (e, want) in rows {
+            assert_eq!(e.disposition(), want, "{e:?}");
         }
     }
 }

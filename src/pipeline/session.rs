@@ -10,6 +10,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use crate::Disposition;
 use crate::checkpoint::{AckTracker, DurableLsn, EventToken, OffsetStore, StoreError};
 use crate::config::Config;
 use crate::coverage::{self, Coverage, CoverageProblem, Known, NotCovered, RelationKind};
@@ -673,38 +674,36 @@ impl<'a> Session<'a> {
         dead_lettered: bool,
     ) -> PipelineError {
         self.metrics.events_failed.fetch_add(1, Ordering::Relaxed);
-        if source.is_record_refused()
-            && self.poison.dead_letters()
-            && !dead_lettered
-            && !aggregate_id.is_empty()
-        {
-            let reason = source.to_string();
-            let parked = tokio::task::block_in_place(|| {
-                self.store
-                    .park(&aggregate_type, &aggregate_id, &reason, lsn)
-            });
-            if let Err(e) = parked {
-                return e.into();
+        match source.disposition() {
+            Disposition::RecordRefused
+                if self.poison.dead_letters() && !dead_lettered && !aggregate_id.is_empty() =>
+            {
+                let reason = source.to_string();
+                let parked = tokio::task::block_in_place(|| {
+                    self.store
+                        .park(&aggregate_type, &aggregate_id, &reason, lsn)
+                });
+                if let Err(e) = parked {
+                    return e.into();
+                }
+                PipelineError::Parked {
+                    aggregate_type,
+                    aggregate_id,
+                    lsn,
+                    reason,
+                }
             }
-            return PipelineError::Parked {
-                aggregate_type,
-                aggregate_id,
-                lsn,
-                reason,
-            };
-        }
-        if source.is_record_refused() {
-            return PipelineError::Poison {
+            Disposition::RecordRefused => PipelineError::Poison {
                 event_id,
                 lsn,
                 reason: source.to_string(),
                 refusal: Some(Box::new(source)),
-            };
-        }
-        PipelineError::Delivery {
-            event_id,
-            lsn,
-            source,
+            },
+            Disposition::Retry | Disposition::Stop => PipelineError::Delivery {
+                event_id,
+                lsn,
+                source,
+            },
         }
     }
 
@@ -1256,7 +1255,7 @@ mod tests {
         // The fatal error alone is retryable: a new session, no parking, and
         // the same refusal again, forever.
         let fatal = PipelineError::StreamEnded;
-        assert!(fatal.is_retryable());
+        assert_eq!(fatal.disposition(), Disposition::Retry);
         assert!(matches!(
             prefer_refusal(fatal, Some(parked())),
             PipelineError::Parked { .. }
@@ -1268,7 +1267,8 @@ mod tests {
             refusal: None,
         };
         let ended = prefer_refusal(PipelineError::StreamEnded, Some(poison));
-        assert!(matches!(ended, PipelineError::Poison { .. }) && !ended.is_retryable());
+        assert!(matches!(ended, PipelineError::Poison { .. }));
+        assert_eq!(ended.disposition(), Disposition::Stop);
         // Other report errors do not hide why the loop ended.
         assert!(matches!(
             prefer_refusal(
