@@ -71,8 +71,22 @@ pub enum PipelineError {
         #[source]
         source: DecodeError,
     },
+    /// The replication stream broke the protocol (e.g. a Commit without Begin).
     #[error("protocol violation at LSN {lsn}: {what}")]
     Protocol { lsn: Lsn, what: String },
+    /// An `[outbox]` setting the relay cannot run with; the error names the key.
+    #[error("{source}; correct it in the configuration and restart")]
+    Config {
+        #[from]
+        source: crate::outbox::ConfigError,
+    },
+    /// A task of the relay itself ended without an answer (it panicked, or
+    /// was cancelled while the runtime shut down).
+    #[error(
+        "internal failure: {what}. Unless the process was shutting down this is a bug in \
+         outbox-cdc: report it with this log"
+    )]
+    Internal { what: String },
     #[error(
         "poison event {event_id} at LSN {lsn} (on_poison = fail): {reason}. \
          Fix or remove the row's cause and restart, or set outbox.on_poison = \"dead-letter\""
@@ -157,6 +171,8 @@ impl PipelineError {
             PipelineError::Refused(_)
             | PipelineError::Decode { .. }
             | PipelineError::Protocol { .. }
+            | PipelineError::Config { .. }
+            | PipelineError::Internal { .. }
             | PipelineError::Poison { .. }
             | PipelineError::Mapping { .. }
             | PipelineError::NotCovered(_)
@@ -282,6 +298,25 @@ mod tests {
         })
     }
 
+    fn bad_table() -> crate::outbox::ConfigError {
+        crate::outbox::ConfigError {
+            key: "outbox.table".into(),
+            value: "a.b.c".into(),
+            allowed: "`name` or `schema.name`".into(),
+        }
+    }
+
+    #[test]
+    fn invalid_outbox_settings_are_config_errors_naming_the_key() {
+        let e = PipelineError::from(bad_table());
+        assert!(matches!(&e, PipelineError::Config { source } if source.key == "outbox.table"));
+        let text = e.to_string();
+        assert!(
+            text.contains("outbox.table") && text.contains("\"a.b.c\"") && !text.contains("LSN"),
+            "{text}"
+        );
+    }
+
     /// The reconnect loop's truth table. It is the one `is_retryable` gave
     /// before `disposition()` replaced it (checked against it when it came in).
     #[test]
@@ -359,6 +394,9 @@ mod tests {
                 },
                 Stop,
             ),
+            // Reported as Protocol (which stops) before they had variants.
+            (PipelineError::from(bad_table()), Stop),
+            (PipelineError::Internal { what: "w".into() }, Stop),
         ];
         for (e, want) in rows {
             assert_eq!(e.disposition(), want, "{e:?}");

@@ -108,10 +108,7 @@ impl<'a> Session<'a> {
     ) -> Result<(), PipelineError> {
         let pg = PgConnectConfig::parse(&config.postgres.url)?;
         let slot = config.postgres.slot.as_str();
-        let mapper = OutboxMapper::new(&config.outbox).map_err(|e| PipelineError::Protocol {
-            lsn: Lsn::ZERO,
-            what: format!("invalid outbox settings: {e}"),
-        })?;
+        let mapper = OutboxMapper::new(&config.outbox)?;
 
         // The producer first: a Kafka property librdkafka refuses fails here,
         // before anything is done on the database.
@@ -360,10 +357,7 @@ impl<'a> Session<'a> {
                     }
                 }, if self.persisting.is_some() => {
                     self.persisting = None;
-                    let durable = done.map_err(|e| PipelineError::Protocol {
-                        lsn: self.durable.lsn(),
-                        what: format!("the offset persist task failed: {e}"),
-                    })??;
+                    let durable = done.map_err(|e| self.persist_failed(e))??;
                     self.flushed(durable);
                 }
                 Some(report) = self.reports.recv() => {
@@ -903,6 +897,17 @@ impl<'a> Session<'a> {
         }));
     }
 
+    /// The persist task panicked or was cancelled: what was durable before it
+    /// still is, and nothing past it was reported to PostgreSQL.
+    fn persist_failed(&self, e: tokio::task::JoinError) -> PipelineError {
+        PipelineError::Internal {
+            what: format!(
+                "the offset persist task failed with the durable acked LSN at {}: {e}",
+                self.durable.lsn()
+            ),
+        }
+    }
+
     /// A persist finished: the position is durable, so it may be reported.
     fn flushed(&mut self, durable: DurableLsn) {
         crate::failpoint!("after-persist-before-status-update");
@@ -919,10 +924,7 @@ impl<'a> Session<'a> {
     /// Persists synchronously (after any persist still running): for shutdown.
     async fn persist_now(&mut self) -> Result<(), PipelineError> {
         if let Some(running) = self.persisting.take() {
-            let durable = running.await.map_err(|e| PipelineError::Protocol {
-                lsn: self.durable.lsn(),
-                what: format!("the offset persist task failed: {e}"),
-            })??;
+            let durable = running.await.map_err(|e| self.persist_failed(e))??;
             self.flushed(durable);
         }
         self.dirty_since = None;
@@ -1199,12 +1201,8 @@ async fn prove_coverage(
     config: &Config,
 ) -> Result<(Coverage, Lsn), PipelineError> {
     let publication = config.postgres.publication.as_str();
-    let invalid = |e: crate::outbox::ConfigError| PipelineError::Protocol {
-        lsn: Lsn::ZERO,
-        what: format!("invalid outbox settings: {e}"),
-    };
-    let table = coverage::configured_table(&config.outbox).map_err(invalid)?;
-    let mapped = coverage::mapped_columns(&config.outbox).map_err(invalid)?;
+    let table = coverage::configured_table(&config.outbox)?;
+    let mapped = coverage::mapped_columns(&config.outbox)?;
     let through = control::wal_position(client).await?;
     let mut facts = coverage::gather(client, &table, publication).await?;
     if config.postgres.create_publication && facts.publication.is_none() {
