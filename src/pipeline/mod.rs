@@ -161,6 +161,7 @@ impl PipelineError {
                 RecordRefused | Stop => Stop,
             },
             PipelineError::Store(e) => e.disposition(),
+            PipelineError::Decode { source, .. } => source.disposition(),
             // The record was not refused: producing it again from the durable
             // LSN (with a new producer, if this one broke) may succeed.
             PipelineError::Delivery { source, .. } => match source.disposition() {
@@ -169,7 +170,6 @@ impl PipelineError {
             },
             PipelineError::StreamEnded | PipelineError::Parked { .. } => Retry,
             PipelineError::Refused(_)
-            | PipelineError::Decode { .. }
             | PipelineError::Protocol { .. }
             | PipelineError::Config { .. }
             | PipelineError::Internal { .. }
