@@ -10,6 +10,7 @@ pub mod audit;
 pub mod checkpoint;
 pub mod config;
 pub mod coverage;
+pub mod disposition;
 pub mod failpoint;
 pub mod http;
 pub mod metrics;
@@ -20,3 +21,5 @@ pub mod pipeline;
 pub mod setting;
 pub mod sink;
 pub mod status;
+
+pub use disposition::Disposition;

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::relay::{Fixture, Record, Running, consume, eventually};
 use common::{admin_client, init_tracing};
+use outbox_cdc::Disposition;
 use outbox_cdc::pipeline::{PipelineError, RunOptions, StartRefused};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -197,7 +198,7 @@ async fn a_repair_the_outbox_cannot_cover_is_refused_unless_accepted() {
         matches!(&err, PipelineError::RepairRefused { fix, .. } if fix.contains("--accept-gap")),
         "{err}"
     );
-    assert!(!err.is_retryable());
+    assert_eq!(err.disposition(), Disposition::Stop);
     // Nothing was recreated: the refusal comes before the slot.
     assert!(fx.slot_confirmed_flush().await.is_none());
 

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use common::relay::{Fixture, Record, Running, consume};
+use outbox_cdc::Disposition;
 use outbox_cdc::checkpoint::OffsetStore;
 use outbox_cdc::pg::Lsn;
 use outbox_cdc::pipeline::{PipelineError, RunOptions};
@@ -204,7 +205,7 @@ async fn create_false_with_on_poison_fail_stops_quickly_naming_the_topic_without
         }
         _ => panic!("expected a poison stop for a missing topic, got {err:?}"),
     }
-    assert!(!err.is_retryable(), "{err}");
+    assert_eq!(err.disposition(), Disposition::Stop, "{err}");
     let text = err.to_string();
     assert!(
         text.contains(&missing) && text.contains("topics.create = true"),

@@ -18,6 +18,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, BytesMut};
+use outbox_cdc::Disposition;
 use outbox_cdc::pg::control;
 use outbox_cdc::pg::{
     Lsn, PgConnectConfig, PgError, ReplicationConnection, ReplicationEvent, SslMode, quote_ident,
@@ -148,8 +149,9 @@ async fn wrong_password_is_a_definite_auth_error_naming_user_and_host() {
             "{which}: expected Auth, got {e:?}"
         );
         assert_eq!(e.sqlstate(), Some("28P01"), "{which}");
-        assert!(
-            !e.is_retryable(),
+        assert_eq!(
+            e.disposition(),
+            Disposition::Stop,
             "{which}: a wrong password must not be retried"
         );
         let msg = e.to_string();
@@ -185,7 +187,7 @@ async fn missing_password_fails_locally_with_a_hint() {
         .err()
         .expect("SCRAM without a password fails");
     assert!(matches!(e, PgError::Auth { code: None, .. }), "{e:?}");
-    assert!(!e.is_retryable());
+    assert_eq!(e.disposition(), Disposition::Stop);
     assert!(e.to_string().contains("PGPASSWORD"), "{e}");
 }
 
@@ -209,7 +211,7 @@ async fn require_against_a_server_without_tls_is_a_clear_error() {
             matches!(e, PgError::TlsUnsupported { .. } | PgError::Config { .. }),
             "{e:?}"
         );
-        assert!(!e.is_retryable());
+        assert_eq!(e.disposition(), Disposition::Stop);
     }
     let cfg = t.with("sslmode=require");
     let expected = format!(
@@ -223,7 +225,7 @@ async fn require_against_a_server_without_tls_is_a_clear_error() {
     assert_eq!(e.to_string(), expected);
     let e = cfg.connect_sql().await.err().unwrap();
     assert_eq!(e.to_string(), expected);
-    assert!(!e.is_retryable());
+    assert_eq!(e.disposition(), Disposition::Stop);
 
     // prefer falls back to plain text.
     let client = t
@@ -418,7 +420,7 @@ async fn cleartext_login_and_server_rejection() {
         .expect("rejected");
     assert!(matches!(e, PgError::Auth { .. }), "{e:?}");
     assert_eq!(e.sqlstate(), Some("28P01"));
-    assert!(!e.is_retryable());
+    assert_eq!(e.disposition(), Disposition::Stop);
     server.await.unwrap();
 }
 
@@ -508,7 +510,7 @@ async fn scram_without_a_verified_server_signature_is_refused() {
     common::init_tracing();
     // AuthenticationOk right after our proof, without SASLFinal.
     for (e, sent) in both_logins(&sasl_request(), &ok_and_ready(), "").await {
-        assert!(!e.is_retryable(), "{e:?}");
+        assert_eq!(e.disposition(), Disposition::Stop, "{e:?}");
         assert_eq!(sent, b"pp", "client-first and client-final only");
         assert!(
             !matches!(e, PgError::Io { .. } | PgError::Closed { .. }),
@@ -525,7 +527,7 @@ async fn scram_without_a_verified_server_signature_is_refused() {
     let mut after = backend(b'R', &forged);
     after.extend(ok_and_ready());
     for (e, sent) in both_logins(&sasl_request(), &after, "").await {
-        assert!(!e.is_retryable(), "{e:?}");
+        assert_eq!(e.disposition(), Disposition::Stop, "{e:?}");
         assert_eq!(sent, b"pp");
     }
 }
@@ -541,7 +543,7 @@ async fn require_auth_refuses_cleartext_and_md5_before_sending_the_password() {
             for (e, sent) in both_logins(&request, &[], extra).await {
                 assert!(sent.is_empty(), "{extra}: nothing sent, got {sent:?}");
                 assert!(matches!(e, PgError::Auth { code: None, .. }), "{e:?}");
-                assert!(!e.is_retryable());
+                assert_eq!(e.disposition(), Disposition::Stop);
                 let msg = e.to_string();
                 assert!(
                     msg.contains(method) && msg.contains("require_auth"),
@@ -575,7 +577,7 @@ async fn channel_binding_and_require_auth_against_the_server_without_tls() {
         .expect_err("no TLS, nothing to bind to");
     for e in [e, sql] {
         assert!(matches!(e, PgError::Auth { code: None, .. }), "{e:?}");
-        assert!(!e.is_retryable());
+        assert_eq!(e.disposition(), Disposition::Stop);
         assert!(e.to_string().contains("channel_binding=require"), "{e}");
     }
     // The test server asks for SCRAM: allowed when listed, refused when not.
@@ -770,7 +772,7 @@ async fn tls_modes_against_the_server_with_a_test_certificate() {
             .await
             .expect_err("host name mismatch is refused");
         assert!(matches!(e, PgError::Tls { .. }), "{e:?}");
-        assert!(!e.is_retryable());
+        assert_eq!(e.disposition(), Disposition::Stop);
 
         // verify-ca ignores the name but not the chain.
         let client = t

@@ -6,6 +6,7 @@ mod common;
 
 use std::time::Duration;
 
+use outbox_cdc::Disposition;
 use outbox_cdc::pg::control;
 use outbox_cdc::pg::{
     Lsn, PgConnectConfig, PgError, QualifiedTable, ReplicationConnection, quote_ident,
@@ -75,7 +76,7 @@ async fn slot_lifecycle_and_inspection() {
 
     match control::create_logical_slot(&client, &slot).await {
         Err(e @ PgError::SlotExists { .. }) => {
-            assert!(!e.is_retryable());
+            assert_eq!(e.disposition(), Disposition::Stop);
             assert_eq!(e.sqlstate(), Some("42710"));
         }
         other => panic!("expected SlotExists, got {other:?}"),
@@ -84,7 +85,7 @@ async fn slot_lifecycle_and_inspection() {
     control::drop_slot(&client, &slot).await.expect("drop slot");
     assert_eq!(control::slot_info(&client, &slot).await.unwrap(), None);
     match control::drop_slot(&client, &slot).await {
-        Err(e @ PgError::SlotMissing { .. }) => assert!(!e.is_retryable()),
+        Err(e @ PgError::SlotMissing { .. }) => assert_eq!(e.disposition(), Disposition::Stop),
         other => panic!("expected SlotMissing, got {other:?}"),
     }
 }
@@ -167,7 +168,7 @@ async fn publication_names_cannot_inject_sql() {
         .await
         .expect_err("duplicate publication");
     assert_eq!(err.sqlstate(), Some("42710"));
-    assert!(!err.is_retryable());
+    assert_eq!(err.disposition(), Disposition::Stop);
 
     admin
         .batch_execute(&format!(
@@ -219,7 +220,11 @@ async fn slot_held_by_another_backend_is_slot_active_with_its_pid() {
             };
             assert_eq!(pid, Some(holder_pid));
             assert_eq!(s, &slot);
-            assert!(e.is_retryable(), "another instance may let go of the slot");
+            assert_eq!(
+                e.disposition(),
+                Disposition::Retry,
+                "another instance may let go of the slot"
+            );
             assert!(e.to_string().contains(&holder_pid.to_string()), "{e}");
         }
         Err(other) => panic!("expected SlotActive, got {other}"),
@@ -256,7 +261,7 @@ async fn missing_slot_is_slot_missing() {
     let slot = common::unique_name("ctl_missing");
     match conn.start_logical(&slot, Lsn::ZERO, "nopub", true).await {
         Err(e @ PgError::SlotMissing { .. }) => {
-            assert!(!e.is_retryable());
+            assert_eq!(e.disposition(), Disposition::Stop);
             assert_eq!(e.sqlstate(), Some("42704"));
             assert!(e.to_string().contains(&slot), "{e}");
         }

@@ -11,6 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use outbox_cdc::Disposition;
 use outbox_cdc::checkpoint::OffsetStore;
 use outbox_cdc::pg::control;
 use outbox_cdc::pg::{
@@ -394,7 +395,11 @@ async fn stalled_consumer_without_timely_feedback_is_cut() {
             Err(e) => break e,
         }
     };
-    assert!(err.is_retryable(), "a cut connection is retryable: {err}");
+    assert_eq!(
+        err.disposition(),
+        Disposition::Retry,
+        "a cut connection is retryable: {err}"
+    );
     drop(stream);
     fx.cleanup().await;
 }
@@ -640,7 +645,7 @@ async fn a_silent_server_is_asked_for_a_keepalive_then_timed_out() {
         .expect("recv gives up on a silent server")
         .expect_err("a silent server is an error");
     assert!(matches!(err, PgError::Timeout { .. }), "{err:?}");
-    assert!(err.is_retryable());
+    assert_eq!(err.disposition(), Disposition::Retry);
     assert!(started.elapsed() >= Duration::from_millis(600));
     assert_eq!(scripted::next_status(&mut rx).await, Some((0, 0, 0, false)));
     assert_eq!(
@@ -695,7 +700,7 @@ async fn target_session_attrs_picks_the_fitting_host() {
             matches!(&err, PgError::WrongServerKind { wanted, .. } if *wanted == attrs),
             "{attrs}: {err}"
         );
-        assert!(err.is_retryable(), "{err}");
+        assert_eq!(err.disposition(), Disposition::Retry, "{err}");
         let err = multi(attrs).connect_sql().await.expect_err("SQL refused");
         assert!(matches!(err, PgError::WrongServerKind { .. }), "{err}");
     }

@@ -10,6 +10,7 @@ use common::relay::{
     Fixture, Record, Running, consume, consume_ids, eventually, partition_count, partition_ends,
     spawn_binary,
 };
+use outbox_cdc::Disposition;
 use outbox_cdc::checkpoint::OffsetStore;
 use outbox_cdc::outbox::MapError;
 use outbox_cdc::pg::Lsn;
@@ -565,7 +566,7 @@ async fn refuses_to_start_when_the_slot_was_dropped_and_recreated() {
         matches!(err, PipelineError::Refused(StartRefused::SlotLost { .. })),
         "unexpected error: {err}"
     );
-    assert!(!err.is_retryable());
+    assert_eq!(err.disposition(), Disposition::Stop);
 
     // ... and recreated by someone else: still refused (it is ahead of the offset).
     fx.write_tx(&[("order", "l1", payload(2))], true).await;

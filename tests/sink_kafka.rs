@@ -10,9 +10,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use outbox_cdc::Disposition;
 use outbox_cdc::outbox::OutboxEvent;
 use outbox_cdc::pg::Lsn;
-use outbox_cdc::sink::{Delivered, DeliveryReport, KafkaSettings, KafkaSink, java_partition};
+use outbox_cdc::sink::{
+    Delivered, DeliveryReport, KafkaSettings, KafkaSink, SinkError, java_partition,
+};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::types::RDKafkaErrorCode;
@@ -270,7 +273,7 @@ async fn record_larger_than_the_topic_limit_is_refused_and_stops_the_producer() 
     }
     assert!(results[0].is_ok(), "{:?}", results[0]);
     let err = results[1].as_ref().expect_err("oversized record refused");
-    assert!(err.is_record_refused(), "{err}");
+    assert_eq!(err.disposition(), Disposition::RecordRefused, "{err}");
     assert_eq!(
         err.code(),
         Some(RDKafkaErrorCode::MessageSizeTooLarge),
@@ -280,7 +283,7 @@ async fn record_larger_than_the_topic_limit_is_refused_and_stops_the_producer() 
     assert_eq!(err.event_id(), Some("00000000-0000-4000-8000-000000000001"));
     // enable.gapless.guarantee: nothing can follow the refused record on this
     // producer (the pipeline recreates it and applies the poison policy).
-    assert!(err.is_fatal() && !err.is_retryable(), "{err}");
+    assert!(matches!(err, SinkError::Fatal { .. }), "{err}");
     assert!(sink.fatal_error().is_some());
 
     // A new producer carries on.

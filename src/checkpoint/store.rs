@@ -18,6 +18,7 @@ use std::sync::{PoisonError, RwLock};
 
 use serde::{Deserialize, Serialize};
 
+use crate::Disposition;
 use crate::pg::{DurableLsn, Lsn, PgTimestamp};
 
 const OFFSETS_TREE: &str = "offsets";
@@ -145,9 +146,12 @@ pub enum StoreError {
 
 impl StoreError {
     /// Only a lock held by another instance may go away by itself (an HA peer
-    /// exiting); disk and data errors need a person.
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, StoreError::Locked { .. })
+    /// exiting): `Retry`; disk and data errors need a person: `Stop`.
+    pub fn disposition(&self) -> Disposition {
+        match self {
+            StoreError::Locked { .. } => Disposition::Retry,
+            _ => Disposition::Stop,
+        }
     }
 }
 
@@ -900,7 +904,7 @@ mod tests {
             }
             other => panic!("expected SystemIdMismatch, got {other:?}"),
         }
-        assert!(!err.is_retryable());
+        assert_eq!(err.disposition(), Disposition::Stop);
         assert_eq!(store.load("s").unwrap().unwrap().lsn, lsn(10));
 
         // The explicit recreate path: remove, then the new cluster may store.
@@ -976,7 +980,7 @@ mod tests {
             StoreError::Locked { path, .. } => assert_eq!(path, dir.path()),
             other => panic!("expected Locked, got {other:?}"),
         }
-        assert!(err.is_retryable());
+        assert_eq!(err.disposition(), Disposition::Retry);
         let text = err.to_string();
         assert!(text.contains(&dir.path().display().to_string()), "{text}");
         assert!(text.contains("another process"), "{text}");
@@ -998,7 +1002,7 @@ mod tests {
             StoreError::Open { path, .. } => assert_eq!(path, &file),
             other => panic!("expected Open, got {other:?}"),
         }
-        assert!(!err.is_retryable());
+        assert_eq!(err.disposition(), Disposition::Stop);
         assert!(err.to_string().contains("not-a-dir"), "{err}");
     }
 

@@ -26,6 +26,7 @@ use serde_json::value::RawValue;
 use super::event::OutboxEvent;
 use super::settings::{ColumnNames, ConfigError, OutboxSettings, TableName};
 use super::topic::TopicTemplate;
+use crate::Disposition;
 use crate::pg::{Lsn, PgTimestamp};
 use crate::pgoutput::{ColumnValue, LogicalMessage, Relation, TupleData};
 
@@ -111,25 +112,26 @@ pub enum MapError {
 }
 
 impl MapError {
-    /// Whether the failure belongs to one row's content, so the poison policy
-    /// (`fail` or `dead-letter`) decides. The others concern the table or the
-    /// stream itself and would hit every row alike: a missing column (fix the
-    /// table or `outbox.columns`, then restart; the slot still holds the rows),
-    /// binary-format values (a stream option), a row that disagrees with its
-    /// Relation message or an unannounced relation (protocol inconsistency).
-    pub fn is_poison(&self) -> bool {
+    /// `RecordRefused` when the failure belongs to one row's content, so the
+    /// poison policy (`fail` or `dead-letter`) decides. The others concern the
+    /// table or the stream itself and would hit every row alike, so they
+    /// `Stop`: a missing column (fix the table or `outbox.columns`, then
+    /// restart; the slot still holds the rows), binary-format values (a stream
+    /// option), a row that disagrees with its Relation message or an
+    /// unannounced relation (protocol inconsistency).
+    pub fn disposition(&self) -> Disposition {
         match self {
             MapError::NullColumn { .. }
             | MapError::UnchangedToast { .. }
             | MapError::InvalidUtf8 { .. }
             | MapError::InvalidTopic { .. }
             | MapError::TooLarge { .. }
-            | MapError::BadEnvelope { .. } => true,
+            | MapError::BadEnvelope { .. } => Disposition::RecordRefused,
             MapError::MissingColumn { .. }
             | MapError::BinaryValue { .. }
             | MapError::ColumnCount { .. }
             | MapError::UnknownRelation { .. }
-            | MapError::PayloadType { .. } => false,
+            | MapError::PayloadType { .. } => Disposition::Stop,
         }
     }
 
@@ -874,7 +876,7 @@ mod tests {
         );
         assert!(e.to_string().contains("public.outbox_events"));
         assert!(e.to_string().contains("\"aggregate_sequence\""));
-        assert!(!e.is_poison());
+        assert_eq!(e.disposition(), Disposition::Stop);
         let extra = mapper(OutboxSettings {
             extra_headers: vec!["trace_id".into()],
             ..Default::default()
@@ -896,7 +898,7 @@ mod tests {
     fn null_columns_are_poison_naming_column_and_event() {
         let e = map_with(2, ColumnValue::Null);
         assert!(matches!(&e, MapError::NullColumn { column, .. } if column == "aggregate_id"));
-        assert!(e.is_poison());
+        assert_eq!(e.disposition(), Disposition::RecordRefused);
         let at = e.row().unwrap();
         assert_eq!(at.event_id.as_deref(), Some(UUID));
         assert_eq!(at.aggregate_type.as_deref(), Some("order"));
@@ -928,21 +930,21 @@ mod tests {
     fn toast_binary_and_utf8_errors() {
         let e = map_with(6, ColumnValue::UnchangedToast);
         assert!(matches!(&e, MapError::UnchangedToast { column, .. } if column == "payload"));
-        assert!(e.is_poison());
+        assert_eq!(e.disposition(), Disposition::RecordRefused);
         assert!(e.to_string().contains(UUID));
 
         let e = map_with(4, ColumnValue::Binary(Bytes::from_static(b"x")));
         assert!(matches!(&e, MapError::BinaryValue { column, .. } if column == "event_type"));
-        assert!(!e.is_poison());
+        assert_eq!(e.disposition(), Disposition::Stop);
 
         let e = map_with(1, ColumnValue::Text(Bytes::from_static(b"\xff\xfe")));
         assert!(matches!(&e, MapError::InvalidUtf8 { column, .. } if column == "aggregate_type"));
-        assert!(e.is_poison());
+        assert_eq!(e.disposition(), Disposition::RecordRefused);
         assert!(e.to_string().contains("\"aggregate_type\""));
     }
 
     #[test]
-    fn invalid_topic_is_poison_not_panic() {
+    fn invalid_topic_is_a_refused_record_not_a_panic() {
         let e = map_with(1, text("order/x"));
         match &e {
             MapError::InvalidTopic { topic, reason, at } => {
@@ -952,12 +954,12 @@ mod tests {
             }
             other => panic!("expected InvalidTopic, got {other:?}"),
         }
-        assert!(e.is_poison());
+        assert_eq!(e.disposition(), Disposition::RecordRefused);
         assert!(e.to_string().contains(UUID));
     }
 
     #[test]
-    fn oversize_record_is_poison() {
+    fn oversize_record_is_refused() {
         let m = mapper(OutboxSettings {
             max_record_bytes: 100,
             ..Default::default()
@@ -967,7 +969,7 @@ mod tests {
         row.columns[6] = text(&format!("\"{}\"", "x".repeat(100)));
         let e = m.map_insert(&bound, &row, &ctx()).unwrap_err();
         assert!(matches!(e, MapError::TooLarge { max: 100, bytes, .. } if bytes > 100));
-        assert!(e.is_poison());
+        assert_eq!(e.disposition(), Disposition::RecordRefused);
         assert!(e.to_string().contains("outbox.max_record_bytes = 100"));
     }
 
@@ -988,7 +990,7 @@ mod tests {
                 ..
             }
         ));
-        assert!(!e.is_poison());
+        assert_eq!(e.disposition(), Disposition::Stop);
     }
 
     #[test]
@@ -1050,7 +1052,7 @@ mod tests {
                 lsn: ctx().lsn
             }
         );
-        assert!(!e.is_poison());
+        assert_eq!(e.disposition(), Disposition::Stop);
 
         // A rename away from the configured name unbinds the OID.
         assert!(
@@ -1193,7 +1195,7 @@ mod tests {
                 type_name: "bytea",
             }
         );
-        assert!(!e.is_poison());
+        assert_eq!(e.disposition(), Disposition::Stop);
         let text = e.to_string();
         assert!(
             text.contains("\"payload\"") && text.contains("bytea"),
@@ -1280,7 +1282,7 @@ mod tests {
                 matches!(e, MapError::BadEnvelope { .. }),
                 "{content}: {e:?}"
             );
-            assert!(e.is_poison());
+            assert_eq!(e.disposition(), Disposition::RecordRefused);
             assert!(
                 e.to_string()
                     .starts_with("logical message \"outbox\" at LSN 16/B374D848"),

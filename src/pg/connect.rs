@@ -18,6 +18,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_postgres::config::Host;
 
+use crate::Disposition;
+
 use super::auth::{AuthError, AuthRequest, Authenticator, check_first_request};
 use super::config::{PgConnectConfig, ServerKind, SslMode, endpoint_name};
 use super::error::PgError;
@@ -145,7 +147,7 @@ where
                     });
                 }
                 // An unreachable host (or one starting up): try the next one.
-                Err(e) if e.is_retryable() => {
+                Err(e) if e.disposition() == Disposition::Retry => {
                     tracing::debug!(addr = %addr, error = %e, "endpoint unavailable");
                     last_err = Some(e);
                 }

@@ -37,27 +37,13 @@ fn server_error(e: &tokio_postgres::Error) -> Option<ServerError> {
     })
 }
 
-/// Lifts the slot SQLSTATEs into typed variants.
+/// Lifts the slot SQLSTATEs into typed variants; any other failure keeps
+/// the tokio-postgres error.
 fn slot_sql_error(slot: &str, during: &str, e: tokio_postgres::Error) -> PgError {
+    let failed = |e| PgError::sql(format!("{during} replication slot {slot:?}"), e);
     match server_error(&e) {
-        Some(server) if server.code == "42710" => PgError::SlotExists {
-            slot: slot.to_owned(),
-            server: Box::new(server),
-        },
-        Some(server) if server.code == "42704" => PgError::SlotMissing {
-            slot: slot.to_owned(),
-            server: Box::new(server),
-        },
-        Some(server) if server.code == "55006" => PgError::SlotActive {
-            slot: slot.to_owned(),
-            pid: server
-                .message
-                .rsplit(' ')
-                .next()
-                .and_then(|p| p.parse().ok()),
-            server: Box::new(server),
-        },
-        _ => PgError::sql(format!("{during} replication slot {slot:?}"), e),
+        Some(server) => PgError::from_slot_response(slot, server, |_| failed(e)),
+        None => failed(e),
     }
 }
 

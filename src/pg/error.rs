@@ -1,7 +1,9 @@
 //! Errors from talking to PostgreSQL, and the one place where SQLSTATEs are
-//! classified into "a retry can cure this" and "a person must act".
+//! classified into "a retry can cure this" and "a person must act", and where
+//! the answer to a slot command becomes `SlotActive` (with the holder's PID),
+//! `SlotMissing` or `SlotExists` (`PgError::from_slot_response`).
 //!
-//! The pipeline decides whether to reconnect from [`PgError::is_retryable`],
+//! The pipeline decides whether to reconnect from [`PgError::disposition`],
 //! never from message text.
 
 use std::fmt;
@@ -10,6 +12,7 @@ use std::time::Duration;
 use super::Lsn;
 use super::config::SslMode;
 use super::wire::WireError;
+use crate::Disposition;
 
 /// The fields of a PostgreSQL ErrorResponse that matter to us.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -170,14 +173,21 @@ pub enum PgError {
     },
 }
 
+/// The PID that ends the server's "is active for PID n" message; `None` when
+/// the message has another shape (e.g. translated by `lc_messages`).
+fn holder_pid(message: &str) -> Option<i32> {
+    message.rsplit(' ').next().and_then(|p| p.parse().ok())
+}
+
 fn display_pid(pid: Option<i32>) -> String {
     pid.map_or_else(|| "unknown".to_owned(), |p| p.to_string())
 }
 
 impl PgError {
-    /// Whether reconnecting (with backoff) can cure this error.
-    pub fn is_retryable(&self) -> bool {
-        match self {
+    /// Whether reconnecting (with backoff) can cure this error: the one place
+    /// that decides. A PostgreSQL error never refuses a single record.
+    pub fn disposition(&self) -> Disposition {
+        let retry = match self {
             PgError::Io { .. } | PgError::Closed { .. } | PgError::Timeout { .. } => true,
             // The slot is the HA lock: another instance holds it, and may let go.
             PgError::SlotActive { .. } => true,
@@ -196,6 +206,11 @@ impl PgError {
             | PgError::BadReply { .. }
             | PgError::Encode { .. }
             | PgError::Internal { .. } => false,
+        };
+        if retry {
+            Disposition::Retry
+        } else {
+            Disposition::Stop
         }
     }
 
@@ -209,6 +224,37 @@ impl PgError {
             | PgError::Server { server, .. } => Some(&server.code),
             PgError::Sql { source, .. } => source.code().map(|c| c.code()),
             _ => None,
+        }
+    }
+
+    /// What the server's ErrorResponse to a command on replication slot
+    /// `slot` means: the slot SQLSTATEs become their variants, and any other
+    /// is `otherwise(server)`. Both the control connection's SQL functions and
+    /// the replication commands answer with these codes.
+    pub(crate) fn from_slot_response(
+        slot: &str,
+        server: ServerError,
+        otherwise: impl FnOnce(ServerError) -> PgError,
+    ) -> PgError {
+        let slot = slot.to_owned();
+        match server.code.as_str() {
+            // object_in_use: "replication slot \"s\" is active for PID 1234".
+            "55006" => PgError::SlotActive {
+                slot,
+                pid: holder_pid(&server.message),
+                server: Box::new(server),
+            },
+            // undefined_object
+            "42704" => PgError::SlotMissing {
+                slot,
+                server: Box::new(server),
+            },
+            // duplicate_object
+            "42710" => PgError::SlotExists {
+                slot,
+                server: Box::new(server),
+            },
+            _ => otherwise(server),
         }
     }
 
@@ -289,6 +335,38 @@ mod tests {
     }
 
     #[test]
+    fn slot_responses_become_slot_variants() {
+        let answer = |code: &str, message: &str| {
+            let mut server = server(code);
+            server.message = message.into();
+            PgError::from_slot_response("s", server, |server| PgError::Server {
+                addr: "a".into(),
+                during: "d".into(),
+                server: Box::new(server),
+            })
+        };
+        let active = answer("55006", "replication slot \"s\" is active for PID 4242");
+        assert!(
+            matches!(&active, PgError::SlotActive { slot, pid: Some(4242), .. } if slot == "s")
+        );
+        assert_eq!(active.disposition(), Disposition::Retry);
+        assert!(matches!(
+            answer("55006", "le slot est actif"),
+            PgError::SlotActive { pid: None, .. }
+        ));
+        assert!(matches!(
+            answer("42704", "replication slot \"s\" does not exist"),
+            PgError::SlotMissing { .. }
+        ));
+        assert!(matches!(
+            answer("42710", "replication slot \"s\" already exists"),
+            PgError::SlotExists { .. }
+        ));
+        let other = answer("55000", "x");
+        assert!(matches!(&other, PgError::Server { server, .. } if server.code == "55000"));
+    }
+
+    #[test]
     fn classifies_variants() {
         let addr = "127.0.0.1:5432".to_owned();
         let e = PgError::Server {
@@ -296,7 +374,7 @@ mod tests {
             during: "x".into(),
             server: Box::new(server("57P01")),
         };
-        assert!(e.is_retryable());
+        assert_eq!(e.disposition(), Disposition::Retry);
         assert_eq!(e.sqlstate(), Some("57P01"));
         let e = PgError::Auth {
             user: "u".into(),
@@ -304,12 +382,12 @@ mod tests {
             reason: "r".into(),
             code: Some("28P01".into()),
         };
-        assert!(!e.is_retryable());
+        assert_eq!(e.disposition(), Disposition::Stop);
         let e = PgError::TlsUnsupported {
             addr,
             mode: SslMode::Require,
         };
-        assert!(!e.is_retryable());
+        assert_eq!(e.disposition(), Disposition::Stop);
         assert_eq!(
             e.to_string(),
             "server does not support TLS (sslmode=require) at 127.0.0.1:5432"
@@ -319,7 +397,7 @@ mod tests {
             pid: Some(42),
             server: Box::new(server("55006")),
         };
-        assert!(e.is_retryable());
+        assert_eq!(e.disposition(), Disposition::Retry);
         assert_eq!(e.to_string(), "replication slot \"s\" is active for PID 42");
     }
 }

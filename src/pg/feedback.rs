@@ -214,6 +214,7 @@ async fn write<W: AsyncWrite + Unpin>(w: &mut W, bytes: &[u8]) -> std::io::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Disposition;
     use tokio::io::AsyncReadExt;
 
     fn handle() -> (FeedbackHandle, Arc<FeedbackState>) {
@@ -348,6 +349,6 @@ mod tests {
         let w = run_writer(client, "127.0.0.1:1".into(), state.clone(), timing, stop_rx).await;
         assert!(w.is_none());
         let e = state.take_failure().expect("failure parked");
-        assert!(e.is_retryable(), "{e}");
+        assert_eq!(e.disposition(), Disposition::Retry, "{e}");
     }
 }

@@ -176,11 +176,18 @@ impl ReplicationConnection {
             .await
         {
             Ok(rows) => rows,
-            Err(PgError::Server { server, .. }) if server.code == "42710" => {
-                return Err(PgError::SlotExists {
-                    slot: slot.to_owned(),
-                    server,
-                });
+            Err(PgError::Server {
+                addr,
+                during,
+                server,
+            }) => {
+                return Err(PgError::from_slot_response(slot, *server, |server| {
+                    PgError::Server {
+                        addr,
+                        during,
+                        server: Box::new(server),
+                    }
+                }));
             }
             Err(e) => return Err(e),
         };
@@ -267,27 +274,11 @@ pub(crate) fn start_replication_command(
 
 /// Maps the slot errors of START_REPLICATION to typed variants.
 fn slot_error(slot: &str, server: ServerError, addr: &str) -> PgError {
-    match server.code.as_str() {
-        // "replication slot \"s\" is active for PID 1234"
-        "55006" => PgError::SlotActive {
-            slot: slot.to_owned(),
-            pid: server
-                .message
-                .rsplit(' ')
-                .next()
-                .and_then(|p| p.parse().ok()),
-            server: Box::new(server),
-        },
-        "42704" => PgError::SlotMissing {
-            slot: slot.to_owned(),
-            server: Box::new(server),
-        },
-        _ => PgError::Server {
-            addr: addr.to_owned(),
-            during: format!("starting replication from slot {slot:?}"),
-            server: Box::new(server),
-        },
-    }
+    PgError::from_slot_response(slot, server, |server| PgError::Server {
+        addr: addr.to_owned(),
+        during: format!("starting replication from slot {slot:?}"),
+        server: Box::new(server),
+    })
 }
 
 /// A logical replication stream in CopyBoth mode.

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::Disposition;
+
 /// A pgoutput message that could not be decoded.
 ///
 /// Carries the message tag (absent only for an empty payload), the byte offset
@@ -52,10 +54,10 @@ impl DecodeError {
         &self.kind
     }
 
-    /// Always false: the server sends the same bytes for the same WAL again,
+    /// Always `Stop`: the server sends the same bytes for the same WAL again,
     /// so reconnecting cannot cure a decoding error.
-    pub fn is_retryable(&self) -> bool {
-        false
+    pub fn disposition(&self) -> Disposition {
+        Disposition::Stop
     }
 }
 
@@ -152,7 +154,7 @@ mod tests {
             "pgoutput message 'I' at offset 7: truncated: needed 4 bytes, 2 available \
              (reading column value length)"
         );
-        assert!(!e.is_retryable());
+        assert_eq!(e.disposition(), Disposition::Stop);
     }
 
     #[test]

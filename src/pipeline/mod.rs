@@ -26,6 +26,7 @@ use rand::RngExt as _;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+use crate::Disposition;
 use crate::checkpoint::{OffsetStore, StoreError};
 use crate::config::Config;
 use crate::coverage::{NotCovered, Unaccounted};
@@ -70,8 +71,22 @@ pub enum PipelineError {
         #[source]
         source: DecodeError,
     },
+    /// The replication stream broke the protocol (e.g. a Commit without Begin).
     #[error("protocol violation at LSN {lsn}: {what}")]
     Protocol { lsn: Lsn, what: String },
+    /// An `[outbox]` setting the relay cannot run with; the error names the key.
+    #[error("{source}; correct it in the configuration and restart")]
+    Config {
+        #[from]
+        source: crate::outbox::ConfigError,
+    },
+    /// A task of the relay itself ended without an answer (it panicked, or
+    /// was cancelled while the runtime shut down).
+    #[error(
+        "internal failure: {what}. Unless the process was shutting down this is a bug in \
+         outbox-cdc: report it with this log"
+    )]
+    Internal { what: String },
     #[error(
         "poison event {event_id} at LSN {lsn} (on_poison = fail): {reason}. \
          Fix or remove the row's cause and restart, or set outbox.on_poison = \"dead-letter\""
@@ -133,26 +148,38 @@ pub enum PipelineError {
 }
 
 impl PipelineError {
-    /// Whether a new session (after a backoff) may cure this.
-    pub fn is_retryable(&self) -> bool {
+    /// Whether a new session (after a backoff) may cure this: the one place
+    /// that decides for the reconnect loop. Never `RecordRefused`: the poison
+    /// policy has had its say before an error ends a session, so a refusal
+    /// that gets here stops.
+    pub fn disposition(&self) -> Disposition {
+        use Disposition::{RecordRefused, Retry, Stop};
         match self {
-            PipelineError::Pg(e) => e.is_retryable() || matches!(e, PgError::SlotActive { .. }),
-            PipelineError::Sink(e) => e.is_retryable() || (e.is_fatal() && !e.is_record_refused()),
-            PipelineError::Store(e) => e.is_retryable(),
-            // A fatal producer error is cured by a new producer (a new session);
-            // a record refused for good is not.
-            PipelineError::Delivery { source, .. } => !source.is_record_refused(),
-            PipelineError::StreamEnded | PipelineError::Parked { .. } => true,
+            PipelineError::Pg(e) => e.disposition(),
+            PipelineError::Sink(e) => match e.disposition() {
+                Retry => Retry,
+                RecordRefused | Stop => Stop,
+            },
+            PipelineError::Store(e) => e.disposition(),
+            PipelineError::Decode { source, .. } => source.disposition(),
+            // The record was not refused: producing it again from the durable
+            // LSN (with a new producer, if this one broke) may succeed.
+            PipelineError::Delivery { source, .. } => match source.disposition() {
+                RecordRefused => Stop,
+                Retry | Stop => Retry,
+            },
+            PipelineError::StreamEnded | PipelineError::Parked { .. } => Retry,
             PipelineError::Refused(_)
-            | PipelineError::Decode { .. }
             | PipelineError::Protocol { .. }
+            | PipelineError::Config { .. }
+            | PipelineError::Internal { .. }
             | PipelineError::Poison { .. }
             | PipelineError::Mapping { .. }
             | PipelineError::NotCovered(_)
             | PipelineError::CoverageLost(_)
             | PipelineError::RepairRefused { .. }
             | PipelineError::SequenceGap(_)
-            | PipelineError::Unaccounted(_) => false,
+            | PipelineError::Unaccounted(_) => Stop,
         }
     }
 }
@@ -190,9 +217,12 @@ pub async fn run(
         metrics
             .connected
             .store(0, std::sync::atomic::Ordering::Relaxed);
-        match result {
+        let e = match result {
             Ok(()) => return Ok(()),
-            Err(e) if e.is_retryable() => {
+            Err(e) => e,
+        };
+        match e.disposition() {
+            Disposition::Retry => {
                 if started.elapsed() > Duration::from_secs(60) {
                     backoff = config.retry.initial_backoff();
                 }
@@ -210,7 +240,7 @@ pub async fn run(
                 }
                 backoff = (backoff * 2).min(config.retry.max_backoff());
             }
-            Err(e) => {
+            Disposition::RecordRefused | Disposition::Stop => {
                 error!(error = %e, "stopping: this failure needs an operator");
                 return Err(e);
             }
@@ -227,4 +257,149 @@ pub fn open_store(config: &Config) -> Result<OffsetStore, PipelineError> {
 fn jitter(backoff: Duration) -> Duration {
     let ms = backoff.as_millis().max(2) as u64;
     Duration::from_millis(rand::rng().random_range(ms / 2..=ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::types::RDKafkaErrorCode as C;
+
+    fn sink(code: C) -> SinkError {
+        SinkError::Produce {
+            code,
+            topic: "t".into(),
+            event_id: "e".into(),
+        }
+    }
+
+    fn delivery(source: SinkError) -> PipelineError {
+        PipelineError::Delivery {
+            event_id: "e".into(),
+            lsn: Lsn::new(1),
+            source,
+        }
+    }
+
+    fn server(code: &str) -> Box<crate::pg::ServerError> {
+        Box::new(crate::pg::ServerError {
+            severity: "ERROR".into(),
+            code: code.into(),
+            message: "m".into(),
+            detail: None,
+            hint: None,
+        })
+    }
+
+    fn store_error(locked: bool) -> PipelineError {
+        let (path, source) = ("p".into(), sled::Error::Unsupported("x".into()));
+        PipelineError::Store(match locked {
+            true => StoreError::Locked { path, source },
+            false => StoreError::Open { path, source },
+        })
+    }
+
+    fn bad_table() -> crate::outbox::ConfigError {
+        crate::outbox::ConfigError {
+            key: "outbox.table".into(),
+            value: "a.b.c".into(),
+            allowed: "`name` or `schema.name`".into(),
+        }
+    }
+
+    #[test]
+    fn invalid_outbox_settings_are_config_errors_naming_the_key() {
+        let e = PipelineError::from(bad_table());
+        assert!(matches!(&e, PipelineError::Config { source } if source.key == "outbox.table"));
+        let text = e.to_string();
+        assert!(
+            text.contains("outbox.table") && text.contains("\"a.b.c\"") && !text.contains("LSN"),
+            "{text}"
+        );
+    }
+
+    /// The reconnect loop's truth table. It is the one `is_retryable` gave
+    /// before `disposition()` replaced it (checked against it when it came in).
+    #[test]
+    fn disposition_table() {
+        use Disposition::{Retry, Stop};
+        let rows = [
+            // Kafka: a refused record that reaches the loop stops (the poison
+            // policy already had its say); a broken producer retries.
+            (PipelineError::Sink(sink(C::MessageTimedOut)), Retry),
+            (
+                PipelineError::Sink(sink(C::OutOfOrderSequenceNumber)),
+                Retry,
+            ),
+            (PipelineError::Sink(sink(C::MessageSizeTooLarge)), Stop),
+            (PipelineError::Sink(sink(C::Fail)), Stop),
+            // A delivery failure that is not a refusal always retries.
+            (delivery(sink(C::MessageTimedOut)), Retry),
+            (delivery(sink(C::Fail)), Retry),
+            (delivery(sink(C::MessageSizeTooLarge)), Stop),
+            (
+                PipelineError::Pg(PgError::SlotActive {
+                    slot: "s".into(),
+                    pid: Some(7),
+                    server: server("55006"),
+                }),
+                Retry,
+            ),
+            (
+                PipelineError::Pg(PgError::Server {
+                    addr: "a".into(),
+                    during: "d".into(),
+                    server: server("57P01"),
+                }),
+                Retry,
+            ),
+            (
+                PipelineError::Pg(PgError::SlotMissing {
+                    slot: "s".into(),
+                    server: server("42704"),
+                }),
+                Stop,
+            ),
+            (store_error(true), Retry),
+            (store_error(false), Stop),
+            (PipelineError::StreamEnded, Retry),
+            (
+                PipelineError::Parked {
+                    aggregate_type: "a".into(),
+                    aggregate_id: "1".into(),
+                    lsn: Lsn::new(1),
+                    reason: "r".into(),
+                },
+                Retry,
+            ),
+            (
+                PipelineError::Protocol {
+                    lsn: Lsn::new(1),
+                    what: "w".into(),
+                },
+                Stop,
+            ),
+            (
+                PipelineError::Poison {
+                    event_id: "e".into(),
+                    lsn: Lsn::new(1),
+                    reason: "r".into(),
+                    refusal: None,
+                },
+                Stop,
+            ),
+            (
+                PipelineError::RepairRefused {
+                    reason: "r".into(),
+                    fix: "f".into(),
+                },
+                Stop,
+            ),
+            // Reported as Protocol (which stops) before they had variants.
+            (PipelineError::from(bad_table()), Stop),
+            (PipelineError::Internal { what: "w".into() }, Stop),
+        ];
+        for (e, want) in rows {
+            assert_eq!(e.disposition(), want, "{e:?}");
+        }
+    }
 }

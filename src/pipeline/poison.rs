@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 
+use crate::Disposition;
 use crate::checkpoint::{OffsetStore, ParkedAggregate, StoreError};
 use crate::outbox::{MapError, OutboxEvent, OutboxSettings, PoisonPolicy};
 use crate::pg::{Lsn, PgTimestamp};
@@ -174,7 +175,9 @@ impl PoisonPolicyRouter {
                 }
                 Ok(Route::Publish(event))
             }
-            Err(source) if !source.is_poison() => Err(PipelineError::Mapping { lsn, source }),
+            Err(source) if source.disposition() != Disposition::RecordRefused => {
+                Err(PipelineError::Mapping { lsn, source })
+            }
             Err(source) if !self.dead_letters() => Err(PipelineError::Poison {
                 event_id: source.event_id().unwrap_or("unknown").to_owned(),
                 lsn,
@@ -368,7 +371,7 @@ mod tests {
             matches!(&err, PipelineError::Poison { event_id, .. } if event_id == "e1"),
             "{err}"
         );
-        assert!(!err.is_retryable());
+        assert_eq!(err.disposition(), Disposition::Stop);
     }
 
     #[test]

@@ -64,11 +64,7 @@ pub(crate) async fn plan(
     accept_gap: bool,
 ) -> Result<PendingRepair, PipelineError> {
     let e = sql("planning the gap repair");
-    let table =
-        coverage::configured_table(&config.outbox).map_err(|e| PipelineError::Protocol {
-            lsn: Lsn::ZERO,
-            what: format!("invalid outbox settings: {e}"),
-        })?;
+    let table = coverage::configured_table(&config.outbox)?;
     let Some(acked) = stored.acked_commit_time else {
         return Err(refused(
             format!(

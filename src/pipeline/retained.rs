@@ -26,13 +26,6 @@ pub(crate) fn sql(during: &str) -> impl Fn(tokio_postgres::Error) -> PipelineErr
     move |e| PipelineError::Pg(PgError::sql(during.to_owned(), e))
 }
 
-fn invalid(e: crate::outbox::ConfigError) -> PipelineError {
-    PipelineError::Protocol {
-        lsn: Lsn::ZERO,
-        what: format!("invalid outbox settings: {e}"),
-    }
-}
-
 /// The configured outbox table as the catalog shows it now, bound to the
 /// mapper through a synthetic Relation (the columns a pgoutput Relation
 /// message would carry).
@@ -47,9 +40,9 @@ pub(crate) struct RetainedTable {
 
 impl RetainedTable {
     pub(crate) async fn load(client: &Client, config: &Config) -> Result<Self, PipelineError> {
-        let table = coverage::configured_table(&config.outbox).map_err(invalid)?;
-        let names = config.outbox.column_names().map_err(invalid)?;
-        let mapper = OutboxMapper::new(&config.outbox).map_err(invalid)?;
+        let table = coverage::configured_table(&config.outbox)?;
+        let names = config.outbox.column_names()?;
+        let mapper = OutboxMapper::new(&config.outbox)?;
         let columns = table_columns(client, &table).await?;
         let relation = Relation {
             oid: 0,
@@ -176,9 +169,11 @@ impl BoundedSender {
 
     async fn wait_report(&mut self) -> Result<u64, PipelineError> {
         let Some(report) = self.reports.recv().await else {
-            return Err(PipelineError::Protocol {
-                lsn: Lsn::ZERO,
-                what: "the Kafka producer stopped while publishing retained outbox rows".into(),
+            return Err(PipelineError::Internal {
+                what: format!(
+                    "the Kafka producer's delivery reports ended while {} retained outbox rows were in flight",
+                    self.in_flight.len()
+                ),
             });
         };
         let event_id = self.in_flight.remove(&report.token).unwrap_or_default();

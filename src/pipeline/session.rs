@@ -10,6 +10,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use crate::Disposition;
 use crate::checkpoint::{AckTracker, DurableLsn, EventToken, OffsetStore, StoreError};
 use crate::config::Config;
 use crate::coverage::{self, Coverage, CoverageProblem, Known, NotCovered, RelationKind};
@@ -107,10 +108,7 @@ impl<'a> Session<'a> {
     ) -> Result<(), PipelineError> {
         let pg = PgConnectConfig::parse(&config.postgres.url)?;
         let slot = config.postgres.slot.as_str();
-        let mapper = OutboxMapper::new(&config.outbox).map_err(|e| PipelineError::Protocol {
-            lsn: Lsn::ZERO,
-            what: format!("invalid outbox settings: {e}"),
-        })?;
+        let mapper = OutboxMapper::new(&config.outbox)?;
 
         // The producer first: a Kafka property librdkafka refuses fails here,
         // before anything is done on the database.
@@ -359,10 +357,7 @@ impl<'a> Session<'a> {
                     }
                 }, if self.persisting.is_some() => {
                     self.persisting = None;
-                    let durable = done.map_err(|e| PipelineError::Protocol {
-                        lsn: self.durable.lsn(),
-                        what: format!("the offset persist task failed: {e}"),
-                    })??;
+                    let durable = done.map_err(|e| self.persist_failed(e))??;
                     self.flushed(durable);
                 }
                 Some(report) = self.reports.recv() => {
@@ -673,38 +668,36 @@ impl<'a> Session<'a> {
         dead_lettered: bool,
     ) -> PipelineError {
         self.metrics.events_failed.fetch_add(1, Ordering::Relaxed);
-        if source.is_record_refused()
-            && self.poison.dead_letters()
-            && !dead_lettered
-            && !aggregate_id.is_empty()
-        {
-            let reason = source.to_string();
-            let parked = tokio::task::block_in_place(|| {
-                self.store
-                    .park(&aggregate_type, &aggregate_id, &reason, lsn)
-            });
-            if let Err(e) = parked {
-                return e.into();
+        match source.disposition() {
+            Disposition::RecordRefused
+                if self.poison.dead_letters() && !dead_lettered && !aggregate_id.is_empty() =>
+            {
+                let reason = source.to_string();
+                let parked = tokio::task::block_in_place(|| {
+                    self.store
+                        .park(&aggregate_type, &aggregate_id, &reason, lsn)
+                });
+                if let Err(e) = parked {
+                    return e.into();
+                }
+                PipelineError::Parked {
+                    aggregate_type,
+                    aggregate_id,
+                    lsn,
+                    reason,
+                }
             }
-            return PipelineError::Parked {
-                aggregate_type,
-                aggregate_id,
-                lsn,
-                reason,
-            };
-        }
-        if source.is_record_refused() {
-            return PipelineError::Poison {
+            Disposition::RecordRefused => PipelineError::Poison {
                 event_id,
                 lsn,
                 reason: source.to_string(),
                 refusal: Some(Box::new(source)),
-            };
-        }
-        PipelineError::Delivery {
-            event_id,
-            lsn,
-            source,
+            },
+            Disposition::Retry | Disposition::Stop => PipelineError::Delivery {
+                event_id,
+                lsn,
+                source,
+            },
         }
     }
 
@@ -904,6 +897,17 @@ impl<'a> Session<'a> {
         }));
     }
 
+    /// The persist task panicked or was cancelled: what was durable before it
+    /// still is, and nothing past it was reported to PostgreSQL.
+    fn persist_failed(&self, e: tokio::task::JoinError) -> PipelineError {
+        PipelineError::Internal {
+            what: format!(
+                "the offset persist task failed with the durable acked LSN at {}: {e}",
+                self.durable.lsn()
+            ),
+        }
+    }
+
     /// A persist finished: the position is durable, so it may be reported.
     fn flushed(&mut self, durable: DurableLsn) {
         crate::failpoint!("after-persist-before-status-update");
@@ -920,10 +924,7 @@ impl<'a> Session<'a> {
     /// Persists synchronously (after any persist still running): for shutdown.
     async fn persist_now(&mut self) -> Result<(), PipelineError> {
         if let Some(running) = self.persisting.take() {
-            let durable = running.await.map_err(|e| PipelineError::Protocol {
-                lsn: self.durable.lsn(),
-                what: format!("the offset persist task failed: {e}"),
-            })??;
+            let durable = running.await.map_err(|e| self.persist_failed(e))??;
             self.flushed(durable);
         }
         self.dirty_since = None;
@@ -1200,12 +1201,8 @@ async fn prove_coverage(
     config: &Config,
 ) -> Result<(Coverage, Lsn), PipelineError> {
     let publication = config.postgres.publication.as_str();
-    let invalid = |e: crate::outbox::ConfigError| PipelineError::Protocol {
-        lsn: Lsn::ZERO,
-        what: format!("invalid outbox settings: {e}"),
-    };
-    let table = coverage::configured_table(&config.outbox).map_err(invalid)?;
-    let mapped = coverage::mapped_columns(&config.outbox).map_err(invalid)?;
+    let table = coverage::configured_table(&config.outbox)?;
+    let mapped = coverage::mapped_columns(&config.outbox)?;
     let through = control::wal_position(client).await?;
     let mut facts = coverage::gather(client, &table, publication).await?;
     if config.postgres.create_publication && facts.publication.is_none() {
@@ -1256,7 +1253,7 @@ mod tests {
         // The fatal error alone is retryable: a new session, no parking, and
         // the same refusal again, forever.
         let fatal = PipelineError::StreamEnded;
-        assert!(fatal.is_retryable());
+        assert_eq!(fatal.disposition(), Disposition::Retry);
         assert!(matches!(
             prefer_refusal(fatal, Some(parked())),
             PipelineError::Parked { .. }
@@ -1268,7 +1265,8 @@ mod tests {
             refusal: None,
         };
         let ended = prefer_refusal(PipelineError::StreamEnded, Some(poison));
-        assert!(matches!(ended, PipelineError::Poison { .. }) && !ended.is_retryable());
+        assert!(matches!(ended, PipelineError::Poison { .. }));
+        assert_eq!(ended.disposition(), Disposition::Stop);
         // Other report errors do not hide why the loop ended.
         assert!(matches!(
             prefer_refusal(

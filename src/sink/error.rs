@@ -1,21 +1,33 @@
-//! The sink's one error type and its classification.
+//! The sink's one error type, and its one answer: [`SinkError::disposition`].
 //!
-//! Classification is by librdkafka error code only (never by message text):
+//! Classification is by librdkafka error code only (never by message text),
+//! into three disjoint sets of codes:
 //!
-//! * [`SinkError::is_retryable`]: the cluster is unreachable, a leader is
-//!   moving, replicas are missing, a request or the delivery timed out. Nothing
-//!   is wrong with the record; the pipeline stops, reconnects from the durable
-//!   acked LSN with backoff, and produces the same records again.
-//! * [`SinkError::is_poison`]: this record can never be accepted (too large,
-//!   topic denied or invalid) while other records may still succeed. The
-//!   pipeline's poison policy (`fail` or `dead-letter`) decides what happens.
-//! * [`SinkError::is_fatal`]: the idempotent producer itself is broken
-//!   (librdkafka raised a fatal error, e.g. after an out-of-order sequence or a
-//!   fenced epoch). Retrying on the same producer cannot help: drop the
-//!   [`KafkaSink`](super::KafkaSink), create a new one, and resume from the
-//!   durable acked LSN.
+//! * transient (`retryable_code`): the cluster is unreachable, a leader is
+//!   moving, replicas are missing, a request or the delivery timed out.
+//!   Nothing is wrong with the record: the pipeline reconnects from the
+//!   durable acked LSN with backoff and produces the same records again.
+//! * refusing (`poison_code`): this record can never be accepted (too large,
+//!   topic denied, invalid or missing) while other records may. The poison
+//!   policy (`fail` or `dead-letter`) decides, also when the refusal broke
+//!   the producer: with `enable.gapless.guarantee` a refused record in a batch
+//!   is fatal, so nothing after it is written.
+//! * producer-breaking (`fatal_code`): the idempotent producer itself is
+//!   broken (out-of-order sequence, fenced epoch). Retrying on the same
+//!   producer cannot help; a new session creates a new
+//!   [`KafkaSink`](super::KafkaSink) and resumes from the durable acked LSN.
 //!
-//! The three classes are disjoint; configuration errors are in none of them.
+//! The variant carrying the code matters as well:
+//!
+//! | variant             | transient | refusing      | producer-breaking | other |
+//! |---------------------|-----------|---------------|-------------------|-------|
+//! | `Produce`, `Delivery` | Retry   | RecordRefused | Retry             | Stop  |
+//! | `Fatal`             | Retry     | RecordRefused | Retry             | Retry |
+//! | `Flush`             | Retry     | Stop          | Retry             | Stop  |
+//! | `Metadata`          | Retry     | Stop          | Stop              | Stop  |
+//!
+//! `Metadata` without a code (no answer) and `Task`, `TopicNotReady` retry;
+//! `Config` and `ClientCreation` stop; `TopicMissing` is a refused record.
 //!
 //! A missing topic is a refused record ([`SinkError::TopicMissing`]), never a
 //! retry: retrying from the durable LSN would re-publish everything in flight
@@ -29,6 +41,8 @@
 
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
+
+use crate::Disposition;
 
 /// Everything that can go wrong in the Kafka sink.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -162,57 +176,39 @@ impl SinkError {
         }
     }
 
-    /// A retry (after reconnecting, with backoff) may succeed: nothing is
-    /// wrong with the record or the configuration.
-    pub fn is_retryable(&self) -> bool {
+    /// What the pipeline does about this error: the one place that decides.
+    pub fn disposition(&self) -> Disposition {
+        use Disposition::{RecordRefused, Retry, Stop};
         match self {
-            SinkError::Fatal { .. }
-            | SinkError::Config { .. }
-            | SinkError::ClientCreation { .. }
-            | SinkError::TopicMissing { .. } => false,
-            SinkError::Task { .. } | SinkError::TopicNotReady { .. } => true,
-            SinkError::Metadata { code: None, .. } => true,
-            _ => self
-                .code()
-                .is_some_and(|c| retryable_code(c) && !poison_code(c) && !fatal_code(c)),
-        }
-    }
-
-    /// This record can never be accepted, while other records may be: the
-    /// poison policy applies (`fail` or `dead-letter`).
-    pub fn is_poison(&self) -> bool {
-        match self {
-            SinkError::Produce { code, .. } | SinkError::Delivery { code, .. } => {
-                poison_code(*code)
+            SinkError::Config { .. } | SinkError::ClientCreation { .. } => Stop,
+            SinkError::Task { .. } | SinkError::TopicNotReady { .. } => Retry,
+            SinkError::TopicMissing { .. } => RecordRefused,
+            SinkError::Metadata { code: None, .. } => Retry,
+            SinkError::Metadata {
+                code: Some(code), ..
+            } if retryable_code(*code) => Retry,
+            SinkError::Metadata { .. } => Stop,
+            // A refused record decides even when it also broke the producer:
+            // with `enable.gapless.guarantee` a refusal in a batch is fatal.
+            SinkError::Produce { code, .. }
+            | SinkError::Delivery { code, .. }
+            | SinkError::Fatal { code, .. }
+                if poison_code(*code) =>
+            {
+                RecordRefused
             }
-            SinkError::TopicMissing { .. } => true,
-            _ => false,
-        }
-    }
-
-    /// The broker or librdkafka refused this record for good (too large, not
-    /// authorized, ...), whether or not that also stopped the producer: with
-    /// `enable.gapless.guarantee` a refused record in a batch is fatal to the
-    /// producer, so nothing after it is written. The poison policy decides.
-    pub fn is_record_refused(&self) -> bool {
-        match self {
+            // A new session brings a new producer, which cures a broken one.
+            SinkError::Fatal { .. } => Retry,
             SinkError::Produce { code, .. }
             | SinkError::Delivery { code, .. }
-            | SinkError::Fatal { code, .. } => poison_code(*code),
-            SinkError::TopicMissing { .. } => true,
-            _ => false,
-        }
-    }
-
-    /// The producer is unusable and must be recreated before anything else
-    /// can be produced.
-    pub fn is_fatal(&self) -> bool {
-        match self {
-            SinkError::Fatal { .. } => true,
-            SinkError::Produce { code, .. }
-            | SinkError::Delivery { code, .. }
-            | SinkError::Flush { code, .. } => fatal_code(*code),
-            _ => false,
+            | SinkError::Flush { code, .. }
+                if retryable_code(*code) || fatal_code(*code) =>
+            {
+                Retry
+            }
+            SinkError::Produce { .. } | SinkError::Delivery { .. } | SinkError::Flush { .. } => {
+                Stop
+            }
         }
     }
 
@@ -320,6 +316,66 @@ fn fatal_code(code: RDKafkaErrorCode) -> bool {
 }
 
 #[cfg(test)]
+impl SinkError {
+    /// Every variant that carries a code, with every code librdkafka knows,
+    /// plus the variants without one.
+    pub(crate) fn every_kind() -> Vec<SinkError> {
+        let mut all = vec![
+            SinkError::Config {
+                key: "acks".into(),
+                value: "1".into(),
+                allowed: "all".into(),
+            },
+            SinkError::ClientCreation { reason: "r".into() },
+            SinkError::Task { reason: "r".into() },
+            SinkError::TopicMissing {
+                topic: "t".into(),
+                reason: "r".into(),
+                event_id: None,
+            },
+            SinkError::TopicNotReady {
+                topic: "t".into(),
+                reason: "r".into(),
+            },
+            SinkError::Metadata {
+                code: None,
+                bootstrap: "b".into(),
+                detail: String::new(),
+            },
+        ];
+        for raw in -200..200 {
+            let Ok(resp) = rdkafka::types::RDKafkaRespErr::try_from(raw) else {
+                continue;
+            };
+            let code = RDKafkaErrorCode::from(resp);
+            all.push(SinkError::Produce {
+                code,
+                topic: "t".into(),
+                event_id: "e".into(),
+            });
+            all.push(SinkError::Delivery {
+                code,
+                topic: "t".into(),
+                event_id: Some("e".into()),
+            });
+            all.push(SinkError::Fatal {
+                code,
+                reason: "r".into(),
+                topic: None,
+                event_id: None,
+            });
+            all.push(SinkError::Flush { code, in_flight: 1 });
+            all.push(SinkError::Metadata {
+                code: Some(code),
+                bootstrap: "b".into(),
+                detail: String::new(),
+            });
+        }
+        all
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -331,23 +387,138 @@ mod tests {
         }
     }
 
+    /// A code of each class (see the module documentation), and one of none.
+    const TRANSIENT: RDKafkaErrorCode = RDKafkaErrorCode::MessageTimedOut;
+    const REFUSING: RDKafkaErrorCode = RDKafkaErrorCode::MessageSizeTooLarge;
+    const BREAKING: RDKafkaErrorCode = RDKafkaErrorCode::OutOfOrderSequenceNumber;
+    const OTHER: RDKafkaErrorCode = RDKafkaErrorCode::Fail;
+
+    fn class_representative(code: RDKafkaErrorCode) -> RDKafkaErrorCode {
+        match (retryable_code(code), poison_code(code), fatal_code(code)) {
+            (true, false, false) => TRANSIENT,
+            (false, true, false) => REFUSING,
+            (false, false, true) => BREAKING,
+            (false, false, false) => OTHER,
+            classes => panic!("{code:?} is in more than one class: {classes:?}"),
+        }
+    }
+
+    /// The same error with another code (errors without one stay as they are).
+    fn with_code(e: &SinkError, to: RDKafkaErrorCode) -> SinkError {
+        let mut e = e.clone();
+        match &mut e {
+            SinkError::Produce { code, .. }
+            | SinkError::Delivery { code, .. }
+            | SinkError::Fatal { code, .. }
+            | SinkError::Flush { code, .. } => *code = to,
+            SinkError::Metadata {
+                code: Some(code), ..
+            } => *code = to,
+            _ => {}
+        }
+        e
+    }
+
+    /// The table of the module documentation, row by row. The pipeline's
+    /// reconnect decision and poison policy before `disposition()` gave the
+    /// same answers (checked against the removed predicates when it came in).
     #[test]
-    fn classes_are_disjoint_for_every_code() {
-        for raw in -200..200 {
-            let Ok(resp) = rdkafka::types::RDKafkaRespErr::try_from(raw) else {
-                continue;
-            };
-            let e = delivery(RDKafkaErrorCode::from(resp));
-            let classes = [e.is_retryable(), e.is_poison(), e.is_fatal()];
-            assert!(
-                classes.iter().filter(|c| **c).count() <= 1,
-                "{e}: {classes:?}"
-            );
+    fn disposition_table() {
+        use Disposition::{RecordRefused as Refused, Retry, Stop};
+        let columns = [TRANSIENT, REFUSING, BREAKING, OTHER];
+        type Row = (fn(RDKafkaErrorCode) -> SinkError, [Disposition; 4]);
+        let rows: [Row; 5] = [
+            (
+                |code| SinkError::Produce {
+                    code,
+                    topic: "t".into(),
+                    event_id: "e".into(),
+                },
+                [Retry, Refused, Retry, Stop],
+            ),
+            (delivery, [Retry, Refused, Retry, Stop]),
+            (
+                |code| SinkError::Fatal {
+                    code,
+                    reason: "r".into(),
+                    topic: None,
+                    event_id: None,
+                },
+                [Retry, Refused, Retry, Retry],
+            ),
+            (
+                |code| SinkError::Flush { code, in_flight: 1 },
+                [Retry, Stop, Retry, Stop],
+            ),
+            (
+                |code| SinkError::Metadata {
+                    code: Some(code),
+                    bootstrap: "b".into(),
+                    detail: String::new(),
+                },
+                [Retry, Stop, Stop, Stop],
+            ),
+        ];
+        for (make, expected) in rows {
+            for (code, want) in columns.into_iter().zip(expected) {
+                let e = make(code);
+                assert_eq!(e.disposition(), want, "{e:?}");
+            }
+        }
+        let codeless = [
+            (
+                SinkError::Metadata {
+                    code: None,
+                    bootstrap: "b".into(),
+                    detail: String::new(),
+                },
+                Retry,
+            ),
+            (SinkError::Task { reason: "r".into() }, Retry),
+            (
+                SinkError::TopicNotReady {
+                    topic: "t".into(),
+                    reason: "r".into(),
+                },
+                Retry,
+            ),
+            (
+                SinkError::Config {
+                    key: "acks".into(),
+                    value: "1".into(),
+                    allowed: "all".into(),
+                },
+                Stop,
+            ),
+            (SinkError::ClientCreation { reason: "r".into() }, Stop),
+            (
+                SinkError::TopicMissing {
+                    topic: "t".into(),
+                    reason: "r".into(),
+                    event_id: None,
+                },
+                Refused,
+            ),
+        ];
+        for (e, want) in codeless {
+            assert_eq!(e.disposition(), want, "{e:?}");
+        }
+    }
+
+    /// Every code decides like its class's representative in the table: the
+    /// answer depends on the class of the code, not on the code itself.
+    #[test]
+    fn every_code_decides_by_its_class() {
+        for e in SinkError::every_kind() {
+            let Some(code) = e.code() else { continue };
+            let representative = with_code(&e, class_representative(code));
+            assert_eq!(e.disposition(), representative.disposition(), "{e:?}");
         }
     }
 
     #[test]
     fn classifies_the_documented_cases() {
+        use Disposition::{RecordRefused, Retry};
         use RDKafkaErrorCode as C;
         for c in [
             C::BrokerTransportFailure,
@@ -356,7 +527,7 @@ mod tests {
             C::LeaderNotAvailable,
             C::NotEnoughReplicas,
         ] {
-            assert!(delivery(c).is_retryable(), "{c:?}");
+            assert_eq!(delivery(c).disposition(), Retry, "{c:?}");
         }
         for c in [
             C::MessageSizeTooLarge,
@@ -366,12 +537,11 @@ mod tests {
             C::UnknownTopicOrPartition,
             C::UnknownTopic,
         ] {
-            assert!(delivery(c).is_poison(), "{c:?}");
-            assert!(!delivery(c).is_retryable(), "{c:?}");
+            assert_eq!(delivery(c).disposition(), RecordRefused, "{c:?}");
         }
+        // A broken producer: a new session brings a new one.
         for c in [C::Fatal, C::OutOfOrderSequenceNumber, C::ProducerFenced] {
-            assert!(delivery(c).is_fatal(), "{c:?}");
-            assert!(!delivery(c).is_retryable(), "{c:?}");
+            assert_eq!(delivery(c).disposition(), Retry, "{c:?}");
         }
         let fatal = SinkError::Fatal {
             code: C::PurgeQueue,
@@ -379,13 +549,7 @@ mod tests {
             topic: None,
             event_id: None,
         };
-        assert!(fatal.is_fatal() && !fatal.is_retryable() && !fatal.is_poison());
-        let config = SinkError::Config {
-            key: "acks".into(),
-            value: "1".into(),
-            allowed: "all".into(),
-        };
-        assert!(!config.is_fatal() && !config.is_retryable() && !config.is_poison());
+        assert_eq!(fatal.disposition(), Retry);
     }
 
     #[test]
@@ -399,28 +563,21 @@ mod tests {
             C::UnknownPartition,
         ] {
             let e = delivery(c);
-            assert!(e.is_record_refused() && !e.is_retryable(), "{e}");
+            assert_eq!(e.disposition(), Disposition::RecordRefused, "{e}");
             let fatal = SinkError::Fatal {
                 code: c,
                 reason: "x".into(),
                 topic: Some("t".into()),
                 event_id: None,
             };
-            assert!(
-                fatal.is_record_refused() && !fatal.is_retryable(),
-                "{fatal}"
-            );
+            assert_eq!(fatal.disposition(), Disposition::RecordRefused, "{fatal}");
         }
         let missing = SinkError::TopicMissing {
             topic: "orders".into(),
             reason: "it does not exist and topics.create = false; create it".into(),
             event_id: Some("e1".into()),
         };
-        assert!(
-            missing.is_record_refused() && missing.is_poison(),
-            "{missing}"
-        );
-        assert!(!missing.is_retryable() && !missing.is_fatal(), "{missing}");
+        assert_eq!(missing.disposition(), Disposition::RecordRefused);
         assert_eq!(missing.topic(), Some("orders"));
         assert_eq!(missing.event_id(), Some("e1"));
         let text = missing.to_string();
@@ -429,7 +586,7 @@ mod tests {
             topic: "orders".into(),
             reason: "slow".into(),
         };
-        assert!(not_ready.is_retryable() && !not_ready.is_record_refused());
+        assert_eq!(not_ready.disposition(), Disposition::Retry);
     }
 
     #[test]

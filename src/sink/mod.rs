@@ -9,7 +9,7 @@
 //!   channel returned by [`KafkaSink::new`] once Kafka acknowledged (or
 //!   definitively failed) the record.
 //! * [`SinkError`]: keeps the librdkafka code, the topic and the event id;
-//!   `is_retryable` / `is_poison` / `is_fatal` decide what the pipeline does.
+//!   its one [`disposition`](SinkError::disposition) decides what the pipeline does.
 //! * [`TopicSettings`]: the `[topics]` section. Before the first record to a
 //!   topic the sink checks that it exists, creates it when `create = true`,
 //!   and otherwise refuses the record with [`SinkError::TopicMissing`].

@@ -12,6 +12,7 @@ use rdkafka::types::{RDKafkaApiKey, RDKafkaErrorCode, RDKafkaRespErr};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::*;
+use crate::Disposition;
 use crate::outbox::OutboxEvent;
 use crate::pg::Lsn;
 
@@ -196,13 +197,13 @@ async fn broker_message_too_large_is_a_refused_record_that_stops_the_producer() 
     let report = collect(&mut rx, 1).await.remove(0);
     assert_eq!(report.token, 0);
     let err = report.result.expect_err("the broker refused the record");
-    assert!(err.is_record_refused(), "{err}");
+    assert_eq!(err.disposition(), Disposition::RecordRefused, "{err}");
     assert_eq!(err.code(), Some(RDKafkaErrorCode::MessageSizeTooLarge));
     assert_eq!(err.event_id(), Some("evt-0"));
     assert_eq!(err.topic(), Some(topic));
     // enable.gapless.guarantee: a refused record in a batch stops the producer, so
     // no later record of the same partition can be written after the gap.
-    assert!(err.is_fatal() && !err.is_retryable(), "{err}");
+    assert!(matches!(err, SinkError::Fatal { .. }), "{err}");
     assert!(
         sink.fatal_error().is_some(),
         "the producer must be recreated"
@@ -220,7 +221,8 @@ async fn record_over_the_producer_limit_is_refused_at_send_as_poison() {
         .send(&event(topic, "k", 0, 5000), 0)
         .await
         .expect_err("record larger than message.max.bytes");
-    assert!(err.is_poison(), "{err}");
+    assert!(matches!(err, SinkError::Produce { .. }), "{err:?}");
+    assert_eq!(err.disposition(), Disposition::RecordRefused, "{err}");
     assert_eq!(err.code(), Some(RDKafkaErrorCode::MessageSizeTooLarge));
     assert_eq!(err.event_id(), Some("evt-0"));
     sink.send(&event(topic, "k", 1, 10), 1).await.unwrap();
@@ -306,7 +308,7 @@ async fn fatal_producer_error_requires_a_new_producer() {
 
     let fatal = sink.fatal_error().expect("fatal error recorded");
     assert!(
-        fatal.is_fatal() && !fatal.is_retryable() && !fatal.is_poison(),
+        matches!(fatal, SinkError::Fatal { .. }) && fatal.disposition() == Disposition::Retry,
         "{fatal}"
     );
     assert_eq!(
@@ -318,7 +320,8 @@ async fn fatal_producer_error_requires_a_new_producer() {
         .send(&event(topic, "k", 1, 10), 1)
         .await
         .expect_err("a fatal producer refuses new records");
-    assert!(err.is_fatal(), "{err}");
+    assert!(matches!(err, SinkError::Fatal { .. }), "{err:?}");
+    assert_eq!(err.disposition(), Disposition::Retry, "{err}");
     assert_eq!(err.event_id(), Some("evt-1"));
 }
 
@@ -346,7 +349,7 @@ async fn check_reachable_fails_retryably_when_nothing_listens() {
         .await
         .expect_err("no broker");
     assert!(matches!(err, SinkError::Metadata { .. }), "{err:?}");
-    assert!(err.is_retryable(), "{err:?}");
+    assert_eq!(err.disposition(), Disposition::Retry, "{err:?}");
 }
 
 #[test]
@@ -429,7 +432,7 @@ async fn records_queued_when_the_producer_turns_fatal_are_reported_fatal() {
     for report in collect(&mut rx, 3).await {
         let err = report.result.expect_err("purged by the fatal error");
         assert!(matches!(err, SinkError::Fatal { .. }), "{err:?}");
-        assert!(err.is_fatal() && !err.is_retryable(), "{err}");
+        assert_eq!(err.disposition(), Disposition::Retry, "{err}");
         assert_eq!(
             err.event_id(),
             Some(format!("evt-{}", report.token).as_str())
@@ -454,7 +457,7 @@ async fn a_missing_topic_is_refused_at_send_naming_the_topic_and_the_fix() {
         matches!(&err, SinkError::TopicMissing { topic, .. } if topic == "absent"),
         "{err:?}"
     );
-    assert!(err.is_record_refused() && !err.is_retryable(), "{err}");
+    assert_eq!(err.disposition(), Disposition::RecordRefused, "{err}");
     assert_eq!(err.event_id(), Some("evt-0"));
     let text = err.to_string();
     assert!(
@@ -502,8 +505,7 @@ async fn a_delivery_report_with_unknown_topic_is_refused_not_retried() {
     let report = collect(&mut rx, 1).await.remove(0);
     assert_eq!(report.token, 1);
     let err = report.result.expect_err("the topic is gone");
-    assert!(err.is_record_refused(), "{err:?}");
-    assert!(!err.is_retryable(), "{err:?}");
+    assert_eq!(err.disposition(), Disposition::RecordRefused, "{err:?}");
     assert_eq!(err.topic(), Some(topic), "{err:?}");
     assert_eq!(err.event_id(), Some("evt-1"), "{err:?}");
     assert!(

@@ -9,6 +9,7 @@
 //! record finds the inbox row and changes nothing. Writing the two in separate
 //! transactions would reopen the dual-write gap the outbox closed upstream.
 
+use outbox_cdc::Disposition;
 use outbox_cdc::pg::{PgConnectConfig, PgError, QualifiedTable};
 use tokio_postgres::{Client, Statement};
 
@@ -43,7 +44,7 @@ impl InboxError {
     /// anything else (a missing table, a privilege) needs an operator.
     pub(crate) fn is_retryable(&self) -> bool {
         match self {
-            InboxError::Connect(e) => e.is_retryable(),
+            InboxError::Connect(e) => e.disposition() == Disposition::Retry,
             InboxError::Sql { source, .. } => {
                 if source.is_closed() {
                     return true;
