@@ -98,7 +98,234 @@ pub(crate) struct Session<'a> {
     persisting: Option<JoinHandle<Result<DurableLsn, StoreError>>>,
 }
 
+/// What bootstrap hands to streaming.
+struct Started {
+    mapper: OutboxMapper,
+    sink: KafkaSink<InFlight>,
+    reports: mpsc::UnboundedReceiver<DeliveryReport<InFlight>>,
+    /// The SQL connection bootstrap used; streaming keeps it for catalog
+    /// lookups and re-proofs.
+    catalog: tokio_postgres::Client,
+    stream: crate::pg::ReplicationStream,
+    /// The start position, persisted and flushed.
+    durable: DurableLsn,
+    system_id: String,
+    coverage: Coverage,
+    /// The WAL position the start-up proof holds for.
+    proven_through: Lsn,
+    on_standby: bool,
+    skip_through: Lsn,
+}
+
+/// Everything before the first replication message (DESIGN.md §5a, §5): the
+/// producer, both connections, the coverage proof and the features of the
+/// server's major, the resume decision (create, resume, or repair a lost
+/// slot), the first persist and START_REPLICATION. `None`: a repair-only run
+/// that is done.
+async fn bootstrap(
+    config: &Config,
+    options: &RunOptions,
+    store: &Arc<OffsetStore>,
+    metrics: &Metrics,
+) -> Result<Option<Started>, PipelineError> {
+    let pg = PgConnectConfig::parse(&config.postgres.url)?;
+    let slot = config.postgres.slot.as_str();
+    let mapper = OutboxMapper::new(&config.outbox)?;
+
+    // The producer first: a Kafka property librdkafka refuses fails here,
+    // before anything is done on the database.
+    let (sink, reports) = KafkaSink::with_topics(&config.kafka, &config.topics)?;
+
+    let client = pg.connect_sql().await?;
+    let mut repl = ReplicationConnection::connect(&pg, &config.postgres.application_name).await?;
+    repl.set_stream_options(StreamOptions {
+        status_interval: Duration::from_millis(config.postgres.status_interval_ms),
+        ..StreamOptions::default()
+    });
+    let identity = repl.identify_system().await?;
+    let database = identity
+        .dbname
+        .clone()
+        .or_else(|| pg.tokio_config().get_dbname().map(str::to_owned))
+        .unwrap_or_default();
+
+    // Proof before the slot is touched (DESIGN.md §5a): the publication
+    // carries every row of the outbox table, or the start is refused.
+    let (coverage, proven_through) = prove_coverage(&client, config).await?;
+    // Features older majors lack: refused before the slot is touched.
+    let server_version = control::server_version_num(&client).await?;
+    if config.postgres.failover_slot && server_version < 170000 {
+        return Err(StartRefused::FailoverSlotUnsupported { server_version }.into());
+    }
+    if mapper.wants_messages() && server_version < 140000 {
+        return Err(StartRefused::MessagesUnsupported { server_version }.into());
+    }
+    let on_standby = control::in_recovery(&client).await?;
+    if on_standby && server_version < 160000 {
+        return Err(StartRefused::StandbyDecodingUnsupported { server_version }.into());
+    }
+
+    let stored = store.load(slot)?;
+    let slot_info = control::slot_info(&client, slot).await?;
+    let pending = store.pending_repair(slot)?;
+    let mut created_at: Option<PgTimestamp> = None;
+    let (start, skip_through) = if let Some(pending) = pending {
+        // A repair that did not finish: finish it before anything else.
+        if let Some(stored) = stored
+            .as_ref()
+            .filter(|s| s.system_id != identity.system_id)
+        {
+            return Err(StartRefused::OtherCluster {
+                slot: slot.to_owned(),
+                stored_lsn: stored.lsn,
+                stored_system_id: stored.system_id.clone(),
+                server_system_id: identity.system_id.clone(),
+            }
+            .into());
+        }
+        warn!(slot, stored = %pending.stored_lsn, "finishing a gap repair that was interrupted");
+        let confirmed = slot_info
+            .as_ref()
+            .map(|s| s.confirmed_flush_lsn.unwrap_or(Lsn::ZERO));
+        let at = repair_lost_slot(
+            &mut repl,
+            &client,
+            config,
+            store,
+            metrics,
+            slot,
+            &identity.system_id,
+            &pending,
+            confirmed,
+        )
+        .await?;
+        (at, Lsn::ZERO)
+    } else {
+        let plan = resume::decide(&ResumeInputs {
+            slot,
+            database: &database,
+            server_system_id: &identity.system_id,
+            server_flush_lsn: identity.xlogpos,
+            stored: stored.as_ref(),
+            slot_info: slot_info.as_ref(),
+            create_slot: config.postgres.create_slot,
+            recreate_slot: options.recreate_slot,
+            allow_slot_ahead: config.postgres.allow_slot_ahead,
+        })?;
+        match plan {
+            ResumePlan::CreateSlot => {
+                // What a gap repair would start from if this slot were
+                // lost before any transaction is acknowledged: everything
+                // the slot will carry commits after this moment.
+                created_at = Some(server_clock(&client).await?);
+                let creating =
+                    control::create_logical_slot_with(&client, slot, config.postgres.failover_slot);
+                let at = match on_standby {
+                    true => with_standby_snapshots(config, creating).await?,
+                    false => creating.await?,
+                };
+                info!(slot, lsn = %at, failover = config.postgres.failover_slot, "created replication slot");
+                (at, Lsn::ZERO)
+            }
+            ResumePlan::RecreateSlot {
+                forgotten,
+                drop_invalidated,
+            } => {
+                let Some(stored) = stored.as_ref() else {
+                    return Err(protocol(
+                        forgotten,
+                        "recreate planned without a stored offset",
+                    ));
+                };
+                let pending = repair::plan(&client, config, stored, options.accept_gap).await?;
+                tokio::task::block_in_place(|| store.begin_repair(slot, &pending))?;
+                if drop_invalidated {
+                    control::drop_slot(&client, slot).await?;
+                    warn!(slot, "dropped the invalidated replication slot");
+                }
+                warn!(slot, lost_at = %forgotten, bound = %pending.bound,
+                        "replication slot lost: recreating it and repairing the gap from the outbox table");
+                let at = repair_lost_slot(
+                    &mut repl,
+                    &client,
+                    config,
+                    store,
+                    metrics,
+                    slot,
+                    &identity.system_id,
+                    &pending,
+                    None,
+                )
+                .await?;
+                (at, Lsn::ZERO)
+            }
+            ResumePlan::Resume {
+                start,
+                skip_through,
+            } => (start, skip_through),
+        }
+    };
+    if options.repair_only {
+        info!(slot, start = %start, "repair finished (or none was needed); not streaming (outbox-cdc repair)");
+        let _ = repl.close().await;
+        return Ok(None);
+    }
+
+    // Persist the start before streaming: it records the cluster identity on
+    // first start and gives the first reportable (durable) position.
+    let durable = tokio::task::block_in_place(|| match created_at {
+        Some(at) => store.persist_created(slot, start, &identity.system_id, at),
+        None => store.persist(slot, start, &identity.system_id),
+    })?;
+    let stream = repl
+        .start_logical(
+            slot,
+            start,
+            &config.postgres.publication,
+            mapper.wants_messages(),
+        )
+        .await?;
+    stream.feedback().set_flushed(durable);
+    metrics.set_acked(durable.lsn());
+    metrics.connected.store(1, Ordering::Relaxed);
+    // The stored offset was accepted for this cluster: the pruner may use its time.
+    let stored_time = stored
+        .as_ref()
+        .filter(|s| !s.commit_time_is_slot_creation)
+        .and_then(|s| s.acked_commit_time);
+    metrics.durable_commit_time.set(stored_time);
+    info!(slot, start = %start, skip_through = %skip_through, system_id = %identity.system_id, "streaming");
+    Ok(Some(Started {
+        mapper,
+        sink,
+        reports,
+        catalog: client,
+        stream,
+        durable,
+        system_id: identity.system_id,
+        coverage,
+        proven_through,
+        on_standby,
+        skip_through,
+    }))
+}
+
+/// Where the streaming loop is.
+#[derive(Clone, Copy)]
+enum Phase {
+    Streaming,
+    /// A stop was asked at `since`: reading on to the end of the open
+    /// transaction (bounded by half of `limits.shutdown_timeout_ms`), then
+    /// draining.
+    Finishing {
+        since: Instant,
+    },
+}
+
 impl<'a> Session<'a> {
+    /// One session: bootstrap, stream until a stop is asked or an error
+    /// ends it, drain. An error exit still persists what was acknowledged
+    /// ([`Session::keep_acknowledged`]).
     pub(crate) async fn run(
         config: &'a Config,
         options: RunOptions,
@@ -106,214 +333,56 @@ impl<'a> Session<'a> {
         metrics: &'a Metrics,
         shutdown: watch::Receiver<bool>,
     ) -> Result<(), PipelineError> {
-        let pg = PgConnectConfig::parse(&config.postgres.url)?;
-        let slot = config.postgres.slot.as_str();
-        let mapper = OutboxMapper::new(&config.outbox)?;
-
-        // The producer first: a Kafka property librdkafka refuses fails here,
-        // before anything is done on the database.
-        let (sink, reports) = KafkaSink::with_topics(&config.kafka, &config.topics)?;
-
-        let client = pg.connect_sql().await?;
-        let mut repl =
-            ReplicationConnection::connect(&pg, &config.postgres.application_name).await?;
-        repl.set_stream_options(StreamOptions {
-            status_interval: Duration::from_millis(config.postgres.status_interval_ms),
-            ..StreamOptions::default()
-        });
-        let identity = repl.identify_system().await?;
-        let database = identity
-            .dbname
-            .clone()
-            .or_else(|| pg.tokio_config().get_dbname().map(str::to_owned))
-            .unwrap_or_default();
-
-        // Proof before the slot is touched (DESIGN.md §5a): the publication
-        // carries every row of the outbox table, or the start is refused.
-        let (coverage, proven_through) = prove_coverage(&client, config).await?;
-        // Features older majors lack: refused before the slot is touched.
-        let server_version = control::server_version_num(&client).await?;
-        if config.postgres.failover_slot && server_version < 170000 {
-            return Err(StartRefused::FailoverSlotUnsupported { server_version }.into());
-        }
-        if mapper.wants_messages() && server_version < 140000 {
-            return Err(StartRefused::MessagesUnsupported { server_version }.into());
-        }
-        let on_standby = control::in_recovery(&client).await?;
-        if on_standby && server_version < 160000 {
-            return Err(StartRefused::StandbyDecodingUnsupported { server_version }.into());
-        }
-
-        let stored = store.load(slot)?;
-        let slot_info = control::slot_info(&client, slot).await?;
-        let pending = store.pending_repair(slot)?;
-        let mut created_at: Option<PgTimestamp> = None;
-        let (start, skip_through) = if let Some(pending) = pending {
-            // A repair that did not finish: finish it before anything else.
-            if let Some(stored) = stored
-                .as_ref()
-                .filter(|s| s.system_id != identity.system_id)
-            {
-                return Err(StartRefused::OtherCluster {
-                    slot: slot.to_owned(),
-                    stored_lsn: stored.lsn,
-                    stored_system_id: stored.system_id.clone(),
-                    server_system_id: identity.system_id.clone(),
-                }
-                .into());
-            }
-            warn!(slot, stored = %pending.stored_lsn, "finishing a gap repair that was interrupted");
-            let confirmed = slot_info
-                .as_ref()
-                .map(|s| s.confirmed_flush_lsn.unwrap_or(Lsn::ZERO));
-            let at = repair_lost_slot(
-                &mut repl,
-                &client,
-                config,
-                store,
-                metrics,
-                slot,
-                &identity.system_id,
-                &pending,
-                confirmed,
-            )
-            .await?;
-            (at, Lsn::ZERO)
-        } else {
-            let plan = resume::decide(&ResumeInputs {
-                slot,
-                database: &database,
-                server_system_id: &identity.system_id,
-                server_flush_lsn: identity.xlogpos,
-                stored: stored.as_ref(),
-                slot_info: slot_info.as_ref(),
-                create_slot: config.postgres.create_slot,
-                recreate_slot: options.recreate_slot,
-                allow_slot_ahead: config.postgres.allow_slot_ahead,
-            })?;
-            match plan {
-                ResumePlan::CreateSlot => {
-                    // What a gap repair would start from if this slot were
-                    // lost before any transaction is acknowledged: everything
-                    // the slot will carry commits after this moment.
-                    created_at = Some(server_clock(&client).await?);
-                    let creating = control::create_logical_slot_with(
-                        &client,
-                        slot,
-                        config.postgres.failover_slot,
-                    );
-                    let at = match on_standby {
-                        true => with_standby_snapshots(config, creating).await?,
-                        false => creating.await?,
-                    };
-                    info!(slot, lsn = %at, failover = config.postgres.failover_slot, "created replication slot");
-                    (at, Lsn::ZERO)
-                }
-                ResumePlan::RecreateSlot {
-                    forgotten,
-                    drop_invalidated,
-                } => {
-                    let Some(stored) = stored.as_ref() else {
-                        return Err(protocol(
-                            forgotten,
-                            "recreate planned without a stored offset",
-                        ));
-                    };
-                    let pending = repair::plan(&client, config, stored, options.accept_gap).await?;
-                    tokio::task::block_in_place(|| store.begin_repair(slot, &pending))?;
-                    if drop_invalidated {
-                        control::drop_slot(&client, slot).await?;
-                        warn!(slot, "dropped the invalidated replication slot");
-                    }
-                    warn!(slot, lost_at = %forgotten, bound = %pending.bound,
-                        "replication slot lost: recreating it and repairing the gap from the outbox table");
-                    let at = repair_lost_slot(
-                        &mut repl,
-                        &client,
-                        config,
-                        store,
-                        metrics,
-                        slot,
-                        &identity.system_id,
-                        &pending,
-                        None,
-                    )
-                    .await?;
-                    (at, Lsn::ZERO)
-                }
-                ResumePlan::Resume {
-                    start,
-                    skip_through,
-                } => (start, skip_through),
-            }
-        };
-        if options.repair_only {
-            info!(slot, start = %start, "repair finished (or none was needed); not streaming (outbox-cdc repair)");
-            let _ = repl.close().await;
+        let Some(started) = bootstrap(config, &options, store, metrics).await? else {
             return Ok(());
-        }
-
-        // Persist the start before streaming: it records the cluster identity on
-        // first start and gives the first reportable (durable) position.
-        let durable = tokio::task::block_in_place(|| match created_at {
-            Some(at) => store.persist_created(slot, start, &identity.system_id, at),
-            None => store.persist(slot, start, &identity.system_id),
-        })?;
-        let stream = repl
-            .start_logical(
-                slot,
-                start,
-                &config.postgres.publication,
-                mapper.wants_messages(),
-            )
-            .await?;
-        let feedback = stream.feedback();
-        feedback.set_flushed(durable);
-        metrics.set_acked(durable.lsn());
-        metrics.connected.store(1, Ordering::Relaxed);
-        // The stored offset was accepted for this cluster: the pruner may use its time.
-        let stored_time = stored
-            .as_ref()
-            .filter(|s| !s.commit_time_is_slot_creation)
-            .and_then(|s| s.acked_commit_time);
-        metrics.durable_commit_time.set(stored_time);
-        info!(slot, start = %start, skip_through = %skip_through, system_id = %identity.system_id, "streaming");
-
-        let mut tracker = AckTracker::new(durable.lsn());
-        tracker.prove_through(proven_through);
-        let mut session = Session {
-            config,
-            store,
-            metrics,
-            mapper,
-            sink,
-            reports,
-            tracker,
-            feedback,
-            durable,
-            system_id: identity.system_id,
-            relations: RelationCache::new(),
-            other_tables: HashSet::new(),
-            bound: HashMap::new(),
-            coverage,
-            catalog: Arc::new(client),
-            reproof: None,
-            reproof_started: Instant::now(),
-            open: None,
-            skip_through,
-            on_standby,
-            poison: PoisonPolicyRouter::new(&config.outbox),
-            sequences: SequenceWatch::new(&config.audit),
-            dirty_since: None,
-            persisting: None,
         };
-        match session.stream_loop(stream, shutdown).await {
+        let (mut session, stream) = Session::new(config, store, metrics, started);
+        match session.stream(stream, shutdown).await {
             Ok(()) => Ok(()),
             Err(failure) => Err(session.keep_acknowledged(failure).await),
         }
     }
 
-    async fn stream_loop(
+    fn new(
+        config: &'a Config,
+        store: &'a Arc<OffsetStore>,
+        metrics: &'a Metrics,
+        started: Started,
+    ) -> (Session<'a>, crate::pg::ReplicationStream) {
+        let mut tracker = AckTracker::new(started.durable.lsn());
+        tracker.prove_through(started.proven_through);
+        let session = Session {
+            config,
+            store,
+            metrics,
+            mapper: started.mapper,
+            sink: started.sink,
+            reports: started.reports,
+            tracker,
+            feedback: started.stream.feedback(),
+            durable: started.durable,
+            system_id: started.system_id,
+            relations: RelationCache::new(),
+            other_tables: HashSet::new(),
+            bound: HashMap::new(),
+            coverage: started.coverage,
+            catalog: Arc::new(started.catalog),
+            reproof: None,
+            reproof_started: Instant::now(),
+            open: None,
+            skip_through: started.skip_through,
+            on_standby: started.on_standby,
+            poison: PoisonPolicyRouter::new(&config.outbox),
+            sequences: SequenceWatch::new(&config.audit),
+            dirty_since: None,
+            persisting: None,
+        };
+        (session, started.stream)
+    }
+
+    /// Streams until a stop is asked (then finishes the open transaction and
+    /// drains) or an error ends the session.
+    async fn stream(
         &mut self,
         mut stream: crate::pg::ReplicationStream,
         mut shutdown: watch::Receiver<bool>,
@@ -323,7 +392,7 @@ impl<'a> Session<'a> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let limits = &self.config.limits;
         let shutdown_grace = Duration::from_millis(limits.shutdown_timeout_ms / 2);
-        let mut stopping_since: Option<Instant> = None;
+        let mut phase = Phase::Streaming;
         loop {
             // Transactions without events still wait in the tracker behind an
             // unacknowledged one: bound them too, or a Kafka outage during heavy
@@ -335,20 +404,27 @@ impl<'a> Session<'a> {
             // Stop at a transaction boundary: a transaction whose events are out
             // but whose Commit has not been read would be re-sent after a
             // graceful restart. Reading on until its Commit is bounded.
-            if let Some(since) = stopping_since {
-                if self.open.is_none() || since.elapsed() >= shutdown_grace {
-                    return self.shutdown(stream).await;
-                }
+            if let Phase::Finishing { since } = phase
+                && (self.open.is_none() || since.elapsed() >= shutdown_grace)
+            {
+                return self.drain(stream).await;
             }
+            // Biased: the branches in priority order.
+            // 1. A stop request (while streaming): finish the open transaction.
+            // 2. The tick (persist, feedback, proofs): before everything that
+            //    can flood, so a steady stream of delivery reports never
+            //    starves persisting, and so feedback.
+            // 3. A finished persist: its durable position goes to the server.
+            // 4. Delivery reports, up to 1024 at a time.
+            // 5. The next replication message, while the in-flight limits
+            //    leave room.
             tokio::select! {
                 biased;
-                changed = shutdown.changed(), if stopping_since.is_none() => {
+                changed = shutdown.changed(), if matches!(phase, Phase::Streaming) => {
                     if changed.is_err() || *shutdown.borrow() {
-                        stopping_since = Some(Instant::now());
+                        phase = Phase::Finishing { since: Instant::now() };
                     }
                 }
-                // The tick comes first so that a steady flood of delivery
-                // reports can never starve persisting (and so feedback).
                 _ = tick.tick() => self.on_tick()?,
                 done = async {
                     match self.persisting.as_mut() {
@@ -1030,10 +1106,10 @@ impl<'a> Session<'a> {
 
     /// Stop reading, wait (bounded) for in-flight deliveries, persist, send a
     /// final status update, close the stream.
-    async fn shutdown(
-        &mut self,
-        stream: crate::pg::ReplicationStream,
-    ) -> Result<(), PipelineError> {
+    /// The graceful end: waits (bounded) for the deliveries in flight,
+    /// proves coverage once more, persists the acknowledged position and
+    /// closes the stream.
+    async fn drain(&mut self, stream: crate::pg::ReplicationStream) -> Result<(), PipelineError> {
         let deadline =
             Instant::now() + Duration::from_millis(self.config.limits.shutdown_timeout_ms);
         info!(
