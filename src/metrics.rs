@@ -367,6 +367,44 @@ impl Metrics {
             .unwrap_or(0)
     }
 
+    /// One event acknowledged by Kafka, `commit_to_ack_micros` after its commit.
+    pub fn published(&self, commit_to_ack_micros: u64) {
+        self.events_published.fetch_add(1, Ordering::Relaxed);
+        self.commit_to_ack.observe_micros(commit_to_ack_micros);
+    }
+
+    /// One event not re-sent: its transaction was acknowledged before a restart.
+    pub fn deduplicated(&self) {
+        self.events_deduplicated.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One event Kafka or the mapper refused.
+    pub fn failed(&self) {
+        self.events_failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// What is in flight: events, their bytes, and the age of the oldest
+    /// unacknowledged commit (0 when nothing is).
+    pub fn set_in_flight(&self, events: usize, bytes: usize, oldest_age_micros: Option<u64>) {
+        self.in_flight_events
+            .store(events as u64, Ordering::Relaxed);
+        self.in_flight_bytes.store(bytes as u64, Ordering::Relaxed);
+        if let Some(age) = oldest_age_micros {
+            self.oldest_unacked_age_micros.store(age, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the replication stream is up (`/readyz`).
+    pub fn set_connected(&self, connected: bool) {
+        self.connected
+            .store(i64::from(connected) as _, Ordering::Relaxed);
+    }
+
+    /// One reconnect after a retryable session failure.
+    pub fn reconnecting(&self) {
+        self.reconnects.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn set_received(&self, lsn: Lsn) {
         self.received_lsn.fetch_max(lsn.as_u64(), Ordering::Relaxed);
     }

@@ -214,9 +214,7 @@ pub async fn run(
                 Err(e) => Err(e),
             },
         };
-        metrics
-            .connected
-            .store(0, std::sync::atomic::Ordering::Relaxed);
+        metrics.set_connected(false);
         let e = match result {
             Ok(()) => return Ok(()),
             Err(e) => e,
@@ -228,9 +226,7 @@ pub async fn run(
                 }
                 let wait = jitter(backoff);
                 warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "session failed; reconnecting from the durable acked LSN");
-                metrics
-                    .reconnects
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                metrics.reconnecting();
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
                     _ = shutdown.changed() => {

@@ -3,7 +3,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
@@ -287,7 +286,7 @@ async fn bootstrap(
         .await?;
     stream.feedback().set_flushed(durable);
     metrics.set_acked(durable.lsn());
-    metrics.connected.store(1, Ordering::Relaxed);
+    metrics.set_connected(true);
     // The stored offset was accepted for this cluster: the pruner may use its time.
     let stored_time = stored
         .as_ref()
@@ -575,9 +574,7 @@ impl<'a> Session<'a> {
                     return Ok(()); // another table in the publication
                 };
                 if tx.replayed {
-                    self.metrics
-                        .events_deduplicated
-                        .fetch_add(1, Ordering::Relaxed);
+                    self.metrics.deduplicated();
                     return Ok(());
                 }
                 let ctx = ChangeContext {
@@ -598,7 +595,7 @@ impl<'a> Session<'a> {
                 if self.mapper.is_stray_event_message(&msg) {
                     // Sent at once, even if the emitting transaction rolls
                     // back: never an event, but the writer meant one.
-                    self.metrics.events_failed.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.failed();
                     warn!(lsn = %lsn, prefix = %msg.prefix,
                         "a non-transactional logical message carries the event prefix and is NOT published: \
                          emit events with pg_logical_emit_message(true, ...)");
@@ -617,11 +614,7 @@ impl<'a> Session<'a> {
                 let (replayed, commit_time) = (tx.replayed, tx.commit_time);
                 match self.mapper.map_message(&msg, &ctx).transpose() {
                     None => {}
-                    Some(_) if replayed => {
-                        self.metrics
-                            .events_deduplicated
-                            .fetch_add(1, Ordering::Relaxed);
-                    }
+                    Some(_) if replayed => self.metrics.deduplicated(),
                     Some(mapped) => {
                         let raw = || msg.content.clone();
                         let route = self
@@ -691,12 +684,11 @@ impl<'a> Session<'a> {
             ));
         }
         crate::failpoint!("after-produce-before-ack");
-        self.metrics
-            .in_flight_events
-            .store(self.tracker.in_flight_events() as u64, Ordering::Relaxed);
-        self.metrics
-            .in_flight_bytes
-            .store(self.tracker.in_flight_bytes() as u64, Ordering::Relaxed);
+        self.metrics.set_in_flight(
+            self.tracker.in_flight_events(),
+            self.tracker.in_flight_bytes(),
+            None,
+        );
         Ok(())
     }
 
@@ -743,7 +735,7 @@ impl<'a> Session<'a> {
         aggregate_id: String,
         dead_lettered: bool,
     ) -> PipelineError {
-        self.metrics.events_failed.fetch_add(1, Ordering::Relaxed);
+        self.metrics.failed();
         match source.disposition() {
             Disposition::RecordRefused
                 if self.poison.dead_letters() && !dead_lettered && !aggregate_id.is_empty() =>
@@ -788,11 +780,8 @@ impl<'a> Session<'a> {
         } = report.token;
         match report.result {
             Ok(_) => {
-                self.metrics
-                    .events_published
-                    .fetch_add(1, Ordering::Relaxed);
                 let age = PgTimestamp::now().0.saturating_sub(commit_time.0).max(0) as u64;
-                self.metrics.commit_to_ack.observe_micros(age);
+                self.metrics.published(age);
                 if self.tracker.delivered(token).is_some() {
                     self.mark_dirty();
                 }
@@ -825,15 +814,14 @@ impl<'a> Session<'a> {
         if self.dirty_since.is_some_and(|t| t.elapsed() >= flush_every) {
             self.persist();
         }
-        let m = self.metrics;
-        m.in_flight_events
-            .store(self.tracker.in_flight_events() as u64, Ordering::Relaxed);
-        m.in_flight_bytes
-            .store(self.tracker.in_flight_bytes() as u64, Ordering::Relaxed);
         let age = self.tracker.oldest_unacked_commit_time().map_or(0, |t| {
             PgTimestamp::now().0.saturating_sub(t.0).max(0) as u64
         });
-        m.oldest_unacked_age_micros.store(age, Ordering::Relaxed);
+        self.metrics.set_in_flight(
+            self.tracker.in_flight_events(),
+            self.tracker.in_flight_bytes(),
+            Some(age),
+        );
         if let Some(fatal) = self.sink.fatal_error() {
             return Err(PipelineError::Sink(fatal));
         }
