@@ -390,12 +390,16 @@ impl Session {
     /// server errors classified by SQLSTATE.
     fn startup_error(&self, cfg: &PgConnectConfig, frame: &Frame) -> PgError {
         match self.server_error("connecting", frame) {
-            PgError::Server { server, .. } if server.code.starts_with("28") => PgError::Auth {
-                user: cfg.user().to_owned(),
-                addr: self.addr.clone(),
-                reason: server.message,
-                code: Some(server.code),
-            },
+            PgError::Server { server, .. }
+                if let Some(auth) = PgError::auth_refusal(
+                    cfg.user(),
+                    &self.addr,
+                    &server.code,
+                    &server.message,
+                ) =>
+            {
+                auth
+            }
             other => other,
         }
     }
@@ -734,15 +738,10 @@ async fn sql_on(
             });
         }
         Ok(Err(e)) => {
-            return Err(match e.as_db_error() {
-                Some(db) if db.code().code().starts_with("28") => PgError::Auth {
-                    user: cfg.user().to_owned(),
-                    addr,
-                    reason: db.message().to_owned(),
-                    code: Some(db.code().code().to_owned()),
-                },
-                _ => PgError::sql(format!("connecting to {addr}"), e),
+            let refusal = e.as_db_error().and_then(|db| {
+                PgError::auth_refusal(cfg.user(), &addr, db.code().code(), db.message())
             });
+            return Err(refusal.unwrap_or_else(|| PgError::sql(format!("connecting to {addr}"), e)));
         }
         Ok(Ok(pair)) => pair,
     };

@@ -227,6 +227,23 @@ impl PgError {
         }
     }
 
+    /// A server error of class 28 (invalid authorization specification:
+    /// wrong password, no pg_hba.conf entry) is [`PgError::Auth`] for `user`
+    /// at `addr`; any other code is `None`.
+    pub(crate) fn auth_refusal(
+        user: &str,
+        addr: &str,
+        code: &str,
+        message: &str,
+    ) -> Option<PgError> {
+        code.starts_with("28").then(|| PgError::Auth {
+            user: user.to_owned(),
+            addr: addr.to_owned(),
+            reason: message.to_owned(),
+            code: Some(code.to_owned()),
+        })
+    }
+
     /// What the server's ErrorResponse to a command on replication slot
     /// `slot` means: the slot SQLSTATEs become their variants, and any other
     /// is `otherwise(server)`. Both the control connection's SQL functions and
