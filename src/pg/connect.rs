@@ -24,9 +24,7 @@ use super::auth::{AuthError, AuthRequest, Authenticator, check_first_request};
 use super::config::{PgConnectConfig, ServerKind, SslMode, endpoint_name};
 use super::error::PgError;
 use super::tls;
-use super::wire::{
-    DEFAULT_MAX_FRAME, Frame, Tag, encode, next_frame, parse_error_fields, reserve_for_read, tag,
-};
+use super::wire::{DEFAULT_MAX_FRAME, Frame, Tag, encode, next_frame, parse_error_fields, tag};
 
 /// How long connecting (socket, TLS, startup, authentication) may take when
 /// the connection string sets no `connect_timeout`.
@@ -417,29 +415,20 @@ impl Session {
 
     /// Reads until one whole message is buffered.
     pub async fn read_frame(&mut self, during: &'static str) -> Result<Frame, PgError> {
-        loop {
-            if let Some(frame) = next_frame(&mut self.buf, self.max_frame)
-                .map_err(|source| self.protocol_error(during, source))?
-            {
-                return Ok(frame);
-            }
-            reserve_for_read(&mut self.buf);
-            let n = self
-                .stream
-                .read_buf(&mut self.buf)
-                .await
-                .map_err(|source| PgError::Io {
-                    action: "reading from",
-                    addr: self.addr.clone(),
-                    source,
-                })?;
-            if n == 0 {
-                return Err(PgError::Closed {
-                    addr: self.addr.clone(),
-                    during,
-                });
-            }
-        }
+        let addr = self.addr.clone();
+        super::wire::read_frame(
+            &mut self.stream,
+            &mut self.buf,
+            self.max_frame,
+            &addr,
+            during,
+            |source| PgError::Protocol {
+                addr: addr.clone(),
+                during: during.to_owned(),
+                source,
+            },
+        )
+        .await
     }
 
     pub fn server_error(&self, during: &str, frame: &Frame) -> PgError {

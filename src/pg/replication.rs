@@ -28,7 +28,8 @@ use super::error::{PgError, ServerError};
 use super::feedback::{FeedbackHandle, FeedbackState, FeedbackTiming, run_writer};
 use super::ident::{quote_ident, quote_replication_literal};
 use super::wire::{
-    DEFAULT_MAX_FRAME, Frame, Tag, encode, next_frame, parse_error_fields, reserve_for_read, tag,
+    DEFAULT_MAX_FRAME, Frame, Tag, encode, next_frame, parse_error_fields, read_frame,
+    reserve_for_read, tag,
 };
 
 /// What IDENTIFY_SYSTEM reports.
@@ -523,35 +524,20 @@ impl ReplicationStream {
                 }));
         };
         loop {
-            let frame = match next_frame(&mut self.buf, self.options.max_frame) {
-                Ok(Some(frame)) => frame,
-                Ok(None) => {
-                    reserve_for_read(&mut self.buf);
-                    let n = self
-                        .reader
-                        .read_buf(&mut self.buf)
-                        .await
-                        .map_err(|source| PgError::Io {
-                            action: "reading from",
-                            addr: self.addr.clone(),
-                            source,
-                        })?;
-                    if n == 0 {
-                        return Err(PgError::Closed {
-                            addr: self.addr.clone(),
-                            during: "ending replication",
-                        });
-                    }
-                    continue;
-                }
-                Err(source) => {
-                    return Err(PgError::Replication {
-                        addr: self.addr.clone(),
-                        after: self.last_lsn,
-                        source,
-                    });
-                }
-            };
+            let (addr, after) = (self.addr.clone(), self.last_lsn);
+            let frame = read_frame(
+                &mut self.reader,
+                &mut self.buf,
+                self.options.max_frame,
+                &self.addr,
+                "ending replication",
+                |source| PgError::Replication {
+                    addr: addr.clone(),
+                    after,
+                    source,
+                },
+            )
+            .await?;
             match frame.tag {
                 tag::READY_FOR_QUERY => break,
                 tag::COPY_DATA | tag::COPY_DONE | tag::COMMAND_COMPLETE | tag::PARAMETER_STATUS => {

@@ -147,6 +147,37 @@ pub(crate) fn next_frame(buf: &mut BytesMut, max: usize) -> Result<Option<Frame>
     }))
 }
 
+/// Reads from `reader` into `buf` until one whole message is buffered and
+/// returns it. A malformed frame is turned into an error by `invalid`; a read
+/// error or the server closing the socket names `addr` and what was `during`.
+pub(crate) async fn read_frame<R: tokio::io::AsyncRead + Unpin>(
+    reader: &mut R,
+    buf: &mut BytesMut,
+    max: usize,
+    addr: &str,
+    during: &'static str,
+    invalid: impl Fn(WireError) -> PgError,
+) -> Result<Frame, PgError> {
+    use tokio::io::AsyncReadExt as _;
+    loop {
+        if let Some(frame) = next_frame(buf, max).map_err(&invalid)? {
+            return Ok(frame);
+        }
+        reserve_for_read(buf);
+        let n = reader.read_buf(buf).await.map_err(|source| PgError::Io {
+            action: "reading from",
+            addr: addr.to_owned(),
+            source,
+        })?;
+        if n == 0 {
+            return Err(PgError::Closed {
+                addr: addr.to_owned(),
+                during,
+            });
+        }
+    }
+}
+
 /// A bounds-checked cursor over one message body (a [`Cursor`] whose
 /// failures name the message tag).
 pub(crate) struct Reader<'a> {
