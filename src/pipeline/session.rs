@@ -168,6 +168,21 @@ async fn bootstrap(
     let slot_info = control::slot_info(&client, slot).await?;
     let pending = store.pending_repair(slot)?;
     let mut created_at: Option<PgTimestamp> = None;
+    // Both ways into a gap repair (an interrupted one, a lost slot) end here.
+    let mut repair = async |pending: &crate::checkpoint::PendingRepair, existing: Option<Lsn>| {
+        repair_lost_slot(
+            &mut repl,
+            &client,
+            config,
+            store,
+            metrics,
+            slot,
+            &identity.system_id,
+            pending,
+            existing,
+        )
+        .await
+    };
     let (start, skip_through) = if let Some(pending) = pending {
         // A repair that did not finish: finish it before anything else.
         if let Some(stored) = stored
@@ -186,18 +201,7 @@ async fn bootstrap(
         let confirmed = slot_info
             .as_ref()
             .map(|s| s.confirmed_flush_lsn.unwrap_or(Lsn::ZERO));
-        let at = repair_lost_slot(
-            &mut repl,
-            &client,
-            config,
-            store,
-            metrics,
-            slot,
-            &identity.system_id,
-            &pending,
-            confirmed,
-        )
-        .await?;
+        let at = repair(&pending, confirmed).await?;
         (at, Lsn::ZERO)
     } else {
         let plan = resume::decide(&ResumeInputs {
@@ -244,18 +248,7 @@ async fn bootstrap(
                 }
                 warn!(slot, lost_at = %forgotten, bound = %pending.bound,
                         "replication slot lost: recreating it and repairing the gap from the outbox table");
-                let at = repair_lost_slot(
-                    &mut repl,
-                    &client,
-                    config,
-                    store,
-                    metrics,
-                    slot,
-                    &identity.system_id,
-                    &pending,
-                    None,
-                )
-                .await?;
+                let at = repair(&pending, None).await?;
                 (at, Lsn::ZERO)
             }
             ResumePlan::Resume {
