@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use common::relay::{Fixture, Record, Running, consume, read_ids, read_versus_ends, spawn_binary};
-use common::{admin_client, init_tracing};
+use common::{admin_client, init_tracing, kafka_log_lines};
 use outbox_cdc::checkpoint::OffsetStore;
 use outbox_cdc::coverage::CoverageProblem;
 use outbox_cdc::outbox::MapError;
@@ -211,10 +211,12 @@ async fn partitioned_outbox_with_partition_churn(via_root: bool) {
                 Err(e) => format!("the connector had stopped: {e}"),
             };
             panic!(
-                "{} of {} records arrived within 60 s; {state}; missing: {described:?} (ids {missing:?}); {:?}",
+                "{} of {} records arrived within 60 s; {state}; missing: {described:?} (ids {missing:?}); {:?}; \
+                 the broker's log about the topics: {:#?}",
                 partial.len(),
                 written.len(),
-                read_versus_ends(&f.topic_prefix, &partial)
+                read_versus_ends(&f.topic_prefix, &partial),
+                kafka_log_lines(&f.topic_prefix, 40)
             );
         }
     };

@@ -221,11 +221,32 @@ impl Drop for TrackingOff {
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         // The connector's info log is captured with the test's output, so a
-        // failing test shows what the connector did (RUST_LOG overrides).
+        // failing test shows what the connector did, with librdkafka's own
+        // warnings (RUST_LOG overrides).
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("outbox_cdc=info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("outbox_cdc=info,rdkafka=warn")),
         )
         .with_test_writer()
         .try_init();
+}
+
+/// The lines of the test broker's log (`$OUTBOX_CDC_ENV_DIR/kafka.log`) that
+/// mention `needle`, at most the last `max`: evidence for a failure message.
+pub fn kafka_log_lines(needle: &str, max: usize) -> Vec<String> {
+    let Some(dir) = std::env::var_os("OUTBOX_CDC_ENV_DIR") else {
+        return vec!["(OUTBOX_CDC_ENV_DIR is not set: no broker log)".to_owned()];
+    };
+    let path = std::path::Path::new(&dir).join("kafka.log");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let lines: Vec<String> = text
+                .lines()
+                .filter(|l| l.contains(needle))
+                .map(str::to_owned)
+                .collect();
+            lines[lines.len().saturating_sub(max)..].to_vec()
+        }
+        Err(e) => vec![format!("(cannot read {}: {e})", path.display())],
+    }
 }
