@@ -113,6 +113,15 @@ elif pin="$(pg_npm_pin "$PG_MAJOR")"; then
 else
     PG_SERVER_BIN=""
 fi
+# The broker's secured listeners (client security tests), on the ports after
+# the controller's: TLS, SASL_SSL with SCRAM-SHA-512, and TLS requiring a
+# client certificate. Their certificates and the SCRAM user are made by `up`.
+KAFKA_SSL_PORT=$((KAFKA_PORT + 2))
+KAFKA_SASL_PORT=$((KAFKA_PORT + 3))
+KAFKA_MTLS_PORT=$((KAFKA_PORT + 4))
+KAFKA_TLS_DIR="$ENV_DIR/kafka-tls"
+KAFKA_SCRAM_USER=outbox
+KAFKA_SCRAM_PASSWORD=outbox-scram-secret
 PG_ADMIN_URL="postgres://postgres:postgres@127.0.0.1:$PG_PORT/app"
 PG_OUTBOX_URL="postgres://outbox:outbox@127.0.0.1:$PG_PORT/app"
 KAFKA_BOOTSTRAP="127.0.0.1:$KAFKA_PORT"
@@ -714,9 +723,18 @@ kafka_write_config() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT,SSL://127.0.0.1:$KAFKA_SSL_PORT,SASL_SSL://127.0.0.1:$KAFKA_SASL_PORT,MTLS://127.0.0.1:$KAFKA_MTLS_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT,SSL://127.0.0.1:$KAFKA_SSL_PORT,SASL_SSL://127.0.0.1:$KAFKA_SASL_PORT,MTLS://127.0.0.1:$KAFKA_MTLS_PORT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL,MTLS:SSL
+# Secured listeners for the client security tests (certificates from kafka_tls).
+ssl.keystore.type=PEM
+ssl.keystore.location=$KAFKA_TLS_DIR/server.pem
+ssl.truststore.type=PEM
+ssl.truststore.location=$KAFKA_TLS_DIR/ca.pem
+ssl.endpoint.identification.algorithm=
+listener.name.mtls.ssl.client.auth=required
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 log.dirs=$KAFKA_DATA
@@ -762,6 +780,60 @@ rootLogger.appenderRef.err.ref = STDERR
 EOF
 }
 
+# kafka_tls: a test CA, the broker's certificate (127.0.0.1, localhost), a
+# client certificate, an expired client certificate and a second CA the
+# broker does not know, as PEM files in $KAFKA_TLS_DIR (made once per env).
+kafka_tls() {
+    local d="$KAFKA_TLS_DIR"
+    if [[ -s "$d/done" ]]; then return 0; fi
+    command -v openssl >/dev/null 2>&1 || apt_install openssl
+    rm -rf "$d"
+    mkdir -p "$d"
+    (
+        cd "$d"
+        exec >"$d/openssl.log" 2>&1
+        set -e
+        for ca in ca other-ca; do
+            openssl req -x509 -newkey rsa:2048 -nodes -sha256 -days 3650 \
+                -subj "/CN=outbox-cdc test $ca" -keyout "$ca.key" -out "$ca.pem"
+        done
+        openssl req -newkey rsa:2048 -nodes -sha256 -subj "/CN=localhost" -keyout server.key -out server.csr
+        printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >server.ext
+        openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 3650 -sha256 \
+            -extfile server.ext -out server.crt
+        # Kafka's PEM keystore: the PKCS#8 key and the certificate chain in one file.
+        openssl pkcs8 -topk8 -nocrypt -in server.key -out server.p8
+        cat server.p8 server.crt ca.pem >server.pem
+        openssl req -newkey rsa:2048 -nodes -sha256 -subj "/CN=outbox-client" -keyout client.key -out client.csr
+        openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 3650 -sha256 -out client.pem
+        # Expired: signed by the same CA with a validity that ended in 2020
+        # (`openssl ca` is the tool that takes explicit dates).
+        openssl req -newkey rsa:2048 -nodes -sha256 -subj "/CN=outbox-expired" -keyout expired.key -out expired.csr
+        mkdir -p ca-db
+        : >ca-db/index.txt
+        printf '1000\n' >ca-db/serial
+        cat >ca-db/ca.cnf <<CNF
+[ca]
+default_ca = test_ca
+[test_ca]
+dir = $d/ca-db
+database = \$dir/index.txt
+serial = \$dir/serial
+new_certs_dir = \$dir
+certificate = $d/ca.pem
+private_key = $d/ca.key
+default_md = sha256
+policy = any
+[any]
+commonName = supplied
+CNF
+        openssl ca -batch -config ca-db/ca.cnf -startdate 20200101000000Z -enddate 20200102000000Z \
+            -in expired.csr -out expired.pem -notext
+    ) || { tail_log "$d/openssl.log"; die "making the test broker's TLS certificates failed (log above)"; }
+    chmod 644 "$d"/*.pem "$d"/*.key
+    printf 'ok\n' >"$d/done"
+}
+
 kafka_format() {
     # Formatted storage has meta.properties; a data dir without the marker is
     # from an interrupted format and is formatted again.
@@ -777,6 +849,7 @@ kafka_format() {
     done
     log "formatting Kafka storage (cluster id $cluster_id)"
     if ! kafka_java kafka.tools.StorageTool format --standalone -t "$cluster_id" -c "$KAFKA_PROPS" \
+        --add-scram "SCRAM-SHA-512=[name=$KAFKA_SCRAM_USER,password=$KAFKA_SCRAM_PASSWORD]" \
         >"$ENV_DIR/kafka-format.log" 2>&1; then
         tail_log "$ENV_DIR/kafka-format.log"
         die "formatting Kafka storage failed (output above); \`scripts/env.sh down && scripts/env.sh up\`"
@@ -791,7 +864,7 @@ kafka_start() {
         rm -f "$KAFKA_PID_FILE"
     fi
     local p
-    for p in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT"; do
+    for p in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SSL_PORT" "$KAFKA_SASL_PORT" "$KAFKA_MTLS_PORT"; do
         if port_open "$p"; then
             die "port $p is taken by $(port_owner "$p"), not this checkout's test Kafka; stop it (or run \`scripts/env.sh down\` in the checkout that started it) and rerun"
         fi
@@ -843,6 +916,7 @@ kafka_wait_ready() {
 
 kafka_up() {
     ensure_kafka_jars
+    kafka_tls
     kafka_write_config
     kafka_format
     kafka_start
@@ -892,6 +966,12 @@ export OUTBOX_CDC_PG_SERVER_BIN='$PG_SERVER_BIN'
 export OUTBOX_CDC_PG_PORT='$PG_PORT'
 export OUTBOX_CDC_KAFKA_PORT='$KAFKA_PORT'
 export OUTBOX_CDC_KAFKA_CONTROLLER_PORT='$KAFKA_CONTROLLER_PORT'
+export OUTBOX_CDC_TEST_KAFKA_SSL='127.0.0.1:$KAFKA_SSL_PORT'
+export OUTBOX_CDC_TEST_KAFKA_SASL_SSL='127.0.0.1:$KAFKA_SASL_PORT'
+export OUTBOX_CDC_TEST_KAFKA_MTLS='127.0.0.1:$KAFKA_MTLS_PORT'
+export OUTBOX_CDC_TEST_KAFKA_TLS_DIR='$KAFKA_TLS_DIR'
+export OUTBOX_CDC_TEST_KAFKA_SCRAM_USER='$KAFKA_SCRAM_USER'
+export OUTBOX_CDC_TEST_KAFKA_SCRAM_PASSWORD='$KAFKA_SCRAM_PASSWORD'
 EOF
     if standby_made; then
         cat >>"$tmp" <<EOF
@@ -930,7 +1010,7 @@ cmd_up() { # cmd_up [--standby]
         die "port $PG_PORT is taken by $(port_owner "$PG_PORT"), not this checkout's test PostgreSQL; stop it (or run \`scripts/env.sh down\` in the checkout that started it, or pick another port with OUTBOX_CDC_PG_PORT) and rerun"
     fi
     if ! kafka_running; then
-        for p in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT"; do
+        for p in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SSL_PORT" "$KAFKA_SASL_PORT" "$KAFKA_MTLS_PORT"; do
             if port_open "$p"; then
                 die "port $p is taken by $(port_owner "$p"), not this checkout's test Kafka; stop it (or run \`scripts/env.sh down\` in the checkout that started it, or pick other ports with OUTBOX_CDC_KAFKA_PORT) and rerun"
             fi

@@ -116,6 +116,10 @@ struct Started {
     skip_through: Lsn,
 }
 
+/// How long the start-up waits for the broker to accept (or refuse) the
+/// configured credentials; a broker that does not answer is not a refusal.
+const KAFKA_SECURITY_PROBE: Duration = Duration::from_secs(5);
+
 /// Everything before the first replication message (DESIGN.md §5a, §5): the
 /// producer, both connections, the coverage proof and the features of the
 /// server's major, the resume decision (create, resume, or repair a lost
@@ -134,6 +138,9 @@ async fn bootstrap(
     // The producer first: a Kafka property librdkafka refuses fails here,
     // before anything is done on the database.
     let (sink, reports) = KafkaSink::with_topics(&config.kafka, &config.topics)?;
+    // A password, CA or client certificate the broker refuses stops here,
+    // with its cause, before anything is done on the database.
+    crate::sink::refuse_rejected_security(&config.kafka, KAFKA_SECURITY_PROBE).await?;
 
     let client = pg.connect_sql().await?;
     let mut repl = ReplicationConnection::connect(&pg, &config.postgres.application_name).await?;

@@ -1,7 +1,6 @@
 //! Preflight for `outbox-cdc check`: can we reach the cluster with the
 //! configured settings (addresses, TLS, SASL)?
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use rdkafka::client::ClientContext;
@@ -9,9 +8,9 @@ use rdkafka::config::FromClientConfigAndContext;
 use rdkafka::error::KafkaError;
 use rdkafka::message::DeliveryResult;
 use rdkafka::producer::{BaseProducer, Producer, ProducerContext};
-use rdkafka::types::RDKafkaErrorCode;
 
-use super::error::SinkError;
+use super::client_error::LastClientError;
+use super::error::{SinkError, security_code};
 use super::producer::creation_error;
 use super::settings::KafkaSettings;
 
@@ -26,19 +25,17 @@ pub struct BrokerInfo {
     pub answered_by: String,
 }
 
-/// Remembers the last client error, which explains a metadata timeout
-/// (e.g. an authentication or TLS failure) better than the timeout itself.
+/// Keeps the client error that explains a metadata timeout (e.g. an
+/// authentication or TLS failure) better than the timeout itself.
 #[derive(Default)]
 struct CheckContext {
-    last_error: Mutex<Option<(Option<RDKafkaErrorCode>, String)>>,
+    last_error: LastClientError,
 }
 
 impl ClientContext for CheckContext {
     fn error(&self, error: KafkaError, reason: &str) {
         tracing::debug!(%error, %reason, "Kafka client error during check");
-        if let Ok(mut last) = self.last_error.lock() {
-            *last = Some((error.rdkafka_error_code(), reason.to_owned()));
-        }
+        self.last_error.record(&error, reason);
     }
 }
 
@@ -46,6 +43,10 @@ impl ProducerContext for CheckContext {
     type DeliveryOpaque = ();
     fn delivery(&self, _: &DeliveryResult<'_>, _: ()) {}
 }
+
+/// How long a failed metadata request waits for the client error that
+/// explains it.
+const ERROR_GRACE: Duration = Duration::from_millis(1500);
 
 /// Connects with `settings` (validated as for the real producer) and fetches
 /// cluster metadata within `timeout`. Runs the blocking librdkafka calls on
@@ -70,18 +71,16 @@ pub async fn check_reachable(
                 answered_by: metadata.orig_broker_name().to_owned(),
             }),
             Err(err) => {
-                let last = producer
-                    .context()
-                    .last_error
-                    .lock()
-                    .ok()
-                    .and_then(|mut l| l.take());
-                let (code, detail) = match last {
-                    // A timeout says less than the error that caused it.
-                    Some((Some(code), reason)) => (Some(code), reason),
-                    Some((None, reason)) => (err.rdkafka_error_code(), reason),
-                    None => (err.rdkafka_error_code(), String::new()),
-                };
+                // Error callbacks are queued until the client is polled, and
+                // the one that explains a refusal can trail the failed
+                // request by a moment.
+                let grace = std::time::Instant::now() + ERROR_GRACE;
+                while !producer.context().last_error.holds_refusal()
+                    && std::time::Instant::now() < grace
+                {
+                    producer.poll(Duration::from_millis(50));
+                }
+                let (code, detail) = producer.context().last_error.explain(&err);
                 Err(SinkError::Metadata {
                     code,
                     bootstrap,
@@ -94,4 +93,19 @@ pub async fn check_reachable(
     .map_err(|e| SinkError::Task {
         reason: e.to_string(),
     })?
+}
+
+/// Refuses a start whose Kafka credentials or certificates the broker
+/// rejects: a configuration error that no retry cures, reported with its
+/// cause instead of a producer that retries in the background forever. Any
+/// other outcome (a broker that does not answer within `timeout` included)
+/// is left to the producer's own retries.
+pub async fn refuse_rejected_security(
+    settings: &KafkaSettings,
+    timeout: Duration,
+) -> Result<(), SinkError> {
+    match check_reachable(settings, timeout).await {
+        Err(e) if e.code().is_some_and(security_code) => Err(e),
+        _ => Ok(()),
+    }
 }

@@ -101,7 +101,7 @@ pub enum SinkError {
 
     /// Fetching cluster metadata (the reachability check) failed. `detail`
     /// is librdkafka's last client error (e.g. an authentication failure), if any.
-    #[error("cannot fetch Kafka metadata from `{bootstrap}`: {}{}", code.map(|c| c.to_string()).unwrap_or_else(|| "no answer".to_owned()), if detail.is_empty() { String::new() } else { format!(" ({detail})") })]
+    #[error("cannot fetch Kafka metadata from `{bootstrap}`: {}{}{}", code.map(|c| c.to_string()).unwrap_or_else(|| "no answer".to_owned()), if detail.is_empty() { String::new() } else { format!(" ({detail})") }, security_fix(*code, detail))]
     Metadata {
         code: Option<RDKafkaErrorCode>,
         bootstrap: String,
@@ -266,6 +266,37 @@ pub(super) fn retryable_code(code: RDKafkaErrorCode) -> bool {
             | C::CoordinatorLoadInProgress
             | C::NotCoordinator
             | C::NotController
+    )
+}
+
+/// What to check after a security refusal (empty for other errors).
+fn security_fix(code: Option<RDKafkaErrorCode>, detail: &str) -> &'static str {
+    match code {
+        Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed)
+            if detail.contains("SASL")
+                || code == Some(RDKafkaErrorCode::SaslAuthenticationFailed) =>
+        {
+            "; the broker refused the SASL login: check [kafka] sasl.username, sasl.password and \
+             sasl.mechanisms (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) against the user on the cluster"
+        }
+        Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SSL) => {
+            "; the TLS handshake failed: check [kafka] ssl.ca.location (the CA that signed the \
+             broker's certificate) and, when the listener requires a client certificate, \
+             ssl.certificate.location and ssl.key.location (a certificate the broker's CA signed, \
+             not expired)"
+        }
+        _ => "",
+    }
+}
+
+/// The client's credentials or certificates were refused (or it refused the
+/// broker's certificate): an operator must fix the configuration.
+pub(super) fn security_code(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::Authentication
+            | RDKafkaErrorCode::SSL
+            | RDKafkaErrorCode::SaslAuthenticationFailed
     )
 }
 

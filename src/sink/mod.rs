@@ -24,6 +24,7 @@
 //! PostgreSQL, so everything after it is produced again: duplicates, never gaps.
 
 mod check;
+mod client_error;
 mod error;
 mod partition;
 mod producer;
@@ -33,7 +34,7 @@ mod topics;
 #[cfg(test)]
 mod tests;
 
-pub use check::{BrokerInfo, check_reachable};
+pub use check::{BrokerInfo, check_reachable, refuse_rejected_security};
 pub use error::SinkError;
 pub use partition::{java_partition, murmur2};
 pub use producer::{Delivered, DeliveryReport, KafkaSink, NewSink};

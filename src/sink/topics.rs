@@ -48,6 +48,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use serde::Deserialize;
 
+use super::client_error::LastClientError;
 use super::error::{SinkError, poison_code, retryable_code};
 use super::producer::creation_error;
 use super::settings::{KafkaSettings, Scalar};
@@ -200,20 +201,16 @@ impl MissingTopicHint {
     }
 }
 
-/// Remembers the last client error: a metadata timeout is better explained by it.
+/// Keeps the client error that explains a metadata timeout.
 #[derive(Default)]
 pub(super) struct AdminContext {
-    last_error: Mutex<Option<(Option<RDKafkaErrorCode>, String)>>,
+    last_error: LastClientError,
 }
 
 impl ClientContext for AdminContext {
     fn error(&self, error: KafkaError, reason: &str) {
         tracing::debug!(%error, %reason, "Kafka admin client error");
-        *self
-            .last_error
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) =
-            Some((error.rdkafka_error_code(), reason.to_owned()));
+        self.last_error.record(&error, reason);
     }
 }
 
@@ -456,18 +453,7 @@ fn describe_blocking(
     let metadata = match admin.inner().fetch_metadata(Some(topic), METADATA_TIMEOUT) {
         Ok(metadata) => metadata,
         Err(err) => {
-            let last = admin
-                .inner()
-                .context()
-                .last_error
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            let (code, detail) = match last {
-                Some((Some(code), reason)) => (Some(code), reason),
-                Some((None, reason)) => (err.rdkafka_error_code(), reason),
-                None => (err.rdkafka_error_code(), String::new()),
-            };
+            let (code, detail) = admin.inner().context().last_error.explain(&err);
             return Err(SinkError::Metadata {
                 code,
                 bootstrap: bootstrap.to_owned(),
