@@ -224,8 +224,9 @@ pub fn init_tracing() {
         // failing test shows what the connector did, with librdkafka's own
         // warnings (RUST_LOG overrides).
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("outbox_cdc=info,rdkafka=warn")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("outbox_cdc=info,rdkafka=warn")
+            }),
         )
         .with_test_writer()
         .try_init();
