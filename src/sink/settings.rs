@@ -24,6 +24,19 @@
 //!   a partition's sequence is fatal to the producer; the pipeline recreates it
 //!   and replays from the durable acked LSN.
 //!
+//! Defaulted (set by us unless the user sets it):
+//! * `max.in.flight.requests.per.connection=1` (alias `max.in.flight`): one
+//!   produce request at a time per broker. A broker that holds no state for
+//!   the producer on a partition (a partition just created, the first write
+//!   of a new producer, state expired after `producer.id.expiration.ms`)
+//!   accepts any first sequence number (KAFKA-19880). With several requests
+//!   in flight, a first batch refused with NOT_LEADER_OR_FOLLOWER while its
+//!   successor is accepted leaves a gap that librdkafka can then report as
+//!   delivered: records lost behind an acknowledged LSN. With one request in
+//!   flight no later batch can overtake a refused one. The benchmark showed
+//!   no throughput cost on one broker (docs/performance.md); a user who raises
+//!   it accepts that window for throughput on a high-latency link.
+//!
 //! Record size: with the defaults, librdkafka's `message.max.bytes` (1,000,000)
 //! is below the broker's (1,048,588), so a record that is too large is refused
 //! locally, alone, when it is produced. If a topic's `max.message.bytes` is
@@ -47,6 +60,9 @@ pub(crate) const REDACTED: &str = "[redacted]";
 
 /// The delivery timeout (librdkafka `message.timeout.ms`): 0, infinite. See the module docs.
 pub const DEFAULT_MESSAGE_TIMEOUT_MS: u32 = 0;
+
+/// Produce requests in flight per broker unless `[kafka]` says otherwise. See the module docs.
+pub const DEFAULT_MAX_IN_FLIGHT: &str = "1";
 
 /// librdkafka properties for the producer, as given in the `[kafka]` table.
 ///
@@ -179,6 +195,14 @@ impl KafkaSettings {
         out.0.remove("delivery.timeout.ms");
         out.set("message.timeout.ms", DEFAULT_MESSAGE_TIMEOUT_MS.to_string());
         out.set("enable.gapless.guarantee", "true");
+        if self.get("max.in.flight").is_none()
+            && self.get("max.in.flight.requests.per.connection").is_none()
+        {
+            out.set(
+                "max.in.flight.requests.per.connection",
+                DEFAULT_MAX_IN_FLIGHT,
+            );
+        }
         Ok(out)
     }
 
@@ -430,6 +454,17 @@ mod tests {
         assert_eq!(e.get("message.timeout.ms"), Some("0"));
         assert_eq!(e.get("enable.gapless.guarantee"), Some("true"));
         assert_eq!(e.get("linger.ms"), Some("1"));
+        assert_eq!(e.get("max.in.flight.requests.per.connection"), Some("1"));
+        // The in-flight default yields to the user's value, under either name.
+        for key in ["max.in.flight", "max.in.flight.requests.per.connection"] {
+            let e = settings(&[(key, "5")]).effective().unwrap();
+            assert_eq!(e.get(key), Some("5"), "{key}");
+            let other = e
+                .iter()
+                .filter(|(k, _)| k.starts_with("max.in.flight"))
+                .count();
+            assert_eq!(other, 1, "{key}: one in-flight key, not two");
+        }
         let e = settings(&[("delivery.timeout.ms", "0")])
             .effective()
             .unwrap();
