@@ -802,10 +802,19 @@ fn overlay_env(
             set_topic_config(table, &var, name, value)?;
             continue;
         }
-        if section.is_empty() || key.is_empty() || key.contains("__") {
+        // One sub-table level outside [kafka]: OUTBOX_CDC__OUTBOX__CLOUDEVENTS__ENABLED
+        // sets [outbox.cloudevents] enabled.
+        let (sub, key) = match key.split_once("__") {
+            Some((sub, key)) if section != "kafka" => (Some(sub.to_ascii_lowercase()), key),
+            _ => (None, key),
+        };
+        if section.is_empty() || key.is_empty() || key.contains("__") || sub.as_deref() == Some("")
+        {
             return Err(ConfigError::EnvKey {
                 var,
-                reason: "expected OUTBOX_CDC__<SECTION>__<KEY>".into(),
+                reason:
+                    "expected OUTBOX_CDC__<SECTION>__<KEY> or OUTBOX_CDC__<SECTION>__<TABLE>__<KEY>"
+                        .into(),
             });
         }
         let key = if section == "kafka" {
@@ -813,16 +822,25 @@ fn overlay_env(
         } else {
             key.to_ascii_lowercase()
         };
-        let entry = table
-            .entry(section.clone())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        let Some(section_table) = entry.as_table_mut() else {
-            return Err(ConfigError::EnvKey {
-                var,
-                reason: format!("[{section}] is not a table in the config file"),
-            });
-        };
-        let qualified = format!("{section}.{key}");
+        let mut path = vec![section.clone()];
+        path.extend(sub);
+        let mut section_table = &mut *table;
+        for (depth, name) in path.iter().enumerate() {
+            let entry = section_table
+                .entry(name.clone())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            let Some(inner) = entry.as_table_mut() else {
+                return Err(ConfigError::EnvKey {
+                    var,
+                    reason: format!(
+                        "[{}] is not a table in the config file",
+                        path[..=depth].join(".")
+                    ),
+                });
+            };
+            section_table = inner;
+        }
+        let qualified = format!("{}.{key}", path.join("."));
         let typed = if section == "kafka" {
             // librdkafka takes strings; "0123" must stay "0123".
             toml::Value::String(value)
@@ -883,6 +901,8 @@ const BOOL_KEYS: &[&str] = &[
     "postgres.allow_slot_ahead",
     "postgres.failover_slot",
     "outbox.allow_split_aggregates",
+    "outbox.cloudevents.enabled",
+    "outbox.cloudevents.subject",
     "topics.create",
 ];
 
@@ -1106,25 +1126,34 @@ mod tests {
     fn env_typing_table_matches_the_example_config() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/example.toml");
         let table: toml::Table = std::fs::read_to_string(path).unwrap().parse().unwrap();
+        // Every typed key, sub-tables such as [outbox.cloudevents] included.
+        fn walk(prefix: &str, values: &toml::Table, non_string: &mut Vec<String>) {
+            for (key, value) in values {
+                let qualified = format!("{prefix}.{key}");
+                match value {
+                    toml::Value::Integer(_) => assert!(
+                        NUMBER_KEYS.contains(&qualified.as_str()),
+                        "{qualified} missing from NUMBER_KEYS"
+                    ),
+                    toml::Value::Boolean(_) => assert!(
+                        BOOL_KEYS.contains(&qualified.as_str()),
+                        "{qualified} missing from BOOL_KEYS"
+                    ),
+                    toml::Value::Table(inner) => {
+                        walk(&qualified, inner, non_string);
+                        continue;
+                    }
+                    _ => continue,
+                }
+                non_string.push(qualified);
+            }
+        }
         let mut non_string = Vec::new();
         for (section, values) in &table {
             if section == "kafka" {
                 continue;
             }
-            for (key, value) in values.as_table().unwrap() {
-                match value {
-                    toml::Value::Integer(_) => assert!(
-                        NUMBER_KEYS.contains(&format!("{section}.{key}").as_str()),
-                        "{section}.{key} missing from NUMBER_KEYS"
-                    ),
-                    toml::Value::Boolean(_) => assert!(
-                        BOOL_KEYS.contains(&format!("{section}.{key}").as_str()),
-                        "{section}.{key} missing from BOOL_KEYS"
-                    ),
-                    _ => continue,
-                }
-                non_string.push(format!("{section}.{key}"));
-            }
+            walk(section, values.as_table().unwrap(), &mut non_string);
         }
         for key in NUMBER_KEYS.iter().chain(BOOL_KEYS) {
             assert!(
@@ -1132,6 +1161,32 @@ mod tests {
                 "{key} is not in config/example.toml"
             );
         }
+    }
+
+    #[test]
+    fn env_reaches_one_sub_table_level() {
+        let c = parse(
+            MINIMAL,
+            &[
+                ("OUTBOX_CDC__OUTBOX__CLOUDEVENTS__ENABLED", "true"),
+                ("OUTBOX_CDC__OUTBOX__CLOUDEVENTS__SOURCE", "/orders"),
+                ("OUTBOX_CDC__OUTBOX__COLUMNS__PAYLOAD", "body"),
+            ],
+        )
+        .unwrap();
+        assert!(c.outbox.cloudevents.enabled);
+        assert_eq!(c.outbox.cloudevents.source, "/orders");
+        assert_eq!(c.outbox.columns.payload.as_deref(), Some("body"));
+        for bad in [
+            "OUTBOX_CDC__OUTBOX__CLOUDEVENTS__A__B",
+            "OUTBOX_CDC__OUTBOX____ENABLED",
+        ] {
+            let e = parse(MINIMAL, &[(bad, "x")]).unwrap_err();
+            assert!(matches!(e, ConfigError::EnvKey { .. }), "{bad}: {e}");
+        }
+        // A sub-key of a key that is not a table is an error naming the key.
+        let e = parse(MINIMAL, &[("OUTBOX_CDC__OUTBOX__TABLE__X", "y")]).unwrap_err();
+        assert!(e.to_string().contains("outbox.table"), "{e}");
     }
 
     #[test]

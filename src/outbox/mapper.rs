@@ -23,6 +23,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::cloudevents::{CloudEvents, EventAttributes};
 use super::event::OutboxEvent;
 use super::settings::{ColumnNames, ConfigError, OutboxSettings, TableName};
 use super::topic::TopicTemplate;
@@ -184,6 +185,7 @@ pub struct OutboxMapper {
     /// `None` when logical messages are not events.
     message_prefix: Option<String>,
     max_record_bytes: usize,
+    cloudevents: Option<CloudEvents>,
 }
 
 /// Column positions of one version of the outbox table (one Relation message).
@@ -296,6 +298,7 @@ impl OutboxMapper {
             message_prefix: (!settings.message_prefix.is_empty())
                 .then(|| settings.message_prefix.clone()),
             max_record_bytes: settings.max_record_bytes,
+            cloudevents: settings.cloud_events()?,
         })
     }
 
@@ -405,6 +408,17 @@ impl OutboxMapper {
                 )),
             }
         }
+        if let Some(ce) = &self.cloudevents {
+            ce.append(
+                &mut headers,
+                EventAttributes {
+                    id: event_id_b,
+                    event_type: event_type_b,
+                    aggregate_id: aggregate_id_b,
+                    commit_time: ctx.commit_time,
+                },
+            );
+        }
 
         let topic = self.render_topic(&row, aggregate_type, event_type)?;
         self.finish(
@@ -490,23 +504,17 @@ impl OutboxMapper {
             _ => msg.content.slice_ref(raw.as_bytes()),
         };
 
+        let event_id_b = Bytes::copy_from_slice(env.event_id.as_bytes());
+        let event_type_b = Bytes::copy_from_slice(env.event_type.as_bytes());
+        let aggregate_id_b = Bytes::copy_from_slice(env.aggregate_id.as_bytes());
         let mut headers = Vec::with_capacity(7);
-        headers.push((
-            Cow::Borrowed(H_EVENT_ID),
-            Bytes::copy_from_slice(env.event_id.as_bytes()),
-        ));
-        headers.push((
-            Cow::Borrowed(H_EVENT_TYPE),
-            Bytes::copy_from_slice(env.event_type.as_bytes()),
-        ));
+        headers.push((Cow::Borrowed(H_EVENT_ID), event_id_b.clone()));
+        headers.push((Cow::Borrowed(H_EVENT_TYPE), event_type_b.clone()));
         headers.push((
             Cow::Borrowed(H_AGGREGATE_TYPE),
             Bytes::copy_from_slice(env.aggregate_type.as_bytes()),
         ));
-        headers.push((
-            Cow::Borrowed(H_AGGREGATE_ID),
-            Bytes::copy_from_slice(env.aggregate_id.as_bytes()),
-        ));
+        headers.push((Cow::Borrowed(H_AGGREGATE_ID), aggregate_id_b.clone()));
         if let Some(seq) = env.aggregate_sequence {
             headers.push((
                 Cow::Borrowed(H_AGGREGATE_SEQUENCE),
@@ -517,11 +525,22 @@ impl OutboxMapper {
             headers.push((Cow::Borrowed(H_SCHEMA_VERSION), Bytes::from(v.to_string())));
         }
         headers.push((Cow::Borrowed(H_LSN), lsn_text(ctx.lsn)));
+        if let Some(ce) = &self.cloudevents {
+            ce.append(
+                &mut headers,
+                EventAttributes {
+                    id: &event_id_b,
+                    event_type: &event_type_b,
+                    aggregate_id: &aggregate_id_b,
+                    commit_time: ctx.commit_time,
+                },
+            );
+        }
 
         let topic = self.render_topic(&row, &env.aggregate_type, &env.event_type)?;
         let event = OutboxEvent {
             topic,
-            key: Bytes::copy_from_slice(env.aggregate_id.as_bytes()),
+            key: aggregate_id_b,
             payload,
             headers,
             timestamp_ms: ctx.commit_time.unix_millis(),
@@ -797,6 +816,38 @@ mod tests {
             unreachable!()
         };
         assert_eq!(e.payload.as_ptr(), stored.as_ptr());
+    }
+
+    #[test]
+    fn cloudevents_add_binary_mode_headers_after_the_standard_ones() {
+        let m = mapper(OutboxSettings {
+            cloudevents: crate::outbox::CloudEventsSettings {
+                enabled: true,
+                source: "/orders-service".into(),
+                ..Default::default()
+            },
+            ..OutboxSettings::default()
+        });
+        let bound = m.bind(&seed_rel()).unwrap();
+        let e = m.map_insert(&bound, &seed_row(), &ctx()).unwrap();
+        let headers = header_list(&e);
+        assert_eq!(headers.len(), 7 + 7, "{headers:?}");
+        assert_eq!(
+            headers[7..],
+            pairs(&[
+                ("ce_specversion", "1.0"),
+                ("ce_id", UUID),
+                ("ce_source", "/orders-service"),
+                ("ce_type", "OrderCreated"),
+                ("ce_time", "2000-01-01T00:00:01.000Z"),
+                ("ce_subject", "o-42"),
+                ("content-type", "application/json"),
+            ])[..]
+        );
+        // The value and key are those of the plain record.
+        let plain = mapper(OutboxSettings::default());
+        let p = plain.map_insert(&bound, &seed_row(), &ctx()).unwrap();
+        assert_eq!((&e.key, &e.payload), (&p.key, &p.payload));
     }
 
     #[test]

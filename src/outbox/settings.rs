@@ -11,6 +11,7 @@ use std::str::FromStr;
 
 use serde::Deserialize;
 
+use super::cloudevents::{CLOUDEVENTS_HEADERS, CloudEvents, CloudEventsSettings};
 use super::topic::{self, TopicTemplate};
 
 /// Largest `max_record_bytes` accepted: librdkafka's upper bound for `message.max.bytes`.
@@ -64,6 +65,8 @@ pub struct OutboxSettings {
     /// Largest record (topic + key + value + headers) published; a larger row is poison.
     /// Default 1000000 (Kafka's default `message.max.bytes` is about this size).
     pub max_record_bytes: usize,
+    /// `[outbox.cloudevents]`: CloudEvents headers (binary mode). Default off.
+    pub cloudevents: CloudEventsSettings,
 }
 
 impl Default for OutboxSettings {
@@ -79,6 +82,7 @@ impl Default for OutboxSettings {
             on_poison: PoisonPolicy::Fail,
             dead_letter_topic: "outbox.dlq".to_owned(),
             max_record_bytes: 1_000_000,
+            cloudevents: CloudEventsSettings::default(),
         }
     }
 }
@@ -329,6 +333,7 @@ impl OutboxSettings {
         }
         self.column_names()?;
         self.check_extra_headers()?;
+        self.cloud_events()?;
         topic::validate_topic_name(&self.dead_letter_topic).map_err(|e| {
             ConfigError::new(
                 "outbox.dead_letter_topic",
@@ -346,6 +351,11 @@ impl OutboxSettings {
         Ok(())
     }
 
+    /// The CloudEvents headers to add, `None` when off.
+    pub(crate) fn cloud_events(&self) -> Result<Option<CloudEvents>, ConfigError> {
+        self.cloudevents.build(&self.table_name()?)
+    }
+
     fn check_extra_headers(&self) -> Result<(), ConfigError> {
         for (i, h) in self.extra_headers.iter().enumerate() {
             let problem = if h.is_empty() {
@@ -354,6 +364,11 @@ impl OutboxSettings {
                 Some(format!(
                     "a column whose name is not a standard header ({})",
                     STANDARD_HEADERS.join(", ")
+                ))
+            } else if self.cloudevents.enabled && CLOUDEVENTS_HEADERS.contains(&h.as_str()) {
+                Some(format!(
+                    "a column whose name is not a CloudEvents header ({})",
+                    CLOUDEVENTS_HEADERS.join(", ")
                 ))
             } else if self.extra_headers[..i].contains(h) {
                 Some("each column at most once".to_owned())

@@ -211,50 +211,10 @@ pub(crate) async fn table_columns(
 
 /// A time (microseconds since 2000-01-01) as RFC 3339 text, for messages.
 pub(crate) fn micros_text(micros_since_2000: i64) -> String {
-    let unix_ms = crate::pg::PgTimestamp(micros_since_2000).unix_millis();
-    let secs = unix_ms.div_euclid(1000);
-    let ms = unix_ms.rem_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
+    crate::pg::PgTimestamp(micros_since_2000).rfc3339()
 }
 
 /// A timestamp expression as microseconds since 2000-01-01, float8.
 pub(crate) fn micros_of(expr: &str) -> String {
     format!("((extract(epoch FROM {expr}) - 946684800) * 1e6)::float8")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn times_print_as_rfc3339() {
-        // 2000-01-01T00:00:00Z is PostgreSQL's epoch.
-        assert_eq!(micros_text(0), "2000-01-01T00:00:00.000Z");
-        // 2026-12-01T01:02:03.456Z
-        let unix_ms: i64 = 1_796_086_923_456;
-        let micros = (unix_ms - 946_684_800_000) * 1000;
-        assert_eq!(micros_text(micros), "2026-12-01T01:02:03.456Z");
-    }
 }
