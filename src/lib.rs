@@ -10,6 +10,7 @@ pub mod audit;
 pub mod checkpoint;
 pub mod config;
 pub mod coverage;
+pub mod debezium;
 pub mod disposition;
 pub mod failpoint;
 pub mod http;

@@ -153,6 +153,17 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Write the outbox-cdc configuration equivalent to a Debezium PostgreSQL
+    /// connector with the Outbox Event Router, and list (on stderr, and as
+    /// comments in the file) each Debezium setting that has no equivalent.
+    ImportDebezium {
+        /// The connector's config: Kafka Connect JSON or a .properties file.
+        input: PathBuf,
+        /// Where to write the TOML; default standard output. An existing file
+        /// is not overwritten.
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
 }
 
 impl Command {
@@ -169,6 +180,7 @@ impl Command {
             Command::Replay { config, .. } => ("replay", config),
             Command::Prune { config } => ("prune", config),
             Command::ValidateConfig { config } => ("validate-config", config),
+            Command::ImportDebezium { input, .. } => ("import-debezium", input),
         }
     }
 }
@@ -178,8 +190,9 @@ impl Command {
 /// per `log.format`. The format is read from the configuration before the
 /// command runs; a configuration that does not load gets text, and the
 /// command then reports why it does not load.
-fn init_logging(config: &Path) {
-    let format = Config::load(config)
+fn init_logging(config: Option<&Path>) {
+    let format = config
+        .and_then(|c| Config::load(c).ok())
         .map(|c| c.log.format)
         .unwrap_or_default();
     let builder = tracing_subscriber::fmt()
@@ -203,7 +216,10 @@ fn init_logging(config: &Path) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let (name, config) = cli.command.describe();
-    init_logging(config);
+    // import-debezium's file is a Debezium config (perhaps a pipe read once),
+    // not ours: its logs are text.
+    let ours = !matches!(cli.command, Command::ImportDebezium { .. });
+    init_logging(ours.then_some(config));
     // Every log line of the command carries its name and configuration file.
     let span = tracing::info_span!("outbox_cdc", command = %name, config = %config.display());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -384,6 +400,7 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
             );
             Ok(true)
         }
+        Command::ImportDebezium { input, output } => import_debezium(&input, output.as_deref()),
     }
 }
 
@@ -456,4 +473,43 @@ async fn wait_for_signal() {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
+}
+
+/// `import-debezium`: the TOML to `output` (or stdout), the notes to stderr.
+fn import_debezium(input: &Path, output: Option<&Path>) -> anyhow::Result<bool> {
+    let text = std::fs::read_to_string(input)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", input.display()))?;
+    let parsed = outbox_cdc::debezium::parse_connector(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", input.display()))?;
+    let imported = outbox_cdc::debezium::import(&parsed)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", input.display()))?;
+    // What is written must load: a failure here is a bug of the import.
+    Config::from_sources("imported", &imported.toml, Vec::<(String, String)>::new())
+        .map_err(|e| anyhow::anyhow!("the imported configuration does not load: {e}"))?;
+    match output {
+        Some(path) => {
+            use std::io::Write as _;
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+                .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", path.display()))?;
+            file.write_all(imported.toml.as_bytes())
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+            eprintln!("wrote {}", path.display());
+        }
+        None => print!("{}", imported.toml),
+    }
+    if imported.notes.is_empty() {
+        eprintln!("every setting has an equivalent");
+    } else {
+        eprintln!(
+            "{} Debezium setting(s) without an equivalent:",
+            imported.notes.len()
+        );
+        for n in &imported.notes {
+            eprintln!("  {}: {}", n.key, n.why);
+        }
+    }
+    Ok(true)
 }
