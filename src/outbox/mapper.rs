@@ -173,6 +173,8 @@ const H_AGGREGATE_ID: &str = "aggregate_id";
 const H_AGGREGATE_SEQUENCE: &str = "aggregate_sequence";
 const H_SCHEMA_VERSION: &str = "schema_version";
 const H_LSN: &str = "lsn";
+/// Debezium's Outbox Event Router header for the event id (`debezium` layout).
+const H_DEBEZIUM_ID: &str = "id";
 
 /// Turns outbox rows and messages into events; built once from the settings.
 #[derive(Debug, Clone)]
@@ -186,6 +188,9 @@ pub struct OutboxMapper {
     message_prefix: Option<String>,
     max_record_bytes: usize,
     cloudevents: Option<CloudEvents>,
+    /// The `debezium` layout also writes the event id as `id`, the header
+    /// Debezium's Outbox Event Router sets, so its consumers read it unchanged.
+    id_header: bool,
 }
 
 /// Column positions of one version of the outbox table (one Relation message).
@@ -299,6 +304,7 @@ impl OutboxMapper {
                 .then(|| settings.message_prefix.clone()),
             max_record_bytes: settings.max_record_bytes,
             cloudevents: settings.cloud_events()?,
+            id_header: settings.layout == super::settings::Layout::Debezium,
         })
     }
 
@@ -399,6 +405,9 @@ impl OutboxMapper {
             headers.push((Cow::Borrowed(H_SCHEMA_VERSION), v));
         }
         headers.push((Cow::Borrowed(H_LSN), lsn_text(ctx.lsn)));
+        if self.id_header {
+            headers.push((Cow::Borrowed(H_DEBEZIUM_ID), event_id_b.clone()));
+        }
         for (name, idx) in &bound.extra {
             match tuple.columns.get(*idx) {
                 Some(ColumnValue::Null) => {}
@@ -525,6 +534,9 @@ impl OutboxMapper {
             headers.push((Cow::Borrowed(H_SCHEMA_VERSION), Bytes::from(v.to_string())));
         }
         headers.push((Cow::Borrowed(H_LSN), lsn_text(ctx.lsn)));
+        if self.id_header {
+            headers.push((Cow::Borrowed(H_DEBEZIUM_ID), event_id_b.clone()));
+        }
         if let Some(ce) = &self.cloudevents {
             ce.append(
                 &mut headers,
@@ -897,6 +909,8 @@ mod tests {
                 ("aggregate_type", "Order"),
                 ("aggregate_id", "9"),
                 ("lsn", "16/B374D848"),
+                // As Debezium's Outbox Event Router sets it.
+                ("id", UUID),
                 ("tenant", "acme"),
             ])
         );

@@ -365,6 +365,12 @@ impl OutboxSettings {
                     "a column whose name is not a standard header ({})",
                     STANDARD_HEADERS.join(", ")
                 ))
+            } else if self.layout == Layout::Debezium && h == "id" {
+                Some(
+                    "a column other than `id`: the debezium layout writes the event id as the \
+                     `id` header, as Debezium's Outbox Event Router does"
+                        .to_owned(),
+                )
             } else if self.cloudevents.enabled && CLOUDEVENTS_HEADERS.contains(&h.as_str()) {
                 Some(format!(
                     "a column whose name is not a CloudEvents header ({})",
@@ -389,6 +395,17 @@ mod tests {
 
     fn parse(toml_text: &str) -> Result<OutboxSettings, toml::de::Error> {
         toml::from_str(toml_text)
+    }
+
+    #[test]
+    fn the_debezium_layout_keeps_the_id_header_for_the_event_id() {
+        let e = parse("layout = \"debezium\"\nextra_headers = [\"id\"]")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("outbox.extra_headers"), "{e}");
+        // The seed layout has no `id` header: a column of that name may be one.
+        parse("extra_headers = [\"id\"]").unwrap().validate().unwrap();
     }
 
     #[test]

@@ -261,7 +261,18 @@ async fn bootstrap(
             ResumePlan::Resume {
                 start,
                 skip_through,
-            } => (start, skip_through),
+            } => {
+                if stored.is_none() {
+                    // An existing slot and no offset of ours: another consumer
+                    // (Debezium, pg_recvlogical, an earlier store) confirmed it
+                    // this far, and what it confirmed is its to have delivered.
+                    warn!(slot, confirmed_flush_lsn = %start,
+                        "taking over an existing slot with no offset stored here: streaming from its \
+                         confirmed_flush_lsn; changes its previous consumer confirmed are not published again \
+                         (outbox-cdc replay --since publishes retained rows for a consumer that needs them)");
+                }
+                (start, skip_through)
+            }
         }
     };
     if options.repair_only {
