@@ -54,7 +54,10 @@ fn imports_a_connector_json_into_a_config_that_validates() {
         "{toml}"
     );
     assert!(toml.contains(r#"slot = "debezium""#), "{toml}");
-    assert!(!toml.contains("pw-in-json"), "the password reached the file: {toml}");
+    assert!(
+        !toml.contains("pw-in-json"),
+        "the password reached the file: {toml}"
+    );
     assert!(toml.contains(r#"connector "inventory-outbox""#), "{toml}");
     // Each setting without an equivalent is named with its reason.
     for key in [

@@ -405,7 +405,10 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("outbox.extra_headers"), "{e}");
         // The seed layout has no `id` header: a column of that name may be one.
-        parse("extra_headers = [\"id\"]").unwrap().validate().unwrap();
+        parse("extra_headers = [\"id\"]")
+            .unwrap()
+            .validate()
+            .unwrap();
     }
 
     #[test]
