@@ -147,12 +147,14 @@ fn pod_config(m: &Manifests) -> Config {
     for var in container(m).env.iter().flatten() {
         env.insert(var.name.clone(), var.value.clone().unwrap_or_default());
     }
-    for key in env
+    let stray: Vec<&String> = env
         .keys()
         .filter(|k| !k.starts_with("OUTBOX_CDC__") && *k != "RUST_LOG")
-    {
-        panic!("{key} is neither an OUTBOX_CDC__ override nor RUST_LOG");
-    }
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "neither OUTBOX_CDC__ overrides nor RUST_LOG: {stray:?}"
+    );
     Config::from_sources("configmap config.toml", text, env)
         .unwrap_or_else(|e| panic!("the pod's configuration does not load: {e}"))
 }
