@@ -348,7 +348,17 @@ async fn check_postgres(config: &Config) -> Vec<CheckResult> {
             let oid = p.catalog.table.as_ref().map_or(0, |t| t.oid);
             results.push(pass(Item::OutboxTable, p.table_detail(&facts)));
             results.push(select_privilege(&client, oid, &facts).await);
-            results.push(outbox_columns(&client, oid, &facts, &config.outbox.extra_headers).await);
+            let mut extra: Vec<(&str, String)> = config
+                .outbox
+                .extra_headers
+                .iter()
+                .map(|h| ("outbox.extra_headers", h.clone()))
+                .collect();
+            // Validated when the configuration loaded.
+            for column in config.outbox.placement_columns().unwrap_or_default() {
+                extra.push(("outbox.additional_placement", column));
+            }
+            results.push(outbox_columns(&client, oid, &facts, &extra).await);
         }
         Ok(p) => {
             results.push(fail_with(Item::OutboxTable, &p.table_problems()));
@@ -866,7 +876,7 @@ impl ColumnRole {
 /// (config key, column name, role) for every column the mapping reads.
 fn mapped_columns(
     columns: &ColumnNames,
-    extra_headers: &[String],
+    extra: &[(&str, String)],
 ) -> Vec<(String, String, ColumnRole)> {
     let mut out = vec![
         (
@@ -909,12 +919,8 @@ fn mapped_columns(
             ColumnRole::Integer,
         ));
     }
-    for h in extra_headers {
-        out.push((
-            "outbox.extra_headers".to_owned(),
-            h.clone(),
-            ColumnRole::Any,
-        ));
+    for (key, column) in extra {
+        out.push((key.to_string(), column.clone(), ColumnRole::Any));
     }
     out
 }
@@ -923,7 +929,7 @@ async fn outbox_columns(
     client: &Client,
     oid: u32,
     facts: &Facts,
-    extra_headers: &[String],
+    extra: &[(&str, String)],
 ) -> CheckResult {
     const NAME: Item = Item::OutboxColumns;
     let rows = match client
@@ -948,7 +954,7 @@ async fn outbox_columns(
     let mut found = Vec::new();
     let mut problems = Vec::new();
     let mut fixes = Vec::new();
-    for (key, column, role) in mapped_columns(&facts.columns, extra_headers) {
+    for (key, column, role) in mapped_columns(&facts.columns, extra) {
         match present.iter().find(|(name, _, _)| *name == column) {
             None => {
                 problems.push(format!("column {column:?} ({key}) is missing"));

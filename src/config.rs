@@ -925,8 +925,21 @@ fn typed_env_value(var: &str, key: &str, value: String) -> Result<toml::Value, C
                 ConfigError::invalid(key, format!("{value} (from {var})"), "true or false")
             });
     }
+    if LIST_KEYS.contains(&key) {
+        return Ok(toml::Value::Array(
+            value
+                .split(',')
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(|v| toml::Value::String(v.to_owned()))
+                .collect(),
+        ));
+    }
     Ok(toml::Value::String(value))
 }
+
+/// Keys whose values are lists of strings; from the environment, comma-separated.
+const LIST_KEYS: &[&str] = &["outbox.extra_headers", "outbox.additional_placement"];
 
 /// librdkafka takes every property as a string; accept `linger.ms = 5` in TOML too.
 /// (`[topics.config]` values are kept as strings by their own deserializer.)
@@ -1139,6 +1152,10 @@ mod tests {
                         BOOL_KEYS.contains(&qualified.as_str()),
                         "{qualified} missing from BOOL_KEYS"
                     ),
+                    toml::Value::Array(_) => assert!(
+                        LIST_KEYS.contains(&qualified.as_str()),
+                        "{qualified} missing from LIST_KEYS"
+                    ),
                     toml::Value::Table(inner) => {
                         walk(&qualified, inner, non_string);
                         continue;
@@ -1155,7 +1172,7 @@ mod tests {
             }
             walk(section, values.as_table().unwrap(), &mut non_string);
         }
-        for key in NUMBER_KEYS.iter().chain(BOOL_KEYS) {
+        for key in NUMBER_KEYS.iter().chain(BOOL_KEYS).chain(LIST_KEYS) {
             assert!(
                 non_string.contains(&key.to_string()),
                 "{key} is not in config/example.toml"
@@ -1175,6 +1192,19 @@ mod tests {
         )
         .unwrap();
         assert!(c.outbox.cloudevents.enabled);
+        let lists = parse(
+            MINIMAL,
+            &[(
+                "OUTBOX_CDC__OUTBOX__ADDITIONAL_PLACEMENT",
+                "type:header:eventType, v:envelope",
+            )],
+        )
+        .unwrap();
+        assert_eq!(
+            lists.outbox.additional_placement,
+            vec!["type:header:eventType", "v:envelope"]
+        );
+
         assert_eq!(c.outbox.cloudevents.source, "/orders");
         assert_eq!(c.outbox.columns.payload.as_deref(), Some("body"));
         for bad in [

@@ -668,6 +668,15 @@ pub fn mapped_columns(settings: &OutboxSettings) -> Result<Vec<MappedColumn>, Co
         key: "outbox.extra_headers".to_owned(),
         column: h.clone(),
     }));
+    out.extend(
+        settings
+            .placement_columns()?
+            .into_iter()
+            .map(|column| MappedColumn {
+                key: "outbox.additional_placement".to_owned(),
+                column,
+            }),
+    );
     Ok(out)
 }
 

@@ -22,6 +22,9 @@ use std::fmt::Write as _;
 /// The router Debezium's outbox pattern uses.
 const EVENT_ROUTER: &str = "io.debezium.transforms.outbox.EventRouter";
 
+/// The router's default `route.topic.regex`: the whole value.
+const DEFAULT_ROUTE_REGEX: &str = "(?<routedByValue>.*)";
+
 /// The router's topic placeholder for the routing column's value.
 const ROUTED_BY_VALUE: &str = "${routedByValue}";
 
@@ -124,7 +127,29 @@ fn parse_properties(text: &str) -> BTreeMap<String, String> {
             ),
             None => (entry.as_str(), ""),
         };
-        out.insert(key.trim().to_owned(), value.trim().to_owned());
+        out.insert(unescape(key.trim()), unescape(value.trim()));
+    }
+    out
+}
+
+/// `.properties` escapes: `\\` is a backslash, `\t` `\n` `\r` `\f` control
+/// characters, any other escaped character stands for itself (`\:`, `\=`).
+fn unescape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('t') => out.push('\t'),
+            Some('n') => out.push('\n'),
+            Some('r') => out.push('\r'),
+            Some('f') => out.push('\u{c}'),
+            Some(other) => out.push(other),
+            None => {}
+        }
     }
     out
 }
@@ -265,58 +290,49 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, ImportError
     }
     let replacement = get(&t("route.topic.replacement"))
         .unwrap_or_else(|| format!("outbox.event.{ROUTED_BY_VALUE}"));
-    let topic = replacement.replace(ROUTED_BY_VALUE, "{aggregate_type}");
-    if topic.contains('$') {
-        notes_later.push((
-            t("route.topic.replacement"),
-            replacement.clone(),
-            "only ${routedByValue} has an equivalent ({aggregate_type}); other groups of \
-             route.topic.regex do not: check outbox.topic"
-                .into(),
-        ));
-    }
-    if let Some(regex) = get(&t("route.topic.regex"))
-        && regex != "(?<routedByValue>.*)"
-    {
-        notes_later.push((
-            t("route.topic.regex"),
-            regex,
-            "routing by a regular expression is not supported: the whole routing column's \
-             value is {aggregate_type} in outbox.topic"
-                .into(),
-        ));
-    }
-    let mut extra_headers = Vec::new();
-    if let Some(placement) = get(&t("table.fields.additional.placement")) {
-        for spec in placement
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-        {
-            let parts: Vec<&str> = spec.split(':').collect();
-            match parts.as_slice() {
-                [column, "header"] => extra_headers.push(column.to_string()),
-                [column, "header", alias] if alias == column => {
-                    extra_headers.push(column.to_string())
-                }
-                _ => notes_later.push((
-                    t("table.fields.additional.placement"),
-                    spec.to_owned(),
-                    "only `column:header` (header named as the column) has an equivalent \
-                     (outbox.extra_headers); envelope and partition placement and header \
-                     aliases do not"
-                        .into(),
-                )),
-            }
-        }
-    }
-    if let Some(expand) = get(&t("table.expand.json.payload")) {
+    let regex = get(&t("route.topic.regex")).filter(|r| r != DEFAULT_ROUTE_REGEX);
+    // The default regex is the whole value: a template says the same. Any
+    // other regex (or a replacement with other groups) goes to [outbox.route].
+    let (topic, route) = match regex {
+        None if !replacement.replace(ROUTED_BY_VALUE, "").contains('$') => (
+            replacement.replace(ROUTED_BY_VALUE, "{aggregate_type}"),
+            None,
+        ),
+        regex => (
+            "outbox.event.{aggregate_type}".to_owned(),
+            Some((
+                regex.unwrap_or_else(|| DEFAULT_ROUTE_REGEX.to_owned()),
+                replacement.clone(),
+            )),
+        ),
+    };
+    // Debezium's own syntax, taken as it is.
+    let placements: Vec<String> = get(&t("table.fields.additional.placement"))
+        .map(|p| {
+            p.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    // Without expansion Debezium's value is the payload as a string, which
+    // the JSON converter (Kafka Connect's default) quotes; StringConverter
+    // and ByteArray-style converters write the text as it is.
+    let expand = get(&t("table.expand.json.payload")).is_some_and(|v| v == "true");
+    let value_converter = config.get("value.converter").cloned().unwrap_or_default();
+    let json_converter = value_converter.is_empty() || value_converter.ends_with("JsonConverter");
+    let payload_format = if json_converter && !expand {
+        "json-string"
+    } else {
+        "as-stored"
+    };
+    if expand {
         notes_later.push((
             t("table.expand.json.payload"),
-            expand,
-            "the record value is the payload column as stored: a json/jsonb payload goes out \
-             as that JSON (what expand.json.payload = true gives with a JSON converter), a \
-             text payload as its text"
+            "true".into(),
+            "the value is the payload column's JSON as PostgreSQL sends it: the same document \
+             Debezium expands, not necessarily the same bytes (spacing, key order of json)"
                 .into(),
         ));
     }
@@ -403,15 +419,21 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, ImportError
     let _ = writeln!(out, "table = {}", quote(&table));
     let _ = writeln!(out, "layout = \"debezium\"");
     let _ = writeln!(out, "topic = {}", quote(&topic));
-    if !extra_headers.is_empty() {
-        let list: Vec<String> = extra_headers.iter().map(|h| quote(h)).collect();
-        let _ = writeln!(out, "extra_headers = [{}]", list.join(", "));
+    let _ = writeln!(out, "payload_format = {}", quote(payload_format));
+    if !placements.is_empty() {
+        let list: Vec<String> = placements.iter().map(|h| quote(h)).collect();
+        let _ = writeln!(out, "additional_placement = [{}]", list.join(", "));
     }
     if !columns.is_empty() {
         let _ = writeln!(out, "\n[outbox.columns]");
         for (ours, column) in &columns {
             let _ = writeln!(out, "{ours} = {}", quote(column));
         }
+    }
+    if let Some((regex, replacement)) = &route {
+        let _ = writeln!(out, "\n[outbox.route]");
+        let _ = writeln!(out, "regex = {}", quote(regex));
+        let _ = writeln!(out, "replacement = {}", quote(replacement));
     }
     let _ = writeln!(out, "\n[kafka]");
     for (k, v) in &kafka {
@@ -464,9 +486,9 @@ fn explain_unmapped(key: &str, router: &str) -> String {
         "single message transforms do not exist in outbox-cdc; its record shape is fixed \
          (docs/migrating-from-debezium.md)"
     } else if key.ends_with(".converter") || key.contains(".converter.") {
-        "records are bytes: key = aggregate id as text, value = payload as stored (the \
-         shape of StringConverter; JsonConverter with schemas.enable=true wraps values in a \
-         schema envelope outbox-cdc does not write)"
+        "records are bytes: key = aggregate id as text, value per outbox.payload_format \
+         (set from value.converter and table.expand.json.payload); JsonConverter with \
+         schemas.enable=true wraps values in a schema envelope outbox-cdc does not write"
     } else if key.starts_with("snapshot.") {
         "outbox-cdc takes no snapshot: rows committed before the slot are not published \
          (use `outbox-cdc replay --since`)"
@@ -566,7 +588,15 @@ mod tests {
             config.outbox.columns.aggregate_type.as_deref(),
             Some("aggregate_type")
         );
-        assert_eq!(config.outbox.extra_headers, vec!["tenant".to_owned()]);
+        assert_eq!(
+            config.outbox.additional_placement,
+            vec!["tenant:header".to_owned(), "version:envelope:v".to_owned()]
+        );
+        // StringConverter: the text as it is.
+        assert_eq!(
+            config.outbox.payload_format,
+            crate::outbox::PayloadFormat::AsStored
+        );
         assert_eq!(config.kafka.get("compression.type"), Some("lz4"));
         assert_eq!(config.kafka.get("acks"), None, "acks=1 is not carried over");
         assert_eq!(config.monitor.heartbeat_interval_ms, 10_000);
@@ -580,7 +610,6 @@ mod tests {
             "snapshot.mode",
             "topic.prefix",
             "tombstones.on.delete",
-            "transforms.outbox.table.fields.additional.placement",
             "transforms.outbox.table.expand.json.payload",
             "value.converter",
         ] {
@@ -614,6 +643,25 @@ transforms.router.type=io.debezium.transforms.outbox.EventRouter
         assert_eq!(config.outbox.topic, "outbox.event.{aggregate_type}");
         assert_eq!(config.outbox.columns, Default::default());
         assert_eq!(config.kafka.bootstrap_servers(), Some("kafka:9092"));
+        // No converter named: Kafka Connect's JsonConverter quotes the payload string.
+        assert_eq!(
+            config.outbox.payload_format,
+            crate::outbox::PayloadFormat::JsonString
+        );
+        assert_eq!(config.outbox.route, Default::default());
+    }
+
+    #[test]
+    fn a_custom_route_regex_becomes_outbox_route() {
+        let props = "connector.class=io.debezium.connector.postgresql.PostgresConnector\n\
+                     transforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\n\
+                     transforms.o.route.topic.regex=(?<kind>[a-z]+)-v(?<v>\\\\d+)\n\
+                     transforms.o.route.topic.replacement=${kind}.events.v${v}\n";
+        let imported = import(&parse_connector(props).unwrap()).unwrap();
+        let config = Config::from_sources("imported.toml", &imported.toml, Vec::new())
+            .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml));
+        assert_eq!(config.outbox.route.regex, r"(?<kind>[a-z]+)-v(?<v>\d+)");
+        assert_eq!(config.outbox.route.replacement, "${kind}.events.v${v}");
     }
 
     #[test]

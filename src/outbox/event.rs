@@ -25,6 +25,9 @@ pub struct OutboxEvent {
     pub aggregate_id: String,
     /// WAL position of the change that produced this event.
     pub lsn: Lsn,
+    /// An explicit partition (Debezium's `partition` placement); `None`: the
+    /// producer's partitioner picks it from the key.
+    pub partition: Option<i32>,
 }
 
 impl OutboxEvent {
@@ -77,6 +80,7 @@ mod tests {
             aggregate_type: "t".into(),
             aggregate_id: "k1".into(),
             lsn: Lsn::ZERO,
+            partition: None,
         };
         // The topic is not part of the record.
         assert_eq!(event("a").wire_size(), event(&"a".repeat(200)).wire_size());

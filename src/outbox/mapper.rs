@@ -25,6 +25,7 @@ use serde_json::value::RawValue;
 
 use super::cloudevents::{CloudEvents, EventAttributes};
 use super::event::OutboxEvent;
+use super::placement::{PayloadFormat, Placement, TopicRoute, shape_value};
 use super::settings::{ColumnNames, ConfigError, OutboxSettings, TableName};
 use super::topic::TopicTemplate;
 use crate::Disposition;
@@ -92,6 +93,14 @@ pub enum MapError {
     },
     #[error("{at}: bad event envelope: {reason}")]
     BadEnvelope { reason: String, at: Box<RowRef> },
+    #[error(
+        "{at}: column {column:?} (outbox.additional_placement partition) holds {value:?}, not a partition number (0, 1, ...)"
+    )]
+    BadPartition {
+        column: String,
+        value: String,
+        at: Box<RowRef>,
+    },
     #[error("{at}: the row has {got} columns but its Relation message announced {expected}")]
     ColumnCount {
         expected: usize,
@@ -127,7 +136,8 @@ impl MapError {
             | MapError::InvalidUtf8 { .. }
             | MapError::InvalidTopic { .. }
             | MapError::TooLarge { .. }
-            | MapError::BadEnvelope { .. } => Disposition::RecordRefused,
+            | MapError::BadEnvelope { .. }
+            | MapError::BadPartition { .. } => Disposition::RecordRefused,
             MapError::MissingColumn { .. }
             | MapError::BinaryValue { .. }
             | MapError::ColumnCount { .. }
@@ -158,6 +168,7 @@ impl MapError {
             | MapError::InvalidTopic { at, .. }
             | MapError::TooLarge { at, .. }
             | MapError::BadEnvelope { at, .. }
+            | MapError::BadPartition { at, .. }
             | MapError::ColumnCount { at, .. } => Some(at.as_ref()),
             MapError::MissingColumn { .. }
             | MapError::UnknownRelation { .. }
@@ -182,7 +193,15 @@ pub struct OutboxMapper {
     table: TableName,
     qualified: String,
     columns: ColumnNames,
-    extra_headers: Vec<String>,
+    /// (header name, column) of the extra headers.
+    extra_headers: Vec<(String, String)>,
+    /// (member name, column) of the value's envelope; empty: no envelope.
+    envelope: Vec<(String, String)>,
+    /// The column whose integer value is the record's partition.
+    partition: Option<String>,
+    payload_format: PayloadFormat,
+    /// `[outbox.route]`, which replaces the topic template when set.
+    route: Option<TopicRoute>,
     topic: TopicTemplate,
     /// `None` when logical messages are not events.
     message_prefix: Option<String>,
@@ -205,7 +224,14 @@ pub struct BoundRelation {
     event_type: usize,
     schema_version: Option<usize>,
     payload: usize,
-    extra: Vec<(String, usize)>,
+    /// The payload column is `json` or `jsonb`.
+    payload_is_json: bool,
+    /// (header name, column, position).
+    extra: Vec<(String, String, usize)>,
+    /// (envelope member, column, position).
+    envelope: Vec<(String, String, usize)>,
+    /// (column, position) of the partition column.
+    partition: Option<(String, usize)>,
 }
 
 impl BoundRelation {
@@ -288,6 +314,9 @@ struct Envelope<'a> {
 
 /// PostgreSQL's type OID of `bytea` (pg_type.dat), as sent in Relation messages.
 const BYTEA_OID: u32 = 17;
+/// Type OIDs of `json` and `jsonb` (pg_type.dat).
+const JSON_OID: u32 = 114;
+const JSONB_OID: u32 = 3802;
 
 impl OutboxMapper {
     /// Validates the settings and prepares everything that does not depend on a row.
@@ -298,7 +327,21 @@ impl OutboxMapper {
             qualified: table.to_string(),
             table,
             columns: settings.column_names()?,
-            extra_headers: settings.extra_headers.clone(),
+            extra_headers: settings.header_columns()?,
+            envelope: settings
+                .placements()?
+                .into_iter()
+                .filter_map(|p| match p {
+                    Placement::Envelope { column, name } => Some((name, column)),
+                    _ => None,
+                })
+                .collect(),
+            partition: settings.placements()?.into_iter().find_map(|p| match p {
+                Placement::Partition { column } => Some(column),
+                _ => None,
+            }),
+            payload_format: settings.payload_format,
+            route: settings.route.compile()?,
             topic: settings.topic_template()?,
             message_prefix: (!settings.message_prefix.is_empty())
                 .then(|| settings.message_prefix.clone()),
@@ -344,11 +387,22 @@ impl OutboxMapper {
             event_type: find(&c.event_type)?,
             schema_version: find_opt(&c.schema_version)?,
             payload,
+            payload_is_json: matches!(rel.columns[payload].type_oid, JSON_OID | JSONB_OID),
             extra: self
                 .extra_headers
                 .iter()
-                .map(|h| Ok((h.clone(), find(h)?)))
+                .map(|(name, column)| Ok((name.clone(), column.clone(), find(column)?)))
                 .collect::<Result<_, MapError>>()?,
+            envelope: self
+                .envelope
+                .iter()
+                .map(|(name, column)| Ok((name.clone(), column.clone(), find(column)?)))
+                .collect::<Result<_, MapError>>()?,
+            partition: self
+                .partition
+                .as_ref()
+                .map(|column| Ok((column.clone(), find(column)?)))
+                .transpose()?,
         })
     }
 
@@ -408,15 +462,20 @@ impl OutboxMapper {
         if self.id_header {
             headers.push((Cow::Borrowed(H_DEBEZIUM_ID), event_id_b.clone()));
         }
-        for (name, idx) in &bound.extra {
+        for (name, column, idx) in &bound.extra {
             match tuple.columns.get(*idx) {
                 Some(ColumnValue::Null) => {}
                 _ => headers.push((
                     Cow::Owned(name.clone()),
-                    row.text(tuple, *idx, name)?.clone(),
+                    row.text(tuple, *idx, column)?.clone(),
                 )),
             }
         }
+        let payload = self.shape_row_value(&row, tuple, bound, payload)?;
+        let partition = match &bound.partition {
+            Some((column, idx)) => Some(self.partition_of(&row, tuple, column, *idx)?),
+            None => None,
+        };
         if let Some(ce) = &self.cloudevents {
             ce.append(
                 &mut headers,
@@ -442,6 +501,7 @@ impl OutboxMapper {
                 aggregate_type: aggregate_type.to_owned(),
                 aggregate_id: aggregate_id.to_owned(),
                 lsn: ctx.lsn,
+                partition,
             },
         )
     }
@@ -512,6 +572,13 @@ impl OutboxMapper {
             // The borrowed RawValue lies inside the message content.
             _ => msg.content.slice_ref(raw.as_bytes()),
         };
+        // A message has no columns, so no envelope; the format still applies.
+        let payload = shape_value(self.payload_format, &payload, false, &[]).map_err(|_| {
+            MapError::BadEnvelope {
+                reason: "\"payload\" is not UTF-8".into(),
+                at: row.at(),
+            }
+        })?;
 
         let event_id_b = Bytes::copy_from_slice(env.event_id.as_bytes());
         let event_type_b = Bytes::copy_from_slice(env.event_type.as_bytes());
@@ -560,6 +627,7 @@ impl OutboxMapper {
             aggregate_type: env.aggregate_type.clone(),
             aggregate_id: env.aggregate_id.clone(),
             lsn: ctx.lsn,
+            partition: None,
         };
         self.finish(&row, event).map(Some)
     }
@@ -570,12 +638,84 @@ impl OutboxMapper {
         self.message_prefix.is_some()
     }
 
+    /// The record value of a row: the payload, shaped by `payload_format`
+    /// and the envelope placements.
+    fn shape_row_value(
+        &self,
+        row: &Partial<'_>,
+        tuple: &TupleData,
+        bound: &BoundRelation,
+        payload: Bytes,
+    ) -> Result<Bytes, MapError> {
+        if bound.envelope.is_empty() && self.payload_format == PayloadFormat::AsStored {
+            return Ok(payload);
+        }
+        let mut fields = Vec::with_capacity(bound.envelope.len());
+        for (name, column, idx) in &bound.envelope {
+            let value = match tuple.columns.get(*idx) {
+                Some(ColumnValue::Null) => None,
+                _ => Some(&row.text(tuple, *idx, column)?[..]),
+            };
+            fields.push((name.as_str(), value));
+        }
+        shape_value(
+            self.payload_format,
+            &payload,
+            bound.payload_is_json,
+            &fields,
+        )
+        .map_err(|_| MapError::InvalidUtf8 {
+            column: self.columns.payload.clone(),
+            at: row.at(),
+        })
+    }
+
+    /// The partition named by the partition column (Debezium's `partition` placement).
+    fn partition_of(
+        &self,
+        row: &Partial<'_>,
+        tuple: &TupleData,
+        column: &str,
+        idx: usize,
+    ) -> Result<i32, MapError> {
+        let text = row.text(tuple, idx, column)?;
+        std::str::from_utf8(text)
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok())
+            .filter(|p| *p >= 0)
+            .ok_or_else(|| MapError::BadPartition {
+                column: column.to_owned(),
+                value: String::from_utf8_lossy(text).into_owned(),
+                at: row.at(),
+            })
+    }
+
     fn render_topic(
         &self,
         row: &Partial<'_>,
         aggregate_type: &str,
         event_type: &str,
     ) -> Result<String, MapError> {
+        if let Some(route) = &self.route {
+            let topic = route
+                .topic(aggregate_type)
+                .ok_or_else(|| MapError::InvalidTopic {
+                    topic: String::new(),
+                    reason: format!(
+                        "outbox.route.regex {} does not match the aggregate type {aggregate_type:?}",
+                        route.regex()
+                    ),
+                    at: row.at(),
+                })?;
+            return match super::topic::validate_topic_name(&topic) {
+                Ok(()) => Ok(topic),
+                Err(e) => Err(MapError::InvalidTopic {
+                    topic,
+                    reason: e.to_string(),
+                    at: row.at(),
+                }),
+            };
+        }
         self.topic
             .render(aggregate_type, event_type)
             .map_err(|(topic, e)| MapError::InvalidTopic {
@@ -860,6 +1000,80 @@ mod tests {
         let plain = mapper(OutboxSettings::default());
         let p = plain.map_insert(&bound, &seed_row(), &ctx()).unwrap();
         assert_eq!((&e.key, &e.payload), (&p.key, &p.payload));
+    }
+
+    #[test]
+    fn debezium_placements_payload_format_and_route() {
+        let settings = OutboxSettings {
+            table: "outbox".into(),
+            layout: Layout::Debezium,
+            additional_placement: vec![
+                "type:header:eventType".into(),
+                "tenant:envelope".into(),
+                "shard:partition".into(),
+            ],
+            payload_format: crate::outbox::PayloadFormat::JsonString,
+            route: crate::outbox::RouteSettings {
+                regex: "(?<routedByValue>.*)".into(),
+                replacement: "events.${routedByValue}".into(),
+            },
+            ..OutboxSettings::default()
+        };
+        let m = mapper(settings);
+        let r = rel(
+            1,
+            "public",
+            "outbox",
+            &[
+                "id",
+                "aggregatetype",
+                "aggregateid",
+                "type",
+                "payload",
+                "tenant",
+                "shard",
+            ],
+        );
+        let bound = m.bind(&r).unwrap();
+        let row = |shard: &str| TupleData {
+            columns: vec![
+                text(UUID),
+                text("Order"),
+                text("9"),
+                text("Paid"),
+                text(r#"{"a": 1}"#),
+                text("acme"),
+                text(shard),
+            ],
+        };
+        let e = m.map_insert(&bound, &row("2"), &ctx()).unwrap();
+        assert_eq!(e.topic, "events.Order");
+        assert_eq!(e.partition, Some(2));
+        assert_eq!(
+            header_list(&e).last().unwrap(),
+            &("eventType".to_owned(), "Paid".to_owned())
+        );
+        // An envelope with the payload as a JSON string, as Debezium writes it
+        // without JSON expansion; the test relation's payload column is text.
+        let v: serde_json::Value = serde_json::from_slice(&e.payload).unwrap();
+        assert_eq!(v["payload"], r#"{"a": 1}"#);
+        assert_eq!(v["tenant"], "acme");
+        let bad = m.map_insert(&bound, &row("x"), &ctx()).unwrap_err();
+        assert!(matches!(bad, MapError::BadPartition { .. }), "{bad}");
+        assert_eq!(bad.disposition(), Disposition::RecordRefused);
+
+        // A route whose regex does not match is a refused record naming it.
+        let m = mapper(OutboxSettings {
+            route: crate::outbox::RouteSettings {
+                regex: "[a-z]+".into(),
+                replacement: "t.$0".into(),
+            },
+            ..OutboxSettings::default()
+        });
+        let bound = m.bind(&seed_rel()).unwrap();
+        let e = m.map_insert(&bound, &seed_row(), &ctx()).unwrap();
+        assert_eq!(e.topic, "t.order");
+        assert_eq!(e.partition, None);
     }
 
     #[test]

@@ -3,15 +3,18 @@
 //! - [`settings`]: the `[outbox]` configuration section and its validation.
 //! - `topic`: Kafka topic-name rules and the routing template.
 //! - [`cloudevents`]: CloudEvents headers (binary content mode), optional.
+//! - `placement`: Debezium's record shapes (placements, payload as a JSON string, regex routing).
 //! - [`mapper`]: rows of the outbox table and logical messages to events.
 
 pub mod cloudevents;
 pub mod event;
 pub mod mapper;
+pub(crate) mod placement;
 pub mod settings;
 pub(crate) mod topic;
 
 pub use cloudevents::CloudEventsSettings;
 pub use event::OutboxEvent;
 pub use mapper::{BoundRelation, ChangeContext, MapError, OutboxMapper, RelationBindings, RowRef};
+pub use placement::{PayloadFormat, RouteSettings};
 pub use settings::{ConfigError, Layout, OutboxSettings, PoisonPolicy};

@@ -12,6 +12,7 @@ use std::str::FromStr;
 use serde::Deserialize;
 
 use super::cloudevents::{CLOUDEVENTS_HEADERS, CloudEvents, CloudEventsSettings};
+use super::placement::{PayloadFormat, Placement, RouteSettings, parse_placements};
 use super::topic::{self, TopicTemplate};
 
 /// Largest `max_record_bytes` accepted: librdkafka's upper bound for `message.max.bytes`.
@@ -67,6 +68,14 @@ pub struct OutboxSettings {
     pub max_record_bytes: usize,
     /// `[outbox.cloudevents]`: CloudEvents headers (binary mode). Default off.
     pub cloudevents: CloudEventsSettings,
+    /// Debezium's `table.fields.additional.placement` entries:
+    /// `column:header[:alias]`, `column:envelope[:alias]`, `column:partition`.
+    /// Default none.
+    pub additional_placement: Vec<String>,
+    /// The record value: `as-stored` (default) or `json-string`.
+    pub payload_format: PayloadFormat,
+    /// `[outbox.route]`: Debezium's topic regex on the aggregate type. Default off.
+    pub route: RouteSettings,
 }
 
 impl Default for OutboxSettings {
@@ -83,6 +92,9 @@ impl Default for OutboxSettings {
             dead_letter_topic: "outbox.dlq".to_owned(),
             max_record_bytes: 1_000_000,
             cloudevents: CloudEventsSettings::default(),
+            additional_placement: Vec::new(),
+            payload_format: PayloadFormat::AsStored,
+            route: RouteSettings::default(),
         }
     }
 }
@@ -334,6 +346,7 @@ impl OutboxSettings {
         self.column_names()?;
         self.check_extra_headers()?;
         self.cloud_events()?;
+        self.route.compile()?;
         topic::validate_topic_name(&self.dead_letter_topic).map_err(|e| {
             ConfigError::new(
                 "outbox.dead_letter_topic",
@@ -356,36 +369,73 @@ impl OutboxSettings {
         self.cloudevents.build(&self.table_name()?)
     }
 
-    fn check_extra_headers(&self) -> Result<(), ConfigError> {
-        for (i, h) in self.extra_headers.iter().enumerate() {
-            let problem = if h.is_empty() {
+    /// Placements parsed (`outbox.additional_placement`).
+    pub(crate) fn placements(&self) -> Result<Vec<Placement>, ConfigError> {
+        parse_placements(&self.additional_placement)
+    }
+
+    /// The columns `additional_placement` reads, each once.
+    pub fn placement_columns(&self) -> Result<Vec<String>, ConfigError> {
+        let mut out: Vec<String> = Vec::new();
+        for p in self.placements()? {
+            let column = match p {
+                Placement::Header { column, .. }
+                | Placement::Envelope { column, .. }
+                | Placement::Partition { column } => column,
+            };
+            if !out.contains(&column) {
+                out.push(column);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The extra headers, (header name, column), from `extra_headers` and the
+    /// header placements, checked against the headers the mapper writes.
+    pub(crate) fn header_columns(&self) -> Result<Vec<(String, String)>, ConfigError> {
+        let mut out: Vec<(String, String, &'static str)> = self
+            .extra_headers
+            .iter()
+            .map(|h| (h.clone(), h.clone(), "outbox.extra_headers"))
+            .collect();
+        for p in self.placements()? {
+            if let Placement::Header { column, name } = p {
+                out.push((name, column, "outbox.additional_placement"));
+            }
+        }
+        for (i, (name, _, key)) in out.iter().enumerate() {
+            let problem = if name.is_empty() {
                 Some("a column name, not empty".to_owned())
-            } else if STANDARD_HEADERS.contains(&h.as_str()) {
+            } else if STANDARD_HEADERS.contains(&name.as_str()) {
                 Some(format!(
-                    "a column whose name is not a standard header ({})",
+                    "a header name that is not a standard header ({})",
                     STANDARD_HEADERS.join(", ")
                 ))
-            } else if self.layout == Layout::Debezium && h == "id" {
+            } else if self.layout == Layout::Debezium && name == "id" {
                 Some(
-                    "a column other than `id`: the debezium layout writes the event id as the \
+                    "a header other than `id`: the debezium layout writes the event id as the \
                      `id` header, as Debezium's Outbox Event Router does"
                         .to_owned(),
                 )
-            } else if self.cloudevents.enabled && CLOUDEVENTS_HEADERS.contains(&h.as_str()) {
+            } else if self.cloudevents.enabled && CLOUDEVENTS_HEADERS.contains(&name.as_str()) {
                 Some(format!(
-                    "a column whose name is not a CloudEvents header ({})",
+                    "a header name that is not a CloudEvents header ({})",
                     CLOUDEVENTS_HEADERS.join(", ")
                 ))
-            } else if self.extra_headers[..i].contains(h) {
-                Some("each column at most once".to_owned())
+            } else if out[..i].iter().any(|(n, _, _)| n == name) {
+                Some("each header at most once".to_owned())
             } else {
                 None
             };
             if let Some(allowed) = problem {
-                return Err(ConfigError::new("outbox.extra_headers", h, allowed));
+                return Err(ConfigError::new(*key, name, allowed));
             }
         }
-        Ok(())
+        Ok(out.into_iter().map(|(n, c, _)| (n, c)).collect())
+    }
+
+    fn check_extra_headers(&self) -> Result<(), ConfigError> {
+        self.header_columns().map(|_| ())
     }
 }
 

@@ -272,6 +272,8 @@ impl PoisonPolicyRouter {
             aggregate_type,
             aggregate_id,
             lsn,
+            // The dead-letter topic has its own partitions.
+            partition: None,
         }
     }
 }
@@ -349,6 +351,7 @@ mod tests {
             aggregate_type: "order".into(),
             aggregate_id: agg_id.into(),
             lsn: Lsn::new(50),
+            partition: None,
         }
     }
 

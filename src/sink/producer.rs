@@ -283,6 +283,9 @@ impl<T: Send + 'static> KafkaSink<T> {
             .payload(event.payload.as_ref())
             .timestamp(event.timestamp_ms)
             .headers(headers);
+        if let Some(partition) = event.partition {
+            record = record.partition(partition);
+        }
         let mut full_since: Option<std::time::Instant> = None;
         loop {
             match self.producer.send(record) {

@@ -50,6 +50,7 @@ fn event(topic: &str, key: &str, i: usize, payload_len: usize) -> OutboxEvent {
         aggregate_type: "order".to_owned(),
         aggregate_id: key.to_owned(),
         lsn: Lsn::new(i as u64),
+        partition: None,
     }
 }
 

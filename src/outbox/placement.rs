@@ -1,0 +1,348 @@
+//! The Debezium Outbox Event Router's record shapes, for users who move
+//! their consumers over unchanged (docs/migrating-from-debezium.md):
+//!
+//! - `additional_placement`: Debezium's `table.fields.additional.placement`
+//!   entries, `column:header[:alias]`, `column:envelope[:alias]`,
+//!   `column:partition`;
+//! - `payload_format`: the payload as stored (default), or as a JSON string
+//!   (what Debezium's default `table.expand.json.payload = false` gives with
+//!   Kafka Connect's JsonConverter);
+//! - `[outbox.route]`: `route.topic.regex` / `route.topic.replacement`
+//!   applied to the aggregate type (Debezium's `route.by.field`).
+//!
+//! With envelope fields the value is Debezium's envelope: a JSON object with
+//! `payload` and one member per field, field values as JSON strings (or null).
+
+use bytes::Bytes;
+use regex::Regex;
+use serde::Deserialize;
+
+use super::settings::ConfigError;
+
+/// Where an extra column goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Placement {
+    /// A record header named `name`.
+    Header { column: String, name: String },
+    /// A member `name` of the value's envelope.
+    Envelope { column: String, name: String },
+    /// The record's partition number (the column's integer value).
+    Partition { column: String },
+}
+
+/// Parses `outbox.additional_placement`.
+pub(crate) fn parse_placements(entries: &[String]) -> Result<Vec<Placement>, ConfigError> {
+    let invalid = |entry: &str, why: &str| {
+        ConfigError::new(
+            "outbox.additional_placement",
+            entry,
+            format!(
+                "entries column:header[:alias], column:envelope[:alias] or column:partition ({why})"
+            ),
+        )
+    };
+    let mut out = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let parts: Vec<&str> = entry.split(':').map(str::trim).collect();
+        if parts.iter().any(|p| p.is_empty()) {
+            return Err(invalid(entry, "no part may be empty"));
+        }
+        let placement = match parts.as_slice() {
+            [column, "header"] => Placement::Header {
+                column: column.to_string(),
+                name: column.to_string(),
+            },
+            [column, "header", alias] => Placement::Header {
+                column: column.to_string(),
+                name: alias.to_string(),
+            },
+            [column, "envelope"] => Placement::Envelope {
+                column: column.to_string(),
+                name: column.to_string(),
+            },
+            [column, "envelope", alias] => Placement::Envelope {
+                column: column.to_string(),
+                name: alias.to_string(),
+            },
+            [column, "partition"] | [column, "partition", _] => Placement::Partition {
+                column: column.to_string(),
+            },
+            _ => return Err(invalid(entry, "unknown placement")),
+        };
+        if let Placement::Envelope { name, .. } = &placement
+            && name == "payload"
+        {
+            return Err(invalid(entry, "`payload` is the envelope's payload member"));
+        }
+        let partitions = out
+            .iter()
+            .filter(|p| matches!(p, Placement::Partition { .. }))
+            .count();
+        if matches!(placement, Placement::Partition { .. }) && partitions > 0 {
+            return Err(invalid(entry, "at most one partition column"));
+        }
+        out.push(placement);
+    }
+    Ok(out)
+}
+
+/// How the payload column becomes the record value (`outbox.payload_format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PayloadFormat {
+    /// The column's text exactly as PostgreSQL sends it.
+    #[default]
+    AsStored,
+    /// That text as a JSON string literal (quoted and escaped).
+    JsonString,
+}
+
+impl std::str::FromStr for PayloadFormat {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<PayloadFormat, ConfigError> {
+        match s {
+            "as-stored" => Ok(PayloadFormat::AsStored),
+            "json-string" => Ok(PayloadFormat::JsonString),
+            _ => Err(ConfigError::new(
+                "outbox.payload_format",
+                s,
+                "one of \"as-stored\", \"json-string\"",
+            )),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for PayloadFormat {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<PayloadFormat, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// The record value for a payload and the envelope fields, if any.
+///
+/// `payload_is_json`: the column is `json`/`jsonb`, so its text is a JSON
+/// document that an envelope can hold as it is.
+pub(crate) fn shape_value(
+    format: PayloadFormat,
+    payload: &Bytes,
+    payload_is_json: bool,
+    envelope: &[(&str, Option<&[u8]>)],
+) -> Result<Bytes, std::str::Utf8Error> {
+    if envelope.is_empty() {
+        return Ok(match format {
+            PayloadFormat::AsStored => payload.clone(),
+            PayloadFormat::JsonString => json_string(std::str::from_utf8(payload)?).into(),
+        });
+    }
+    let mut out = String::with_capacity(payload.len() + 32 * envelope.len() + 16);
+    out.push_str("{\"payload\":");
+    let text = std::str::from_utf8(payload)?;
+    if payload_is_json && format == PayloadFormat::AsStored {
+        out.push_str(text);
+    } else {
+        out.push_str(&json_string(text));
+    }
+    for (name, value) in envelope {
+        out.push(',');
+        out.push_str(&json_string(name));
+        out.push(':');
+        match value {
+            Some(v) => out.push_str(&json_string(std::str::from_utf8(v)?)),
+            None => out.push_str("null"),
+        }
+    }
+    out.push('}');
+    Ok(out.into())
+}
+
+fn json_string(text: &str) -> String {
+    serde_json::Value::String(text.to_owned()).to_string()
+}
+
+/// `[outbox.route]`: Debezium's `route.topic.regex` and
+/// `route.topic.replacement` on the aggregate type. Off while `regex` is `""`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouteSettings {
+    /// Matched against the whole aggregate type; `(?<routedByValue>.*)` is
+    /// Debezium's default. Default `""`: routing by `outbox.topic`.
+    pub regex: String,
+    /// The topic, with `${name}` / `$1` for the regex's groups; Debezium's
+    /// default is `outbox.event.${routedByValue}`.
+    pub replacement: String,
+}
+
+impl Default for RouteSettings {
+    fn default() -> RouteSettings {
+        RouteSettings {
+            regex: String::new(),
+            replacement: "outbox.event.${routedByValue}".to_owned(),
+        }
+    }
+}
+
+/// A compiled `[outbox.route]`.
+#[derive(Debug, Clone)]
+pub(crate) struct TopicRoute {
+    regex: Regex,
+    replacement: String,
+}
+
+impl RouteSettings {
+    /// `None` when routing is by `outbox.topic`.
+    pub(crate) fn compile(&self) -> Result<Option<TopicRoute>, ConfigError> {
+        if self.regex.is_empty() {
+            return Ok(None);
+        }
+        // Anchored: Debezium matches the whole value.
+        let regex = Regex::new(&format!("^(?:{})$", self.regex)).map_err(|e| {
+            ConfigError::new(
+                "outbox.route.regex",
+                &self.regex,
+                format!("a regular expression: {e}"),
+            )
+        })?;
+        if self.replacement.is_empty() {
+            return Err(ConfigError::new(
+                "outbox.route.replacement",
+                "",
+                "a topic such as outbox.event.${routedByValue}",
+            ));
+        }
+        Ok(Some(TopicRoute {
+            regex,
+            replacement: self.replacement.clone(),
+        }))
+    }
+}
+
+impl TopicRoute {
+    /// The topic for `value`, or `None` when the regex does not match it.
+    pub(crate) fn topic(&self, value: &str) -> Option<String> {
+        let captures = self.regex.captures(value)?;
+        let mut out = String::new();
+        captures.expand(&self.replacement, &mut out);
+        Some(out)
+    }
+
+    pub(crate) fn regex(&self) -> &str {
+        self.regex.as_str()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn parses_debeziums_placement_syntax() {
+        let p = parse_placements(&strings(&[
+            "type:header:eventType",
+            "tenant:header",
+            "version:envelope:v",
+            "shard:partition",
+        ]))
+        .unwrap();
+        assert_eq!(
+            p,
+            vec![
+                Placement::Header {
+                    column: "type".into(),
+                    name: "eventType".into()
+                },
+                Placement::Header {
+                    column: "tenant".into(),
+                    name: "tenant".into()
+                },
+                Placement::Envelope {
+                    column: "version".into(),
+                    name: "v".into()
+                },
+                Placement::Partition {
+                    column: "shard".into()
+                },
+            ]
+        );
+        for bad in ["x", "x:body", "x::y", "a:partition,b", "x:envelope:payload"] {
+            let entries: Vec<String> = bad.split(',').map(str::to_owned).collect();
+            let entries = if bad == "a:partition,b" {
+                strings(&["a:partition", "b:partition"])
+            } else {
+                entries
+            };
+            let e = parse_placements(&entries).unwrap_err();
+            assert!(
+                e.to_string().contains("outbox.additional_placement"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn values_as_stored_as_json_string_and_in_an_envelope() {
+        let payload = Bytes::from_static(br#"{"id": 1, "note": "a \"b\""}"#);
+        assert_eq!(
+            shape_value(PayloadFormat::AsStored, &payload, true, &[]).unwrap(),
+            payload
+        );
+        let s = shape_value(PayloadFormat::JsonString, &payload, true, &[]).unwrap();
+        assert_eq!(&s[..], br#""{\"id\": 1, \"note\": \"a \\\"b\\\"\"}""#);
+        let parsed: String = serde_json::from_slice(&s).unwrap();
+        assert_eq!(parsed.as_bytes(), &payload[..]);
+
+        let env = shape_value(
+            PayloadFormat::AsStored,
+            &payload,
+            true,
+            &[("v", Some(b"2")), ("tenant", None)],
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&env).unwrap();
+        assert_eq!(v["payload"]["id"], 1);
+        assert_eq!(v["v"], "2");
+        assert!(v["tenant"].is_null());
+        // A text payload is a string inside the envelope.
+        let env = shape_value(
+            PayloadFormat::AsStored,
+            &Bytes::from_static(b"plain"),
+            false,
+            &[("v", Some(b"2"))],
+        )
+        .unwrap();
+        assert_eq!(&env[..], br#"{"payload":"plain","v":"2"}"#);
+    }
+
+    #[test]
+    fn routes_like_debeziums_regex_router() {
+        let route = RouteSettings {
+            regex: "(?<routedByValue>.*)".into(),
+            replacement: "outbox.event.${routedByValue}".into(),
+        }
+        .compile()
+        .unwrap()
+        .unwrap();
+        assert_eq!(route.topic("Order").as_deref(), Some("outbox.event.Order"));
+        let route = RouteSettings {
+            regex: r"(?<kind>[a-z]+)-(\d+)".into(),
+            replacement: "${kind}.v$2".into(),
+        }
+        .compile()
+        .unwrap()
+        .unwrap();
+        assert_eq!(route.topic("order-2").as_deref(), Some("order.v2"));
+        assert_eq!(route.topic("Order-2"), None, "the whole value must match");
+        assert!(RouteSettings::default().compile().unwrap().is_none());
+        let e = RouteSettings {
+            regex: "(".into(),
+            ..RouteSettings::default()
+        }
+        .compile()
+        .unwrap_err();
+        assert!(e.to_string().contains("outbox.route.regex"), "{e}");
+    }
+}
