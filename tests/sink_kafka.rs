@@ -75,6 +75,7 @@ fn event(
         aggregate_type: "order".to_owned(),
         aggregate_id: key.to_owned(),
         lsn,
+        partition: None,
     }
 }
 
