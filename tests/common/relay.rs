@@ -215,6 +215,15 @@ max_backoff_ms = 2000
         row.and_then(|r| r.get::<_, Option<String>>(0))
     }
 
+    /// The slot's `confirmed_flush_lsn`; panics when the slot is missing.
+    pub async fn confirmed_lsn(&self) -> Lsn {
+        let text = self
+            .slot_confirmed_flush()
+            .await
+            .unwrap_or_else(|| panic!("slot {} does not exist", self.slot));
+        text.parse().expect("confirmed_flush_lsn is an LSN")
+    }
+
     /// Drops the slot (waiting for it to become inactive), publication and table.
     pub async fn cleanup(&self) {
         for _ in 0..50 {
