@@ -678,19 +678,15 @@ impl<'a> Session<'a> {
             aggregate_id: std::mem::take(&mut event.aggregate_id),
             dead_lettered,
         };
-        if let Err(source) = self.sink.send(&event, in_flight).await {
+        if let Err((source, in_flight)) = self.sink.send_or_return(&event, in_flight).await {
             // Refused before it left (e.g. over message.max.bytes): the same
             // policy as a refusal reported by the broker.
-            let (agg_type, agg_id) = (
-                header_text(&event, "aggregate_type"),
-                header_text(&event, "aggregate_id"),
-            );
             return Err(self.refused(
                 source,
                 lsn,
                 event.event_id.clone(),
-                agg_type,
-                agg_id,
+                in_flight.aggregate_type,
+                in_flight.aggregate_id,
                 dead_lettered,
             ));
         }

@@ -75,6 +75,11 @@ impl<T> Carried<T> {
 
 pub(super) type Opaque<T> = Box<Carried<T>>;
 
+/// The caller's token out of a record librdkafka refused to take.
+fn take_token<T: Send>(record: BaseRecord<'_, [u8], [u8], Opaque<T>>) -> T {
+    record.delivery_opaque.into_inner()
+}
+
 /// The client handle, used only to ask librdkafka whether the producer has
 /// hit a fatal error: the error event carries the underlying code (e.g.
 /// `ProducerFenced`), not whether it was fatal, and records purged because of
@@ -267,8 +272,20 @@ impl<T: Send + 'static> KafkaSink<T> {
     /// The first record to a topic waits for the topic check (and creation,
     /// when configured); a missing topic is [`SinkError::TopicMissing`].
     pub async fn send(&self, event: &OutboxEvent, token: T) -> Result<(), SinkError> {
-        if !self.topics.is_known(&event.topic) {
-            self.topics.ensure(&event.topic, &event.event_id).await?;
+        self.send_or_return(event, token).await.map_err(|(e, _)| e)
+    }
+
+    /// [`send`](Self::send), giving the token back when the record was not
+    /// handed to librdkafka (the caller still owns what it carried).
+    pub async fn send_or_return(
+        &self,
+        event: &OutboxEvent,
+        token: T,
+    ) -> Result<(), (SinkError, T)> {
+        if !self.topics.is_known(&event.topic)
+            && let Err(e) = self.topics.ensure(&event.topic, &event.event_id).await
+        {
+            return Err((e, token));
         }
         let mut headers = OwnedHeaders::new_with_capacity(event.headers.len());
         for (key, value) in &event.headers {
@@ -293,13 +310,15 @@ impl<T: Send + 'static> KafkaSink<T> {
                 Err((err @ KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     let since = *full_since.get_or_insert_with(std::time::Instant::now);
                     if since.elapsed() >= QUEUE_FULL_LIMIT {
-                        return Err(self.produce_error(&err, event));
+                        return Err((self.produce_error(&err, event), take_token(back)));
                     }
                     record = back;
                     self.queue_full_waits.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(QUEUE_FULL_BACKOFF).await;
                 }
-                Err((err, _record)) => return Err(self.produce_error(&err, event)),
+                Err((err, back)) => {
+                    return Err((self.produce_error(&err, event), take_token(back)));
+                }
             }
         }
     }

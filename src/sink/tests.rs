@@ -226,6 +226,15 @@ async fn record_over_the_producer_limit_is_refused_at_send_as_poison() {
     assert_eq!(err.disposition(), Disposition::RecordRefused, "{err}");
     assert_eq!(err.code(), Some(RDKafkaErrorCode::MessageSizeTooLarge));
     assert_eq!(err.event_id(), Some("evt-0"));
+    // The caller gets its token back (what it carried: the aggregate to park).
+    let (err, token) = sink
+        .send_or_return(&event(topic, "k", 7, 5000), 7)
+        .await
+        .expect_err("still too large");
+    assert_eq!(
+        (err.code(), token),
+        (Some(RDKafkaErrorCode::MessageSizeTooLarge), 7)
+    );
     sink.send(&event(topic, "k", 1, 10), 1).await.unwrap();
     let report = collect(&mut rx, 1).await.remove(0);
     assert_eq!(report.token, 1, "no report for the refused record");
