@@ -920,7 +920,10 @@ fn mapped_columns(
         ));
     }
     for (key, column) in extra {
-        out.push((key.to_string(), column.clone(), ColumnRole::Any));
+        // A column read twice (the event type also placed in a header) is checked once.
+        if !out.iter().any(|(_, c, _)| c == column) {
+            out.push((key.to_string(), column.clone(), ColumnRole::Any));
+        }
     }
     out
 }
