@@ -939,7 +939,11 @@ fn typed_env_value(var: &str, key: &str, value: String) -> Result<toml::Value, C
 }
 
 /// Keys whose values are lists of strings; from the environment, comma-separated.
-const LIST_KEYS: &[&str] = &["outbox.extra_headers", "outbox.additional_placement"];
+const LIST_KEYS: &[&str] = &[
+    "outbox.extra_headers",
+    "outbox.additional_placement",
+    "outbox.headers",
+];
 
 /// librdkafka takes every property as a string; accept `linger.ms = 5` in TOML too.
 /// (`[topics.config]` values are kept as strings by their own deserializer.)

@@ -26,7 +26,7 @@ use serde_json::value::RawValue;
 use super::cloudevents::{CloudEvents, EventAttributes};
 use super::event::OutboxEvent;
 use super::placement::{PayloadFormat, Placement, TopicRoute, shape_value};
-use super::settings::{ColumnNames, ConfigError, OutboxSettings, TableName};
+use super::settings::{ColumnNames, ConfigError, OutboxSettings, StandardHeaders, TableName};
 use super::topic::TopicTemplate;
 use crate::Disposition;
 use crate::pg::{Lsn, PgTimestamp};
@@ -207,9 +207,22 @@ pub struct OutboxMapper {
     message_prefix: Option<String>,
     max_record_bytes: usize,
     cloudevents: Option<CloudEvents>,
+    /// Which standard headers `outbox.headers` lists (`event_id` always).
+    standard_headers: StandardHeaders,
     /// The `debezium` layout also writes the event id as `id`, the header
     /// Debezium's Outbox Event Router sets, so its consumers read it unchanged.
     id_header: bool,
+}
+
+/// The values of one event's standard headers.
+struct Standard<'a> {
+    event_id: &'a Bytes,
+    event_type: &'a Bytes,
+    aggregate_type: &'a Bytes,
+    aggregate_id: &'a Bytes,
+    sequence: Option<Bytes>,
+    schema_version: Option<Bytes>,
+    lsn: Lsn,
 }
 
 /// Column positions of one version of the outbox table (one Relation message).
@@ -348,6 +361,7 @@ impl OutboxMapper {
             max_record_bytes: settings.max_record_bytes,
             cloudevents: settings.cloud_events()?,
             id_header: settings.layout == super::settings::Layout::Debezium,
+            standard_headers: settings.standard_headers()?,
         })
     }
 
@@ -448,20 +462,18 @@ impl OutboxMapper {
         let payload = row.text(tuple, bound.payload, &c.payload)?.clone();
 
         let mut headers = Vec::with_capacity(7 + bound.extra.len());
-        headers.push((Cow::Borrowed(H_EVENT_ID), event_id_b.clone()));
-        headers.push((Cow::Borrowed(H_EVENT_TYPE), event_type_b.clone()));
-        headers.push((Cow::Borrowed(H_AGGREGATE_TYPE), aggregate_type_b.clone()));
-        headers.push((Cow::Borrowed(H_AGGREGATE_ID), aggregate_id_b.clone()));
-        if let Some(seq) = sequence {
-            headers.push((Cow::Borrowed(H_AGGREGATE_SEQUENCE), seq));
-        }
-        if let Some(v) = version {
-            headers.push((Cow::Borrowed(H_SCHEMA_VERSION), v));
-        }
-        headers.push((Cow::Borrowed(H_LSN), lsn_text(ctx.lsn)));
-        if self.id_header {
-            headers.push((Cow::Borrowed(H_DEBEZIUM_ID), event_id_b.clone()));
-        }
+        self.push_standard(
+            &mut headers,
+            Standard {
+                event_id: event_id_b,
+                event_type: event_type_b,
+                aggregate_type: aggregate_type_b,
+                aggregate_id: aggregate_id_b,
+                sequence,
+                schema_version: version,
+                lsn: ctx.lsn,
+            },
+        );
         for (name, column, idx) in &bound.extra {
             match tuple.columns.get(*idx) {
                 Some(ColumnValue::Null) => {}
@@ -584,26 +596,18 @@ impl OutboxMapper {
         let event_type_b = Bytes::copy_from_slice(env.event_type.as_bytes());
         let aggregate_id_b = Bytes::copy_from_slice(env.aggregate_id.as_bytes());
         let mut headers = Vec::with_capacity(7);
-        headers.push((Cow::Borrowed(H_EVENT_ID), event_id_b.clone()));
-        headers.push((Cow::Borrowed(H_EVENT_TYPE), event_type_b.clone()));
-        headers.push((
-            Cow::Borrowed(H_AGGREGATE_TYPE),
-            Bytes::copy_from_slice(env.aggregate_type.as_bytes()),
-        ));
-        headers.push((Cow::Borrowed(H_AGGREGATE_ID), aggregate_id_b.clone()));
-        if let Some(seq) = env.aggregate_sequence {
-            headers.push((
-                Cow::Borrowed(H_AGGREGATE_SEQUENCE),
-                Bytes::from(seq.to_string()),
-            ));
-        }
-        if let Some(v) = env.schema_version {
-            headers.push((Cow::Borrowed(H_SCHEMA_VERSION), Bytes::from(v.to_string())));
-        }
-        headers.push((Cow::Borrowed(H_LSN), lsn_text(ctx.lsn)));
-        if self.id_header {
-            headers.push((Cow::Borrowed(H_DEBEZIUM_ID), event_id_b.clone()));
-        }
+        self.push_standard(
+            &mut headers,
+            Standard {
+                event_id: &event_id_b,
+                event_type: &event_type_b,
+                aggregate_type: &Bytes::copy_from_slice(env.aggregate_type.as_bytes()),
+                aggregate_id: &aggregate_id_b,
+                sequence: env.aggregate_sequence.map(|n| Bytes::from(n.to_string())),
+                schema_version: env.schema_version.map(|v| Bytes::from(v.to_string())),
+                lsn: ctx.lsn,
+            },
+        );
         if let Some(ce) = &self.cloudevents {
             ce.append(
                 &mut headers,
@@ -636,6 +640,34 @@ impl OutboxMapper {
     /// the stream must then be started with pgoutput's `messages 'true'`.
     pub fn wants_messages(&self) -> bool {
         self.message_prefix.is_some()
+    }
+
+    /// The standard headers `outbox.headers` lists, in their fixed order;
+    /// those not listed are not even formatted.
+    fn push_standard(&self, headers: &mut Vec<(Cow<'static, str>, Bytes)>, v: Standard<'_>) {
+        let on = &self.standard_headers;
+        headers.push((Cow::Borrowed(H_EVENT_ID), v.event_id.clone()));
+        if on.event_type {
+            headers.push((Cow::Borrowed(H_EVENT_TYPE), v.event_type.clone()));
+        }
+        if on.aggregate_type {
+            headers.push((Cow::Borrowed(H_AGGREGATE_TYPE), v.aggregate_type.clone()));
+        }
+        if on.aggregate_id {
+            headers.push((Cow::Borrowed(H_AGGREGATE_ID), v.aggregate_id.clone()));
+        }
+        if let Some(seq) = v.sequence.filter(|_| on.aggregate_sequence) {
+            headers.push((Cow::Borrowed(H_AGGREGATE_SEQUENCE), seq));
+        }
+        if let Some(version) = v.schema_version.filter(|_| on.schema_version) {
+            headers.push((Cow::Borrowed(H_SCHEMA_VERSION), version));
+        }
+        if on.lsn {
+            headers.push((Cow::Borrowed(H_LSN), lsn_text(v.lsn)));
+        }
+        if self.id_header {
+            headers.push((Cow::Borrowed(H_DEBEZIUM_ID), v.event_id.clone()));
+        }
     }
 
     /// The record value of a row: the payload, shaped by `payload_format`
@@ -1000,6 +1032,45 @@ mod tests {
         let plain = mapper(OutboxSettings::default());
         let p = plain.map_insert(&bound, &seed_row(), &ctx()).unwrap();
         assert_eq!((&e.key, &e.payload), (&p.key, &p.payload));
+    }
+
+    #[test]
+    fn the_lean_header_set_writes_only_what_it_lists() {
+        let m = mapper(OutboxSettings {
+            headers: vec![
+                "aggregate_sequence".into(),
+                "event_id".into(),
+                "event_type".into(),
+            ],
+            ..OutboxSettings::default()
+        });
+        let bound = m.bind(&seed_rel()).unwrap();
+        let e = m.map_insert(&bound, &seed_row(), &ctx()).unwrap();
+        assert_eq!(
+            header_list(&e),
+            pairs(&[
+                ("event_id", UUID),
+                ("event_type", "OrderCreated"),
+                ("aggregate_sequence", "7"),
+            ])
+        );
+        // Identity the pipeline needs is carried outside the headers.
+        assert_eq!(
+            (e.aggregate_type.as_str(), e.aggregate_id.as_str()),
+            ("order", "o-42")
+        );
+        for bad in [
+            vec!["event_type"],
+            vec!["event_id", "event_id"],
+            vec!["event_id", "trace"],
+        ] {
+            let settings = OutboxSettings {
+                headers: bad.iter().map(|h| h.to_string()).collect(),
+                ..OutboxSettings::default()
+            };
+            let e = settings.validate().unwrap_err();
+            assert!(e.to_string().contains("outbox.headers"), "{bad:?}: {e}");
+        }
     }
 
     #[test]

@@ -76,6 +76,22 @@ pub struct OutboxSettings {
     pub payload_format: PayloadFormat,
     /// `[outbox.route]`: Debezium's topic regex on the aggregate type. Default off.
     pub route: RouteSettings,
+    /// The standard headers to write, in any order (they go out in the fixed
+    /// order). Default all of them; `event_id` is required. The lean set
+    /// `["event_id", "event_type", "aggregate_sequence"]` suits consumers that
+    /// read the aggregate type from the topic and its id from the key.
+    pub headers: Vec<String>,
+}
+
+/// Which standard headers are written (`outbox.headers`); `event_id` always is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StandardHeaders {
+    pub event_type: bool,
+    pub aggregate_type: bool,
+    pub aggregate_id: bool,
+    pub aggregate_sequence: bool,
+    pub schema_version: bool,
+    pub lsn: bool,
 }
 
 impl Default for OutboxSettings {
@@ -95,6 +111,7 @@ impl Default for OutboxSettings {
             additional_placement: Vec::new(),
             payload_format: PayloadFormat::AsStored,
             route: RouteSettings::default(),
+            headers: STANDARD_HEADERS.iter().map(|h| h.to_string()).collect(),
         }
     }
 }
@@ -347,6 +364,7 @@ impl OutboxSettings {
         self.check_extra_headers()?;
         self.cloud_events()?;
         self.route.compile()?;
+        self.standard_headers()?;
         topic::validate_topic_name(&self.dead_letter_topic).map_err(|e| {
             ConfigError::new(
                 "outbox.dead_letter_topic",
@@ -372,6 +390,37 @@ impl OutboxSettings {
     /// Placements parsed (`outbox.additional_placement`).
     pub(crate) fn placements(&self) -> Result<Vec<Placement>, ConfigError> {
         parse_placements(&self.additional_placement)
+    }
+
+    /// `outbox.headers` checked: standard names, each once, `event_id` among them.
+    pub(crate) fn standard_headers(&self) -> Result<StandardHeaders, ConfigError> {
+        let list = self.headers.join(",");
+        for (i, h) in self.headers.iter().enumerate() {
+            if !STANDARD_HEADERS.contains(&h.as_str()) || self.headers[..i].contains(h) {
+                return Err(ConfigError::new(
+                    "outbox.headers",
+                    format!("[{list}]"),
+                    format!("each of {} at most once", STANDARD_HEADERS.join(", ")),
+                ));
+            }
+        }
+        let has = |name: &str| self.headers.iter().any(|h| h == name);
+        if !has("event_id") {
+            return Err(ConfigError::new(
+                "outbox.headers",
+                format!("[{list}]"),
+                "a list with event_id: every record carries its immutable event id, \
+                 which consumers dedupe on",
+            ));
+        }
+        Ok(StandardHeaders {
+            event_type: has("event_type"),
+            aggregate_type: has("aggregate_type"),
+            aggregate_id: has("aggregate_id"),
+            aggregate_sequence: has("aggregate_sequence"),
+            schema_version: has("schema_version"),
+            lsn: has("lsn"),
+        })
     }
 
     /// The columns `additional_placement` reads, each once.
