@@ -48,7 +48,8 @@
 #                             from its own slot: "name[:KEY=VALUE,...]" separated by
 #                             spaces, KEY = an OUTBOX_CDC__* override or BIN (another
 #                             binary), e.g. "default linger50:OUTBOX_CDC__KAFKA__LINGER_MS=50";
-#                             the first is the headline
+#                             the first is the headline; `;` in a VALUE stands for `,`
+#                             (a list: OUTBOX_CDC__OUTBOX__HEADERS=event_id;event_type)
 #   OUTBOX_CDC__*             passed through to the connector (e.g.
 #                             OUTBOX_CDC__KAFKA__LINGER_MS=10); the benchmark sets
 #                             only the URL, slot, topic, offsets path and http.listen.
@@ -406,6 +407,7 @@ drain() {
       local kv kvs
       IFS=, read -r -a kvs <<<"${v#*:}"
       for kv in "${kvs[@]}"; do
+        kv=${kv//;/,}  # `;` in a value stands for `,` (list values)
         case $kv in
           BIN=*) conn_bin=${kv#BIN=} ;;
           OUTBOX_CDC__*=*) conn_env+=("$kv") ;;
