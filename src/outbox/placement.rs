@@ -111,14 +111,6 @@ impl std::str::FromStr for PayloadFormat {
     }
 }
 
-impl<'de> Deserialize<'de> for PayloadFormat {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<PayloadFormat, D::Error> {
-        String::deserialize(d)?
-            .parse()
-            .map_err(serde::de::Error::custom)
-    }
-}
-
 /// The record value for a payload and the envelope fields, if any.
 ///
 /// `payload_is_json`: the column is `json`/`jsonb`, so its text is a JSON

@@ -182,6 +182,7 @@ macro_rules! deserialize_from_str {
 }
 deserialize_from_str!(Layout);
 deserialize_from_str!(PoisonPolicy);
+deserialize_from_str!(PayloadFormat);
 
 /// Column-name overrides (`[outbox.columns]`); an unset field keeps the preset's name.
 /// For the optional `aggregate_sequence` and `schema_version`, `""` means "no such
