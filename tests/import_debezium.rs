@@ -59,13 +59,13 @@ fn imports_a_connector_json_into_a_config_that_validates() {
         "the password reached the file: {toml}"
     );
     assert!(toml.contains(r#"connector "inventory-outbox""#), "{toml}");
+    // Debezium's placement syntax is taken as it is.
+    assert!(
+        toml.contains(r#"additional_placement = ["type:header:eventType"]"#),
+        "{toml}"
+    );
     // Each setting without an equivalent is named with its reason.
-    for key in [
-        "database.password",
-        "topic.prefix",
-        "tombstones.on.delete",
-        "additional.placement",
-    ] {
+    for key in ["database.password", "topic.prefix", "tombstones.on.delete"] {
         assert!(stderr.contains(key), "{key} missing from: {stderr}");
     }
 
