@@ -19,7 +19,6 @@
 //! `postgres.primary_url` (its WAL reaches the standby); without one it is off.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -131,14 +130,12 @@ impl Step for Beat {
             .await
             .map_err(emit)?;
         let lsn: String = row.try_get(0).map_err(emit)?;
-        self.metrics.heartbeats.fetch_add(1, Ordering::Relaxed);
+        self.metrics.heartbeat_written();
         debug!(%lsn, "heartbeat written");
         Ok(())
     }
 
     fn failed(&mut self) {
-        self.metrics
-            .heartbeat_errors
-            .fetch_add(1, Ordering::Relaxed);
+        self.metrics.heartbeat_failed();
     }
 }

@@ -7,7 +7,6 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -192,9 +191,7 @@ fn respond(request: &[u8], metrics: &Metrics) -> (&'static str, &'static str, St
     match path {
         "/metrics" => ("200 OK", "text/plain; version=0.0.4", metrics.render()),
         "/healthz" => ("200 OK", "text/plain", "ok\n".into()),
-        "/readyz" if metrics.connected.load(Ordering::Relaxed) == 1 => {
-            ("200 OK", "text/plain", "streaming\n".into())
-        }
+        "/readyz" if metrics.is_connected() => ("200 OK", "text/plain", "streaming\n".into()),
         "/readyz" => (
             "503 Service Unavailable",
             "text/plain",
@@ -216,7 +213,7 @@ mod tests {
             respond(b"GET /readyz HTTP/1.1\r\n\r\n", &m).0,
             "503 Service Unavailable"
         );
-        m.connected.store(1, Ordering::Relaxed);
+        m.set_connected(true);
         assert_eq!(respond(b"GET /readyz HTTP/1.1\r\n\r\n", &m).0, "200 OK");
         let (status, _, body) = respond(b"GET /metrics HTTP/1.1\r\n\r\n", &m);
         assert_eq!(status, "200 OK");
@@ -285,7 +282,7 @@ mod tests {
     #[tokio::test]
     async fn the_client_reads_what_the_server_serves() {
         let m = Arc::new(Metrics::default());
-        m.connected.store(1, Ordering::Relaxed);
+        m.set_connected(true);
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = probe.local_addr().unwrap();
         drop(probe);

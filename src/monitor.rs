@@ -9,7 +9,6 @@
 //! last value and `outbox_cdc_slot_last_poll_timestamp_seconds` shows its age.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -77,8 +76,6 @@ impl Step for Poll {
     }
 
     fn failed(&mut self) {
-        self.metrics
-            .slot_poll_errors
-            .fetch_add(1, Ordering::Relaxed);
+        self.metrics.slot_poll_failed();
     }
 }

@@ -339,17 +339,17 @@ impl StatusReport {
 mod tests {
     use super::*;
     use crate::metrics::Metrics;
-    use std::sync::atomic::Ordering;
 
     #[test]
     fn reads_the_connector_back_from_its_own_exposition() {
         let m = Metrics::default();
-        m.connected.store(1, Ordering::Relaxed);
+        m.set_connected(true);
         m.set_acked(Lsn::new(0x16_B374_D848));
         m.set_received(Lsn::new(0x16_B374_D900));
-        m.events_published.store(42, Ordering::Relaxed);
-        m.oldest_unacked_age_micros
-            .store(1_500_000, Ordering::Relaxed);
+        for _ in 0..42 {
+            m.published(1);
+        }
+        m.set_in_flight(0, 0, Some(1_500_000));
         let text = m.render();
         let samples = parse_samples(&text);
         let c = connector_status("u".into(), &samples);

@@ -98,13 +98,7 @@ async fn poison_rows_are_dead_lettered_and_park_their_aggregate_until_released()
         "the dead-letter topic holds the poison event, then the parked one, in one partition"
     );
     assert_eq!(records.len(), 4, "no other records: {records:#?}");
-    assert!(
-        running
-            .metrics
-            .events_dead_lettered
-            .load(std::sync::atomic::Ordering::Relaxed)
-            >= 2
-    );
+    assert!(running.metrics.dead_lettered() >= 2);
     running.stop().await.expect("graceful stop");
 
     // Release the aggregate (what `outbox-cdc release` does) and restart.

@@ -40,11 +40,7 @@ async fn a_promoted_standby_with_the_synced_slot_loses_nothing() {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         if let Some((true, Some(_))) = slot_on_standby(&standby, &fx.slot).await
-            && running
-                .metrics
-                .events_published
-                .load(std::sync::atomic::Ordering::Relaxed)
-                > 20
+            && running.metrics.events_published() > 20
         {
             break;
         }

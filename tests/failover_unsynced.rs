@@ -29,11 +29,7 @@ async fn a_promoted_standby_without_the_slot_is_refused_loudly() {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let writer = spawn_writer(fx.table.clone(), stop_rx);
     common::relay::eventually("some events published", Duration::from_secs(60), || async {
-        running
-            .metrics
-            .events_published
-            .load(std::sync::atomic::Ordering::Relaxed)
-            > 20
+        running.metrics.events_published() > 20
     })
     .await;
     let standby = standby_admin().await;

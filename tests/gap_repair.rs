@@ -144,10 +144,7 @@ async fn a_dropped_slot_is_repaired_while_writers_commit() {
         },
     );
     running.wait_streaming().await;
-    let repaired = running
-        .metrics
-        .repair_rows
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let repaired = running.metrics.repair_rows();
     assert!(repaired > 0, "the repair published nothing");
     // The writer goes on after the repair: the new slot carries those rows.
     tokio::time::sleep(Duration::from_millis(800)).await;

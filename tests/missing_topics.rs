@@ -319,13 +319,7 @@ async fn create_false_with_dead_letter_sends_the_event_to_the_dlq_and_others_flo
         common::topic_partitions(&missing).is_none(),
         "create = false: the topic was not created"
     );
-    assert!(
-        running
-            .metrics
-            .events_dead_lettered
-            .load(std::sync::atomic::Ordering::Relaxed)
-            >= 2
-    );
+    assert!(running.metrics.dead_lettered() >= 2);
     running.stop().await.expect("the connector kept running");
     fx.cleanup().await;
 }

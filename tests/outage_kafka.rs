@@ -48,9 +48,7 @@ async fn kafka_down_for_30_seconds_then_everything_arrives_in_order() {
         // No delivery timeout (message.timeout.ms = 0): the producer holds
         // them and the session does not end.
         assert!(
-            m.in_flight_events
-                .load(std::sync::atomic::Ordering::Relaxed)
-                > 0,
+            m.in_flight_events() > 0,
             "while Kafka is down, events must be held in flight"
         );
     } // Kafka starts again here.

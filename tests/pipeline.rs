@@ -497,14 +497,7 @@ async fn slot_advances_on_a_busy_database_without_outbox_traffic() {
     eventually(
         "the connector to create its slot and stream",
         TIMEOUT,
-        || async {
-            fx.slot_confirmed_flush().await.is_some()
-                && running
-                    .metrics
-                    .connected
-                    .load(std::sync::atomic::Ordering::Relaxed)
-                    == 1
-        },
+        || async { fx.slot_confirmed_flush().await.is_some() && running.metrics.is_connected() },
     )
     .await;
     let before: Lsn = fx.slot_confirmed_flush().await.unwrap().parse().unwrap();
@@ -599,11 +592,7 @@ async fn refuses_to_start_when_the_slot_was_dropped_and_recreated() {
         },
     );
     eventually("the recreated slot to be active", TIMEOUT, || async {
-        running
-            .metrics
-            .connected
-            .load(std::sync::atomic::Ordering::Relaxed)
-            == 1
+        running.metrics.is_connected()
     })
     .await;
     running.stop().await.expect("graceful stop");

@@ -163,12 +163,7 @@ async fn the_running_pruner_deletes_only_published_rows() {
     let metrics = running.metrics.clone();
     eventually("the pruner deleted rows", TIMEOUT, || {
         let metrics = metrics.clone();
-        async move {
-            metrics
-                .pruned_rows
-                .load(std::sync::atomic::Ordering::Relaxed)
-                > 20
-        }
+        async move { metrics.pruned_rows() > 20 }
     })
     .await;
     stop.send(true).expect("stop the writer");
@@ -341,12 +336,7 @@ async fn whole_partitions_are_dropped_only_when_every_row_qualifies() {
         left,
         vec![("unpublished".to_owned(), 5), ("young".to_owned(), 30)]
     );
-    assert_eq!(
-        metrics
-            .pruned_rows
-            .load(std::sync::atomic::Ordering::Relaxed),
-        60
-    );
+    assert_eq!(metrics.pruned_rows(), 60);
     fx.admin
         .batch_execute(&format!("DROP TABLE public.{t}"))
         .await

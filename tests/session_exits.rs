@@ -32,12 +32,7 @@ async fn an_error_exit_persists_the_acknowledged_prefix_before_reconnecting() {
         Duration::ZERO,
     );
     // Everything is acknowledged by Kafka, nothing persisted since the start.
-    let reconnects = || {
-        running
-            .metrics
-            .reconnects
-            .load(std::sync::atomic::Ordering::Relaxed)
-    };
+    let reconnects = || running.metrics.reconnects();
     assert_eq!(reconnects(), 0);
     f.admin
         .execute(
@@ -49,14 +44,7 @@ async fn an_error_exit_persists_the_acknowledged_prefix_before_reconnecting() {
     eventually(
         "the session reconnects",
         Duration::from_secs(30),
-        || async {
-            reconnects() >= 1
-                && running
-                    .metrics
-                    .connected
-                    .load(std::sync::atomic::Ordering::Relaxed)
-                    == 1
-        },
+        || async { reconnects() >= 1 && running.metrics.is_connected() },
     )
     .await;
     // The new session resumed after the acknowledged transactions: no copy.

@@ -25,7 +25,6 @@
 //! inserts and holds off new ones) and a short `lock_timeout`.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -177,9 +176,7 @@ pub async fn prune_once(
             prune_rows(client, config, &table, retention, acked, &mut report, stop).await
         }
     };
-    metrics
-        .pruned_rows
-        .fetch_add(report.rows(), Ordering::Relaxed);
+    metrics.pruned(report.rows());
     if let Err(e) = measure(client, &table, metrics).await {
         debug!(error = %e, "measuring the outbox table failed");
     }
@@ -416,12 +413,7 @@ async fn measure(
         )
         .await
         .map_err(&e)?;
-    metrics
-        .outbox_rows
-        .store(row.try_get(0).map_err(&e)?, Ordering::Relaxed);
-    metrics
-        .outbox_bytes
-        .store(row.try_get(1).map_err(&e)?, Ordering::Relaxed);
+    let (rows, bytes): (i64, i64) = (row.try_get(0).map_err(&e)?, row.try_get(1).map_err(&e)?);
     let age: Option<i64> = client
         .query_one(
             &format!(
@@ -433,9 +425,7 @@ async fn measure(
         .map_err(&e)?
         .try_get(0)
         .map_err(&e)?;
-    metrics
-        .oldest_retained_age_ms
-        .store(age.unwrap_or(0).max(0), Ordering::Relaxed);
+    metrics.set_outbox_size(rows, bytes, age.unwrap_or(0));
     Ok(())
 }
 

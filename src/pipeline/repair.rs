@@ -24,7 +24,6 @@
 //! duplicates, never loss).
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use futures_util::{StreamExt as _, pin_mut};
@@ -199,9 +198,7 @@ pub(crate) async fn publish(
         .map_err(&e)?
         .try_get(0)
         .map_err(&e)?;
-    metrics
-        .repair_rows_left
-        .store(total.max(0) as u64, Ordering::Relaxed);
+    metrics.repair_started(total.max(0) as u64);
     info!(rows = total, table = %table, bound = %pending.bound, since = %micros_text(pending.since_micros),
         at = %at, "gap repair: publishing retained outbox rows");
 
@@ -224,15 +221,7 @@ pub(crate) async fn publish(
     // stream continues after these (at LSNs beyond `at`).
     let mut last_sequences: HashMap<(String, String), i64> = HashMap::new();
     let mut delivered: u64 = 0;
-    let count = |n: u64| {
-        metrics.repair_rows.fetch_add(n, Ordering::Relaxed);
-        let _ =
-            metrics
-                .repair_rows_left
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
-                    Some(left.saturating_sub(n))
-                });
-    };
+    let count = |n: u64| metrics.repair_published(n);
     while let Some(row) = rows.next().await {
         let row = row.map_err(&e)?;
         let commit_time = PgTimestamp(row.try_get::<_, i64>(retained.columns.len()).map_err(&e)?);
@@ -262,7 +251,7 @@ pub(crate) async fn publish(
     if snapshot.is_some() {
         client.batch_execute("COMMIT").await.map_err(&e)?;
     }
-    metrics.repair_rows_left.store(0, Ordering::Relaxed);
+    metrics.repair_finished();
     let sequences: Vec<(String, String, i64, Lsn)> = last_sequences
         .into_iter()
         .map(|((t, i), seq)| (t, i, seq, at))

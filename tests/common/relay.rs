@@ -294,12 +294,7 @@ impl Running {
 
     pub async fn wait_streaming(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while self
-            .metrics
-            .connected
-            .load(std::sync::atomic::Ordering::Relaxed)
-            != 1
-        {
+        while !self.metrics.is_connected() {
             assert!(
                 !self.handle.is_finished(),
                 "the connector stopped before streaming"
