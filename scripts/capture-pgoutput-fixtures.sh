@@ -13,7 +13,7 @@
 # e.g. after `OUTBOX_CDC_PG_VERSION=17 scripts/env.sh up && . target/env/test.env`.
 # The superuser URL must point at a cluster with wal_level=logical, PostgreSQL 14
 # or later (13's pgoutput has no logical decoding messages, which the workload
-# needs). tests/pgoutput_golden.rs asserts the exact decoded content of every
+# needs). tests/it/pgoutput_golden.rs asserts the exact decoded content of every
 # set, so changing the workload here means updating that test and capturing
 # every set again.
 set -euo pipefail

@@ -109,8 +109,11 @@ fi
 # refusals), pgoutput decoded live, replication resume, the control SQL,
 # `check`/`status` catalog queries, the partitioned outbox (no silent skip),
 # version-dependent features, the server's major, and a 10-cycle chaos run.
-MATRIX_TESTS=(env_servers pipeline pgoutput_live pg_replication pg_control operations
-    no_silent_skip version_features server_shutdown chaos)
+# The first eight are modules of the shared test binary (tests/it), picked by
+# name filter; server_shutdown and chaos are binaries of their own.
+MATRIX_IT_MODULES=(env_servers pipeline pgoutput_live pg_replication pg_control operations
+    no_silent_skip version_features)
+MATRIX_TESTS=(server_shutdown chaos)
 # Failover tests (not default cargo targets: they stop the primary), run per
 # major from 17 on, each on a fresh `scripts/env.sh up --standby`.
 FAILOVER_TESTS=(failover failover_unsynced)
@@ -132,9 +135,11 @@ elif [[ "$was_up" == 1 ]]; then
 fi
 test_args=()
 for t in "${MATRIX_TESTS[@]}"; do test_args+=(--test "$t"); done
+it_filters=()
+for m in "${MATRIX_IT_MODULES[@]}"; do it_filters+=("$m::"); done
 for major in $matrix; do
     t0=$SECONDS
-    echo "test.sh: PostgreSQL $major: core suite (${MATRIX_TESTS[*]})"
+    echo "test.sh: PostgreSQL $major: core suite (${MATRIX_IT_MODULES[*]} ${MATRIX_TESTS[*]})"
     scripts/env.sh down >"$ROOT/target/env-down.log" 2>&1 || { cat "$ROOT/target/env-down.log" >&2; }
     if ! OUTBOX_CDC_PG_VERSION="$major" scripts/env.sh up; then
         echo "test.sh: PostgreSQL $major: scripts/env.sh up failed (output above): the core suite did not run"
@@ -147,6 +152,7 @@ for major in $matrix; do
     . target/env/test.env
     major_status=0
     export OUTBOX_CDC_SOAK_CYCLES=10 OUTBOX_CDC_CHAOS_EVERY_FAILPOINT=0
+    run_cargo test --no-fail-fast --features "$features" --test it "$@" -- "${it_filters[@]}" || major_status=$?
     run_cargo test --no-fail-fast --features "$features" "${test_args[@]}" "$@" || major_status=$?
     unset OUTBOX_CDC_SOAK_CYCLES OUTBOX_CDC_CHAOS_EVERY_FAILPOINT
     if [[ "$major_status" != 0 ]]; then status=$major_status; fi

@@ -11,19 +11,19 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use outbox_cdc::checkpoint::OffsetStore;
-use outbox_cdc::config::Config;
-use outbox_cdc::coverage::{self, CheckItem, CoverageProblem};
-use outbox_cdc::outbox::settings::{ColumnNames, TableName};
-use outbox_cdc::pg::{PgConnectConfig, QualifiedTable, quote_ident};
-use outbox_cdc::sink;
+use crate::checkpoint::OffsetStore;
+use crate::config::Config;
+use crate::coverage::{self, CheckItem, CoverageProblem};
+use crate::outbox::settings::{ColumnNames, TableName};
+use crate::pg::{PgConnectConfig, QualifiedTable, quote_ident};
+use crate::sink;
 
 /// How long the Kafka check waits for cluster metadata.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The result of one check.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub enum Outcome {
     Pass(String),
     /// Works now, but a foreseeable event (a failover) would need an operator.
     Warn {
@@ -40,7 +40,7 @@ pub(crate) enum Outcome {
 /// The items of the report. Each is printed under its name; tests name them
 /// through this type, not through strings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Item {
+pub enum Item {
     Configuration,
     PostgresConnection,
     WalLevel,
@@ -84,7 +84,7 @@ impl Item {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct CheckResult {
+pub struct CheckResult {
     pub(crate) item: Item,
     pub(crate) outcome: Outcome,
 }
@@ -132,7 +132,7 @@ fn query_fail(item: Item, e: &tokio_postgres::Error) -> CheckResult {
 }
 
 /// Runs every check; the Kafka check runs while the database is examined.
-pub(crate) async fn run(config: &Config) -> Vec<CheckResult> {
+pub async fn run(config: &Config) -> Vec<CheckResult> {
     let kafka = tokio::spawn(check_kafka(config.kafka.clone()));
     let mut results = check_postgres(config).await;
     results.push(match kafka.await {
@@ -148,7 +148,7 @@ pub(crate) async fn run(config: &Config) -> Vec<CheckResult> {
 
 /// The report printed to stdout: one line per check, a fix line under each
 /// failure, and a summary.
-pub(crate) fn render(results: &[CheckResult]) -> String {
+pub fn render(results: &[CheckResult]) -> String {
     let width = results
         .iter()
         .map(|r| r.item.name().len())
@@ -199,7 +199,7 @@ pub(crate) fn render(results: &[CheckResult]) -> String {
 }
 
 /// True when every check passed (warnings included).
-pub(crate) fn all_passed(results: &[CheckResult]) -> bool {
+pub fn all_passed(results: &[CheckResult]) -> bool {
     results
         .iter()
         .all(|r| matches!(r.outcome, Outcome::Pass(_) | Outcome::Warn { .. }))

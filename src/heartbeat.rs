@@ -25,9 +25,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use outbox_cdc::config::Config;
-use outbox_cdc::metrics::Metrics;
-use outbox_cdc::pg::{PgConnectConfig, PgError};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::pg::{PgConnectConfig, PgError};
 
 use crate::periodic::{self, Step, Wording, connected};
 
@@ -68,9 +68,7 @@ async fn run(
     let mut client: Option<tokio_postgres::Client> = None;
     if config.postgres.primary_url.is_none()
         && let Ok(c) = connected(&pg, &mut client).await
-        && outbox_cdc::pg::control::in_recovery(c)
-            .await
-            .unwrap_or(false)
+        && crate::pg::control::in_recovery(c).await.unwrap_or(false)
     {
         warn!(
             "heartbeat disabled: postgres.url is a standby, where no WAL can be written; set postgres.primary_url \

@@ -7,19 +7,24 @@
 //! flushed LSN in standby status updates. `pipeline` wires them.
 
 pub mod audit;
+pub mod check;
 pub mod checkpoint;
 pub mod config;
 pub mod coverage;
 pub mod debezium;
-pub mod disposition;
+mod disposition;
 pub mod failpoint;
+mod heartbeat;
 pub mod http;
 pub mod metrics;
+mod monitor;
 pub mod outbox;
+mod periodic;
 pub mod pg;
 pub mod pgoutput;
 pub mod pipeline;
-pub mod setting;
+pub mod relay;
+pub(crate) mod setting;
 pub mod sink;
 pub mod status;
 

@@ -1,25 +1,17 @@
 //! `outbox-cdc` command line: run the relay, or inspect its state.
 
-mod check;
-mod heartbeat;
-mod monitor;
-mod periodic;
-
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
-use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use tokio::sync::watch;
-use tracing::{Instrument, error, info, warn};
+use tracing::{Instrument, error};
 
 use outbox_cdc::checkpoint::OffsetStore;
 use outbox_cdc::config::{Config, LogFormat};
 use outbox_cdc::metrics::Metrics;
-use outbox_cdc::{http, pipeline, status};
+use outbox_cdc::{check, pipeline, relay, status};
 
 #[derive(Parser)]
 #[command(
@@ -264,7 +256,7 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
                 accept_gap,
                 repair_only: false,
             };
-            run(Arc::new(load(&config)?), options).await?;
+            relay::run_until_signal(Arc::new(load(&config)?), options).await?;
             Ok(true)
         }
         Command::Repair { config, accept_gap } => {
@@ -273,7 +265,7 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
                 accept_gap,
                 repair_only: true,
             };
-            run(Arc::new(load(&config)?), options).await?;
+            relay::run_until_signal(Arc::new(load(&config)?), options).await?;
             Ok(true)
         }
         Command::Status { config, json } => {
@@ -404,75 +396,8 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
     }
 }
 
-/// The relay with its companions: the HTTP endpoint, the slot monitor and the
-/// optional heartbeat run next to the pipeline and stop with it.
-async fn run(config: Arc<Config>, options: pipeline::RunOptions) -> anyhow::Result<()> {
-    let metrics = Arc::new(Metrics::default());
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stop_tx = Arc::new(stop_tx);
-    let on_signal = stop_tx.clone();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        info!("signal received: stopping");
-        on_signal.send_replace(true);
-    });
-    let http = http::serve(&config.http.listen, metrics.clone())
-        .await
-        .with_context(|| format!("cannot listen on http.listen = {}", config.http.listen))?;
-    let monitor = monitor::spawn(config.clone(), metrics.clone(), stop_rx.clone());
-    let heartbeat = heartbeat::spawn(config.clone(), metrics.clone(), stop_rx.clone());
-    let pruner = tokio::spawn(pipeline::run_pruner(
-        config.clone(),
-        metrics.clone(),
-        stop_rx.clone(),
-    ));
-
-    let result = pipeline::run(config, options, metrics, stop_rx).await;
-
-    stop_tx.send_replace(true);
-    let companions = async {
-        let _ = monitor.await;
-        if let Some(h) = heartbeat {
-            let _ = h.await;
-        }
-        let _ = pruner.await;
-    };
-    if tokio::time::timeout(COMPANION_STOP_TIMEOUT, companions)
-        .await
-        .is_err()
-    {
-        warn!(
-            "slot monitor or heartbeat did not stop in time; leaving them to the runtime's shutdown"
-        );
-    }
-    if let Some(h) = http {
-        h.abort();
-    }
-    Ok(result?)
-}
-
-/// How long `run` waits for the monitor and heartbeat after the pipeline
-/// returned; both stop as soon as they see the stop signal, even mid-query.
-const COMPANION_STOP_TIMEOUT: Duration = Duration::from_secs(5);
-
 fn load(path: &std::path::Path) -> anyhow::Result<Config> {
     Ok(Config::load(path)?)
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        // Without signal handlers the process still stops on SIGKILL; nothing else to do.
-        std::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }
 
 /// `import-debezium`: the TOML to `output` (or stdout), the notes to stderr.

@@ -79,7 +79,7 @@ pub struct Metrics {
     oldest_retained_age: SecondsGauge,
     /// Commit time of the last acknowledged transaction the session
     /// persisted: the pruner's bound while `run` holds the offset store.
-    pub durable_commit_time: Arc<DurableCommitTime>,
+    pub(crate) durable_commit_time: Arc<DurableCommitTime>,
 }
 
 /// Registers each metric as it is made, so a metric cannot exist unexported.

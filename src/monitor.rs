@@ -15,10 +15,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::warn;
 
-use outbox_cdc::config::Config;
-use outbox_cdc::metrics::Metrics;
-use outbox_cdc::pg::{PgConnectConfig, PgError, PgTimestamp};
-use outbox_cdc::status;
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::pg::{PgConnectConfig, PgError, PgTimestamp};
+use crate::status;
 
 use crate::periodic::{self, Step, Wording, connected};
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use outbox_cdc::pg::{PgConnectConfig, PgError};
+use crate::pg::{PgConnectConfig, PgError};
 
 /// What one periodic task does each tick.
 pub(crate) trait Step {

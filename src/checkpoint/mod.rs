@@ -18,6 +18,6 @@ mod store;
 mod tracker;
 
 pub use crate::pg::DurableLsn;
-pub use acked_time::DurableCommitTime;
+pub(crate) use acked_time::DurableCommitTime;
 pub use store::{Flushed, OffsetStore, ParkedAggregate, PendingRepair, StoreError, StoredOffset};
 pub use tracker::{AckTracker, EventToken, TrackerError};

@@ -15,6 +15,7 @@ pub(crate) mod topic;
 
 pub use cloudevents::CloudEventsSettings;
 pub use event::OutboxEvent;
-pub use mapper::{BoundRelation, ChangeContext, MapError, OutboxMapper, RelationBindings, RowRef};
+pub use mapper::MapError;
+pub(crate) use mapper::{BoundRelation, ChangeContext, OutboxMapper};
 pub use placement::{PayloadFormat, RouteSettings};
 pub use settings::{ConfigError, Layout, OutboxSettings, PoisonPolicy};

@@ -37,9 +37,7 @@ pub use error::{PgError, ServerError};
 pub use feedback::FeedbackHandle;
 pub use ident::{QualifiedTable, quote_ident};
 pub use lsn::{DurableLsn, Lsn};
-pub use replication::{
-    ExportedSlot, ReplicationConnection, ReplicationStream, StreamOptions, SystemIdentity,
-};
+pub use replication::{ReplicationConnection, ReplicationStream, StreamOptions, SystemIdentity};
 pub use time::PgTimestamp;
 pub use wire::{Tag, WireError};
 

@@ -37,8 +37,8 @@ use crate::pgoutput::DecodeError;
 use crate::sink::SinkError;
 
 pub use prune::{PruneError, PruneReport, prune_once, prune_stored, run_pruner};
-pub use replay::{EventIdSet, ReplayError, ReplayOptions, ReplayReport, replay, replay_with};
-pub use resume::{ResumePlan, StartRefused};
+pub use replay::{EventIdSet, ReplayError, ReplayOptions, ReplayReport, replay};
+pub use resume::StartRefused;
 pub use sequences::{GapKind, SequenceGap};
 
 /// Options of one `run` that are not configuration (command-line flags).

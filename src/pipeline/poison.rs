@@ -320,7 +320,7 @@ pub(crate) fn row_as_json(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox::RowRef;
+    use crate::outbox::mapper::RowRef;
 
     fn settings(policy: &str) -> OutboxSettings {
         let text = format!("on_poison = \"{policy}\"\ndead_letter_topic = \"dlq\"\n");

@@ -34,9 +34,10 @@ mod topics;
 #[cfg(test)]
 mod tests;
 
-pub use check::{BrokerInfo, check_reachable, refuse_rejected_security};
+pub(crate) use check::refuse_rejected_security;
+pub use check::{BrokerInfo, check_reachable};
 pub use error::SinkError;
 pub use partition::{java_partition, murmur2};
-pub use producer::{Delivered, DeliveryReport, KafkaSink, NewSink};
-pub use settings::{DEFAULT_MESSAGE_TIMEOUT_MS, KafkaSettings, is_secret_key};
+pub use producer::{Delivered, DeliveryReport, KafkaSink};
+pub use settings::{DEFAULT_MESSAGE_TIMEOUT_MS, KafkaSettings};
 pub use topics::{DEFAULT_PARTITIONS, DEFAULT_REPLICATION_FACTOR, TopicSettings};

@@ -1,5 +1,5 @@
 //! Sink tests against librdkafka's in-process mock cluster (fast, with broker
-//! error injection). The real-broker proof is `tests/sink_kafka.rs`.
+//! error injection). The real-broker proof is `tests/it/sink_kafka.rs`.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};

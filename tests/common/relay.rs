@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use outbox_cdc::config::Config;
 use outbox_cdc::metrics::Metrics;
 use outbox_cdc::pg::Lsn;
-use outbox_cdc::pipeline::{self, PipelineError, RunOptions};
+use outbox_cdc::pipeline::{PipelineError, RunOptions};
+use outbox_cdc::relay::{self, RelayError};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
@@ -279,12 +280,16 @@ impl Running {
     pub fn spawn(config: Config, options: RunOptions) -> Running {
         let metrics = Arc::new(Metrics::default());
         let (stop, stop_rx) = watch::channel(false);
-        let handle = tokio::spawn(pipeline::run(
-            Arc::new(config),
-            options,
-            metrics.clone(),
-            stop_rx,
-        ));
+        // The binary's wiring (slot monitor, heartbeat, pruner, HTTP when
+        // configured) around the pipeline; the tests' configurations disable
+        // HTTP, so only the pipeline's own errors come back.
+        let run = relay::run(Arc::new(config), options, metrics.clone(), stop_rx);
+        let handle = tokio::spawn(async move {
+            run.await.map_err(|e| match e {
+                RelayError::Pipeline(e) => e,
+                other => panic!("the relay did not start: {other}"),
+            })
+        });
         Running {
             metrics,
             stop,

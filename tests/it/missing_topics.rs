@@ -4,7 +4,7 @@
 //! the record is refused and the poison policy decides (stop, or dead-letter).
 //! Never a replay loop.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

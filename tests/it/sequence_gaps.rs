@@ -3,7 +3,7 @@
 //! counted and logged; with `on_gap = "stop"` the connector stops before
 //! publishing what follows the gap, and nothing after it is acknowledged.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

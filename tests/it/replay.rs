@@ -2,7 +2,7 @@
 //! time, by aggregate, from an event id, with a topic suffix, or only counted
 //! (dry run). No connector runs: replay reads the table and produces.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

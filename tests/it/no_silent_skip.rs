@@ -3,7 +3,7 @@
 //! publication is not proven to carry every outbox row, and a loud stop on a
 //! relation the start-up proof did not account for (rename, a new table).
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

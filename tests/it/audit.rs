@@ -2,7 +2,7 @@
 //! rows never published, records with no row (a foreign producer) and copies
 //! of a record are each found exactly; missing rows fail the audit.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! they are idempotent, `outbox_emit` numbers each aggregate 1, 2, 3, ... in
 //! commit order, and the publication carries inserts into the outbox table only.
 
-mod common;
+use crate::common;
 
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};

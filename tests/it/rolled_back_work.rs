@@ -7,7 +7,7 @@
 //! published, in commit order, with the sequence numbers they were stored
 //! with (a rolled-back row's number is handed out again).
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! the acknowledged prefix, so the next session re-sends only what was really
 //! in flight.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

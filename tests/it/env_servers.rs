@@ -3,7 +3,7 @@
 //! over scram-sha-256, and a Kafka broker that takes idempotent `acks=all`
 //! writes and serves them back to a consumer group.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! ever deleted, whatever races it; whole partitions go when every row in
 //! them qualifies; without a stored acknowledged commit time nothing goes.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

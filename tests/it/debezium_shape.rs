@@ -5,7 +5,7 @@
 //! without expansion, so the value is the payload as a JSON string), plus a
 //! `type:header:eventType` placement. docs/migrating-from-debezium.md.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

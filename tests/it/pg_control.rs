@@ -2,7 +2,7 @@
 //! lifecycle and inspection, publications with hostile names, WAL position,
 //! and the typed errors for a slot held by another backend or missing.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

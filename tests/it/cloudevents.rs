@@ -3,7 +3,7 @@
 //! keeps its key and value and gains the `ce_*` attribute headers and
 //! `content-type`; with the section off (the default) none of them appears.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! Everything runs in a database of its own, because a slot also receives the
 //! logical decoding messages of every other session in its database.
 
-mod common;
+use crate::common;
 
 use std::panic::AssertUnwindSafe;
 

@@ -6,7 +6,7 @@
 //! decoding is the decoder's business. A Commit ('C') carries its end LSN at
 //! bytes 10..18 (tag, flags u8, commit_lsn u64, end_lsn u64, timestamp i64).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -5,7 +5,7 @@
 //! password, an unknown CA and an expired client certificate each give one
 //! error that names the cause, in `check` and in `run`.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

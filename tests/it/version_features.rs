@@ -7,7 +7,7 @@
 //! - `outbox.message_prefix`: pgoutput sends logical decoding messages from 14
 //!   on; on 13 the start is refused naming the key.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

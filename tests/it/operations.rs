@@ -3,7 +3,7 @@
 //! stopped, `check` names each misconfiguration with its fix, the heartbeat
 //! reaches the WAL. Every test runs the real binary; none stops a shared server.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -195,6 +195,44 @@ async fn metrics_follow_the_pipeline_and_the_slot() {
 
     let status = child.terminate(Duration::from_secs(60));
     assert!(status.success(), "graceful stop: {status}");
+    fx.cleanup().await;
+}
+
+/// The library's composition of `run` (what the binary calls) brings up the
+/// HTTP endpoint and the slot monitor beside the pipeline, and stops them
+/// with it: the in-process tests run the same wiring as the binary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_library_relay_runs_the_companions_of_the_binary() {
+    common::init_tracing();
+    let fx = Fixture::new("opsrelay").await;
+    let port = free_port();
+    let config = outbox_cdc::config::Config::load(&write_config(&fx, port, "")).expect("config");
+    let running = common::relay::Running::spawn(config, Default::default());
+    running.wait_streaming().await;
+    eventually(
+        "the slot monitor polled through the relay",
+        TIMEOUT,
+        || async {
+            scrape(port)
+                .await
+                .is_some_and(|m| m.get("outbox_cdc_slot_exists") == Some(&1.0))
+        },
+    )
+    .await;
+    assert!(
+        running
+            .metrics
+            .render()
+            .contains("outbox_cdc_slot_active 1\n"),
+        "the monitor writes the metrics the pipeline's caller holds"
+    );
+    running.stop().await.expect("clean stop");
+    eventually(
+        "the HTTP endpoint stopped with the relay",
+        TIMEOUT,
+        || async { scrape(port).await.is_none() },
+    )
+    .await;
     fx.cleanup().await;
 }
 

@@ -3,7 +3,7 @@
 //! client would choose, in send order per key; an oversized record fails alone
 //! as poison.
 
-mod common;
+use crate::common;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};

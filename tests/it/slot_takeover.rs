@@ -5,7 +5,7 @@
 //! up to a point; a Kafka consumer then checks that every row committed after
 //! that point arrives and none confirmed before it is published again.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::process::Command;

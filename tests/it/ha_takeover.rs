@@ -5,7 +5,7 @@
 //! standby takes over from the slot's confirmed position and every event
 //! written before, during and after arrives at least once.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;

@@ -1,7 +1,7 @@
 //! The connector end to end against the real PostgreSQL and Kafka: what is
 //! published, in which order, and what survives restarts (DESIGN.md §2, §5, §6).
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! of that aggregate follow it there in order, other aggregates flow on, and a
 //! released aggregate flows to its topic again.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
