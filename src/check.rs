@@ -61,7 +61,7 @@ pub enum Item {
 
 impl Item {
     /// The item's name in the report.
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Item::Configuration => "configuration",
             Item::PostgresConnection => "postgres connection",
@@ -383,28 +383,29 @@ async fn check_postgres(config: &Config) -> Vec<CheckResult> {
 }
 
 async fn wal_level(client: &Client) -> CheckResult {
-    const NAME: Item = Item::WalLevel;
     match client
         .query_one("SELECT current_setting('wal_level')", &[])
         .await
     {
-        Ok(row) => {
-            let level: String = row.get(0);
-            if level == "logical" {
-                pass(NAME, "logical")
-            } else {
-                fail(
-                    NAME,
-                    format!("wal_level is {level:?}; logical decoding needs \"logical\""),
-                    "ALTER SYSTEM SET wal_level = logical;  -- as a superuser, then restart PostgreSQL",
-                )
-            }
-        }
-        Err(e) => query_fail(NAME, &e),
+        Ok(row) => judge_wal_level(&row.get::<_, String>(0)),
+        Err(e) => query_fail(Item::WalLevel, &e),
+    }
+}
+
+fn judge_wal_level(level: &str) -> CheckResult {
+    if level == "logical" {
+        pass(Item::WalLevel, "logical")
+    } else {
+        fail(
+            Item::WalLevel,
+            format!("wal_level is {level:?}; logical decoding needs \"logical\""),
+            "ALTER SYSTEM SET wal_level = logical;  -- as a superuser, then restart PostgreSQL",
+        )
     }
 }
 
 /// A row of pg_replication_slots, as far as `check` needs it.
+#[derive(Debug, Clone)]
 struct SlotRow {
     name: String,
     plugin: Option<String>,
@@ -413,134 +414,158 @@ struct SlotRow {
     wal_status: Option<String>,
 }
 
-/// Capacity for our slot, then the slot itself if it exists.
-async fn replication_slots(client: &Client, config: &Config) -> (CheckResult, CheckResult) {
-    let slot = config.postgres.slot.as_str();
-    const CAPACITY: Item = Item::ReplicationSlots;
-    const SLOT: Item = Item::Slot;
-    let rows = match client
+/// What the slot checks read: every slot of the cluster, the limit, and
+/// the database we are connected to.
+#[derive(Debug, Clone)]
+struct SlotFacts {
+    slots: Vec<SlotRow>,
+    max_replication_slots: i32,
+    database: String,
+}
+
+impl SlotFacts {
+    fn find(&self, slot: &str) -> Option<&SlotRow> {
+        self.slots.iter().find(|s| s.name == slot)
+    }
+}
+
+async fn slot_facts(client: &Client) -> Result<SlotFacts, tokio_postgres::Error> {
+    let rows = client
         .query(
             "SELECT slot_name::text, plugin::text, database::text, active, wal_status, \
                     current_setting('max_replication_slots')::int, current_database()::text \
              FROM (SELECT 1) AS one LEFT JOIN pg_replication_slots ON true",
             &[],
         )
-        .await
-    {
-        Ok(rows) => rows,
-        Err(e) => {
-            return (
-                query_fail(CAPACITY, &e),
-                skip(SLOT, "the slot query failed"),
-            );
-        }
-    };
-    let max: i32 = rows.first().map_or(0, |r| r.get(5));
-    let database: String = rows.first().map_or_else(String::new, |r| r.get(6));
-    let slots: Vec<SlotRow> = rows
-        .iter()
-        .filter_map(|r| {
-            Some(SlotRow {
-                name: r.get::<_, Option<String>>(0)?,
-                plugin: r.get(1),
-                database: r.get(2),
-                active: r.get::<_, Option<bool>>(3).unwrap_or(false),
-                wal_status: r.get(4),
+        .await?;
+    Ok(SlotFacts {
+        max_replication_slots: rows.first().map_or(0, |r| r.get(5)),
+        database: rows.first().map_or_else(String::new, |r| r.get(6)),
+        slots: rows
+            .iter()
+            .filter_map(|r| {
+                Some(SlotRow {
+                    name: r.get::<_, Option<String>>(0)?,
+                    plugin: r.get(1),
+                    database: r.get(2),
+                    active: r.get::<_, Option<bool>>(3).unwrap_or(false),
+                    wal_status: r.get(4),
+                })
             })
-        })
-        .collect();
-    let used = slots.len() as i32;
-    let ours = slots.iter().find(|s| s.name == slot);
+            .collect(),
+    })
+}
 
-    let capacity = match ours {
-        Some(_) => pass(
+/// Capacity for our slot, then the slot itself if it exists.
+async fn replication_slots(client: &Client, config: &Config) -> (CheckResult, CheckResult) {
+    let slot = config.postgres.slot.as_str();
+    match slot_facts(client).await {
+        Ok(facts) => {
+            let existing = match facts.find(slot) {
+                Some(row) => judge_slot(slot, row, &facts.database),
+                None => missing_slot(config, slot),
+            };
+            (judge_capacity(slot, &facts), existing)
+        }
+        Err(e) => (
+            query_fail(Item::ReplicationSlots, &e),
+            skip(Item::Slot, "the slot query failed"),
+        ),
+    }
+}
+
+fn judge_capacity(slot: &str, facts: &SlotFacts) -> CheckResult {
+    const CAPACITY: Item = Item::ReplicationSlots;
+    let (used, max) = (facts.slots.len() as i32, facts.max_replication_slots);
+    if facts.find(slot).is_some() {
+        return pass(
             CAPACITY,
             format!("slot {slot:?} exists ({used} of {max} slots used)"),
-        ),
-        None if used < max => pass(
+        );
+    }
+    if used < max {
+        return pass(
             CAPACITY,
             format!("{} of {max} free for slot {slot:?}", max - used),
+        );
+    }
+    let idle: Vec<&str> = facts
+        .slots
+        .iter()
+        .filter(|s| !s.active)
+        .map(|s| s.name.as_str())
+        .collect();
+    let drop_hint = match idle.first() {
+        Some(name) => format!(
+            "\nor drop an unused slot (inactive now: {}): SELECT pg_drop_replication_slot('{name}');",
+            idle.join(", ")
         ),
-        None => {
-            let idle: Vec<&str> = slots
-                .iter()
-                .filter(|s| !s.active)
-                .map(|s| s.name.as_str())
-                .collect();
-            let drop_hint = match idle.first() {
-                Some(name) => format!(
-                    "\nor drop an unused slot (inactive now: {}): SELECT pg_drop_replication_slot('{name}');",
-                    idle.join(", ")
-                ),
-                None => String::new(),
-            };
-            fail(
-                CAPACITY,
-                format!(
-                    "all {max} replication slots (max_replication_slots) are in use; slot {slot:?} cannot be created"
-                ),
-                format!(
-                    "ALTER SYSTEM SET max_replication_slots = {};  -- as a superuser, then restart PostgreSQL{drop_hint}",
-                    max + 1
-                ),
-            )
-        }
+        None => String::new(),
     };
-    let slot_check = match ours {
-        None => missing_slot(config, slot),
-        Some(SlotRow {
-            plugin,
-            database: db,
-            active,
-            wal_status,
-            ..
-        }) => {
-            let drop_sql = format!(
-                "SELECT pg_drop_replication_slot('{}');",
-                slot.replace('\'', "''")
-            );
-            if plugin.as_deref() != Some("pgoutput") {
-                fail(
-                    SLOT,
-                    format!("slot {slot:?} uses plugin {plugin:?}, not pgoutput"),
-                    format!("choose another postgres.slot, or drop it: {drop_sql}"),
-                )
-            } else if db.as_deref() != Some(database.as_str()) {
-                fail(
-                    SLOT,
-                    format!("slot {slot:?} belongs to database {db:?}, not {database:?}"),
-                    "choose another postgres.slot, or point postgres.url at that database",
-                )
-            } else if wal_status.as_deref() == Some("lost") {
-                fail(
-                    SLOT,
-                    format!(
-                        "slot {slot:?} is lost (wal_status = lost): the WAL it needed was removed"
-                    ),
-                    format!(
-                        "events committed since its confirmed position are not in the slot any more: \
-                         `outbox-cdc repair --config <this file>` drops and recreates it and republishes them \
-                         from the outbox table (docs/operations.md, \"Slot lost\"); without a stored offset, \
-                         {drop_sql}"
-                    ),
-                )
-            } else {
-                let state = if *active {
-                    "active (a consumer streams from it)"
-                } else {
-                    "inactive"
-                };
-                pass(
-                    SLOT,
-                    format!(
-                        "{slot:?}: pgoutput, database {database}, {state}, wal_status {}",
-                        wal_status.as_deref().unwrap_or("-")
-                    ),
-                )
-            }
-        }
-    };
-    (capacity, slot_check)
+    fail(
+        CAPACITY,
+        format!(
+            "all {max} replication slots (max_replication_slots) are in use; slot {slot:?} cannot be created"
+        ),
+        format!(
+            "ALTER SYSTEM SET max_replication_slots = {};  -- as a superuser, then restart PostgreSQL{drop_hint}",
+            max + 1
+        ),
+    )
+}
+
+/// Our slot exists: it must decode with pgoutput in this database and still
+/// have its WAL.
+fn judge_slot(slot: &str, row: &SlotRow, database: &str) -> CheckResult {
+    const SLOT: Item = Item::Slot;
+    let drop_sql = format!(
+        "SELECT pg_drop_replication_slot('{}');",
+        slot.replace('\'', "''")
+    );
+    let SlotRow {
+        plugin,
+        database: db,
+        active,
+        wal_status,
+        ..
+    } = row;
+    if plugin.as_deref() != Some("pgoutput") {
+        fail(
+            SLOT,
+            format!("slot {slot:?} uses plugin {plugin:?}, not pgoutput"),
+            format!("choose another postgres.slot, or drop it: {drop_sql}"),
+        )
+    } else if db.as_deref() != Some(database) {
+        fail(
+            SLOT,
+            format!("slot {slot:?} belongs to database {db:?}, not {database:?}"),
+            "choose another postgres.slot, or point postgres.url at that database",
+        )
+    } else if wal_status.as_deref() == Some("lost") {
+        fail(
+            SLOT,
+            format!("slot {slot:?} is lost (wal_status = lost): the WAL it needed was removed"),
+            format!(
+                "events committed since its confirmed position are not in the slot any more: \
+                 `outbox-cdc repair --config <this file>` drops and recreates it and republishes them \
+                 from the outbox table (docs/operations.md, \"Slot lost\"); without a stored offset, \
+                 {drop_sql}"
+            ),
+        )
+    } else {
+        let state = if *active {
+            "active (a consumer streams from it)"
+        } else {
+            "inactive"
+        };
+        pass(
+            SLOT,
+            format!(
+                "{slot:?}: pgoutput, database {database}, {state}, wal_status {}",
+                wal_status.as_deref().unwrap_or("-")
+            ),
+        )
+    }
 }
 
 /// The slot does not exist: fine before the first start, a lost slot when an
@@ -728,9 +753,16 @@ fn judge_failover(f: &FailoverFacts) -> CheckResult {
     }
 }
 
+/// max_wal_senders, the senders running, and whether one of them streams our slot.
+#[derive(Debug, Clone, Copy)]
+struct WalSenderFacts {
+    max: i32,
+    used: i32,
+    ours_active: bool,
+}
+
 async fn wal_senders(client: &Client, slot: &str) -> CheckResult {
-    const NAME: Item = Item::WalSenders;
-    let row = match client
+    match client
         .query_one(
             "SELECT current_setting('max_wal_senders')::int, \
                     (SELECT count(*) FROM pg_stat_get_wal_senders())::int, \
@@ -739,10 +771,25 @@ async fn wal_senders(client: &Client, slot: &str) -> CheckResult {
         )
         .await
     {
-        Ok(row) => row,
-        Err(e) => return query_fail(NAME, &e),
-    };
-    let (max, used, ours_active): (i32, i32, bool) = (row.get(0), row.get(1), row.get(2));
+        Ok(row) => judge_wal_senders(
+            slot,
+            WalSenderFacts {
+                max: row.get(0),
+                used: row.get(1),
+                ours_active: row.get(2),
+            },
+        ),
+        Err(e) => query_fail(Item::WalSenders, &e),
+    }
+}
+
+fn judge_wal_senders(slot: &str, f: WalSenderFacts) -> CheckResult {
+    const NAME: Item = Item::WalSenders;
+    let WalSenderFacts {
+        max,
+        used,
+        ours_active,
+    } = f;
     if ours_active {
         pass(
             NAME,
@@ -1269,6 +1316,110 @@ mod tests {
         assert!(ColumnRole::Payload.accepts("text") && !ColumnRole::Payload.accepts("bytea"));
         assert!(ColumnRole::Integer.accepts("int4") && !ColumnRole::Integer.accepts("numeric"));
         assert!(!ColumnRole::Integer.accepts("text"));
+    }
+
+    fn slot_row(name: &str, active: bool) -> SlotRow {
+        SlotRow {
+            name: name.into(),
+            plugin: Some("pgoutput".into()),
+            database: Some("app".into()),
+            active,
+            wal_status: Some("reserved".into()),
+        }
+    }
+
+    fn problem_and_fix(result: &CheckResult) -> (String, String) {
+        match &result.outcome {
+            Outcome::Fail { problem, fix } => (problem.clone(), fix.clone()),
+            other => panic!("{:?} should fail, got {other:?}", result.item),
+        }
+    }
+
+    /// wal_level needs a restart to change, so a live server cannot show
+    /// this failure in the tests: the judge alone can.
+    #[test]
+    fn wal_level_other_than_logical_fails_with_the_setting_to_change() {
+        assert_eq!(
+            judge_wal_level("logical").outcome,
+            Outcome::Pass("logical".into())
+        );
+        let (problem, fix) = problem_and_fix(&judge_wal_level("replica"));
+        assert!(problem.contains("\"replica\""), "{problem}");
+        assert!(
+            fix.starts_with("ALTER SYSTEM SET wal_level = logical"),
+            "{fix}"
+        );
+    }
+
+    /// Every slot taken (max_replication_slots needs a restart, too): the fix
+    /// raises the limit by one and names the inactive slots to drop instead.
+    #[test]
+    fn full_slot_capacity_fails_naming_the_limit_and_the_idle_slots() {
+        let mut facts = SlotFacts {
+            slots: vec![slot_row("busy", true), slot_row("old", false)],
+            max_replication_slots: 2,
+            database: "app".into(),
+        };
+        let (problem, fix) = problem_and_fix(&judge_capacity("ours", &facts));
+        assert!(problem.contains("all 2 replication slots"), "{problem}");
+        assert!(fix.contains("max_replication_slots = 3"), "{fix}");
+        assert!(fix.contains("inactive now: old)"), "{fix}");
+        assert!(fix.contains("pg_drop_replication_slot('old')"), "{fix}");
+        assert!(
+            matches!(judge_capacity("old", &facts).outcome, Outcome::Pass(_)),
+            "an existing slot needs no free place"
+        );
+        facts.max_replication_slots = 3;
+        assert_eq!(
+            judge_capacity("ours", &facts).outcome,
+            Outcome::Pass("1 of 3 free for slot \"ours\"".into())
+        );
+    }
+
+    /// max_wal_senders needs a restart as well.
+    #[test]
+    fn no_free_wal_sender_fails_unless_ours_is_one_of_them() {
+        let full = WalSenderFacts {
+            max: 4,
+            used: 4,
+            ours_active: false,
+        };
+        let (problem, fix) = problem_and_fix(&judge_wal_senders("s", full));
+        assert!(problem.contains("all 4 WAL senders"), "{problem}");
+        assert!(fix.contains("max_wal_senders = 5"), "{fix}");
+        let streaming = WalSenderFacts {
+            ours_active: true,
+            ..full
+        };
+        assert!(matches!(
+            judge_wal_senders("s", streaming).outcome,
+            Outcome::Pass(_)
+        ));
+    }
+
+    #[test]
+    fn an_existing_slot_must_be_pgoutput_in_this_database_and_not_lost() {
+        let good = slot_row("s", false);
+        assert!(matches!(
+            judge_slot("s", &good, "app").outcome,
+            Outcome::Pass(_)
+        ));
+        let wrong_plugin = SlotRow {
+            plugin: Some("wal2json".into()),
+            ..good.clone()
+        };
+        let (problem, fix) = problem_and_fix(&judge_slot("s", &wrong_plugin, "app"));
+        assert!(problem.contains("wal2json"), "{problem}");
+        assert!(fix.contains("pg_drop_replication_slot('s')"), "{fix}");
+        let (problem, _) = problem_and_fix(&judge_slot("s", &good, "other"));
+        assert!(problem.contains("belongs to database"), "{problem}");
+        let lost = SlotRow {
+            wal_status: Some("lost".into()),
+            ..good
+        };
+        let (problem, fix) = problem_and_fix(&judge_slot("s", &lost, "app"));
+        assert!(problem.contains("is lost"), "{problem}");
+        assert!(fix.contains("outbox-cdc repair"), "{fix}");
     }
 
     #[test]

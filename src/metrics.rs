@@ -391,11 +391,17 @@ impl Metrics {
 
     /// What is in flight: events, their bytes, and the age of the oldest
     /// unacknowledged commit (0 when nothing is).
+    ///
+    /// Called twice per event: plain stores, not the gauges' `set`, which
+    /// swaps (a locked instruction on x86) to return the old value.
     pub fn set_in_flight(&self, events: usize, bytes: usize, oldest_age_micros: Option<u64>) {
-        self.in_flight_events.set(events as u64);
-        self.in_flight_bytes.set(bytes as u64);
+        let r = Ordering::Relaxed;
+        self.in_flight_events.inner().store(events as u64, r);
+        self.in_flight_bytes.inner().store(bytes as u64, r);
         if let Some(age) = oldest_age_micros {
-            self.oldest_unacked_age.set(age as f64 / 1e6);
+            // An f64 gauge keeps the value's bits in its AtomicU64.
+            let seconds = age as f64 / 1e6;
+            self.oldest_unacked_age.inner().store(seconds.to_bits(), r);
         }
     }
 

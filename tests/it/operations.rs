@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::relay::{ChildProcess, Fixture, consume, eventually, spawn_binary};
+use outbox_cdc::check::Item;
 use outbox_cdc::pg::Lsn;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -410,7 +411,8 @@ async fn check(fx: &Fixture, env: &[(&str, String)]) -> (i32, String) {
 }
 
 /// The FAIL line of `name` and its fix lines, or a panic showing the report.
-fn failure<'a>(report: &'a str, name: &str) -> &'a str {
+fn failure(report: &str, item: Item) -> &str {
+    let name = item.name();
     let start = report
         .find(&format!("FAIL  {name} "))
         .unwrap_or_else(|| panic!("no FAIL line for {name:?} in:\n{report}"));
@@ -426,7 +428,8 @@ fn failure<'a>(report: &'a str, name: &str) -> &'a str {
     &rest[..end]
 }
 
-fn assert_passes(report: &str, name: &str) {
+fn assert_passes(report: &str, item: Item) {
+    let name = item.name();
     assert!(
         report.contains(&format!("PASS  {name} ")),
         "expected PASS for {name:?} in:\n{report}"
@@ -438,22 +441,22 @@ async fn check_passes_on_a_correct_setup() {
     let fx = Fixture::new("chkok").await;
     let (code, report) = check(&fx, &[]).await;
     assert_eq!(code, 0, "{report}");
-    for name in [
-        "postgres connection",
-        "wal_level",
-        "replication slots",
-        "slot",
-        "wal senders",
-        "replication privilege",
-        "outbox table",
-        "select privilege",
-        "outbox columns",
-        "publication",
-        "publication tables",
-        "publication publishes",
-        "kafka",
+    for item in [
+        Item::PostgresConnection,
+        Item::WalLevel,
+        Item::ReplicationSlots,
+        Item::Slot,
+        Item::WalSenders,
+        Item::ReplicationPrivilege,
+        Item::OutboxTable,
+        Item::SelectPrivilege,
+        Item::OutboxColumns,
+        Item::Publication,
+        Item::PublicationTables,
+        Item::PublicationPublishes,
+        Item::Kafka,
     ] {
-        assert_passes(&report, name);
+        assert_passes(&report, item);
     }
     assert!(
         !report.contains("FAIL") && report.contains("check OK"),
@@ -472,7 +475,7 @@ async fn check_reports_a_missing_publication_with_the_create_statement() {
     )
     .await;
     assert_eq!(code, 1, "{report}");
-    let f = failure(&report, "publication");
+    let f = failure(&report, Item::Publication);
     assert!(f.contains("does not exist"), "{f}");
     let create = format!(
         "CREATE PUBLICATION \"{missing}\" FOR TABLE \"public\".\"{}\" WITH (publish = 'insert');",
@@ -504,7 +507,7 @@ async fn check_reports_a_publication_without_the_outbox_table() {
     )
     .await;
     assert_eq!(code, 1, "{report}");
-    let f = failure(&report, "publication tables");
+    let f = failure(&report, Item::PublicationTables);
     assert!(
         f.contains(&format!(
             "ALTER PUBLICATION \"{publication}\" ADD TABLE \"public\".\"{}\";",
@@ -518,7 +521,7 @@ async fn check_reports_a_publication_without_the_outbox_table() {
         )),
         "{f}"
     );
-    assert_passes(&report, "publication");
+    assert_passes(&report, Item::Publication);
     fx.admin
         .batch_execute(&format!(
             "DROP PUBLICATION {publication}; DROP TABLE public.{other};"
@@ -545,7 +548,7 @@ async fn check_reports_a_publication_that_also_publishes_updates() {
     )
     .await;
     assert_eq!(code, 1, "{report}");
-    let f = failure(&report, "publication publishes");
+    let f = failure(&report, Item::PublicationPublishes);
     assert!(f.contains("also publishes update"), "{f}");
     assert!(
         f.contains(&format!(
@@ -553,7 +556,7 @@ async fn check_reports_a_publication_that_also_publishes_updates() {
         )),
         "{f}"
     );
-    assert_passes(&report, "publication tables");
+    assert_passes(&report, Item::PublicationTables);
     fx.admin
         .batch_execute(&format!("DROP PUBLICATION {publication};"))
         .await
@@ -583,7 +586,7 @@ async fn check_reports_missing_and_mistyped_columns() {
     ];
     let (code, report) = check(&fx, &env).await;
     assert_eq!(code, 1, "{report}");
-    let f = failure(&report, "outbox columns");
+    let f = failure(&report, Item::OutboxColumns);
     let quoted = format!("\"public\".\"{table}\"");
     for expected in [
         "column \"event_type\" (outbox.columns.event_type) is missing".to_owned(),
@@ -597,7 +600,7 @@ async fn check_reports_missing_and_mistyped_columns() {
     ] {
         assert!(f.contains(&expected), "expected {expected:?} in:\n{f}");
     }
-    assert_passes(&report, "outbox table");
+    assert_passes(&report, Item::OutboxTable);
     fx.admin
         .batch_execute(&format!(
             "DROP PUBLICATION {publication}; DROP TABLE public.{table};"
@@ -629,7 +632,7 @@ async fn check_reports_a_role_without_select_and_replication() {
         .batch_execute(&format!("DROP ROLE IF EXISTS {role}"))
         .await;
     assert_eq!(code, 1, "{report}");
-    let f = failure(&report, "select privilege");
+    let f = failure(&report, Item::SelectPrivilege);
     assert!(
         f.contains(&format!(
             "GRANT SELECT ON \"public\".\"{}\" TO \"{role}\";",
@@ -637,12 +640,12 @@ async fn check_reports_a_role_without_select_and_replication() {
         )),
         "{f}"
     );
-    let f = failure(&report, "replication privilege");
+    let f = failure(&report, Item::ReplicationPrivilege);
     assert!(
         f.contains(&format!("ALTER ROLE \"{role}\" WITH REPLICATION;")),
         "{f}"
     );
-    assert_passes(&report, "postgres connection");
+    assert_passes(&report, Item::PostgresConnection);
     fx.cleanup().await;
 }
 
@@ -655,12 +658,12 @@ async fn check_reports_an_unreachable_kafka() {
     )];
     let (code, report) = check(&fx, &env).await;
     assert_eq!(code, 1, "{report}");
-    let f = failure(&report, "kafka");
+    let f = failure(&report, Item::Kafka);
     assert!(
         f.contains("127.0.0.1:1") && f.contains("bootstrap.servers"),
         "{f}"
     );
-    assert_passes(&report, "publication publishes");
+    assert_passes(&report, Item::PublicationPublishes);
     fx.cleanup().await;
 }
 
@@ -675,7 +678,7 @@ async fn check_reports_a_lost_slot_and_a_slot_it_may_not_create() {
     )
     .await;
     assert_eq!(code, 1, "{report}");
-    let f = failure(&report, "slot");
+    let f = failure(&report, Item::Slot);
     assert!(
         f.contains(&format!(
             "SELECT pg_create_logical_replication_slot('{}', 'pgoutput');",
@@ -698,7 +701,7 @@ async fn check_reports_a_lost_slot_and_a_slot_it_may_not_create() {
     .await;
     let (code, report) = check(&fx, &[]).await;
     assert_eq!(code, 1, "{report}");
-    let f = failure(&report, "slot");
+    let f = failure(&report, Item::Slot);
     assert!(
         f.contains("the slot was lost") && f.contains("outbox-cdc repair"),
         "{f}"
