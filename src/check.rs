@@ -981,7 +981,6 @@ async fn outbox_columns(
     facts: &Facts,
     extra: &[(&str, String)],
 ) -> CheckResult {
-    const NAME: Item = Item::OutboxColumns;
     let rows = match client
         .query(
             "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), \
@@ -994,18 +993,37 @@ async fn outbox_columns(
         .await
     {
         Ok(rows) => rows,
-        Err(e) => return query_fail(NAME, &e),
+        Err(e) => return query_fail(Item::OutboxColumns, &e),
     };
-    let present: Vec<(String, String, String)> = rows
+    let present: Vec<ColumnFact> = rows
         .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .map(|r| ColumnFact {
+            name: r.get(0),
+            shown: r.get(1),
+            base: r.get(2),
+        })
         .collect();
+    judge_columns(&present, facts, extra)
+}
+
+/// A column of the outbox table: its name, its type as `format_type` shows
+/// it, and the base type's name (a domain's underlying type).
+#[derive(Debug, Clone)]
+struct ColumnFact {
+    name: String,
+    shown: String,
+    base: String,
+}
+
+/// Every mapped column must exist with a type its role accepts.
+fn judge_columns(present: &[ColumnFact], facts: &Facts, extra: &[(&str, String)]) -> CheckResult {
+    const NAME: Item = Item::OutboxColumns;
     let table = facts.table.quoted();
     let mut found = Vec::new();
     let mut problems = Vec::new();
     let mut fixes = Vec::new();
     for (key, column, role) in mapped_columns(&facts.columns, extra) {
-        match present.iter().find(|(name, _, _)| *name == column) {
+        match present.iter().find(|c| c.name == column) {
             None => {
                 problems.push(format!("column {column:?} ({key}) is missing"));
                 fixes.push(format!(
@@ -1014,9 +1032,10 @@ async fn outbox_columns(
                     role.fix_type()
                 ));
             }
-            Some((_, shown, base)) if !role.accepts(base) => {
+            Some(c) if !role.accepts(&c.base) => {
                 problems.push(format!(
-                    "column {column:?} ({key}) is {shown}, expected {}",
+                    "column {column:?} ({key}) is {}, expected {}",
+                    c.shown,
                     role.allowed()
                 ));
                 let to = role.fix_type();
@@ -1026,7 +1045,7 @@ async fn outbox_columns(
                     col = quote_ident(&column),
                 ));
             }
-            Some((_, shown, _)) => found.push(format!("{column} {shown}")),
+            Some(c) => found.push(format!("{column} {}", c.shown)),
         }
     }
     if problems.is_empty() {
@@ -1048,7 +1067,6 @@ async fn publication(
     const TABLES: Item = Item::PublicationTables;
     const PUBLISHES: Item = Item::PublicationPublishes;
     let name = &config.postgres.publication;
-    let quoted = quote_ident(name);
     let partitioned = proof
         .and_then(|p| p.catalog.table.as_ref())
         .is_some_and(|t| t.relkind == 'p');
@@ -1088,11 +1106,42 @@ async fn publication(
         let why = "the publication does not exist yet";
         return vec![missing, skip(TABLES, why), skip(PUBLISHES, why)];
     };
-    let (all_tables, insert, update, delete, truncate): (bool, bool, bool, bool, bool) =
-        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    let row = PublicationFacts {
+        all_tables: row.get(0),
+        insert: row.get(1),
+        update: row.get(2),
+        delete: row.get(3),
+        truncate: row.get(4),
+    };
+    judge_publication(name, &row, &create_sql, facts, proof)
+}
+
+/// An existing publication as pg_publication describes it.
+#[derive(Debug, Clone, Copy)]
+struct PublicationFacts {
+    all_tables: bool,
+    insert: bool,
+    update: bool,
+    delete: bool,
+    truncate: bool,
+}
+
+/// The publication exists: it must name the outbox table (not all tables)
+/// and publish inserts only.
+fn judge_publication(
+    name: &str,
+    f: &PublicationFacts,
+    create_sql: &str,
+    facts: &Facts,
+    proof: Option<&Proof>,
+) -> Vec<CheckResult> {
+    const EXISTS: Item = Item::Publication;
+    const TABLES: Item = Item::PublicationTables;
+    const PUBLISHES: Item = Item::PublicationPublishes;
+    let quoted = quote_ident(name);
     let mut results = vec![pass(EXISTS, format!("{name:?} exists"))];
 
-    results.push(if all_tables {
+    results.push(if f.all_tables {
         fail(
             TABLES,
             format!("publication {name:?} is FOR ALL TABLES: every table's changes are decoded and sent to the connector"),
@@ -1102,18 +1151,16 @@ async fn publication(
         publication_tables(name, facts, proof)
     });
 
-    let mut extra = Vec::new();
-    for (on, op) in [
-        (update, "update"),
-        (delete, "delete"),
-        (truncate, "truncate"),
-    ] {
-        if on {
-            extra.push(op);
-        }
-    }
+    let extra: Vec<&str> = [
+        (f.update, "update"),
+        (f.delete, "delete"),
+        (f.truncate, "truncate"),
+    ]
+    .into_iter()
+    .filter_map(|(on, op)| on.then_some(op))
+    .collect();
     let set_insert = format!("ALTER PUBLICATION {quoted} SET (publish = 'insert');");
-    results.push(if !insert {
+    results.push(if !f.insert {
         fail(
             PUBLISHES,
             format!("publication {name:?} does not publish inserts, so no outbox row would reach the connector"),
@@ -1395,6 +1442,94 @@ mod tests {
             judge_wal_senders("s", streaming).outcome,
             Outcome::Pass(_)
         ));
+    }
+
+    fn default_facts() -> Facts {
+        let outbox = crate::outbox::OutboxSettings::default();
+        Facts {
+            user: "relay".into(),
+            table: outbox.table_name().expect("default table"),
+            columns: outbox.column_names().expect("default columns"),
+        }
+    }
+
+    #[test]
+    fn a_publication_must_publish_inserts_only_and_not_all_tables() {
+        let facts = default_facts();
+        let insert_only = PublicationFacts {
+            all_tables: false,
+            insert: true,
+            update: false,
+            delete: false,
+            truncate: false,
+        };
+        let judged = |f: PublicationFacts| judge_publication("p", &f, "CREATE ...;", &facts, None);
+        let ok = judged(insert_only);
+        assert_eq!(ok[2].outcome, Outcome::Pass("insert only".into()));
+        let (problem, fix) = problem_and_fix(
+            &judged(PublicationFacts {
+                delete: true,
+                truncate: true,
+                ..insert_only
+            })[2],
+        );
+        assert!(
+            problem.contains("also publishes delete, truncate"),
+            "{problem}"
+        );
+        assert_eq!(fix, "ALTER PUBLICATION \"p\" SET (publish = 'insert');");
+        let (problem, _) = problem_and_fix(
+            &judged(PublicationFacts {
+                insert: false,
+                ..insert_only
+            })[2],
+        );
+        assert!(problem.contains("does not publish inserts"), "{problem}");
+        let (problem, fix) = problem_and_fix(
+            &judged(PublicationFacts {
+                all_tables: true,
+                ..insert_only
+            })[1],
+        );
+        assert!(problem.contains("FOR ALL TABLES"), "{problem}");
+        assert!(fix.starts_with("DROP PUBLICATION \"p\";\nCREATE"), "{fix}");
+    }
+
+    #[test]
+    fn mapped_columns_must_exist_with_a_type_their_role_accepts() {
+        let facts = default_facts();
+        let all: Vec<ColumnFact> = mapped_columns(&facts.columns, &[])
+            .into_iter()
+            .map(|(_, column, role)| ColumnFact {
+                name: column,
+                shown: role.fix_type().to_owned(),
+                // pg_type's name of what format_type shows as bigint
+                base: match role.fix_type() {
+                    "bigint" => "int8".to_owned(),
+                    other => other.to_owned(),
+                },
+            })
+            .collect();
+        assert!(
+            matches!(judge_columns(&all, &facts, &[]).outcome, Outcome::Pass(_)),
+            "{:?}",
+            judge_columns(&all, &facts, &[])
+        );
+        let mut broken = all.clone();
+        let missing = broken.remove(0);
+        broken[0].shown = "bytea".into();
+        broken[0].base = "bytea".into();
+        let (problem, fix) = problem_and_fix(&judge_columns(&broken, &facts, &[]));
+        assert!(
+            problem.contains(&format!("column {:?}", missing.name))
+                && problem.contains("is missing"),
+            "{problem}"
+        );
+        assert!(problem.contains("is bytea, expected"), "{problem}");
+        assert!(
+            fix.contains("ADD COLUMN") && fix.contains("ALTER COLUMN"),
+            "{fix}"
+        );
     }
 
     #[test]
