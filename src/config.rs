@@ -98,6 +98,17 @@ pub struct AuditSettings {
     /// event, so nothing after it is acknowledged).
     #[serde(default = "default_on_gap")]
     pub on_gap: String,
+    /// How often the last numbers are written to the offset store (default
+    /// 1000 ms). The position reported to PostgreSQL waits for them (so the
+    /// slot's confirmed position may trail the stored offset by this much);
+    /// after a crash the server sends that stretch again and the numbers are
+    /// read back from it, not published again.
+    #[serde(default = "default_save_interval_ms")]
+    pub save_interval_ms: u64,
+}
+
+fn default_save_interval_ms() -> u64 {
+    1000
 }
 
 fn default_sequences() -> String {
@@ -113,6 +124,7 @@ impl Default for AuditSettings {
         AuditSettings {
             sequences: default_sequences(),
             on_gap: default_on_gap(),
+            save_interval_ms: default_save_interval_ms(),
         }
     }
 }
@@ -617,6 +629,13 @@ impl Config {
                 "\"warn\" or \"stop\"",
             ));
         }
+        if !(1..=60_000).contains(&self.audit.save_interval_ms) {
+            return Err(ConfigError::invalid(
+                "audit.save_interval_ms",
+                self.audit.save_interval_ms,
+                "1 to 60000",
+            ));
+        }
         let pg = &self.postgres;
         if pg.url.trim().is_empty() {
             return Err(ConfigError::invalid(
@@ -884,6 +903,7 @@ const NUMBER_KEYS: &[&str] = &[
     "postgres.status_interval_ms",
     "outbox.max_record_bytes",
     "offsets.flush_interval_ms",
+    "audit.save_interval_ms",
     "limits.max_in_flight_events",
     "limits.max_in_flight_bytes",
     "limits.shutdown_timeout_ms",
@@ -1286,6 +1306,11 @@ mod tests {
                 "OUTBOX_CDC__OFFSETS__FLUSH_INTERVAL_MS",
                 "0",
                 "offsets.flush_interval_ms",
+            ),
+            (
+                "OUTBOX_CDC__AUDIT__SAVE_INTERVAL_MS",
+                "0",
+                "audit.save_interval_ms",
             ),
             (
                 "OUTBOX_CDC__RETRY__INITIAL_BACKOFF_MS",

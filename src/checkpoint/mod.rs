@@ -19,5 +19,7 @@ mod tracker;
 
 pub use crate::pg::DurableLsn;
 pub(crate) use acked_time::DurableCommitTime;
-pub use store::{Flushed, OffsetStore, ParkedAggregate, PendingRepair, StoreError, StoredOffset};
+pub use store::{
+    Flushed, OffsetStore, ParkedAggregate, PendingRepair, StoreError, StoredOffset, sequence_key,
+};
 pub use tracker::{AckTracker, EventToken, TrackerError};

@@ -23,6 +23,11 @@ pub struct OutboxEvent {
     /// Aggregate identity, used for parking poison aggregates and in error messages.
     pub aggregate_type: String,
     pub aggregate_id: String,
+    /// The aggregate's sequence number (the `aggregate_sequence` column or
+    /// envelope field read as a number), whatever headers are configured:
+    /// live gap detection follows it. `None`: no such column, NULL, or not
+    /// a number.
+    pub aggregate_sequence: Option<i64>,
     /// WAL position of the change that produced this event.
     pub lsn: Lsn,
     /// An explicit partition (Debezium's `partition` placement); `None`: the
@@ -78,6 +83,7 @@ mod tests {
             timestamp_ms: 0,
             event_id: "e".into(),
             aggregate_type: "t".into(),
+            aggregate_sequence: None,
             aggregate_id: "k1".into(),
             lsn: Lsn::ZERO,
             partition: None,

@@ -458,6 +458,9 @@ impl OutboxMapper {
             _ => Ok(None),
         };
         let sequence = optional(bound.aggregate_sequence, &c.aggregate_sequence)?;
+        let sequence_number = sequence
+            .as_ref()
+            .and_then(|text| std::str::from_utf8(text).ok()?.parse().ok());
         let version = optional(bound.schema_version, &c.schema_version)?;
         let payload = row.text(tuple, bound.payload, &c.payload)?.clone();
 
@@ -512,6 +515,7 @@ impl OutboxMapper {
                 event_id: event_id.to_owned(),
                 aggregate_type: aggregate_type.to_owned(),
                 aggregate_id: aggregate_id.to_owned(),
+                aggregate_sequence: sequence_number,
                 lsn: ctx.lsn,
                 partition,
             },
@@ -630,6 +634,7 @@ impl OutboxMapper {
             event_id: env.event_id.clone(),
             aggregate_type: env.aggregate_type.clone(),
             aggregate_id: env.aggregate_id.clone(),
+            aggregate_sequence: env.aggregate_sequence,
             lsn: ctx.lsn,
             partition: None,
         };

@@ -271,6 +271,7 @@ impl PoisonPolicyRouter {
             },
             aggregate_type,
             aggregate_id,
+            aggregate_sequence: None,
             lsn,
             // The dead-letter topic has its own partitions.
             partition: None,
@@ -350,6 +351,7 @@ mod tests {
             event_id: "e2".into(),
             aggregate_type: "order".into(),
             aggregate_id: agg_id.into(),
+            aggregate_sequence: None,
             lsn: Lsn::new(50),
             partition: None,
         }

@@ -234,7 +234,7 @@ pub(crate) async fn publish(
         let event = match router.route(mapped, raw, store, at, commit_time)? {
             Route::Publish(event) | Route::DeadLetter(event) => event,
         };
-        if let Some(seq) = super::sequences::sequence_of(&event) {
+        if let Some(seq) = event.aggregate_sequence {
             let last = last_sequences
                 .entry((event.aggregate_type.clone(), event.aggregate_id.clone()))
                 .or_insert(seq);
@@ -252,9 +252,9 @@ pub(crate) async fn publish(
         client.batch_execute("COMMIT").await.map_err(&e)?;
     }
     metrics.repair_finished();
-    let sequences: Vec<(String, String, i64, Lsn)> = last_sequences
+    let sequences: Vec<(Box<[u8]>, i64, Lsn)> = last_sequences
         .into_iter()
-        .map(|((t, i), seq)| (t, i, seq, at))
+        .map(|((t, i), seq)| (crate::checkpoint::sequence_key(&t, &i).into(), seq, at))
         .collect();
     tokio::task::block_in_place(|| store.save_sequences(&sequences))?;
     Ok(delivered)

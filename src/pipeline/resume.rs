@@ -218,8 +218,11 @@ pub fn decide(input: &ResumeInputs<'_>) -> Result<ResumePlan, StartRefused> {
                 confirmed,
             })
         }
+        // From the slot's position, not the offset: what lies between is sent
+        // again and dropped (`skip_through`), and the sequence audit reads
+        // back from it the numbers a crash kept from the store.
         Some(stored) => Ok(ResumePlan::Resume {
-            start: stored.lsn.max(confirmed),
+            start: confirmed,
             skip_through: stored.lsn,
         }),
     }
@@ -278,13 +281,13 @@ mod tests {
     }
 
     #[test]
-    fn resumes_at_the_stored_offset_when_the_slot_lags_it() {
+    fn resumes_from_the_slot_and_drops_through_the_stored_offset_when_the_slot_lags_it() {
         let st = stored(500, "42");
         let info = slot(300);
         assert_eq!(
             decide(&inputs(Some(&st), Some(&info))),
             Ok(ResumePlan::Resume {
-                start: Lsn::new(500),
+                start: Lsn::new(300),
                 skip_through: Lsn::new(500)
             })
         );

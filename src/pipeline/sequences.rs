@@ -14,7 +14,9 @@
 
 use std::collections::HashMap;
 
-use crate::checkpoint::{OffsetStore, StoreError};
+#[cfg(test)]
+use crate::checkpoint::OffsetStore;
+use crate::checkpoint::{StoreError, sequence_key};
 use crate::config::AuditSettings;
 use crate::pg::Lsn;
 
@@ -59,9 +61,29 @@ pub struct SequenceGap {
 pub(crate) struct SequenceWatch {
     numbering: Option<Numbering>,
     pub(crate) stop_on_gap: bool,
-    known: HashMap<(String, String), (i64, Lsn)>,
-    unsaved: HashMap<(String, String), (i64, Lsn)>,
+    /// Last number and LSN per aggregate, by the store's key
+    /// ([`sequence_key`]'s bytes).
+    known: HashMap<Box<[u8]>, Entry>,
+    /// Keys of the `known` entries changed since they were last taken for
+    /// the store; `known` keeps those entries whatever its size.
+    unsaved: Vec<Box<[u8]>>,
+    /// The key of the event being observed, built here to look it up
+    /// without allocating.
+    scratch: Vec<u8>,
+    /// `known` is trimmed to its unsaved entries when it reaches this size.
+    trim_at: usize,
 }
+
+#[derive(Clone, Copy)]
+struct Entry {
+    seq: i64,
+    lsn: Lsn,
+    unsaved: bool,
+}
+
+/// Where an aggregate's state comes from when it is not in memory: the
+/// offset store, given the aggregate's key.
+pub(crate) type Lookup<'a> = &'a mut dyn FnMut(&[u8]) -> Result<Option<(i64, Lsn)>, StoreError>;
 
 impl SequenceWatch {
     pub(crate) fn new(settings: &AuditSettings) -> SequenceWatch {
@@ -73,14 +95,21 @@ impl SequenceWatch {
             },
             stop_on_gap: settings.on_gap == "stop",
             known: HashMap::new(),
-            unsaved: HashMap::new(),
+            unsaved: Vec::new(),
+            scratch: Vec::new(),
+            trim_at: MAX_IN_MEMORY,
         }
+    }
+
+    /// Whether sequences are followed at all (`audit.sequences` not "off").
+    pub(crate) fn is_on(&self) -> bool {
+        self.numbering.is_some()
     }
 
     /// Judges one event about to be published and records it.
     pub(crate) fn observe(
         &mut self,
-        store: &OffsetStore,
+        lookup: Lookup<'_>,
         aggregate_type: &str,
         aggregate_id: &str,
         got: i64,
@@ -89,25 +118,10 @@ impl SequenceWatch {
         let Some(numbering) = self.numbering else {
             return Ok(None);
         };
-        let key = (aggregate_type.to_owned(), aggregate_id.to_owned());
-        let last = match self.known.get(&key) {
-            Some(last) => Some(*last),
-            None => store.last_sequence(aggregate_type, aggregate_id)?,
-        };
-        let verdict = judge(numbering, last, got, lsn);
-        if last.is_some_and(|(_, at)| lsn <= at) {
+        let Some(last) = self.follow(lookup, aggregate_type, aggregate_id, got, lsn)? else {
             return Ok(None); // a replay: already judged
-        }
-        let next = match last {
-            Some((seq, _)) if seq >= got => (seq, lsn),
-            _ => (got, lsn),
         };
-        if self.known.len() >= MAX_IN_MEMORY {
-            self.known.clear();
-        }
-        self.known.insert(key.clone(), next);
-        self.unsaved.insert(key, next);
-        Ok(verdict.map(|kind| SequenceGap {
+        Ok(judge(numbering, last, got, lsn).map(|kind| SequenceGap {
             aggregate_type: aggregate_type.to_owned(),
             aggregate_id: aggregate_id.to_owned(),
             previous: last.map(|(seq, _)| seq),
@@ -117,23 +131,95 @@ impl SequenceWatch {
         }))
     }
 
-    /// The records not yet written to the store; written with the next persist.
-    pub(crate) fn take_unsaved(&mut self) -> Vec<(String, String, i64, Lsn)> {
-        self.unsaved
-            .drain()
-            .map(|((t, i), (seq, lsn))| (t, i, seq, lsn))
-            .collect()
+    /// Records an event published before a restart and sent again by the
+    /// server (dropped, not published): its number may not have reached the
+    /// store, which is only required to hold what was reported to
+    /// PostgreSQL. Not judged.
+    pub(crate) fn replayed(
+        &mut self,
+        lookup: Lookup<'_>,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        got: i64,
+        lsn: Lsn,
+    ) -> Result<(), StoreError> {
+        if self.numbering.is_some() {
+            self.follow(lookup, aggregate_type, aggregate_id, got, lsn)?;
+        }
+        Ok(())
     }
-}
 
-/// The event's `aggregate_sequence` header as a number (None when the layout
-/// has no such column).
-pub(crate) fn sequence_of(event: &crate::outbox::OutboxEvent) -> Option<i64> {
-    let (_, value) = event
-        .headers
-        .iter()
-        .find(|(name, _)| name == "aggregate_sequence")?;
-    std::str::from_utf8(value).ok()?.parse().ok()
+    /// Moves the aggregate's state to (`got`, `lsn`) unless it is already at
+    /// or past `lsn`. `Some(last)`: the state before, to judge `got` against;
+    /// `None`: the event is at or before the recorded one (a replay).
+    #[allow(clippy::type_complexity)]
+    fn follow(
+        &mut self,
+        lookup: Lookup<'_>,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        got: i64,
+        lsn: Lsn,
+    ) -> Result<Option<Option<(i64, Lsn)>>, StoreError> {
+        self.scratch.clear();
+        self.scratch
+            .extend_from_slice(&(aggregate_type.len() as u32).to_be_bytes());
+        self.scratch.extend_from_slice(aggregate_type.as_bytes());
+        self.scratch.extend_from_slice(aggregate_id.as_bytes());
+        debug_assert_eq!(self.scratch, sequence_key(aggregate_type, aggregate_id));
+        let last = match self.known.get(self.scratch.as_slice()) {
+            Some(entry) => Some((entry.seq, entry.lsn)),
+            None => lookup(&self.scratch)?,
+        };
+        if last.is_some_and(|(_, at)| lsn <= at) {
+            return Ok(None);
+        }
+        let (seq, lsn) = match last {
+            Some((seq, _)) if seq >= got => (seq, lsn),
+            _ => (got, lsn),
+        };
+        if let Some(entry) = self.known.get_mut(self.scratch.as_slice()) {
+            entry.seq = seq;
+            entry.lsn = lsn;
+            if !entry.unsaved {
+                entry.unsaved = true;
+                self.unsaved.push(self.scratch.as_slice().into());
+            }
+            return Ok(Some(last));
+        }
+        if self.known.len() >= self.trim_at {
+            self.known.retain(|_, entry| entry.unsaved);
+            self.trim_at = MAX_IN_MEMORY.max(self.known.len() * 2);
+        }
+        let key: Box<[u8]> = self.scratch.as_slice().into();
+        self.unsaved.push(key.clone());
+        self.known.insert(
+            key,
+            Entry {
+                seq,
+                lsn,
+                unsaved: true,
+            },
+        );
+        Ok(Some(last))
+    }
+
+    /// Whether some recorded numbers have not been taken for the store.
+    pub(crate) fn has_unsaved(&self) -> bool {
+        !self.unsaved.is_empty()
+    }
+
+    /// The records not yet written to the store, by key.
+    pub(crate) fn take_unsaved(&mut self) -> Vec<(Box<[u8]>, i64, Lsn)> {
+        let mut taken = Vec::with_capacity(self.unsaved.len());
+        for key in self.unsaved.drain(..) {
+            if let Some(entry) = self.known.get_mut(&key) {
+                entry.unsaved = false;
+                taken.push((key, entry.seq, entry.lsn));
+            }
+        }
+        taken
+    }
 }
 
 /// The pure decision: `None` when `got` follows `last`.
@@ -158,6 +244,7 @@ mod tests {
         AuditSettings {
             sequences: sequences.into(),
             on_gap: "warn".into(),
+            save_interval_ms: 1000,
         }
     }
 
@@ -167,9 +254,15 @@ mod tests {
         let store = OffsetStore::open(dir.path()).unwrap();
         let mut w = SequenceWatch::new(&settings("consecutive"));
         let mut at = |agg: &str, seq: i64, lsn: u64| {
-            w.observe(&store, "order", agg, seq, Lsn::new(lsn))
-                .unwrap()
-                .map(|g| g.kind)
+            w.observe(
+                &mut |k| store.last_sequence(k),
+                "order",
+                agg,
+                seq,
+                Lsn::new(lsn),
+            )
+            .unwrap()
+            .map(|g| g.kind)
         };
         assert_eq!(at("a", 1, 10), None);
         assert_eq!(at("a", 2, 20), None);
@@ -187,14 +280,27 @@ mod tests {
         let store = OffsetStore::open(dir.path()).unwrap();
         let mut w = SequenceWatch::new(&settings("consecutive"));
         assert_eq!(
-            w.observe(&store, "order", "a", 1, Lsn::new(10)).unwrap(),
+            w.observe(
+                &mut |k| store.last_sequence(k),
+                "order",
+                "a",
+                1,
+                Lsn::new(10)
+            )
+            .unwrap(),
             None
         );
         store.save_sequences(&w.take_unsaved()).unwrap();
         let mut again = SequenceWatch::new(&settings("consecutive"));
         assert_eq!(
             again
-                .observe(&store, "order", "a", 3, Lsn::new(30))
+                .observe(
+                    &mut |k| store.last_sequence(k),
+                    "order",
+                    "a",
+                    3,
+                    Lsn::new(30)
+                )
                 .unwrap()
                 .map(|g| (g.kind, g.previous)),
             Some((GapKind::Jump, Some(1)))
@@ -206,15 +312,96 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = OffsetStore::open(dir.path()).unwrap();
         let mut w = SequenceWatch::new(&settings("increasing"));
-        assert_eq!(w.observe(&store, "o", "a", 5, Lsn::new(1)).unwrap(), None);
-        assert_eq!(w.observe(&store, "o", "a", 9, Lsn::new(2)).unwrap(), None);
+        assert_eq!(
+            w.observe(&mut |k| store.last_sequence(k), "o", "a", 5, Lsn::new(1))
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            w.observe(&mut |k| store.last_sequence(k), "o", "a", 9, Lsn::new(2))
+                .unwrap(),
+            None
+        );
         assert!(
-            w.observe(&store, "o", "a", 9, Lsn::new(3))
+            w.observe(&mut |k| store.last_sequence(k), "o", "a", 9, Lsn::new(3))
                 .unwrap()
                 .is_some()
         );
         let mut off = SequenceWatch::new(&settings("off"));
-        assert_eq!(off.observe(&store, "o", "a", 1, Lsn::new(4)).unwrap(), None);
+        assert_eq!(
+            off.observe(&mut |k| store.last_sequence(k), "o", "a", 1, Lsn::new(4))
+                .unwrap(),
+            None
+        );
         assert!(off.take_unsaved().is_empty());
+    }
+
+    #[test]
+    fn a_replayed_event_moves_the_state_without_being_judged() {
+        let mut w = SequenceWatch::new(&settings("consecutive"));
+        let mut nothing_stored = |_: &[u8]| Ok(None);
+        // 2 and 3 were published before a crash and never reached the
+        // store; the server sends them again.
+        w.replayed(&mut nothing_stored, "order", "a", 2, Lsn::new(20))
+            .unwrap();
+        w.replayed(&mut nothing_stored, "order", "a", 3, Lsn::new(30))
+            .unwrap();
+        assert_eq!(
+            w.observe(&mut nothing_stored, "order", "a", 4, Lsn::new(40))
+                .unwrap(),
+            None,
+            "4 follows the replayed 3"
+        );
+        let saved = w.take_unsaved();
+        assert_eq!(saved.len(), 1);
+        assert_eq!((saved[0].1, saved[0].2), (4, Lsn::new(40)));
+        assert!(!w.has_unsaved());
+        // A replay older than the stored state changes nothing.
+        let mut stored = |_: &[u8]| Ok(Some((9, Lsn::new(90))));
+        w.replayed(&mut stored, "order", "b", 5, Lsn::new(50))
+            .unwrap();
+        assert!(!w.has_unsaved());
+    }
+
+    #[test]
+    fn known_aggregates_are_not_looked_up_and_trimming_keeps_unsaved_ones() {
+        let mut w = SequenceWatch::new(&settings("consecutive"));
+        let mut lookups = 0;
+        let mut count = |_: &[u8]| {
+            lookups += 1;
+            Ok(None)
+        };
+        for i in 0..MAX_IN_MEMORY {
+            let id = i.to_string();
+            assert_eq!(
+                w.observe(&mut count, "o", &id, 1, Lsn::new(1)).unwrap(),
+                None
+            );
+            assert_eq!(
+                w.observe(&mut count, "o", &id, 2, Lsn::new(2)).unwrap(),
+                None
+            );
+        }
+        assert_eq!(w.take_unsaved().len(), MAX_IN_MEMORY);
+        // Full: the saved entries go, the unsaved one stays.
+        w.observe(&mut count, "o", "new", 1, Lsn::new(3)).unwrap();
+        w.observe(&mut count, "o", "newer", 1, Lsn::new(4)).unwrap();
+        w.observe(&mut count, "o", "new", 2, Lsn::new(5)).unwrap();
+        w.observe(&mut count, "o", "0", 3, Lsn::new(6)).unwrap();
+        assert_eq!(
+            lookups,
+            MAX_IN_MEMORY + 3,
+            "one lookup per aggregate, and one for a trimmed one"
+        );
+        let mut saved: Vec<_> = w
+            .take_unsaved()
+            .into_iter()
+            .map(|(_, seq, lsn)| (seq, lsn))
+            .collect();
+        saved.sort();
+        assert_eq!(
+            saved,
+            [(1, Lsn::new(4)), (2, Lsn::new(5)), (3, Lsn::new(6))]
+        );
     }
 }

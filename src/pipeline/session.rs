@@ -26,7 +26,7 @@ use crate::sink::{DeliveryReport, KafkaSink};
 use super::poison::{PoisonPolicyRouter, Route, row_as_json};
 use super::repair;
 use super::resume::{self, ResumeInputs, ResumePlan, StartRefused};
-use super::sequences::{SequenceWatch, sequence_of};
+use super::sequences::SequenceWatch;
 use super::{PipelineError, RunOptions};
 
 /// What travels with each record through librdkafka and comes back in its report.
@@ -90,11 +90,31 @@ pub(crate) struct Session<'a> {
     poison: PoisonPolicyRouter,
     /// Live gap detection over aggregate sequences.
     sequences: SequenceWatch,
-    /// Set when the tracker advanced past `durable`.
+    /// When the numbers were last taken for the store (`audit.save_interval_ms`).
+    sequences_taken_at: Instant,
+    /// The last position given to the feedback handle. It trails `durable`
+    /// while numbers recorded for events before `durable` are not in the
+    /// store: after a crash the server sends that stretch again, and the
+    /// numbers are read back from it.
+    reported: Lsn,
+    /// The server is sending again what came before `skip_through` (set at
+    /// the start when `reported` trails the offset): until the stream passes
+    /// it, the numbers it carries are not all recorded, and nothing newer
+    /// than `reported` may be reported.
+    replaying: bool,
+    /// Set when the tracker advanced past `durable`, or `durable` past `reported`.
     dirty_since: Option<Instant>,
     /// A persist running on a blocking thread (one at a time); its result is
     /// the only way a new flush position reaches the feedback handle.
-    persisting: Option<JoinHandle<Result<DurableLsn, StoreError>>>,
+    persisting: Option<JoinHandle<Result<Persisted, StoreError>>>,
+}
+
+/// What one persist made durable.
+struct Persisted {
+    durable: DurableLsn,
+    /// Every number recorded before the persist was in the store with it:
+    /// the position may be reported to PostgreSQL.
+    reportable: bool,
 }
 
 /// What bootstrap hands to streaming.
@@ -114,6 +134,8 @@ struct Started {
     proven_through: Lsn,
     on_standby: bool,
     skip_through: Lsn,
+    /// What was reported to PostgreSQL at the start (see `Session::reported`).
+    reported: Lsn,
 }
 
 /// How long the start-up waits for the broker to accept (or refuse) the
@@ -295,7 +317,16 @@ async fn bootstrap(
             mapper.wants_messages(),
         )
         .await?;
-    stream.feedback().set_flushed(durable);
+    // With the sequence audit on, the numbers of events between the slot's
+    // position and the stored offset may be missing from the store (a crash
+    // before they were saved): the server sends them again from `start`, and
+    // reporting the offset now would let a second crash skip them.
+    let reported = if config.audit.sequences != "off" && start < durable.lsn() {
+        start
+    } else {
+        stream.feedback().set_flushed(durable);
+        durable.lsn()
+    };
     metrics.set_acked(durable.lsn());
     metrics.set_connected(true);
     // The stored offset was accepted for this cluster: the pruner may use its time.
@@ -317,6 +348,7 @@ async fn bootstrap(
         proven_through,
         on_standby,
         skip_through,
+        reported,
     }))
 }
 
@@ -384,7 +416,10 @@ impl<'a> Session<'a> {
             on_standby: started.on_standby,
             poison: PoisonPolicyRouter::new(&config.outbox),
             sequences: SequenceWatch::new(&config.audit),
-            dirty_since: None,
+            sequences_taken_at: Instant::now(),
+            reported: started.reported,
+            replaying: started.reported < started.durable.lsn(),
+            dirty_since: (started.reported < started.durable.lsn()).then(Instant::now),
             persisting: None,
         };
         (session, started.stream)
@@ -483,6 +518,9 @@ impl<'a> Session<'a> {
             ReplicationEvent::Keepalive { wal_end, .. } => {
                 self.metrics.set_received(wal_end);
                 if self.open.is_none() {
+                    if wal_end >= self.skip_through {
+                        self.replaying = false;
+                    }
                     self.feedback.set_written(wal_end.max(self.durable.lsn()));
                     if self.tracker.idle_advance(wal_end).is_some() {
                         self.mark_dirty();
@@ -504,6 +542,7 @@ impl<'a> Session<'a> {
                 // commit that starts before the stored offset ended at or before it.
                 let replayed = begin.final_lsn < self.skip_through;
                 if !replayed {
+                    self.replaying = false;
                     self.tracker
                         .begin(begin.commit_time)
                         .map_err(|e| protocol(lsn, e))?;
@@ -584,14 +623,19 @@ impl<'a> Session<'a> {
                     }
                     return Ok(()); // another table in the publication
                 };
-                if tx.replayed {
-                    self.metrics.deduplicated();
-                    return Ok(());
-                }
                 let ctx = ChangeContext {
                     lsn,
                     commit_time: tx.commit_time,
                 };
+                if tx.replayed {
+                    self.metrics.deduplicated();
+                    if self.sequences.is_on()
+                        && let Ok(event) = self.mapper.map_insert(bound, &insert.new, &ctx)
+                    {
+                        self.replayed_sequence(&event, lsn)?;
+                    }
+                    return Ok(());
+                }
                 let commit_time = tx.commit_time;
                 let mapped = self.mapper.map_insert(bound, &insert.new, &ctx);
                 let relation = self.relations.get(insert.relation_oid);
@@ -625,7 +669,12 @@ impl<'a> Session<'a> {
                 let (replayed, commit_time) = (tx.replayed, tx.commit_time);
                 match self.mapper.map_message(&msg, &ctx).transpose() {
                     None => {}
-                    Some(_) if replayed => self.metrics.deduplicated(),
+                    Some(mapped) if replayed => {
+                        self.metrics.deduplicated();
+                        if let Ok(event) = mapped {
+                            self.replayed_sequence(&event, lsn)?;
+                        }
+                    }
                     Some(mapped) => {
                         let raw = || msg.content.clone();
                         let route = self
@@ -703,18 +752,17 @@ impl<'a> Session<'a> {
     /// aggregate's last published one is counted and logged, and under
     /// `on_gap = "stop"` ends the session before the event is produced.
     fn check_sequence(&mut self, event: &OutboxEvent, lsn: Lsn) -> Result<(), PipelineError> {
-        let Some(seq) = sequence_of(event) else {
+        let Some(seq) = event.aggregate_sequence else {
             return Ok(());
         };
-        let gap = tokio::task::block_in_place(|| {
-            self.sequences.observe(
-                self.store,
-                &event.aggregate_type,
-                &event.aggregate_id,
-                seq,
-                lsn,
-            )
-        })?;
+        let store = self.store;
+        let gap = self.sequences.observe(
+            &mut |key| tokio::task::block_in_place(|| store.last_sequence(key)),
+            &event.aggregate_type,
+            &event.aggregate_id,
+            seq,
+            lsn,
+        )?;
         let Some(gap) = gap else {
             return Ok(());
         };
@@ -725,6 +773,23 @@ impl<'a> Session<'a> {
         if self.sequences.stop_on_gap {
             return Err(PipelineError::SequenceGap(gap));
         }
+        Ok(())
+    }
+
+    /// An event sent again after a restart: its number moves the
+    /// aggregate's state (it may not have reached the store), unjudged.
+    fn replayed_sequence(&mut self, event: &OutboxEvent, lsn: Lsn) -> Result<(), PipelineError> {
+        let Some(seq) = event.aggregate_sequence else {
+            return Ok(());
+        };
+        let store = self.store;
+        self.sequences.replayed(
+            &mut |key| tokio::task::block_in_place(|| store.last_sequence(key)),
+            &event.aggregate_type,
+            &event.aggregate_id,
+            seq,
+            lsn,
+        )?;
         Ok(())
     }
 
@@ -949,22 +1014,43 @@ impl<'a> Session<'a> {
         if self.persisting.is_some() {
             return; // the tick after it finishes picks up what is new
         }
-        self.dirty_since = None;
         let acked = self.tracker.acked();
-        if acked <= self.durable.lsn() || crate::failpoint::sabotaged("never-persist") {
+        let save_due = !self.replaying
+            && (!self.sequences.has_unsaved()
+                || self.sequences_taken_at.elapsed()
+                    >= Duration::from_millis(self.config.audit.save_interval_ms));
+        let report_due = save_due && self.reported < self.durable.lsn();
+        if acked <= self.durable.lsn() && !report_due {
+            if self.reported >= self.durable.lsn() {
+                self.dirty_since = None;
+            }
             return;
         }
+        if crate::failpoint::sabotaged("never-persist") {
+            self.dirty_since = None;
+            return;
+        }
+        self.dirty_since = None;
+        let acked = acked.max(self.durable.lsn());
         let store = Arc::clone(self.store);
         let slot = self.config.postgres.slot.clone();
         let system_id = self.system_id.clone();
         let commit_time = self.tracker.acked_commit_time();
-        let sequences = self.sequences.take_unsaved();
+        let sequences = if save_due {
+            self.sequences_taken_at = Instant::now();
+            self.sequences.take_unsaved()
+        } else {
+            Vec::new()
+        };
         let durable_commit_time = Arc::clone(&self.metrics.durable_commit_time);
         self.persisting = Some(tokio::task::spawn_blocking(move || {
             store.save_sequences(&sequences)?;
             let durable = store.persist_acked(&slot, acked, &system_id, commit_time)?;
             durable_commit_time.set(commit_time);
-            Ok(durable)
+            Ok(Persisted {
+                durable,
+                reportable: save_due,
+            })
         }));
     }
 
@@ -980,14 +1066,21 @@ impl<'a> Session<'a> {
     }
 
     /// A persist finished: the position is durable, so it may be reported.
-    fn flushed(&mut self, durable: DurableLsn) {
+    fn flushed(&mut self, persisted: Persisted) {
+        let Persisted {
+            durable,
+            reportable,
+        } = persisted;
         crate::failpoint!("after-persist-before-status-update");
-        self.feedback.set_flushed(durable);
+        if reportable {
+            self.feedback.set_flushed(durable);
+            self.reported = self.reported.max(durable.lsn());
+        }
         self.metrics.set_acked(durable.lsn());
         if durable.lsn() > self.durable.lsn() {
             self.durable = durable;
         }
-        if self.tracker.acked() > self.durable.lsn() {
+        if self.tracker.acked() > self.durable.lsn() || self.reported < self.durable.lsn() {
             self.mark_dirty();
         }
     }
@@ -999,10 +1092,12 @@ impl<'a> Session<'a> {
             self.flushed(durable);
         }
         self.dirty_since = None;
-        let acked = self.tracker.acked();
-        if acked > self.durable.lsn() && !crate::failpoint::sabotaged("never-persist") {
+        let acked = self.tracker.acked().max(self.durable.lsn());
+        let behind = acked > self.durable.lsn() || self.reported < self.durable.lsn();
+        if behind && !crate::failpoint::sabotaged("never-persist") {
             let commit_time = self.tracker.acked_commit_time();
             let sequences = self.sequences.take_unsaved();
+            self.sequences_taken_at = Instant::now();
             let durable = tokio::task::block_in_place(|| {
                 self.store.save_sequences(&sequences)?;
                 self.store.persist_acked(
@@ -1013,7 +1108,10 @@ impl<'a> Session<'a> {
                 )
             })?;
             self.metrics.durable_commit_time.set(commit_time);
-            self.flushed(durable);
+            self.flushed(Persisted {
+                durable,
+                reportable: !self.replaying,
+            });
         }
         Ok(())
     }

@@ -49,6 +49,7 @@ fn event(topic: &str, key: &str, i: usize, payload_len: usize) -> OutboxEvent {
         event_id,
         aggregate_type: "order".to_owned(),
         aggregate_id: key.to_owned(),
+        aggregate_sequence: None,
         lsn: Lsn::new(i as u64),
         partition: None,
     }

@@ -663,3 +663,35 @@ pub fn partition_ends(prefix: &str) -> BTreeMap<(String, i32), i64> {
     }
     out
 }
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    probe.local_addr().expect("local addr").port()
+}
+
+/// Unlabelled samples from the connector's /metrics; `None` while it does not answer.
+pub async fn scrape(port: u16) -> Option<std::collections::HashMap<String, f64>> {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let body = outbox_cdc::http::get(addr, "/metrics", Duration::from_secs(2))
+        .await
+        .ok()?;
+    Some(
+        body.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let (name, value) = l.rsplit_once(' ')?;
+                Some((name.to_owned(), value.parse().ok()?))
+            })
+            .collect(),
+    )
+}
+
+pub async fn metric(port: u16, name: &str) -> f64 {
+    let samples = scrape(port)
+        .await
+        .unwrap_or_else(|| panic!("the connector does not answer /metrics on port {port}"));
+    *samples
+        .get(name)
+        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+}

@@ -12,14 +12,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::relay::{ChildProcess, Fixture, consume, eventually, spawn_binary};
+use common::relay::{ChildProcess, Fixture, consume, eventually, free_port, spawn_binary};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-fn free_port() -> u16 {
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    probe.local_addr().expect("local addr").port()
-}
 
 /// One instance's config: its own offsets directory and HTTP port, the shared
 /// slot, and `allow_slot_ahead` (the peer advances the slot past this store).

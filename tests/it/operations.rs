@@ -5,23 +5,18 @@
 
 use crate::common;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::relay::{ChildProcess, Fixture, consume, eventually, spawn_binary};
+use common::relay::{
+    ChildProcess, Fixture, consume, eventually, free_port, metric, scrape, spawn_binary,
+};
 use outbox_cdc::check::Item;
 use outbox_cdc::pg::Lsn;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-cdc");
-
-/// A loopback port nobody listens on right now.
-fn free_port() -> u16 {
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    probe.local_addr().expect("local addr").port()
-}
 
 /// The fixture's config with the HTTP endpoint on `port`, a fast slot monitor
 /// and `extra` TOML appended; written next to the offsets.
@@ -33,32 +28,6 @@ fn write_config(fx: &Fixture, port: u16, extra: &str) -> PathBuf {
     let path = fx.offsets_dir.path().join("ops.toml");
     std::fs::write(&path, text).expect("write config");
     path
-}
-
-/// Unlabelled samples from the connector's /metrics; `None` while it does not answer.
-async fn scrape(port: u16) -> Option<HashMap<String, f64>> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let body = outbox_cdc::http::get(addr, "/metrics", Duration::from_secs(2))
-        .await
-        .ok()?;
-    Some(
-        body.lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| {
-                let (name, value) = l.rsplit_once(' ')?;
-                Some((name.to_owned(), value.parse().ok()?))
-            })
-            .collect(),
-    )
-}
-
-async fn metric(port: u16, name: &str) -> f64 {
-    let samples = scrape(port)
-        .await
-        .unwrap_or_else(|| panic!("the connector does not answer /metrics on port {port}"));
-    *samples
-        .get(name)
-        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
 }
 
 /// Starts the binary and waits until /readyz says it streams.

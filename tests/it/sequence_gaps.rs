@@ -189,3 +189,86 @@ async fn a_partition_dropped_from_the_publication_is_a_gap() {
     );
     fx.cleanup().await;
 }
+
+/// The numbers reach the offset store every `audit.save_interval_ms`, the
+/// offset every `offsets.flush_interval_ms`. A `kill -9` in between leaves
+/// the store with the offset but without the numbers of the events before
+/// it: the slot's confirmed position waits for them, so the restart is sent
+/// that stretch again, takes the numbers from it (publishing nothing twice),
+/// and the next event follows them instead of being a gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_before_the_numbers_are_saved_is_not_a_gap() {
+    init_tracing();
+    let fx = Fixture::new("seqcrash").await;
+    let port = common::relay::free_port();
+    let config = fx.write_config_file();
+    let text = std::fs::read_to_string(&config)
+        .expect("config")
+        .replace("listen = \"\"", &format!("listen = \"127.0.0.1:{port}\""));
+    std::fs::write(
+        &config,
+        format!("{text}\n[audit]\nsave_interval_ms = 60000\n"),
+    )
+    .expect("config");
+    let mut child = common::relay::spawn_binary(&config);
+    fx.wait_for_slot().await;
+    insert(&fx, "a", 1).await;
+    insert(&fx, "a", 2).await;
+    let after_three = insert_before_commit(&fx, "a", 3).await;
+    consume(&fx.topic_prefix, 3, TIMEOUT, Duration::from_secs(1));
+    common::relay::eventually("the stored offset past the three", TIMEOUT, || async {
+        common::relay::scrape(port)
+            .await
+            .and_then(|m| m.get("outbox_cdc_acked_lsn").copied())
+            .is_some_and(|acked| acked as u64 >= after_three.as_u64())
+    })
+    .await;
+    // The numbers are not in the store, so nothing past them was reported
+    // (status updates go out every second).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let confirmed: Lsn = fx.confirmed_lsn().await;
+    assert!(
+        confirmed < after_three,
+        "the slot was confirmed at {confirmed}, past the three events (before {after_three}) whose numbers are not stored"
+    );
+    child.kill9();
+
+    let running = Running::start(fx.config()).await;
+    let after_four = insert_before_commit(&fx, "a", 4).await;
+    let records = consume(&fx.topic_prefix, 4, TIMEOUT, Duration::from_secs(2));
+    assert_eq!(
+        records.len(),
+        4,
+        "the stretch sent again was published again"
+    );
+    assert_eq!(
+        running.metrics.sequence_gaps("order"),
+        0,
+        "4 after the restart was judged against numbers the crash kept from the store"
+    );
+    // With the numbers saved, the position is reported again.
+    common::relay::eventually(
+        "the slot confirmed past the fourth event",
+        TIMEOUT,
+        || async { fx.confirmed_lsn().await >= after_four },
+    )
+    .await;
+    running.stop().await.expect("graceful stop");
+    fx.cleanup().await;
+}
+
+/// Inserts one numbered event in its own transaction; returns a WAL position
+/// inside that transaction, before its commit (acknowledging the transaction
+/// moves past it).
+async fn insert_before_commit(fx: &Fixture, agg: &str, seq: i64) -> Lsn {
+    fx.admin.batch_execute("BEGIN").await.expect("begin");
+    insert(fx, agg, seq).await;
+    let inside: String = fx
+        .admin
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .await
+        .expect("lsn")
+        .get(0);
+    fx.admin.batch_execute("COMMIT").await.expect("commit");
+    inside.parse().expect("lsn")
+}

@@ -74,6 +74,7 @@ fn event(
         event_id,
         aggregate_type: "order".to_owned(),
         aggregate_id: key.to_owned(),
+        aggregate_sequence: None,
         lsn,
         partition: None,
     }
