@@ -46,8 +46,9 @@
 #   BENCH_KEEP_RUN_DIR=0      1 keeps target/bench/run-<id>/ (latency samples, logs)
 #   BENCH_VARIANTS="default"  connector variants draining the same backlogs, each
 #                             from its own slot: "name[:KEY=VALUE,...]" separated by
-#                             spaces, KEY = an OUTBOX_CDC__* override or BIN (another
-#                             binary), e.g. "default linger50:OUTBOX_CDC__KAFKA__LINGER_MS=50";
+#                             spaces, KEY = an OUTBOX_CDC__* override, BIN (another
+#                             binary) or CONFIG (another config file, e.g. the example
+#                             config of an older commit for its binary), e.g. "default linger50:OUTBOX_CDC__KAFKA__LINGER_MS=50";
 #                             the first is the headline; `;` in a VALUE stands for `,`
 #                             (a list: OUTBOX_CDC__OUTBOX__HEADERS=event_id;event_type)
 #   OUTBOX_CDC__*             passed through to the connector (e.g.
@@ -273,6 +274,7 @@ rate() { awk -v n="$1" -v s="$2" 'BEGIN { printf "%.0f", n / s }'; }
 
 conn_env=()
 conn_bin=$BIN
+conn_config=config/example.toml
 perf_pid=0
 # Starts the connector in the background; sets conn_pid and conn_port, and
 # perf_pid when BENCH_PERF is set and this is a drain (perf runs the connector
@@ -297,7 +299,7 @@ start_connector() {
   OUTBOX_CDC__KAFKA__BOOTSTRAP_SERVERS="$OUTBOX_CDC_TEST_KAFKA" \
   OUTBOX_CDC__OFFSETS__PATH="$run/offsets-$name" \
   OUTBOX_CDC__HTTP__LISTEN="127.0.0.1:$conn_port" \
-    "${wrapper[@]}" env "${conn_env[@]}" "$conn_bin" run --config config/example.toml 2>"$run/connector-$name.log" &
+    "${wrapper[@]}" env "${conn_env[@]}" "$conn_bin" run --config "$conn_config" 2>"$run/connector-$name.log" &
   conn_pid=$!
   pids+=("$conn_pid")
   if (( ${#wrapper[@]} )); then
@@ -403,6 +405,7 @@ drain() {
     v=${variants[$k]}
     conn_env=()
     conn_bin=$BIN
+    conn_config=config/example.toml
     if [[ $v == *:* ]]; then
       local kv kvs
       IFS=, read -r -a kvs <<<"${v#*:}"
@@ -410,8 +413,9 @@ drain() {
         kv=${kv//;/,}  # `;` in a value stands for `,` (list values)
         case $kv in
           BIN=*) conn_bin=${kv#BIN=} ;;
+          CONFIG=*) conn_config=${kv#CONFIG=} ;;
           OUTBOX_CDC__*=*) conn_env+=("$kv") ;;
-          *) die "variant $v: $kv is neither BIN=... nor OUTBOX_CDC__...=..." ;;
+          *) die "variant $v: $kv is neither BIN=..., CONFIG=... nor OUTBOX_CDC__...=..." ;;
         esac
       done
     fi
@@ -499,6 +503,7 @@ steady() {
   create_slot "$slot"
   conn_env=()
   conn_bin=$BIN
+  conn_config=config/example.toml
   start_connector "$slot" steady
   local deadline=$(( SECONDS + 60 )) m
   until m=$(curl -fsS --max-time 2 "http://127.0.0.1:$conn_port/metrics" 2>/dev/null) \

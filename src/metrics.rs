@@ -34,6 +34,55 @@ const LATENCY_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
+/// Upper bounds of the per-stage histogram buckets, in seconds.
+const STAGE_BUCKETS: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+/// Where an event's time from commit to acknowledgement goes, one series of
+/// `outbox_cdc_stage_seconds` each. Server and connector times are compared
+/// as wall clocks (exact on one host, skewed by the clock difference across
+/// hosts); the connector's own stages use its monotonic clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// The transaction's commit to the walsender sending the change (the
+    /// XLogData send time): decoding, and the server's queue.
+    CommitToSend,
+    /// The walsender's send time to the connector handling the change.
+    SendToReceive,
+    /// Handling the change (decode, map, route) until the producer took it.
+    ReceiveToProduce,
+    /// The producer taking the record to its delivery report (librdkafka's
+    /// batching, the broker's write and replication, acks=all).
+    ProduceToAck,
+    /// The delivery report to the session counting it.
+    AckToTracker,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 5] = [
+        Stage::CommitToSend,
+        Stage::SendToReceive,
+        Stage::ReceiveToProduce,
+        Stage::ProduceToAck,
+        Stage::AckToTracker,
+    ];
+
+    /// The `stage` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Stage::CommitToSend => "commit_to_send",
+            Stage::SendToReceive => "send_to_receive",
+            Stage::ReceiveToProduce => "receive_to_produce",
+            Stage::ProduceToAck => "produce_to_ack",
+            Stage::AckToTracker => "ack_to_tracker",
+        }
+    }
+}
+
+type StageFamily = Family<Label, Histogram, fn() -> Histogram>;
+
 /// The values of pg_replication_slots.wal_status, one series each.
 pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreserved", "lost"];
 
@@ -68,6 +117,8 @@ pub struct Metrics {
     in_flight_bytes: UnsignedGauge,
     oldest_unacked_age: SecondsGauge,
     commit_to_ack: Histogram,
+    /// `outbox_cdc_stage_seconds`, one histogram per [`Stage`], in its order.
+    stages: [Histogram; 5],
     connected: UnsignedGauge,
     reconnects: Counter,
     sequence_gaps_by_type: Family<Label, Counter>,
@@ -207,6 +258,16 @@ impl Default for Metrics {
             "Seconds from a transaction's commit to Kafka acknowledging all of its events",
             Histogram::new(LATENCY_BUCKETS),
         );
+        let stage_family: StageFamily = r.add(
+            "outbox_cdc_stage_seconds",
+            "Seconds each event spent in one stage between its commit and the session counting its acknowledgement (stage: commit_to_send, send_to_receive, receive_to_produce, produce_to_ack, ack_to_tracker)",
+            Family::new_with_constructor(|| Histogram::new(STAGE_BUCKETS)),
+        );
+        let stages = Stage::ALL.map(|stage| {
+            stage_family
+                .get_or_create(&label("stage", stage.label()))
+                .clone()
+        });
         let connected = r.unsigned(
             CONNECTED,
             "1 while the replication stream is connected and streaming",
@@ -266,6 +327,7 @@ impl Default for Metrics {
             in_flight_bytes,
             oldest_unacked_age,
             commit_to_ack,
+            stages,
             connected,
             reconnects,
             sequence_gaps_by_type,
@@ -366,6 +428,11 @@ impl Metrics {
         self.sequence_gaps_by_type
             .get(&label("aggregate_type", aggregate_type))
             .map_or(0, |c| c.get())
+    }
+
+    /// Time one event spent in `stage`.
+    pub fn stage(&self, stage: Stage, seconds: f64) {
+        self.stages[stage as usize].observe(seconds);
     }
 
     /// One event acknowledged by Kafka, `commit_to_ack_micros` after its commit.
@@ -545,7 +612,7 @@ mod tests {
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .filter_map(|l| l.split(' ').next())
             .collect();
-        assert_eq!(typed.len(), 29, "metrics exported:\n{text}");
+        assert_eq!(typed.len(), 30, "metrics exported:\n{text}");
         for name in typed {
             assert!(
                 text.contains(&format!("# HELP {name} ")),
@@ -656,6 +723,23 @@ mod tests {
         m.repair_published(100);
         assert!(m.render().contains("outbox_cdc_repair_rows_left 0\n"));
         assert_eq!(m.repair_rows(), 104);
+    }
+
+    #[test]
+    fn each_stage_is_its_own_series() {
+        let m = Metrics::default();
+        m.stage(Stage::ProduceToAck, 0.003);
+        m.stage(Stage::ProduceToAck, 0.2);
+        m.stage(Stage::CommitToSend, 0.00005);
+        let text = m.render();
+        for line in [
+            "outbox_cdc_stage_seconds_count{stage=\"produce_to_ack\"} 2\n",
+            "outbox_cdc_stage_seconds_bucket{stage=\"produce_to_ack\",le=\"0.005\"} 1\n",
+            "outbox_cdc_stage_seconds_bucket{stage=\"commit_to_send\",le=\"0.0001\"} 1\n",
+            "outbox_cdc_stage_seconds_count{stage=\"ack_to_tracker\"} 0\n",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
     }
 
     /// Every `outbox_cdc_*` name in the alert rules and the dashboard is one the

@@ -95,18 +95,21 @@ def consume(bootstrap, topic, out_path, stop_file, max_seconds):
     print(f"bench: consumer read {n} records", flush=True)
 
 
-def parse_histogram(text, name="outbox_cdc_commit_to_ack_seconds"):
+def parse_histogram(text, name="outbox_cdc_commit_to_ack_seconds", labels=""):
+    """One histogram series; `labels` is its label set as exposed, e.g. 'stage="x"'."""
     buckets = []
     count = 0.0
     total = 0.0
+    bucket_prefix = name + "_bucket{" + (labels + "," if labels else "") + 'le="'
+    suffix = "{" + labels + "} " if labels else " "
     for line in text.splitlines():
-        if line.startswith(name + "_bucket{le=\""):
-            le = line.split('le="', 1)[1].split('"', 1)[0]
+        if line.startswith(bucket_prefix):
+            le = line[len(bucket_prefix):].split('"', 1)[0]
             value = float(line.rsplit(" ", 1)[1])
             buckets.append((math.inf if le == "+Inf" else float(le), value))
-        elif line.startswith(name + "_count "):
+        elif line.startswith(name + "_count" + suffix):
             count = float(line.rsplit(" ", 1)[1])
-        elif line.startswith(name + "_sum "):
+        elif line.startswith(name + "_sum" + suffix):
             total = float(line.rsplit(" ", 1)[1])
     buckets.sort()
     return buckets, count, total
@@ -129,9 +132,24 @@ def histogram_quantile(q, buckets, count):
     return prev_bound
 
 
-def histogram_summary(path):
+STAGES = ("commit_to_send", "send_to_receive", "receive_to_produce", "produce_to_ack", "ack_to_tracker")
+
+
+def stage_summary(path):
+    """The connector's outbox_cdc_stage_seconds, per stage: where commit-to-ack goes."""
     with open(path) as f:
-        buckets, count, total = parse_histogram(f.read())
+        text = f.read()
+    return {
+        stage: histogram_summary(path, text=text, name="outbox_cdc_stage_seconds", labels=f'stage="{stage}"')
+        for stage in STAGES
+    }
+
+
+def histogram_summary(path, text=None, name="outbox_cdc_commit_to_ack_seconds", labels=""):
+    if text is None:
+        with open(path) as f:
+            text = f.read()
+    buckets, count, total = parse_histogram(text, name, labels)
     res = {"count": int(count), "mean_ms": round(1000 * total / count, 3) if count else None}
     for label, q in (("p50_ms", 0.5), ("p99_ms", 0.99), ("p999_ms", 0.999)):
         v = histogram_quantile(q, buckets, count)
@@ -215,11 +233,20 @@ def report(run_dir, json_out, png_out):
                 "latency_source": "Kafka consumer: consume time minus record timestamp (the commit "
                 "time, truncated to ms), over every record of the run",
                 "connector_histogram": hist,
+                "connector_stages": stage_summary(os.path.join(run_dir, "steady_metrics.txt")),
                 "max_slot_lag_bytes": max((l for _, l in lags), default=None),
                 "slot_lag_samples": len(lags),
             }
         )
         result["steady"] = steady
+        stages = ", ".join(
+            f"{name} {v['p50_ms']}/{v['p99_ms']}" for name, v in steady["connector_stages"].items()
+        )
+        print(
+            f"bench: steady: {steady.get('tps')} tps, commit-to-visible p50 {steady['p50_ms']} ms, "
+            f"p99 {steady['p99_ms']} ms, max {steady['max_ms']} ms; connector stages p50/p99 ms: {stages}",
+            flush=True,
+        )
         result["_lags"] = lags
 
     lags = result.pop("_lags", [])

@@ -13,7 +13,7 @@ use crate::Disposition;
 use crate::checkpoint::{AckTracker, DurableLsn, EventToken, OffsetStore, StoreError};
 use crate::config::Config;
 use crate::coverage::{self, Coverage, CoverageProblem, Known, NotCovered, RelationKind};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Stage};
 use crate::outbox::{BoundRelation, ChangeContext, OutboxEvent, OutboxMapper};
 use crate::pg::control;
 use crate::pg::{
@@ -41,6 +41,8 @@ pub(crate) struct InFlight {
     aggregate_id: String,
     /// Already on its way to the dead-letter topic: a refusal now is final.
     dead_lettered: bool,
+    /// When it was handed to the producer.
+    produced_at: Instant,
 }
 
 /// The transaction being received.
@@ -90,6 +92,10 @@ pub(crate) struct Session<'a> {
     poison: PoisonPolicyRouter,
     /// Live gap detection over aggregate sequences.
     sequences: SequenceWatch,
+    /// The send time and arrival of the XLogData being handled (for
+    /// `outbox_cdc_stage_seconds`).
+    sent_at: PgTimestamp,
+    received_at: Instant,
     /// When the numbers were last taken for the store (`audit.save_interval_ms`).
     sequences_taken_at: Instant,
     /// The last position given to the feedback handle. It trails `durable`
@@ -417,6 +423,8 @@ impl<'a> Session<'a> {
             poison: PoisonPolicyRouter::new(&config.outbox),
             sequences: SequenceWatch::new(&config.audit),
             sequences_taken_at: Instant::now(),
+            sent_at: PgTimestamp(0),
+            received_at: Instant::now(),
             reported: started.reported,
             replaying: started.reported < started.durable.lsn(),
             dirty_since: (started.reported < started.durable.lsn()).then(Instant::now),
@@ -504,9 +512,11 @@ impl<'a> Session<'a> {
             ReplicationEvent::XLogData {
                 wal_start,
                 wal_end,
+                server_time,
                 data,
-                ..
             } => {
+                self.received_at = Instant::now();
+                self.sent_at = server_time;
                 self.metrics.set_received(wal_end.max(wal_start));
                 let message = pgoutput::decode(&data).map_err(|source| PipelineError::Decode {
                     lsn: wal_start,
@@ -719,6 +729,8 @@ impl<'a> Session<'a> {
             .tracker
             .add_event(event.size_bytes())
             .map_err(|e| protocol(lsn, e))?;
+        let produced_at = Instant::now();
+        self.observe_arrival(commit_time, produced_at);
         let in_flight = InFlight {
             token,
             commit_time,
@@ -726,6 +738,7 @@ impl<'a> Session<'a> {
             aggregate_type: std::mem::take(&mut event.aggregate_type),
             aggregate_id: std::mem::take(&mut event.aggregate_id),
             dead_lettered,
+            produced_at,
         };
         if let Err((source, in_flight)) = self.sink.send_or_return(&event, in_flight).await {
             // Refused before it left (e.g. over message.max.bytes): the same
@@ -746,6 +759,20 @@ impl<'a> Session<'a> {
             None,
         );
         Ok(())
+    }
+
+    /// The stages of an event before the producer: commit to the walsender's
+    /// send, send to arrival (wall clocks), arrival to `produced_at`.
+    fn observe_arrival(&self, commit_time: PgTimestamp, produced_at: Instant) {
+        let seconds = |micros: i64| micros.max(0) as f64 / 1e6;
+        let handled = produced_at.duration_since(self.received_at);
+        // The wall clock is read once, here: the arrival is now minus the
+        // handling measured on the monotonic clock.
+        let arrived = PgTimestamp::now().0 - handled.as_micros() as i64;
+        let m = self.metrics;
+        m.stage(Stage::CommitToSend, seconds(self.sent_at.0 - commit_time.0));
+        m.stage(Stage::SendToReceive, seconds(arrived - self.sent_at.0));
+        m.stage(Stage::ReceiveToProduce, handled.as_secs_f64());
     }
 
     /// Live gap detection (`[audit]`): a number that does not follow the
@@ -849,9 +876,17 @@ impl<'a> Session<'a> {
             aggregate_type,
             aggregate_id,
             dead_lettered,
+            produced_at,
         } = report.token;
         match report.result {
             Ok(_) => {
+                let at = report.reported_at;
+                self.metrics.stage(
+                    Stage::ProduceToAck,
+                    at.duration_since(produced_at).as_secs_f64(),
+                );
+                self.metrics
+                    .stage(Stage::AckToTracker, at.elapsed().as_secs_f64());
                 let age = PgTimestamp::now().0.saturating_sub(commit_time.0).max(0) as u64;
                 self.metrics.published(age);
                 if self.tracker.delivered(token).is_some() {

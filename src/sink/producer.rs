@@ -55,6 +55,8 @@ pub struct Delivered {
 pub struct DeliveryReport<T> {
     pub token: T,
     pub result: Result<Delivered, SinkError>,
+    /// When librdkafka reported it (for `outbox_cdc_stage_seconds`).
+    pub reported_at: std::time::Instant,
 }
 
 /// Carries the caller's token through librdkafka's opaque pointer.
@@ -158,7 +160,11 @@ impl<T: Send + 'static> ProducerContext for SinkContext<T> {
         };
         // A closed channel means the pipeline is gone; the record stays
         // unacknowledged and is produced again after a restart.
-        let _ = self.reports.send(DeliveryReport { token, result });
+        let _ = self.reports.send(DeliveryReport {
+            token,
+            result,
+            reported_at: std::time::Instant::now(),
+        });
     }
 }
 

@@ -407,6 +407,7 @@ fn sink_and_its_send_future_can_move_between_threads() {
             partition: 0,
             offset: 0,
         }),
+        reported_at: std::time::Instant::now(),
     });
     let cluster = mock(1, "threads");
     let (sink, _rx) = KafkaSink::<Token>::new(&settings_for(&cluster)).unwrap();
