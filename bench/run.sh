@@ -43,6 +43,12 @@
 #   BENCH_OUT=bench/results   where latest.json / latest.png go
 #   BENCH_PERF=1              record a perf profile (cpu-clock, DWARF stacks) of the
 #                             connector during each drain into the run dir
+#   BENCH_PEER=               "debezium": after the connector's drains, Debezium 3.6.1
+#                             (Kafka Connect 4.1.1 standalone, PostgreSQL connector,
+#                             Outbox Event Router routed like ours, StringConverter)
+#                             drains the same backlog from its own slot; its events/s,
+#                             CPU seconds and peak RSS go to latest.json as peer.*.
+#                             Jars from Maven Central (bench/debezium/pom.xml, mvn)
 #   BENCH_KEEP_RUN_DIR=0      1 keeps target/bench/run-<id>/ (latency samples, logs)
 #   BENCH_VARIANTS="default"  connector variants draining the same backlogs, each
 #                             from its own slot: "name[:KEY=VALUE,...]" separated by
@@ -75,6 +81,8 @@ CLIENTS=${BENCH_CLIENTS:-4}
 THREADS=${BENCH_THREADS:-2}
 RATE=${BENCH_RATE:-}
 DRAIN_TIMEOUT=${BENCH_DRAIN_TIMEOUT:-1800}
+PEER=${BENCH_PEER:-}
+[[ -z $PEER || $PEER == debezium ]] || { echo "bench: BENCH_PEER=$PEER: only debezium is known" >&2; exit 2; }
 OUT=${BENCH_OUT:-bench/results}
 PG_BIN=${OUTBOX_CDC_PG_BIN:-/usr/lib/postgresql/15/bin}
 
@@ -352,6 +360,7 @@ drain() {
   # Every slot exists before the backlog is written, so each sees all of it.
   create_slot "$rl_slot"
   for k in "${!variants[@]}"; do create_slot "bench_${id}_cdc${tx}_$k"; done
+  if [[ -n $PEER ]]; then create_slot "bench_${id}_dbz$tx"; fi
 
   log "drain tx=$tx: writing $EVENTS events in transactions of $tx"
   local start_lsn end_lsn end_num t0 t1
@@ -437,7 +446,114 @@ $(cat "$run/connector-drain${tx}_$k.json")
 }
 JSON
   done
+  if [[ -n $PEER ]]; then peer_debezium "$tx" "bench_${id}_dbz$tx" "$rl_s"; fi
   sql -c "TRUNCATE public.outbox_events, public.outbox_aggregate_sequences" >/dev/null
+}
+
+DBZ_JARS="$root/target/bench/debezium-jars"
+ensure_debezium_jars() {
+  local marker="$DBZ_JARS/.complete" want
+  want=$(sha256sum bench/debezium/pom.xml | cut -c1-64)
+  [[ -r $marker && $(cat "$marker") == "$want" ]] && return 0
+  command -v mvn >/dev/null || die "BENCH_PEER=debezium needs Maven (mvn) to fetch the Debezium jars"
+  rm -rf "$DBZ_JARS"
+  log "peer: resolving Kafka Connect and Debezium jars with Maven into $DBZ_JARS"
+  mvn -B -q -Dstyle.color=never -f bench/debezium/pom.xml dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$DBZ_JARS" >"$run/mvn-debezium.log" 2>&1 ||
+    die "Maven could not resolve the Debezium jars: $(tail -5 "$run/mvn-debezium.log")"
+  printf '%s' "$want" >"$marker"
+}
+
+# Debezium drains the backlog from SLOT into its own topic, routed by the
+# Outbox Event Router like ours (key = aggregate_id, value = payload as text,
+# id header); done when the topic holds every event. Writes peer_tx<tx>.json.
+peer_debezium() {
+  local tx=$1 slot=$2 rl_s=$3
+  local topic="$topic_prefix.dbz$tx" dir="$run/debezium-$tx"
+  ensure_debezium_jars
+  "$PY" bench/tools/bench.py topics-create "$OUTBOX_CDC_TEST_KAFKA" "$PARTITIONS" "$topic" >&2
+  topics+=("$topic")
+  mkdir -p "$dir"
+  local port
+  port=$(free_port)
+  cat >"$dir/worker.properties" <<PROPS
+bootstrap.servers=$OUTBOX_CDC_TEST_KAFKA
+key.converter=org.apache.kafka.connect.storage.StringConverter
+value.converter=org.apache.kafka.connect.storage.StringConverter
+offset.storage.file.filename=$dir/offsets
+offset.flush.interval.ms=1000
+listeners=http://127.0.0.1:$port
+plugin.path=
+PROPS
+  "$PY" - "$DB_URL" "$slot" "$topic" >"$dir/connector.properties" <<'PY'
+import sys, urllib.parse
+u = urllib.parse.urlparse(sys.argv[1])
+print(f"""name=bench-debezium
+connector.class=io.debezium.connector.postgresql.PostgresConnector
+tasks.max=1
+database.hostname={u.hostname}
+database.port={u.port}
+database.user={urllib.parse.unquote(u.username)}
+database.password={urllib.parse.unquote(u.password or '')}
+database.dbname={u.path.lstrip('/')}
+topic.prefix=benchdbz
+plugin.name=pgoutput
+slot.name={sys.argv[2]}
+publication.name=outbox_pub
+publication.autocreate.mode=disabled
+snapshot.mode=no_data
+table.include.list=public.outbox_events
+transforms=outbox
+transforms.outbox.type=io.debezium.transforms.outbox.EventRouter
+transforms.outbox.table.field.event.id=event_id
+transforms.outbox.table.field.event.key=aggregate_id
+transforms.outbox.table.field.event.payload=payload
+transforms.outbox.route.by.field=aggregate_type
+transforms.outbox.route.topic.replacement={sys.argv[3]}""")
+PY
+  log "drain tx=$tx [peer debezium]: Kafka Connect standalone → $topic until it holds $EVENTS records"
+  local t0 t1 pid cpu=0 c rss=0 r n=0
+  t0=$(now)
+  java -Xmx1g -Dlog4j2.level=WARN -cp "$DBZ_JARS/*" org.apache.kafka.connect.cli.ConnectStandalone \
+    "$dir/worker.properties" "$dir/connector.properties" >"$dir/connect.log" 2>&1 &
+  pid=$!
+  pids+=("$pid")
+  local deadline=$(( SECONDS + DRAIN_TIMEOUT ))
+  while :; do
+    kill -0 "$pid" 2>/dev/null || die "Debezium exited: $(grep -m3 -E 'ERROR|Exception' "$dir/connect.log")"
+    (( SECONDS < deadline )) || die "Debezium did not deliver $EVENTS records within ${DRAIN_TIMEOUT}s ($n so far)"
+    c=$(cpu_secs "$pid"); [[ $c == 0 ]] || cpu=$c
+    r=$(peak_rss_mib "$pid"); [[ $r == 0 ]] || rss=$r
+    n=$("$PY" bench/tools/bench.py end-offsets "$OUTBOX_CDC_TEST_KAFKA" "$topic")
+    (( n >= EVENTS )) && break
+    sleep 0.5
+  done
+  t1=$(now)
+  c=$(cpu_secs "$pid"); [[ $c == 0 ]] || cpu=$c
+  r=$(peak_rss_mib "$pid"); [[ $r == 0 ]] || rss=$r
+  local wcpu
+  wcpu=$(cpu_secs "$(slot_pid "$slot")")
+  stop_pid "$pid"
+  drop_slot "$slot"
+  local s
+  s=$(elapsed "$t0" "$t1")
+  log "drain tx=$tx [peer debezium]: ${s}s → $(rate "$EVENTS" "$s") events/s, CPU s $cpu (its walsender $wcpu), peak RSS $rss MiB"
+  cat >"$run/peer_tx$(printf '%04d' "$tx").json" <<JSON
+{
+  "name": "debezium",
+  "version": "Debezium 3.6.1.Final, Kafka Connect 4.1.1 standalone, Outbox Event Router",
+  "tx_size": $tx,
+  "events": $EVENTS,
+  "records": $n,
+  "seconds": $s,
+  "events_per_s": $(rate "$EVENTS" "$s"),
+  "cpu_s": $cpu,
+  "walsender_cpu_s": ${wcpu:-0},
+  "peak_rss_mib": $rss,
+  "pg_recvlogical_events_per_s": $(rate "$EVENTS" "$rl_s"),
+  "note": "from process start (JVM start-up included) until the topic holds every event; records counted by end offsets"
+}
+JSON
 }
 
 # Runs the connector (conn_bin, conn_env) on one slot until its acked LSN

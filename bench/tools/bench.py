@@ -9,6 +9,8 @@ Subcommands:
         exists and nothing arrived for 2 s, or after MAX_S seconds
   histogram METRICS_FILE                        quantiles of the connector's
         commit-to-ack histogram (Prometheus text) as JSON
+  end-offsets BOOTSTRAP TOPIC                   records in TOPIC (sum of the
+        partitions' end offsets), or -1 while it cannot be asked
   report RUN_DIR JSON_OUT PNG_OUT               combine a run's fragments
 """
 
@@ -31,6 +33,24 @@ def topics_create(bootstrap, partitions, topics):
     for topic, fut in futures.items():
         fut.result(timeout=60)
         print(f"bench: created topic {topic} ({partitions} partitions)")
+
+
+def end_offsets(bootstrap, topic):
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-end-offsets", "enable.auto.commit": False})
+    try:
+        meta = c.list_topics(topic, timeout=5)
+        parts = meta.topics[topic].partitions
+        total = 0
+        for p in parts:
+            _, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
+            total += high
+        print(total)
+    except Exception:
+        print(-1)
+    finally:
+        c.close()
 
 
 def topics_delete(bootstrap, topics):
@@ -182,6 +202,9 @@ def report(run_dir, json_out, png_out):
     first_variant = runs[0]["variant"] if runs else None
     drains = sorted((d for d in runs if d["variant"] == first_variant), key=lambda d: d["tx_size"])
     result = {"machine": machine, "config": config}
+    peers = [load_json(p) for p in sorted(glob.glob(os.path.join(run_dir, "peer_tx*.json")))]
+    if peers:
+        result["peer"] = peers
 
     if drains:
         # Headline: the run with the lower ratio (the harder case for the relay).
@@ -276,10 +299,18 @@ def plot(result, samples, lat_sorted, lags, png_out):
             rl.append(d["pg_recvlogical_events_per_s"])
             cdc.append(d["connector_events_per_s"])
         x = range(len(labels))
-        ax.bar([i - 0.2 for i in x], rl, width=0.4, label="pg_recvlogical → /dev/null")
-        ax.bar([i + 0.2 for i in x], cdc, width=0.4, label="outbox-cdc → Kafka (acks=all)")
+        peer = {p["tx_size"]: p["events_per_s"] for p in result.get("peer", [])}
+        width = 0.27 if peer else 0.4
+        ax.bar([i - width / 2 - (width / 2 if peer else 0) for i in x], rl, width=width,
+               label="pg_recvlogical → /dev/null")
+        ax.bar([i + width / 2 - (width / 2 if peer else 0) for i in x], cdc, width=width,
+               label="outbox-cdc → Kafka (acks=all)")
         for i, d in enumerate(drain["runs"]):
-            ax.text(i + 0.2, cdc[i], f"{d['ratio']:.2f}×", ha="center", va="bottom")
+            ax.text(i + width / 2 - (width / 2 if peer else 0), cdc[i], f"{d['ratio']:.2f}×",
+                    ha="center", va="bottom")
+        if peer:
+            ax.bar([i + width for i in x], [peer.get(d["tx_size"], 0) for d in drain["runs"]], width=width,
+                   label="Debezium 3.6.1 → Kafka")
         ax.set_xticks(list(x))
         ax.set_xticklabels(labels)
         ax.set_ylabel("events/s")
@@ -345,6 +376,8 @@ def main(argv):
         topics_delete(args[0], args[1:])
     elif cmd == "consume":
         consume(*args)
+    elif cmd == "end-offsets":
+        end_offsets(args[0], args[1])
     elif cmd == "histogram":
         print(json.dumps(histogram_summary(args[0])))
     elif cmd == "report":
