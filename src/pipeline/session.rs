@@ -782,9 +782,8 @@ impl<'a> Session<'a> {
         let Some(seq) = event.aggregate_sequence else {
             return Ok(());
         };
-        let store = self.store;
         let gap = self.sequences.observe(
-            &mut |key| tokio::task::block_in_place(|| store.last_sequence(key)),
+            &mut stored_sequence(self.store),
             &event.aggregate_type,
             &event.aggregate_id,
             seq,
@@ -809,9 +808,8 @@ impl<'a> Session<'a> {
         let Some(seq) = event.aggregate_sequence else {
             return Ok(());
         };
-        let store = self.store;
         self.sequences.replayed(
-            &mut |key| tokio::task::block_in_place(|| store.last_sequence(key)),
+            &mut stored_sequence(self.store),
             &event.aggregate_type,
             &event.aggregate_id,
             seq,
@@ -1420,6 +1418,14 @@ async fn prove_coverage(
     let coverage = coverage::judge(&facts, &table, publication, &mapped)
         .map_err(|problems| PipelineError::NotCovered(NotCovered { problems }))?;
     Ok((coverage, through))
+}
+
+/// The offset store as the sequence audit's source for aggregates not in
+/// memory (a sled read: off the async worker).
+fn stored_sequence(
+    store: &OffsetStore,
+) -> impl FnMut(&[u8]) -> Result<Option<(i64, Lsn)>, StoreError> + '_ {
+    move |key| tokio::task::block_in_place(|| store.last_sequence(key))
 }
 
 fn protocol(lsn: Lsn, what: impl std::fmt::Display) -> PipelineError {

@@ -51,15 +51,7 @@ async fn a_skipped_number_is_counted_and_stops_when_asked() {
     consume(&fx.topic_prefix, 5, TIMEOUT, Duration::from_secs(1));
     // The skipped number, and a WAL position inside its transaction, after
     // the insert: acknowledging the transaction would confirm beyond it.
-    fx.admin.batch_execute("BEGIN").await.expect("begin");
-    let skipped = insert(&fx, "b", 5).await;
-    let inside: String = fx
-        .admin
-        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
-        .await
-        .expect("lsn")
-        .get(0);
-    fx.admin.batch_execute("COMMIT").await.expect("commit");
+    let (skipped, inside) = insert_before_commit(&fx, "b", 5).await;
     match running.finished(TIMEOUT).await {
         Err(PipelineError::SequenceGap(gap)) => {
             assert_eq!(
@@ -81,7 +73,6 @@ async fn a_skipped_number_is_counted_and_stops_when_asked() {
         .expect("slot")
         .parse()
         .expect("lsn");
-    let inside: Lsn = inside.parse().expect("lsn");
     assert!(
         confirmed < inside,
         "acknowledged past the gap: slot confirmed {confirmed}, the gap's transaction ends after {inside}"
@@ -214,7 +205,7 @@ async fn a_crash_before_the_numbers_are_saved_is_not_a_gap() {
     fx.wait_for_slot().await;
     insert(&fx, "a", 1).await;
     insert(&fx, "a", 2).await;
-    let after_three = insert_before_commit(&fx, "a", 3).await;
+    let (_, after_three) = insert_before_commit(&fx, "a", 3).await;
     consume(&fx.topic_prefix, 3, TIMEOUT, Duration::from_secs(1));
     common::relay::eventually("the stored offset past the three", TIMEOUT, || async {
         common::relay::scrape(port)
@@ -234,7 +225,7 @@ async fn a_crash_before_the_numbers_are_saved_is_not_a_gap() {
     child.kill9();
 
     let running = Running::start(fx.config()).await;
-    let after_four = insert_before_commit(&fx, "a", 4).await;
+    let (_, after_four) = insert_before_commit(&fx, "a", 4).await;
     let records = consume(&fx.topic_prefix, 4, TIMEOUT, Duration::from_secs(2));
     assert_eq!(
         records.len(),
@@ -257,12 +248,12 @@ async fn a_crash_before_the_numbers_are_saved_is_not_a_gap() {
     fx.cleanup().await;
 }
 
-/// Inserts one numbered event in its own transaction; returns a WAL position
-/// inside that transaction, before its commit (acknowledging the transaction
-/// moves past it).
-async fn insert_before_commit(fx: &Fixture, agg: &str, seq: i64) -> Lsn {
+/// Inserts one numbered event in its own transaction; returns its event id
+/// and a WAL position inside that transaction, before its commit
+/// (acknowledging the transaction moves past it).
+async fn insert_before_commit(fx: &Fixture, agg: &str, seq: i64) -> (String, Lsn) {
     fx.admin.batch_execute("BEGIN").await.expect("begin");
-    insert(fx, agg, seq).await;
+    let event_id = insert(fx, agg, seq).await;
     let inside: String = fx
         .admin
         .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
@@ -270,5 +261,5 @@ async fn insert_before_commit(fx: &Fixture, agg: &str, seq: i64) -> Lsn {
         .expect("lsn")
         .get(0);
     fx.admin.batch_execute("COMMIT").await.expect("commit");
-    inside.parse().expect("lsn")
+    (event_id, inside.parse().expect("lsn"))
 }
