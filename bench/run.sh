@@ -49,6 +49,10 @@
 #                             drains the same backlog from its own slot; its events/s,
 #                             CPU seconds and peak RSS go to latest.json as peer.*.
 #                             Jars from Maven Central (bench/debezium/pom.xml, mvn)
+#   BENCH_FLOOR=1             after the connector's drains, the producer alone
+#                             (examples/produce_floor.rs) sends as many records shaped
+#                             like the backlog's through the connector's KafkaSink;
+#                             its CPU seconds go to latest.json as producer_floor[]
 #   BENCH_KEEP_RUN_DIR=0      1 keeps target/bench/run-<id>/ (latency samples, logs)
 #   BENCH_VARIANTS="default"  connector variants draining the same backlogs, each
 #                             from its own slot: "name[:KEY=VALUE,...]" separated by
@@ -82,6 +86,8 @@ THREADS=${BENCH_THREADS:-2}
 RATE=${BENCH_RATE:-}
 DRAIN_TIMEOUT=${BENCH_DRAIN_TIMEOUT:-1800}
 PEER=${BENCH_PEER:-}
+FLOOR=${BENCH_FLOOR:-1}
+[[ $FLOOR == 0 || $FLOOR == 1 ]] || { echo "bench: BENCH_FLOOR=$FLOOR: 0 or 1" >&2; exit 2; }
 [[ -z $PEER || $PEER == debezium ]] || { echo "bench: BENCH_PEER=$PEER: only debezium is known" >&2; exit 2; }
 OUT=${BENCH_OUT:-bench/results}
 PG_BIN=${OUTBOX_CDC_PG_BIN:-/usr/lib/postgresql/15/bin}
@@ -166,9 +172,11 @@ fi
 BIN="$root/target/release/outbox-cdc"
 if [[ "${BENCH_NO_BUILD:-0}" != 1 ]]; then
   log "building the connector (release)"
-  cargo build --release --quiet --bin outbox-cdc
+  cargo build --release --quiet --bin outbox-cdc --example produce_floor
 fi
 [[ -x "$BIN" ]] || die "$BIN not found (cargo build --release)"
+FLOOR_BIN="$root/target/release/examples/produce_floor"
+[[ $FLOOR == 0 || -x "$FLOOR_BIN" ]] || die "$FLOOR_BIN not found (cargo build --release --example produce_floor)"
 
 free_port() {
   "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -446,8 +454,49 @@ $(cat "$run/connector-drain${tx}_$k.json")
 }
 JSON
   done
+  if [[ $FLOOR == 1 ]]; then producer_floor "$tx"; fi
   if [[ -n $PEER ]]; then peer_debezium "$tx" "bench_${id}_dbz$tx" "$rl_s"; fi
   sql -c "TRUNCATE public.outbox_events, public.outbox_aggregate_sequences" >/dev/null
+}
+
+# The producer alone (examples/produce_floor.rs): records shaped like the
+# backlog's, through the connector's KafkaSink with config/example.toml's
+# Kafka settings, into a topic of their own; no PostgreSQL. Its CPU per event
+# is the part of the connector's that no change before the producer can save.
+# Writes floor_tx<tx>.json.
+producer_floor() {
+  local tx=$1 topic="$topic_prefix.floor$tx" out="$run/floor-$tx.out" pid line=""
+  "$PY" bench/tools/bench.py topics-create "$OUTBOX_CDC_TEST_KAFKA" "$PARTITIONS" "$topic" >&2
+  topics+=("$topic")
+  log "drain tx=$tx [producer floor]: $EVENTS records through the KafkaSink alone → $topic"
+  local kpid k0
+  kpid=$(kafka_pid)
+  k0=$(cpu_secs "$kpid")
+  OUTBOX_CDC__POSTGRES__URL="$DB_URL" \
+  OUTBOX_CDC__KAFKA__BOOTSTRAP_SERVERS="$OUTBOX_CDC_TEST_KAFKA" \
+    "$FLOOR_BIN" config/example.toml "$topic" "$EVENTS" "$AGGREGATES" >"$out" 2>"$run/floor-$tx.log" &
+  pid=$!
+  pids+=("$pid")
+  local deadline=$(( SECONDS + DRAIN_TIMEOUT ))
+  while [[ -z $line ]]; do
+    kill -0 "$pid" 2>/dev/null || die "produce_floor exited: $(tail -5 "$run/floor-$tx.log")"
+    (( SECONDS < deadline )) || die "produce_floor did not finish within ${DRAIN_TIMEOUT}s"
+    sleep 0.1
+    line=$(head -1 "$out")
+  done
+  local cpu rss kafka_cpu
+  cpu=$(cpu_secs "$pid")
+  rss=$(peak_rss_mib "$pid")
+  kafka_cpu=$(awk -v a="$k0" -v b="$(cpu_secs "$kpid")" 'BEGIN { printf "%.2f", b - a }')
+  stop_pid "$pid"
+  log "drain tx=$tx [producer floor]: $line, CPU s $cpu + Kafka broker $kafka_cpu, peak RSS $rss MiB"
+  "$PY" - "$line" "$tx" "$cpu" "$rss" "$kafka_cpu" >"$run/floor_tx$(printf '%04d' "$tx").json" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1])
+r.update(tx_size=int(sys.argv[2]), cpu_s=float(sys.argv[3]), peak_rss_mib=float(sys.argv[4]),
+         kafka_broker_cpu_s=float(sys.argv[5]))
+print(json.dumps(r))
+PY
 }
 
 DBZ_JARS="$root/target/bench/debezium-jars"

@@ -205,6 +205,11 @@ def report(run_dir, json_out, png_out):
     peers = [load_json(p) for p in sorted(glob.glob(os.path.join(run_dir, "peer_tx*.json")))]
     if peers:
         result["peer"] = peers
+    floors = [load_json(p) for p in sorted(glob.glob(os.path.join(run_dir, "floor_tx*.json")))]
+    for f in floors:
+        f["cpu_us_per_event"] = round(1e6 * f["cpu_s"] / f["events"], 1)
+    if floors:
+        result["producer_floor"] = floors
 
     if drains:
         # Headline: the run with the lower ratio (the harder case for the relay).
