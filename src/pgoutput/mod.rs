@@ -27,6 +27,7 @@ mod proptests;
 
 pub use decode::decode;
 pub use error::{BadString, DecodeError, DecodeErrorKind};
+pub(crate) use message::tag;
 pub use message::{
     Begin, ColumnValue, Commit, Delete, Insert, LogicalMessage, Message, OldTuple, Origin,
     Relation, RelationColumn, Truncate, TupleData, TypeInfo, Update,

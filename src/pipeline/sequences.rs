@@ -167,26 +167,25 @@ impl SequenceWatch {
         self.scratch.extend_from_slice(aggregate_type.as_bytes());
         self.scratch.extend_from_slice(aggregate_id.as_bytes());
         debug_assert_eq!(self.scratch, sequence_key(aggregate_type, aggregate_id));
-        let last = match self.known.get(self.scratch.as_slice()) {
-            Some(entry) => Some((entry.seq, entry.lsn)),
-            None => lookup(&self.scratch)?,
-        };
-        if last.is_some_and(|(_, at)| lsn <= at) {
-            return Ok(None);
-        }
-        let (seq, lsn) = match last {
-            Some((seq, _)) if seq >= got => (seq, lsn),
-            _ => (got, lsn),
-        };
+        // One hash lookup for an aggregate in memory (the usual case).
         if let Some(entry) = self.known.get_mut(self.scratch.as_slice()) {
-            entry.seq = seq;
+            let last = (entry.seq, entry.lsn);
+            if lsn <= last.1 {
+                return Ok(None);
+            }
+            entry.seq = entry.seq.max(got);
             entry.lsn = lsn;
             if !entry.unsaved {
                 entry.unsaved = true;
                 self.unsaved.push(self.scratch.as_slice().into());
             }
-            return Ok(Some(last));
+            return Ok(Some(Some(last)));
         }
+        let last = lookup(&self.scratch)?;
+        if last.is_some_and(|(_, at)| lsn <= at) {
+            return Ok(None);
+        }
+        let seq = last.map_or(got, |(seq, _)| seq.max(got));
         if self.known.len() >= self.trim_at {
             self.known.retain(|_, entry| entry.unsaved);
             self.trim_at = MAX_IN_MEMORY.max(self.known.len() * 2);

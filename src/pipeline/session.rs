@@ -490,11 +490,12 @@ impl<'a> Session<'a> {
                     self.flushed(durable);
                 }
                 Some(report) = self.reports.recv() => {
-                    self.on_report(report)?;
+                    let now = Now::read();
+                    self.on_report(report, now)?;
                     // Take what else has arrived in one go, bounded, then read again.
                     for _ in 0..1024 {
                         match self.reports.try_recv() {
-                            Ok(report) => self.on_report(report)?,
+                            Ok(report) => self.on_report(report, now)?,
                             Err(_) => break,
                         }
                     }
@@ -515,7 +516,15 @@ impl<'a> Session<'a> {
                 server_time,
                 data,
             } => {
-                self.received_at = Instant::now();
+                // The stage clock is read only for the messages that can
+                // become events (Insert, Message): three per one-event
+                // transaction would be read otherwise.
+                if matches!(
+                    data.first(),
+                    Some(&(pgoutput::tag::INSERT | pgoutput::tag::MESSAGE))
+                ) {
+                    self.received_at = Instant::now();
+                }
                 self.sent_at = server_time;
                 self.metrics.set_received(wal_end.max(wal_start));
                 let message = pgoutput::decode(&data).map_err(|source| PipelineError::Decode {
@@ -866,7 +875,13 @@ impl<'a> Session<'a> {
         }
     }
 
-    fn on_report(&mut self, report: DeliveryReport<InFlight>) -> Result<(), PipelineError> {
+    /// One delivery report, taken at `now` (read once per batch of reports:
+    /// the batch is handled within microseconds).
+    fn on_report(
+        &mut self,
+        report: DeliveryReport<InFlight>,
+        now: Now,
+    ) -> Result<(), PipelineError> {
         let InFlight {
             token,
             commit_time,
@@ -883,9 +898,11 @@ impl<'a> Session<'a> {
                     Stage::ProduceToAck,
                     at.duration_since(produced_at).as_secs_f64(),
                 );
-                self.metrics
-                    .stage(Stage::AckToTracker, at.elapsed().as_secs_f64());
-                let age = PgTimestamp::now().0.saturating_sub(commit_time.0).max(0) as u64;
+                self.metrics.stage(
+                    Stage::AckToTracker,
+                    now.instant.saturating_duration_since(at).as_secs_f64(),
+                );
+                let age = now.wall.0.saturating_sub(commit_time.0).max(0) as u64;
                 self.metrics.published(age);
                 if self.tracker.delivered(token).is_some() {
                     self.mark_dirty();
@@ -1205,7 +1222,7 @@ impl<'a> Session<'a> {
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, self.reports.recv()).await {
                 Ok(Some(report)) => {
-                    if let Err(e) = self.on_report(report) {
+                    if let Err(e) = self.on_report(report, Now::read()) {
                         refusal = Some(e);
                         break;
                     }
@@ -1253,7 +1270,7 @@ impl<'a> Session<'a> {
             }
             match tokio::time::timeout(left, self.reports.recv()).await {
                 Ok(Some(report)) => {
-                    if let Err(e) = self.on_report(report) {
+                    if let Err(e) = self.on_report(report, Now::read()) {
                         warn!(error = %e, "delivery failed during shutdown; it will be re-sent on the next start");
                         break;
                     }
@@ -1418,6 +1435,22 @@ async fn prove_coverage(
     let coverage = coverage::judge(&facts, &table, publication, &mapped)
         .map_err(|problems| PipelineError::NotCovered(NotCovered { problems }))?;
     Ok((coverage, through))
+}
+
+/// Both clocks, read once for a batch of delivery reports.
+#[derive(Clone, Copy)]
+struct Now {
+    instant: Instant,
+    wall: PgTimestamp,
+}
+
+impl Now {
+    fn read() -> Now {
+        Now {
+            instant: Instant::now(),
+            wall: PgTimestamp::now(),
+        }
+    }
 }
 
 /// The offset store as the sequence audit's source for aggregates not in
