@@ -95,16 +95,18 @@ async fn metrics_follow_the_pipeline_and_the_slot() {
     let config = write_config(&fx, port, "");
     let mut child = start_connector(&config, port).await;
 
-    eventually("the slot monitor saw the slot", TIMEOUT, || async {
-        metric(port, "outbox_cdc_slot_exists").await == 1.0
-    })
+    // The monitor's first poll may come before the stream starts (the slot
+    // exists, nobody holds it yet): wait for a poll that sees it held.
+    eventually(
+        "the slot monitor saw the slot held by our own walsender",
+        TIMEOUT,
+        || async {
+            metric(port, "outbox_cdc_slot_exists").await == 1.0
+                && metric(port, "outbox_cdc_slot_active").await == 1.0
+        },
+    )
     .await;
     assert_eq!(metric(port, "outbox_cdc_connected").await, 1.0);
-    assert_eq!(
-        metric(port, "outbox_cdc_slot_active").await,
-        1.0,
-        "our own walsender holds the slot"
-    );
     let acked_before = metric(port, "outbox_cdc_acked_lsn").await;
     let published_before = metric(port, "outbox_cdc_events_published_total").await;
     let poll_before = metric(port, "outbox_cdc_slot_last_poll_timestamp_seconds").await;
