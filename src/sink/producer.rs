@@ -2,12 +2,13 @@
 //!
 //! Records enter librdkafka in the order [`KafkaSink::send`] is called; with
 //! the idempotent producer, librdkafka keeps that order per partition across
-//! retries. Delivery reports arrive on an unbounded channel from librdkafka's
-//! polling thread, at most one per record that entered the producer. The
+//! retries. Delivery reports arrive on an unbounded channel, from the thread
+//! that sends (served after each send) or from the producer's polling thread
+//! (when nothing is sent), at most one per record that entered it. The
 //! channel is bounded in practice by the pipeline: it admits at most its
 //! in-flight limit of records before it waits for reports, so the channel
-//! never holds more reports than that limit. Reports of different partitions
-//! may arrive in any order relative to each other; the ack tracker orders them.
+//! never holds more reports than that limit. Reports may arrive in any order
+//! relative to each other; the ack tracker orders them.
 //!
 //! Before the first record to a topic, `send` makes sure the topic exists
 //! (see `topics.rs`); a missing topic is a refused record, never a retry.
@@ -116,7 +117,7 @@ impl FatalProbe {
     }
 }
 
-/// Receives librdkafka's callbacks on its polling thread.
+/// Receives librdkafka's callbacks, on the polling thread or the sending one.
 pub(super) struct SinkContext<T> {
     reports: mpsc::UnboundedSender<DeliveryReport<T>>,
     /// Set once, right after the client is created (before any record).
