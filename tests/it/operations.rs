@@ -181,13 +181,16 @@ async fn the_library_relay_runs_the_companions_of_the_binary() {
     let config = outbox_cdc::config::Config::load(&write_config(&fx, port, "")).expect("config");
     let running = common::relay::Running::spawn(config, Default::default());
     running.wait_streaming().await;
+    // A poll from before the stream started sees the slot not yet held:
+    // wait for one that sees it held.
     eventually(
         "the slot monitor polled through the relay",
         TIMEOUT,
         || async {
-            scrape(port)
-                .await
-                .is_some_and(|m| m.get("outbox_cdc_slot_exists") == Some(&1.0))
+            scrape(port).await.is_some_and(|m| {
+                m.get("outbox_cdc_slot_exists") == Some(&1.0)
+                    && m.get("outbox_cdc_slot_active") == Some(&1.0)
+            })
         },
     )
     .await;
