@@ -31,6 +31,7 @@ mod pgoutput_golden;
 mod pgoutput_live;
 mod pipeline;
 mod prune;
+mod reference_consumer_modes;
 mod replay;
 mod rolled_back_work;
 mod sequence_gaps;

@@ -10,6 +10,9 @@
 //! - `after-business-commit-before-offset-commit`: the window that makes the
 //!   inbox necessary: the effect is durable, Kafka will redeliver the record;
 //! - `after-offset-commit`: everything done for this record.
+//!
+//! With `--no-inbox` there is no business transaction: only `after-receive`
+//! and `after-offset-commit` are reached.
 
 use std::sync::OnceLock;
 

@@ -1,5 +1,6 @@
-//! Reference idempotent consumer of the outbox topics (the inbox pattern).
+//! Reference consumer of the outbox topics, in one of two modes.
 //!
+//! **Inbox mode** (the default): the idempotent consumer of the inbox pattern.
 //! Reads every topic matching a regex in a consumer group, with automatic
 //! offset commits OFF. Per record: one PostgreSQL transaction inserts
 //! (consumer_name, event_id) into the inbox with ON CONFLICT DO NOTHING and,
@@ -13,17 +14,45 @@
 //! system (a payment provider, an e-mail service) cannot join this
 //! transaction: pass `event_id` to it as the idempotency key instead.
 //!
+//! **No-inbox mode** (`--no-inbox`): no PostgreSQL, no business effect. Each
+//! record's `event_id` is remembered in memory; a record whose `event_id` this
+//! process has seen before is logged ("duplicate delivery") and counted, not
+//! suppressed. Offsets are committed after each record as in inbox mode. The
+//! final log line gives `records=N duplicates=D`, which makes this mode a
+//! checker of what Kafka delivered. The memory grows with every distinct
+//! event id and dies with the process: a duplicate across a restart is not
+//! seen.
+//!
+//! Which one to use:
+//! - The relay's default delivery mode is at-least-once: after a connector
+//!   crash the records that were in flight may be published again, so a
+//!   consumer whose effect must happen once needs the inbox.
+//! - With `[delivery] mode = "exactly-once"` the relay writes each event in a
+//!   Kafka transaction, and a `read_committed` consumer (`--isolation`, the
+//!   default) sees each event once, without an inbox. A `read_uncommitted`
+//!   consumer also sees the records of aborted Kafka transactions (a batch
+//!   the relay sent and then abandoned, and sends again): duplicates. The
+//!   consumer's own crash between its effect and its offset commit still
+//!   redelivers; an effect that must not repeat then still needs the inbox
+//!   (or an idempotency key).
+//!
+//! `--exit-after-idle-ms N` stops cleanly, with the final log line, after N ms
+//! without a record (counted from the subscription): for tests that read a
+//! finished topic to the end.
+//!
 //! Crash points for the chaos tests: see `failpoint.rs`.
 
 mod failpoint;
 mod inbox;
 mod record;
 
+use std::collections::HashSet;
+use std::io::IsTerminal as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use outbox_cdc::pg::{PgConnectConfig, QualifiedTable};
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
@@ -31,6 +60,7 @@ use rdkafka::consumer::{
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{ClientConfig, ClientContext, TopicPartitionList};
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use inbox::{Inbox, Outcome};
@@ -39,7 +69,7 @@ use record::{InboxRecord, Place};
 #[derive(Parser, Debug)]
 #[command(
     name = "reference-consumer",
-    about = "Idempotent consumer of the outbox topics: inbox row and business effect in one PostgreSQL transaction, Kafka offset committed after"
+    about = "Idempotent consumer of the outbox topics: inbox row and business effect in one PostgreSQL transaction, Kafka offset committed after (or, with --no-inbox, a counter of duplicate deliveries)"
 )]
 struct Args {
     /// Kafka bootstrap servers.
@@ -49,9 +79,32 @@ struct Args {
         default_value = "127.0.0.1:19092"
     )]
     bootstrap_servers: String,
-    /// PostgreSQL connection string (URL or key=value) of the consumer's database.
+    /// PostgreSQL connection string (URL or key=value) of the consumer's
+    /// database. Required in inbox mode; ignored with --no-inbox.
     #[arg(long, env = "CONSUMER_PG_URL")]
-    pg_url: String,
+    pg_url: Option<String>,
+    /// Run without an inbox: no PostgreSQL, no business effect; a record
+    /// whose event_id this process has seen before is counted as a duplicate,
+    /// not suppressed.
+    #[arg(
+        long,
+        env = "CONSUMER_NO_INBOX",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    no_inbox: bool,
+    /// Kafka `isolation.level`: read_committed skips the records of aborted
+    /// Kafka transactions, read_uncommitted delivers them too.
+    #[arg(
+        long,
+        env = "CONSUMER_ISOLATION",
+        value_enum,
+        default_value_t = Isolation::ReadCommitted
+    )]
+    isolation: Isolation,
+    /// Stop cleanly (with the final counts) after this many milliseconds
+    /// without a record, counted from the subscription. Off by default.
+    #[arg(long, env = "CONSUMER_EXIT_AFTER_IDLE_MS", value_name = "MS")]
+    exit_after_idle_ms: Option<u64>,
     /// Kafka consumer group.
     #[arg(long, env = "CONSUMER_GROUP", default_value = "inventory")]
     group: String,
@@ -97,6 +150,24 @@ struct Args {
     kafka: Vec<String>,
 }
 
+/// `--isolation`: librdkafka's `isolation.level`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Isolation {
+    #[value(name = "read_committed")]
+    ReadCommitted,
+    #[value(name = "read_uncommitted")]
+    ReadUncommitted,
+}
+
+impl Isolation {
+    fn as_str(self) -> &'static str {
+        match self {
+            Isolation::ReadCommitted => "read_committed",
+            Isolation::ReadUncommitted => "read_uncommitted",
+        }
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -104,6 +175,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Plain `key=value` fields when the log goes to a file or a pipe.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let args = Args::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -129,15 +202,71 @@ fn main() -> ExitCode {
 /// Counts for the final log line.
 #[derive(Default)]
 struct Counts {
+    /// Every record handled (offset committed or attempted).
+    records: u64,
+    /// Inbox mode: first deliveries, whose effect was applied.
     applied: u64,
+    /// Records whose event_id was seen before (inbox row or memory).
     duplicates: u64,
 }
 
+/// How a record is recognised as seen before.
+enum Dedupe {
+    /// The PostgreSQL inbox: a redelivery is suppressed (no second effect).
+    /// Boxed: connection settings, client and statements dwarf the other variant.
+    Inbox(Box<Inbox>),
+    /// `--no-inbox`: event ids held in memory; a redelivery is only counted.
+    Memory(SeenEventIds),
+}
+
+impl Dedupe {
+    /// What happens to a record whose offset could not be committed.
+    fn redelivery_note(&self) -> &'static str {
+        match self {
+            Dedupe::Inbox(_) => "the inbox makes that a no-op",
+            Dedupe::Memory(_) => "this process would count it as a duplicate",
+        }
+    }
+}
+
+/// The event ids this process has read, for `--no-inbox`.
+#[derive(Default)]
+struct SeenEventIds(HashSet<String>);
+
+impl SeenEventIds {
+    /// True the first time `event_id` is offered. The inbox compares UUIDs,
+    /// so case does not matter here either.
+    fn first_time(&mut self, event_id: &str) -> bool {
+        self.0.insert(event_id.to_ascii_lowercase())
+    }
+}
+
 async fn run(args: Args) -> anyhow::Result<()> {
-    let pg = PgConnectConfig::parse(&args.pg_url).context("invalid --pg-url")?;
-    let inbox_table = QualifiedTable::parse(&args.inbox_table).context("invalid --inbox-table")?;
-    let effects_table =
-        QualifiedTable::parse(&args.effects_table).context("invalid --effects-table")?;
+    let inbox = match (&args.pg_url, args.no_inbox) {
+        (Some(pg_url), false) => {
+            let pg = PgConnectConfig::parse(pg_url).context("invalid --pg-url")?;
+            let inbox_table =
+                QualifiedTable::parse(&args.inbox_table).context("invalid --inbox-table")?;
+            let effects_table =
+                QualifiedTable::parse(&args.effects_table).context("invalid --effects-table")?;
+            Some(Inbox::new(
+                pg,
+                args.consumer_name.clone(),
+                inbox_table,
+                effects_table,
+            ))
+        }
+        (None, false) => anyhow::bail!(
+            "--pg-url (or CONSUMER_PG_URL) is required: the inbox lives in PostgreSQL. \
+             Pass --no-inbox (or CONSUMER_NO_INBOX=true) to run without one."
+        ),
+        (pg_url, true) => {
+            if pg_url.is_some() {
+                warn!("--no-inbox: --pg-url (CONSUMER_PG_URL) is ignored");
+            }
+            None
+        }
+    };
     if !args.topic_regex.starts_with('^') {
         anyhow::bail!(
             "invalid --topic-regex {:?}: librdkafka takes a pattern only when it starts with ^",
@@ -147,36 +276,49 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // Installed first: a SIGTERM during start-up is a clean stop too.
     let mut stop = stop_signal()?;
     let max_backoff = Duration::from_millis(args.max_backoff_ms.max(1));
-    let mut inbox = Inbox::new(pg, args.consumer_name.clone(), inbox_table, effects_table);
-    // Before joining the group: a missing table or privilege stops us here.
-    let mut backoff = Duration::from_millis(100).min(max_backoff);
-    while let Err(e) = inbox.connect().await {
-        if !e.is_retryable() {
-            return Err(e).context("cannot prepare the inbox statements");
+    let mut dedupe = match inbox {
+        Some(mut inbox) => {
+            // Before joining the group: a missing table or privilege stops us here.
+            let mut backoff = Duration::from_millis(100).min(max_backoff);
+            while let Err(e) = inbox.connect().await {
+                if !e.is_retryable() {
+                    return Err(e).context("cannot prepare the inbox statements");
+                }
+                warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "PostgreSQL not reachable yet");
+                if !sleep_unless_stopped(backoff, &mut stop).await {
+                    return Ok(());
+                }
+                backoff = (backoff * 2).min(max_backoff);
+            }
+            Dedupe::Inbox(Box::new(inbox))
         }
-        warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "PostgreSQL not reachable yet");
-        if !sleep_unless_stopped(backoff, &mut stop).await {
-            return Ok(());
-        }
-        backoff = (backoff * 2).min(max_backoff);
-    }
+        None => Dedupe::Memory(SeenEventIds::default()),
+    };
     let consumer = make_consumer(&args)?;
     consumer
         .subscribe(&[args.topic_regex.as_str()])
         .with_context(|| format!("cannot subscribe to {}", args.topic_regex))?;
     info!(
         group = %args.group,
+        mode = if args.no_inbox { "no-inbox" } else { "inbox" },
         consumer_name = %args.consumer_name,
         topics = %args.topic_regex,
+        isolation = args.isolation.as_str(),
         failpoint = failpoint::describe().as_deref().unwrap_or("none"),
         "consuming"
     );
 
+    let idle_limit = args.exit_after_idle_ms.map(Duration::from_millis);
+    let mut idle_deadline = idle_limit.map(|d| Instant::now() + d);
     let mut counts = Counts::default();
     loop {
         let message = tokio::select! {
             biased;
             _ = stop.wait_for(|s| *s) => break,
+            () = sleep_until(idle_deadline) => {
+                info!(idle_ms = args.exit_after_idle_ms, "no record within --exit-after-idle-ms: stopping");
+                break;
+            }
             message = consumer.recv() => message,
         };
         let message = match message {
@@ -190,34 +332,79 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 continue;
             }
         };
+        idle_deadline = idle_limit.map(|d| Instant::now() + d);
         failpoint::hit("after-receive");
         let rec = parse_message(&message)
             .context("refusing to skip a record that cannot be deduplicated")?;
-        let Some(outcome) = apply_with_retry(&mut inbox, &rec, max_backoff, &mut stop).await?
-        else {
-            // Stopped while retrying: the offset stays, the record comes again.
-            break;
-        };
-        match outcome {
-            Outcome::Applied => {
-                counts.applied += 1;
-                debug!(event_id = %rec.event_id, at = %rec.place, lsn = %rec.lsn, "applied");
+        match &mut dedupe {
+            Dedupe::Inbox(inbox) => {
+                let Some(outcome) = apply_with_retry(inbox, &rec, max_backoff, &mut stop).await?
+                else {
+                    // Stopped while retrying: the offset stays, the record comes again.
+                    break;
+                };
+                match outcome {
+                    Outcome::Applied => {
+                        counts.applied += 1;
+                        debug!(event_id = %rec.event_id, at = %rec.place, lsn = %rec.lsn, "applied");
+                    }
+                    Outcome::Duplicate => {
+                        counts.duplicates += 1;
+                        info!(event_id = %rec.event_id, at = %rec.place, lsn = %rec.lsn, "duplicate delivery: effect already applied, nothing changed");
+                    }
+                }
+                failpoint::hit("after-business-commit-before-offset-commit");
             }
-            Outcome::Duplicate => {
-                counts.duplicates += 1;
-                info!(event_id = %rec.event_id, at = %rec.place, lsn = %rec.lsn, "duplicate delivery: effect already applied, nothing changed");
+            Dedupe::Memory(seen) => {
+                if seen.first_time(&rec.event_id) {
+                    debug!(event_id = %rec.event_id, at = %rec.place, lsn = %rec.lsn, "first delivery");
+                } else {
+                    counts.duplicates += 1;
+                    warn!(
+                        event_id = %rec.event_id,
+                        topic = %rec.place.topic,
+                        partition = rec.place.partition,
+                        offset = rec.place.offset,
+                        lsn = %rec.lsn,
+                        "duplicate delivery: event_id already read by this process (no inbox: counted, not suppressed)"
+                    );
+                }
             }
         }
-        failpoint::hit("after-business-commit-before-offset-commit");
-        commit_with_retry(&consumer, &message, &rec, max_backoff).await;
+        counts.records += 1;
+        commit_with_retry(
+            &consumer,
+            &message,
+            &rec,
+            max_backoff,
+            dedupe.redelivery_note(),
+        )
+        .await;
         failpoint::hit("after-offset-commit");
     }
-    info!(
-        applied = counts.applied,
-        duplicates = counts.duplicates,
-        "stopping"
-    );
+    match dedupe {
+        Dedupe::Inbox(_) => info!(
+            records = counts.records,
+            duplicates = counts.duplicates,
+            applied = counts.applied,
+            "stopping"
+        ),
+        Dedupe::Memory(_) => info!(
+            records = counts.records,
+            duplicates = counts.duplicates,
+            distinct = counts.records - counts.duplicates,
+            "stopping"
+        ),
+    }
     Ok(())
+}
+
+/// Sleeps until `deadline`; never returns without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Logs every assignment change: which partitions this instance owns is the
@@ -258,7 +445,8 @@ fn make_consumer(args: &Args) -> anyhow::Result<StreamConsumer<LogRebalance>> {
         .set(
             "topic.metadata.refresh.interval.ms",
             args.metadata_refresh_ms.to_string(),
-        );
+        )
+        .set("isolation.level", args.isolation.as_str());
     if let Some(id) = &args.instance_id {
         config.set("group.instance.id", id);
     }
@@ -269,6 +457,11 @@ fn make_consumer(args: &Args) -> anyhow::Result<StreamConsumer<LogRebalance>> {
         if k.trim() == "enable.auto.commit" && v.trim() != "false" {
             anyhow::bail!(
                 "invalid --kafka {kv:?}: offsets must be committed after the inbox transaction"
+            );
+        }
+        if k.trim() == "isolation.level" {
+            anyhow::bail!(
+                "invalid --kafka {kv:?}: use --isolation read_committed|read_uncommitted"
             );
         }
         config.set(k.trim(), v.trim());
@@ -321,12 +514,13 @@ async fn apply_with_retry(
 /// Commits the offset after `message`. A commit that keeps failing (the group
 /// moved the partition away, the broker is down for long) is given up after a
 /// few tries: a later commit covers it, or the record is delivered again and
-/// the inbox absorbs it.
+/// the inbox absorbs it (without an inbox: it is counted as a duplicate).
 async fn commit_with_retry(
     consumer: &StreamConsumer<LogRebalance>,
     message: &BorrowedMessage<'_>,
     rec: &InboxRecord,
     max_backoff: Duration,
+    redelivery_note: &str,
 ) {
     let mut backoff = Duration::from_millis(100).min(max_backoff);
     for attempt in 1..=5 {
@@ -340,7 +534,7 @@ async fn commit_with_retry(
             }
         }
     }
-    warn!(at = %rec.place, event_id = %rec.event_id, "offset not committed; the record may be delivered again (the inbox makes that a no-op)");
+    warn!(at = %rec.place, event_id = %rec.event_id, "offset not committed; the record may be delivered again ({redelivery_note})");
 }
 
 /// A flag that turns true on SIGTERM or SIGINT. The handlers are installed
@@ -368,4 +562,32 @@ async fn sleep_unless_stopped(pause: Duration, stop: &mut watch::Receiver<bool>)
         r = stop.wait_for(|s| *s) => r.is_ok(),
     };
     !asked && !*stop.borrow()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seen_event_ids_count_a_uuid_once_whatever_its_case() {
+        let mut seen = SeenEventIds::default();
+        assert!(seen.first_time("0b7f5c9e-3d1a-4c8e-9f00-1234567890ab"));
+        assert!(!seen.first_time("0b7f5c9e-3d1a-4c8e-9f00-1234567890ab"));
+        assert!(!seen.first_time("0B7F5C9E-3D1A-4C8E-9F00-1234567890AB"));
+        assert!(seen.first_time("0b7f5c9e-3d1a-4c8e-9f00-1234567890ac"));
+    }
+
+    #[test]
+    fn isolation_takes_librdkafka_spellings_only() {
+        let parse = |v: &str| Args::try_parse_from(["reference-consumer", "--isolation", v]);
+        for level in ["read_committed", "read_uncommitted"] {
+            let args = parse(level).unwrap();
+            assert_eq!(args.isolation.as_str(), level);
+        }
+        let e = parse("read-committed").unwrap_err().to_string();
+        assert!(
+            e.contains("--isolation") && e.contains("read_committed, read_uncommitted"),
+            "{e}"
+        );
+    }
 }

@@ -1,0 +1,355 @@
+//! The reference consumer run as a process against the test broker. Without
+//! an inbox (`--no-inbox`) it needs no PostgreSQL and counts a repeated
+//! event_id as a duplicate instead of suppressing it; `--isolation` decides
+//! whether the records of an aborted Kafka transaction are read. With the
+//! inbox, the same records apply each effect once. The records are produced
+//! here, not by the relay, so that the counts are known in advance.
+
+use crate::common;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+/// The consumer stops this long after its last record. The broker starts
+/// new groups at once (`group.initial.rebalance.delay.ms=0`), so the first
+/// record comes well within it.
+const IDLE_MS: u64 = 4_000;
+/// A consumer still running after this is a failure (and is killed).
+const RUN_LIMIT: Duration = Duration::from_secs(60);
+const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn event_id(n: usize) -> String {
+    format!("00000000-0000-4000-8000-{n:012}")
+}
+
+/// One record as the relay would send it, reduced to what the consumer reads.
+fn record<'a>(
+    topic: &'a str,
+    key: &'a str,
+    payload: &'a str,
+    event_id: &'a str,
+) -> BaseRecord<'a, str, str> {
+    BaseRecord::to(topic)
+        .key(key)
+        .payload(payload)
+        .headers(OwnedHeaders::new().insert(Header {
+            key: "event_id",
+            value: Some(event_id),
+        }))
+}
+
+/// Sends `(key, event_id)` pairs in order and waits for every delivery.
+fn produce_plain(topic: &str, records: &[(String, String)]) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", common::kafka_bootstrap())
+        .create()
+        .expect("producer");
+    for (key, id) in records {
+        let payload = format!(r#"{{"event_id":"{id}"}}"#);
+        producer
+            .send(record(topic, key, &payload, id))
+            .unwrap_or_else(|(e, _)| panic!("send {id} to {topic}: {e}"));
+    }
+    producer
+        .flush(KAFKA_TIMEOUT)
+        .expect("flush the plain producer");
+}
+
+/// One transaction of `aborted` records that is aborted after they reached
+/// the log, then one of `committed` records that commits.
+fn produce_aborted_then_committed(topic: &str, aborted: usize, committed: usize) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", common::kafka_bootstrap())
+        .set("transactional.id", common::unique_name("consumer_modes_tx"))
+        .create()
+        .expect("transactional producer");
+    producer
+        .init_transactions(KAFKA_TIMEOUT)
+        .expect("init_transactions");
+    let mut n = 0;
+    for (count, commit) in [(aborted, false), (committed, true)] {
+        producer.begin_transaction().expect("begin_transaction");
+        for _ in 0..count {
+            n += 1;
+            let id = event_id(n);
+            let key = format!("order-{n}");
+            let payload = format!(r#"{{"n":{n}}}"#);
+            producer
+                .send(record(topic, &key, &payload, &id))
+                .unwrap_or_else(|(e, _)| panic!("send {id} to {topic}: {e}"));
+        }
+        if commit {
+            producer
+                .commit_transaction(KAFKA_TIMEOUT)
+                .expect("commit_transaction");
+        } else {
+            // Abort purges what is still queued: flush first, so the aborted
+            // records are in the log for a read_uncommitted consumer to see.
+            producer.flush(KAFKA_TIMEOUT).expect("flush before abort");
+            producer
+                .abort_transaction(KAFKA_TIMEOUT)
+                .expect("abort_transaction");
+        }
+    }
+}
+
+/// The counts of the consumer's final log line.
+#[derive(Debug, PartialEq, Eq)]
+struct Counts {
+    records: u64,
+    duplicates: u64,
+}
+
+/// Runs the built consumer without an inbox (and without CONSUMER_PG_URL)
+/// on `topic` until it has been idle for `IDLE_MS`; returns its final counts
+/// and its log.
+fn run_without_inbox(topic: &str, isolation: &str) -> (Counts, String) {
+    let log = run_consumer(topic, &["--no-inbox", "--isolation", isolation]);
+    (final_counts(&log), log)
+}
+
+/// Runs the built consumer on `topic` with `args` until it has been idle for
+/// `IDLE_MS`; returns its log.
+fn run_consumer(topic: &str, args: &[&str]) -> String {
+    let log_path: PathBuf = [
+        env!("CARGO_TARGET_TMPDIR"),
+        &format!("{}.log", common::unique_name("reference_consumer")),
+    ]
+    .iter()
+    .collect();
+    let log = std::fs::File::create(&log_path).expect("consumer log file");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_reference-consumer"))
+        .args(args)
+        .arg("--bootstrap-servers")
+        .arg(common::kafka_bootstrap())
+        .arg("--topic-regex")
+        .arg(format!("^{topic}$"))
+        .arg("--group")
+        .arg(common::unique_name("consumer_modes_group"))
+        .args(["--exit-after-idle-ms", &IDLE_MS.to_string()])
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .env_remove("CONSUMER_PG_URL")
+        .env_remove("CONSUMER_NO_INBOX")
+        .env_remove("CONSUMER_ISOLATION")
+        .env_remove("CONSUMER_EXIT_AFTER_IDLE_MS")
+        .env_remove("OUTBOX_CDC_CONSUMER_FAILPOINT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn the reference consumer");
+    let deadline = Instant::now() + RUN_LIMIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the consumer") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the consumer did not stop within {RUN_LIMIT:?} (--exit-after-idle-ms {IDLE_MS}); log:\n{}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let text = std::fs::read_to_string(&log_path).expect("read the consumer log");
+    assert!(
+        status.success(),
+        "the consumer failed ({status}); log:\n{text}"
+    );
+    text
+}
+
+/// The consumer's final log line.
+fn final_line(log: &str) -> &str {
+    log.lines()
+        .rfind(|l| l.contains("stopping") && l.contains("records="))
+        .unwrap_or_else(|| panic!("no final counts line in the consumer log:\n{log}"))
+}
+
+fn final_counts(log: &str) -> Counts {
+    let last = final_line(log);
+    Counts {
+        records: field(last, "records"),
+        duplicates: field(last, "duplicates"),
+    }
+}
+
+/// The number after `name=` in a log line.
+fn field(line: &str, name: &str) -> u64 {
+    let pattern = format!("{name}=");
+    let start = line
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix(pattern.as_str()))
+        .unwrap_or_else(|| panic!("no {name}= in {line:?}"));
+    start
+        .parse()
+        .unwrap_or_else(|e| panic!("{name}= in {line:?}: {e}"))
+}
+
+/// Eight `(key, event_id)` sends of five events: the first is sent three
+/// times, the fourth twice, so three repeats, spread over the partitions
+/// (the keys differ).
+fn repeated_sends() -> Vec<(String, String)> {
+    [1, 2, 1, 3, 4, 1, 5, 4]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (format!("order-{i}"), event_id(*n)))
+        .collect()
+}
+
+#[tokio::test]
+async fn without_an_inbox_a_repeated_event_id_is_counted_as_a_duplicate() {
+    let topic = common::unique_name("consumer_modes_dup");
+    common::create_topic(&topic, 2, &[]).await;
+    let (counts, log) = tokio::task::spawn_blocking(move || {
+        produce_plain(&topic, &repeated_sends());
+        run_without_inbox(&topic, "read_committed")
+    })
+    .await
+    .expect("produce and consume");
+    assert_eq!(
+        counts,
+        Counts {
+            records: 8,
+            duplicates: 3
+        },
+        "log:\n{log}"
+    );
+    let warned = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("duplicate delivery"))
+        .collect::<Vec<_>>();
+    assert_eq!(warned.len(), 3, "one warning per repeat; log:\n{log}");
+    assert!(
+        warned.iter().all(|l| l.contains("event_id=")
+            && l.contains("topic=")
+            && l.contains("partition=")
+            && l.contains("offset=")),
+        "{warned:#?}"
+    );
+}
+
+#[tokio::test]
+async fn read_committed_skips_an_aborted_transaction_and_read_uncommitted_does_not() {
+    let topic = common::unique_name("consumer_modes_tx");
+    common::create_topic(&topic, 1, &[]).await;
+    let (committed, uncommitted) = tokio::task::spawn_blocking(move || {
+        produce_aborted_then_committed(&topic, 3, 2);
+        (
+            run_without_inbox(&topic, "read_committed"),
+            run_without_inbox(&topic, "read_uncommitted"),
+        )
+    })
+    .await
+    .expect("produce and consume");
+    assert_eq!(
+        committed.0,
+        Counts {
+            records: 2,
+            duplicates: 0
+        },
+        "read_committed log:\n{}",
+        committed.1
+    );
+    assert_eq!(
+        uncommitted.0,
+        Counts {
+            records: 5,
+            duplicates: 0
+        },
+        "read_uncommitted log:\n{}",
+        uncommitted.1
+    );
+}
+
+#[tokio::test]
+async fn with_the_inbox_a_repeated_event_id_is_applied_once() {
+    let schema = common::unique_name("consumer_modes_inbox");
+    let admin = common::admin_client().await;
+    admin
+        .batch_execute(&format!(
+            "CREATE SCHEMA {schema};
+             CREATE TABLE {schema}.processed_events (consumer_name text NOT NULL, event_id uuid NOT NULL,
+                                                     PRIMARY KEY (consumer_name, event_id));
+             -- No unique key: a second application would be a second row.
+             CREATE TABLE {schema}.effects (event_id uuid, order_id text, sku text, qty int);"
+        ))
+        .await
+        .expect("inbox tables");
+    let topic = common::unique_name("consumer_modes_inbox");
+    common::create_topic(&topic, 2, &[]).await;
+    let inbox_table = format!("{schema}.processed_events");
+    let effects_table = format!("{schema}.effects");
+    let log = tokio::task::spawn_blocking(move || {
+        produce_plain(&topic, &repeated_sends());
+        let pg_url = common::pg_admin_url();
+        run_consumer(
+            &topic,
+            &[
+                "--pg-url",
+                &pg_url,
+                "--inbox-table",
+                &inbox_table,
+                "--effects-table",
+                &effects_table,
+            ],
+        )
+    })
+    .await
+    .expect("produce and consume");
+    let last = final_line(&log);
+    assert_eq!(
+        (
+            field(last, "records"),
+            field(last, "duplicates"),
+            field(last, "applied")
+        ),
+        (8, 3, 5),
+        "log:\n{log}"
+    );
+    let (rows, distinct): (i64, i64) = {
+        let row = admin
+            .query_one(
+                &format!("SELECT count(*), count(DISTINCT event_id) FROM {schema}.effects"),
+                &[],
+            )
+            .await
+            .expect("count the effects");
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(
+        (rows, distinct),
+        (5, 5),
+        "one effect per event; log:\n{log}"
+    );
+    admin
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .expect("drop the inbox schema");
+}
+
+#[test]
+fn the_inbox_mode_without_a_database_is_refused_with_the_way_out() {
+    // Bounded even if it wrongly started consuming.
+    let out = Command::new(env!("CARGO_BIN_EXE_reference-consumer"))
+        .args(["--exit-after-idle-ms", "1000"])
+        .env("NO_COLOR", "1")
+        .env_remove("CONSUMER_PG_URL")
+        .env_remove("CONSUMER_NO_INBOX")
+        .output()
+        .expect("run the reference consumer");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--pg-url") && stderr.contains("--no-inbox"),
+        "{stderr}"
+    );
+}
