@@ -11,12 +11,14 @@ use tokio::sync::watch;
 
 use super::infra::Infra;
 use super::procs::{
-    CONNECTOR_FAILPOINTS, CONNECTOR_SHUTDOWN_FAILPOINT, CONSUMER_FAILPOINTS, Death, Kind, Launcher,
-    Plan, Proc, tail,
+    CONNECTOR_SHUTDOWN_FAILPOINT, CONSUMER_FAILPOINTS, Death, Kind, Launcher, Plan, Proc,
+    connector_failpoints, tail,
 };
 use super::rng::Rng;
 use super::schema::{Names, work_dir};
-use super::verify::{DbState, KafkaReader, Tp, Verdict, Window, offsets_advanced, verify};
+use super::verify::{
+    DbState, Delivery, KafkaReader, Tp, Verdict, Window, offsets_advanced, verify,
+};
 use super::workload::{self, TxRecord, Workload};
 use super::{Admin, admin_client, kafka_bootstrap, unique_name};
 
@@ -35,6 +37,12 @@ pub struct Options {
     /// with at least one fired; the Kafka outage, the PostgreSQL restart and
     /// the invariants are still required. Default 1: every failpoint must fire.
     pub every_failpoint: bool,
+    /// `OUTBOX_CDC_CHAOS_MODE=exactly-once` (default `at-least-once`): the
+    /// connector runs with `[delivery] mode = "exactly-once"`, its two
+    /// transaction failpoints are planned and required too, the slot is never
+    /// lost (`outbox-cdc repair` stays at-least-once by design), and the
+    /// verdict allows no duplicate at all (tests/chaos_exactly_once.rs).
+    pub exactly_once: bool,
 }
 
 fn env_num<T: std::str::FromStr>(var: &str, default: T) -> T {
@@ -47,14 +55,36 @@ fn env_num<T: std::str::FromStr>(var: &str, default: T) -> T {
     }
 }
 
+/// `OUTBOX_CDC_CHAOS_MODE`: whether the run is exactly-once.
+fn exactly_once_from_env() -> bool {
+    const VAR: &str = "OUTBOX_CDC_CHAOS_MODE";
+    match std::env::var(VAR) {
+        Err(std::env::VarError::NotPresent) => false,
+        Ok(v) => match v.trim() {
+            "" | "at-least-once" => false,
+            "exactly-once" => true,
+            other => panic!(
+                "{VAR}={other:?} is not a delivery mode: use at-least-once (the default) or exactly-once"
+            ),
+        },
+        Err(e) => panic!("{VAR}: {e}"),
+    }
+}
+
 impl Options {
     pub fn from_env() -> Options {
+        Options::from_env_with_cycles(50)
+    }
+
+    /// As [`Options::from_env`], with `default_cycles` when
+    /// `OUTBOX_CDC_SOAK_CYCLES` is not set.
+    pub fn from_env_with_cycles(default_cycles: u64) -> Options {
         let time_seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1);
         Options {
-            cycles: env_num("OUTBOX_CDC_SOAK_CYCLES", 50),
+            cycles: env_num("OUTBOX_CDC_SOAK_CYCLES", default_cycles),
             seed: env_num("OUTBOX_CDC_CHAOS_SEED", time_seed),
             workload: Workload {
                 writers: env_num("OUTBOX_CDC_CHAOS_WRITERS", 2),
@@ -63,6 +93,15 @@ impl Options {
             },
             partitioned: env_num("OUTBOX_CDC_CHAOS_PARTITIONED", 0u8) == 1,
             every_failpoint: env_num("OUTBOX_CDC_CHAOS_EVERY_FAILPOINT", 1u8) != 0,
+            exactly_once: exactly_once_from_env(),
+        }
+    }
+
+    fn delivery(&self) -> Delivery {
+        if self.exactly_once {
+            Delivery::ExactlyOnce
+        } else {
+            Delivery::AtLeastOnce
         }
     }
 }
@@ -116,17 +155,24 @@ impl Tally {
 }
 
 /// One plan per start; the first starts of each kind walk through every
-/// failpoint and stop mode once; after that a failpoint of this kind that has
-/// not fired yet (its process died another way first) is planned again, with
-/// a small hit count, and otherwise plans are drawn at random.
-fn next_plan(kind: Kind, start: u32, fired: &BTreeMap<String, u64>, rng: &mut Rng) -> Plan {
-    let modes: u64 = match kind {
-        Kind::Connector => 7,
-        Kind::Consumer => 6,
-    };
-    let points: &[&'static str] = match kind {
-        Kind::Connector => &CONNECTOR_FAILPOINTS,
-        Kind::Consumer => &CONSUMER_FAILPOINTS,
+/// failpoint (`points`: the slot's) and stop mode once; after that a
+/// failpoint of this kind that has not fired yet (its process died another
+/// way first) is planned again, with a small hit count, and otherwise plans
+/// are drawn at random.
+///
+/// Modes, in walking order: the connector's failpoints, then SIGTERM in
+/// shutdown, kill -9, SIGTERM; the consumer's failpoints, then kill -9, SIGTERM.
+fn next_plan(
+    kind: Kind,
+    points: &[&'static str],
+    start: u32,
+    fired: &BTreeMap<String, u64>,
+    rng: &mut Rng,
+) -> Plan {
+    let n_points = points.len() as u64;
+    let modes = match kind {
+        Kind::Connector => n_points + 3,
+        Kind::Consumer => n_points + 2,
     };
     if u64::from(start) > modes
         && let Some(point) = points
@@ -142,32 +188,38 @@ fn next_plan(kind: Kind, start: u32, fired: &BTreeMap<String, u64>, rng: &mut Rn
         u64::from(start) - 1
     } else {
         // Failpoints twice as likely as the other modes.
-        let m = rng.range(0, modes + 3);
-        if m >= modes { rng.range(0, 3) } else { m }
+        let m = rng.range(0, modes + n_points - 1);
+        if m >= modes {
+            rng.range(0, n_points - 1)
+        } else {
+            m
+        }
     };
     let after = |rng: &mut Rng| rng.millis(300, 3000);
-    match (kind, mode) {
-        (Kind::Connector, 0..=3) => {
-            let point = CONNECTOR_FAILPOINTS[mode as usize];
-            let n = if point == "after-persist-before-status-update" {
-                rng.range(1, 6)
-            } else {
-                rng.range(1, 40)
-            };
-            Plan::Failpoint { point, n }
-        }
-        (Kind::Connector, 4) => Plan::TermInShutdown { after: after(rng) },
-        (Kind::Connector, 5) | (Kind::Consumer, 4) => Plan::Kill { after: after(rng) },
-        (Kind::Connector, _) | (Kind::Consumer, 5) => Plan::Term { after: after(rng) },
-        (Kind::Consumer, _) => Plan::Failpoint {
-            point: CONSUMER_FAILPOINTS[mode as usize % 4],
-            n: rng.range(1, 25),
-        },
+    if mode < n_points {
+        let point = points[mode as usize];
+        let n = match (kind, point) {
+            (Kind::Consumer, _) => rng.range(1, 25),
+            (Kind::Connector, "after-persist-before-status-update") => rng.range(1, 6),
+            // Once per Kafka transaction, a few each second while writers run.
+            (Kind::Connector, "before-kafka-commit" | "after-kafka-commit-before-persist") => {
+                rng.range(1, 20)
+            }
+            (Kind::Connector, _) => rng.range(1, 40),
+        };
+        return Plan::Failpoint { point, n };
+    }
+    match (kind, mode - n_points) {
+        (Kind::Connector, 0) => Plan::TermInShutdown { after: after(rng) },
+        (Kind::Connector, 1) | (Kind::Consumer, 0) => Plan::Kill { after: after(rng) },
+        _ => Plan::Term { after: after(rng) },
     }
 }
 
 struct Slot {
     kind: Kind,
+    /// The failpoints planned for this kind in this run.
+    points: Vec<&'static str>,
     proc: Option<Proc>,
     starts: u32,
     respawn_at: Instant,
@@ -182,12 +234,16 @@ pub async fn run(opts: Options) {
         );
     }
     super::verify::self_check();
+    if opts.exactly_once {
+        super::verify::reader_self_check(&kafka_bootstrap()).await;
+    }
     let infra = Infra::from_env();
     let names = Names::new(unique_name("chaos"), opts.partitioned);
     let dir = work_dir(&names.base);
     eprintln!(
-        "chaos: seed={} cycles={} writers={} tx_per_sec={} aggregates={} partitioned={} files in {}",
+        "chaos: seed={} mode={} cycles={} writers={} tx_per_sec={} aggregates={} partitioned={} files in {}",
         opts.seed,
+        mode_name(opts.exactly_once),
         opts.cycles,
         opts.workload.writers,
         opts.workload.tx_per_sec,
@@ -208,7 +264,11 @@ pub async fn run(opts: Options) {
         .get(0);
     let offsets = dir.join("offsets");
     let config_path = dir.join("connector.toml");
-    std::fs::write(&config_path, names.connector_config(&offsets)).expect("write connector config");
+    std::fs::write(
+        &config_path,
+        names.connector_config(&offsets, opts.exactly_once),
+    )
+    .expect("write connector config");
     let launcher = Launcher {
         connector_config: config_path,
         consumer_args: names.consumer_args(),
@@ -248,7 +308,13 @@ pub async fn run(opts: Options) {
     }
     let admin = admin_client().await;
     let db = DbState::read(&admin, &names).await;
-    let mut verdict = verify(&ledger, &db, &reader.records, &tally.windows);
+    let mut verdict = verify(
+        &ledger,
+        &db,
+        &reader.records,
+        &tally.windows,
+        opts.delivery(),
+    );
     verdict.malformed = reader.malformed.clone();
     let confirmed_at_end: Option<Lsn> = admin
         .query_opt(
@@ -284,17 +350,22 @@ pub async fn run(opts: Options) {
                 "chaos: audit rows={} records={} missing={} phantoms={} duplicates={} order_violations={}",
                 a.rows, a.records, a.missing, a.phantoms, a.duplicates, a.order_violations
             );
+            // The audit reads read_committed too: under exactly-once delivery
+            // it must see no duplicate either.
             let agrees = a.rows as usize == verdict.events
                 && a.missing as usize == verdict.lost.len()
                 && a.phantoms as usize == verdict.phantoms.len()
-                && (a.order_violations == 0) == verdict.order_violations.is_empty();
+                && (a.order_violations == 0) == verdict.order_violations.is_empty()
+                && (!opts.exactly_once || a.duplicates == 0);
             if !agrees {
                 verdict.progress.push(format!(
-                    "outbox-cdc audit disagrees with the ledger (events {}, lost {}, phantoms {}, order violations {}):\n{}",
+                    "outbox-cdc audit disagrees with the ledger (events {}, lost {}, phantoms {}, order violations {}, duplicates {} under {}):\n{}",
                     verdict.events,
                     verdict.lost.len(),
                     verdict.phantoms.len(),
                     verdict.order_violations.len(),
+                    verdict.duplicates,
+                    mode_name(opts.exactly_once),
                     a.to_text()
                 ));
             }
@@ -314,7 +385,11 @@ pub async fn run(opts: Options) {
             &format!("invariants violated:\n{}", verdict.details()),
         );
     }
-    let coverage = coverage_gaps(&tally, opts.every_failpoint);
+    let coverage = coverage_gaps(
+        &tally,
+        &connector_failpoints(opts.exactly_once),
+        opts.every_failpoint,
+    );
     if !coverage.is_empty() {
         fail(
             opts.seed,
@@ -346,6 +421,7 @@ async fn chaos(
     // The slot must exist before anything is written: it only sees later changes.
     let mut connector = Slot {
         kind: Kind::Connector,
+        points: connector_failpoints(opts.exactly_once),
         proc: Some(launcher.spawn(Kind::Connector, Plan::Steady, 0)),
         starts: 0,
         respawn_at: Instant::now(),
@@ -378,6 +454,7 @@ async fn chaos(
     names.create_topics().await;
     let mut consumer = Slot {
         kind: Kind::Consumer,
+        points: CONSUMER_FAILPOINTS.to_vec(),
         proc: Some(launcher.spawn(Kind::Consumer, Plan::Steady, 0)),
         starts: 0,
         respawn_at: Instant::now(),
@@ -415,12 +492,15 @@ async fn chaos(
     let writer_app = workload::application_name(&names.base);
     let mut next_writer_kill = rng.range(2, 6);
     // Once per run, half-way: the slot is lost while writers commit, and
-    // `outbox-cdc repair` republishes the gap from the outbox table.
+    // `outbox-cdc repair` republishes the gap from the outbox table. Not in
+    // an exactly-once run: the repair is at-least-once by design (it may
+    // duplicate), which that run's verdict does not allow.
+    let slot_loss = !opts.exactly_once;
     let mut slot_lost_at = opts.cycles / 2;
     while tally.cycles < opts.cycles
         || (tally.kafka_outages as usize) < kafka_at.len()
         || (tally.pg_restarts as usize) < pg_at.len()
-        || tally.slot_repairs == 0
+        || (slot_loss && tally.slot_repairs == 0)
     {
         if t0.elapsed() > budget {
             return Err(format!(
@@ -462,7 +542,7 @@ async fn chaos(
                 tally.add_window(before, reader.watermarks(Duration::from_secs(30)), None);
             }
         }
-        if tally.slot_repairs == 0 && tally.cycles >= slot_lost_at {
+        if slot_loss && tally.slot_repairs == 0 && tally.cycles >= slot_lost_at {
             let before = reader.watermarks(Duration::from_secs(5));
             if let Some(mut p) = connector.proc.take() {
                 p.abandon();
@@ -612,7 +692,13 @@ async fn step(
     let Some(p) = slot.proc.as_mut() else {
         if Instant::now() >= slot.respawn_at {
             slot.starts += 1;
-            let plan = next_plan(slot.kind, slot.starts, &tally.failpoint_hits, rng);
+            let plan = next_plan(
+                slot.kind,
+                &slot.points,
+                slot.starts,
+                &tally.failpoint_hits,
+                rng,
+            );
             slot.proc = Some(launcher.spawn(slot.kind, plan, slot.starts));
         }
         return Ok(());
@@ -889,10 +975,14 @@ async fn drain(
     }
 }
 
-fn coverage_gaps(tally: &Tally, every_failpoint: bool) -> Vec<String> {
+fn coverage_gaps(
+    tally: &Tally,
+    connector_points: &[&'static str],
+    every_failpoint: bool,
+) -> Vec<String> {
     let mut gaps = Vec::new();
     let mut unfired = Vec::new();
-    let points = CONNECTOR_FAILPOINTS
+    let points = connector_points
         .iter()
         .chain([&CONNECTOR_SHUTDOWN_FAILPOINT])
         .map(|p| format!("connector:{p}"))
@@ -925,10 +1015,21 @@ fn coverage_gaps(tally: &Tally, every_failpoint: bool) -> Vec<String> {
     gaps
 }
 
+fn mode_name(exactly_once: bool) -> &'static str {
+    if exactly_once {
+        "exactly-once"
+    } else {
+        "at-least-once"
+    }
+}
+
 fn report(opts: &Options, tally: &Tally, v: &Verdict, redeliveries: usize) {
     eprintln!(
-        "chaos: seed={} cycles={} missed_failpoints={}",
-        opts.seed, tally.cycles, tally.missed_failpoints
+        "chaos: seed={} mode={} cycles={} missed_failpoints={}",
+        opts.seed,
+        mode_name(opts.exactly_once),
+        tally.cycles,
+        tally.missed_failpoints
     );
     for (what, n) in &tally.deaths {
         eprintln!("chaos:   {what}: {n}");

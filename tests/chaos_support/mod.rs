@@ -4,8 +4,9 @@
 //! stopped and PostgreSQL restarted on the way. At the end the four invariants
 //! of the seed are checked (see `verify`).
 //!
-//! Only tests/chaos.rs includes this module: it stops shared servers, so it
-//! must run alone in its test binary.
+//! Included by tests/chaos.rs, tests/chaos_partitioned.rs and
+//! tests/chaos_exactly_once.rs, each a one-test binary: the run stops shared
+//! servers, so it must run alone in its test binary.
 #![allow(dead_code)]
 
 pub mod harness;

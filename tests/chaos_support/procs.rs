@@ -43,6 +43,20 @@ pub const CONNECTOR_FAILPOINTS: [&str; 4] = [
     "after-ack-before-persist",
     "after-persist-before-status-update",
 ];
+/// The connector's points around the Kafka transaction's commit: reached only
+/// with `[delivery] mode = "exactly-once"` (never in at-least-once mode).
+pub const EXACTLY_ONCE_FAILPOINTS: [&str; 2] =
+    ["before-kafka-commit", "after-kafka-commit-before-persist"];
+
+/// The connector's points a run plans and requires (besides the shutdown one).
+pub fn connector_failpoints(exactly_once: bool) -> Vec<&'static str> {
+    let mut points = CONNECTOR_FAILPOINTS.to_vec();
+    if exactly_once {
+        points.extend(EXACTLY_ONCE_FAILPOINTS);
+    }
+    points
+}
+
 /// Armed together with a SIGTERM.
 pub const CONNECTOR_SHUTDOWN_FAILPOINT: &str = "during-shutdown";
 pub const CONSUMER_FAILPOINTS: [&str; 4] = [

@@ -23,6 +23,9 @@ pub struct Names {
     pub publication: String,
     pub slot: String,
     pub topic_prefix: String,
+    /// `[delivery] offsets_topic` of an exactly-once run: outside the
+    /// `topic_prefix.` namespace, so neither the reader nor the consumer reads it.
+    pub offsets_topic: String,
     pub group: String,
     pub consumer_name: String,
     /// The outbox is hash-partitioned on aggregate_id (three leaves, published
@@ -43,6 +46,7 @@ impl Names {
             publication: format!("pub_{base}"),
             slot: format!("slot_{base}"),
             topic_prefix: base.clone(),
+            offsets_topic: format!("offsets_{base}"),
             group: format!("g_{base}"),
             consumer_name: format!("inventory_{base}"),
             base,
@@ -84,7 +88,7 @@ impl Names {
         }
     }
 
-    /// Deletes the run's topics (after a passing run).
+    /// Deletes the run's topics and offsets topic (after a passing run).
     pub async fn delete_topics(&self) {
         use rdkafka::admin::{AdminClient, AdminOptions};
         use rdkafka::client::DefaultClientContext;
@@ -94,7 +98,8 @@ impl Names {
         else {
             return;
         };
-        let names = self.topics();
+        let mut names = self.topics();
+        names.push(self.offsets_topic.clone());
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         let _ = admin.delete_topics(&refs, &AdminOptions::new()).await;
     }
@@ -156,8 +161,23 @@ impl Names {
         )
     }
 
-    /// The connector's configuration file.
-    pub fn connector_config(&self, offsets: &Path) -> String {
+    /// The connector's configuration file; `exactly_once` adds the
+    /// `[delivery]` section of the transactional mode, with short batches:
+    /// many Kafka transactions, so many commits for the crash points to hit.
+    pub fn connector_config(&self, offsets: &Path, exactly_once: bool) -> String {
+        let delivery = if exactly_once {
+            format!(
+                r#"
+[delivery]
+mode = "exactly-once"
+max_batch_ms = 50
+offsets_topic = "{}"
+"#,
+                self.offsets_topic
+            )
+        } else {
+            String::new()
+        };
         format!(
             r#"
 [postgres]
@@ -187,7 +207,7 @@ listen = ""
 [retry]
 initial_backoff_ms = 100
 max_backoff_ms = 1000
-"#,
+{delivery}"#,
             url = pg_url(),
             slot = self.slot,
             publication = self.publication,

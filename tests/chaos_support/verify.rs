@@ -9,6 +9,10 @@
 //! 4. per aggregate, first deliveries arrive in increasing sequence within one
 //!    partition; and duplicates are counted and must each straddle a crash or
 //!    outage boundary (the in-flight window), never sit within one session.
+//!
+//! With `[delivery] mode = "exactly-once"` ([`Delivery::ExactlyOnce`]) the
+//! reader, a `read_committed` consumer like any application's, must see each
+//! event exactly once: any duplicate is a violation, whatever crash preceded it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -46,7 +50,19 @@ impl Rec {
     }
 }
 
-/// Reads the run's topics from the beginning, incrementally.
+/// Reads the run's topics from the beginning, incrementally, as a
+/// `read_committed` consumer: the records of aborted Kafka transactions
+/// (exactly-once mode) are skipped, as an application's consumer skips them.
+///
+/// A transactional topic also holds commit and abort markers: each takes an
+/// offset and is never returned to a consumer, and a read_committed consumer
+/// can read only up to the last stable offset (the first offset of the oldest
+/// open transaction), not up to the high watermark. So the ends are asked
+/// with the same isolation level (the broker then answers the last stable
+/// offset), and how far the reader got is the consumer's position, which
+/// moves past the markers and aborted records it skipped, never "the last
+/// record's offset + 1": a partition whose last entry is a marker would
+/// never look read. Without transactions both are the same as before.
 pub struct KafkaReader {
     consumer: BaseConsumer,
     /// Metadata and end offsets come from this client, never from `consumer`:
@@ -66,11 +82,15 @@ impl KafkaReader {
             .set("group.id", super::unique_name("chaos_reader"))
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")
+            .set("isolation.level", "read_committed")
             .create()
             .expect("create the verification reader");
         let meta: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", bootstrap)
             .set("allow.auto.create.topics", "false")
+            // The ends it answers are then the last stable offsets (librdkafka
+            // sends its isolation level in ListOffsets).
+            .set("isolation.level", "read_committed")
             .create()
             .expect("create the verification reader's metadata client");
         KafkaReader {
@@ -83,7 +103,9 @@ impl KafkaReader {
         }
     }
 
-    /// High watermark of every partition of the run's topics.
+    /// End of every partition of the run's topics for a read_committed
+    /// reader: the last stable offset, which is the high watermark while no
+    /// Kafka transaction is open (always, in at-least-once mode).
     pub fn watermarks(&self, timeout: Duration) -> Result<BTreeMap<Tp, i64>, String> {
         let md = self
             .meta
@@ -106,7 +128,7 @@ impl KafkaReader {
         Ok(out)
     }
 
-    /// Reads up to the current end of every partition.
+    /// Reads up to the current end (see [`KafkaReader::watermarks`]) of every partition.
     pub fn catch_up(&mut self, timeout: Duration) -> Result<(), String> {
         let deadline = Instant::now() + timeout;
         let ends = self.watermarks(Duration::from_secs(10))?;
@@ -136,7 +158,8 @@ impl KafkaReader {
             if let Some(Ok(m)) = self.consumer.poll(Duration::from_millis(200)) {
                 {
                     let tp = (m.topic().to_owned(), m.partition());
-                    self.next.insert(tp, m.offset() + 1);
+                    let next = self.next.entry(tp).or_insert(0);
+                    *next = (*next).max(m.offset() + 1);
                     let header = |name: &str| {
                         m.headers()
                             .and_then(|h| h.iter().find(|x| x.key == name).and_then(|x| x.value))
@@ -161,6 +184,26 @@ impl KafkaReader {
                     }
                     self.records.push(rec);
                 }
+            }
+            self.follow_position()?;
+        }
+        Ok(())
+    }
+
+    /// Moves `next` up to the consumer's position: past the transaction
+    /// markers and aborted records that a poll consumed without returning.
+    fn follow_position(&mut self) -> Result<(), String> {
+        let position = self
+            .consumer
+            .position()
+            .map_err(|e| format!("the reader's position: {e}"))?;
+        for e in position.elements() {
+            if let Offset::Offset(at) = e.offset() {
+                let next = self
+                    .next
+                    .entry((e.topic().to_owned(), e.partition()))
+                    .or_insert(0);
+                *next = (*next).max(at);
             }
         }
         Ok(())
@@ -242,6 +285,16 @@ impl DbState {
     }
 }
 
+/// The delivery contract the run holds the connector to (`[delivery] mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// A duplicate must straddle a crash or outage, and its transaction must
+    /// have ended after the offset stored at that crash.
+    AtLeastOnce,
+    /// No duplicate at all among the committed records (read_committed).
+    ExactlyOnce,
+}
+
 /// Findings; every list holds printable details of one violation each.
 #[derive(Debug, Default)]
 pub struct Verdict {
@@ -265,6 +318,8 @@ pub struct Verdict {
     /// Invariant 4.
     pub order_violations: Vec<String>,
     pub unexplained_duplicates: Vec<String>,
+    /// Invariant 4 under [`Delivery::ExactlyOnce`]: every event read twice.
+    pub exactly_once_duplicates: Vec<String>,
     pub malformed: Vec<String>,
     /// The connector's progress, checked by the harness: the stored offset
     /// and the slot after each crash, and catching up while idle.
@@ -307,6 +362,10 @@ impl Verdict {
             (
                 "duplicates outside any crash/outage window",
                 &self.unexplained_duplicates,
+            ),
+            (
+                "events read more than once although delivery is exactly-once (read_committed)",
+                &self.exactly_once_duplicates,
             ),
             (
                 "records without event_id/aggregate_sequence headers",
@@ -404,8 +463,16 @@ impl Window {
     }
 }
 
-/// `windows`: every crash and outage of the run; a duplicate must straddle one.
-pub fn verify(ledger: &[TxRecord], db: &DbState, records: &[Rec], windows: &[Window]) -> Verdict {
+/// `windows`: every crash and outage of the run; under
+/// [`Delivery::AtLeastOnce`] a duplicate must straddle one, under
+/// [`Delivery::ExactlyOnce`] none may exist.
+pub fn verify(
+    ledger: &[TxRecord],
+    db: &DbState,
+    records: &[Rec],
+    windows: &[Window],
+    delivery: Delivery,
+) -> Verdict {
     let mut v = Verdict::default();
 
     // 1. Ledger against tables.
@@ -526,7 +593,8 @@ pub fn verify(ledger: &[TxRecord], db: &DbState, records: &[Rec], windows: &[Win
     }
 
     // 4a. Duplicates only across crash/outage boundaries, and only of
-    // transactions that ended after the offset stored at that crash.
+    // transactions that ended after the offset stored at that crash; none at
+    // all under exactly-once delivery.
     let ended_by: HashMap<&str, Lsn> = ledger
         .iter()
         .filter_map(|tx| tx.ended_by.map(|end| (tx, end)))
@@ -535,6 +603,16 @@ pub fn verify(ledger: &[TxRecord], db: &DbState, records: &[Rec], windows: &[Win
     for (id, recs) in &copies {
         let mut recs: Vec<&&Rec> = recs.iter().collect();
         recs.sort_by_key(|r| (r.partition, r.offset));
+        if delivery == Delivery::ExactlyOnce && recs.len() > 1 {
+            v.exactly_once_duplicates.push(format!(
+                "event {id}: {} copies, at {}",
+                recs.len(),
+                recs.iter()
+                    .map(|r| r.place())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
         for pair in recs.windows(2) {
             let (a, b) = (pair[0], pair[1]);
             if a.topic != b.topic || a.partition != b.partition {
@@ -544,6 +622,9 @@ pub fn verify(ledger: &[TxRecord], db: &DbState, records: &[Rec], windows: &[Win
                     b.place()
                 ));
                 continue;
+            }
+            if delivery == Delivery::ExactlyOnce {
+                continue; // listed above: no crash excuses it
             }
             let tp = (a.topic.clone(), a.partition);
             let straddled: Vec<&Window> = windows
@@ -773,6 +854,7 @@ pub fn self_check() {
         &good_db(),
         &good_records,
         std::slice::from_ref(&window),
+        Delivery::AtLeastOnce,
     );
     assert!(
         v.is_clean(),
@@ -780,6 +862,42 @@ pub fn self_check() {
         v.details()
     );
     assert_eq!((v.events, v.duplicates, v.unknown_committed), (4, 1, 1));
+
+    // Exactly-once: the same resend across the same crash is a violation
+    // (no window excuses it); without the resend the run is clean.
+    let v = verify(
+        &ledger,
+        &good_db(),
+        &good_records,
+        std::slice::from_ref(&window),
+        Delivery::ExactlyOnce,
+    );
+    assert!(
+        !v.is_clean()
+            && v.exactly_once_duplicates.len() == 1
+            && v.exactly_once_duplicates[0].starts_with("event e1: 2 copies")
+            && v.unexplained_duplicates.is_empty()
+            && v.soak_line(1).contains(" duplicates=1 "),
+        "harness self-check: a duplicate under exactly-once delivery was not flagged:\n{}",
+        v.details()
+    );
+    let once: Vec<Rec> = good_records[..2]
+        .iter()
+        .chain(&good_records[3..])
+        .cloned()
+        .collect();
+    let v = verify(
+        &ledger,
+        &good_db(),
+        &once,
+        std::slice::from_ref(&window),
+        Delivery::ExactlyOnce,
+    );
+    assert!(
+        v.is_clean() && v.duplicates == 0,
+        "harness self-check: a clean exactly-once run was flagged:\n{}",
+        v.details()
+    );
 
     // Broken: the same resend after a crash whose stored offset already
     // covered transaction 1 (a connector that re-sends acknowledged work).
@@ -792,6 +910,7 @@ pub fn self_check() {
         &good_db(),
         &good_records,
         std::slice::from_ref(&acked_window),
+        Delivery::AtLeastOnce,
     );
     assert!(
         v.unexplained_duplicates.len() == 1 && v.unexplained_duplicates[0].contains("acknowledged"),
@@ -835,7 +954,7 @@ pub fn self_check() {
         rec("e4", "b", 1, 1, 0),
         rec("e9", "c", 1, 1, 1),
     ];
-    let v = verify(&ledger, &db, &records, &[]);
+    let v = verify(&ledger, &db, &records, &[], Delivery::AtLeastOnce);
     for (what, list) in [
         ("rolled-back row", &v.outbox_mismatches),
         ("lost", &v.lost),
@@ -851,4 +970,93 @@ pub fn self_check() {
             v.details()
         );
     }
+}
+
+/// The reader against a real transactional topic, before an exactly-once
+/// run: two committed records, an aborted one, a committed one, and one in a
+/// transaction still open. The reader must return exactly the committed
+/// records and end at the open transaction (the last stable offset), then
+/// read the last record once it commits. A reader that counted its progress
+/// from the records it saw would wait for the marker at the end for ever.
+pub async fn reader_self_check(bootstrap: &str) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+
+    const TIMEOUT: Duration = Duration::from_secs(30);
+    let prefix = super::unique_name("chaos_reader_check");
+    let topic = format!("{prefix}.order");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("create the Kafka admin client");
+    let options = AdminOptions::new();
+    let created = admin
+        .create_topics(
+            [&NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
+            &options,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("harness self-check: creating topic {topic}: {e}"));
+    if let Some(Err((t, code))) = created.into_iter().next() {
+        panic!("harness self-check: creating topic {t}: {code}");
+    }
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("transactional.id", &prefix)
+        .create()
+        .expect("create the self-check's transactional producer");
+    let step = |what: &str, r: rdkafka::error::KafkaResult<()>| {
+        r.unwrap_or_else(|e| panic!("harness self-check: {what} on {topic}: {e}"))
+    };
+    let send = |event_id: &str| {
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "event_id",
+                value: Some(event_id),
+            })
+            .insert(Header {
+                key: "aggregate_sequence",
+                value: Some("1"),
+            });
+        let record = BaseRecord::to(&topic)
+            .key("k")
+            .payload("{}")
+            .headers(headers);
+        step("send", producer.send(record).map_err(|(e, _)| e));
+    };
+    step("init_transactions", producer.init_transactions(TIMEOUT));
+    step("begin", producer.begin_transaction());
+    send("a");
+    send("b");
+    step("commit", producer.commit_transaction(TIMEOUT));
+    step("begin", producer.begin_transaction());
+    send("aborted");
+    step("flush", producer.flush(TIMEOUT)); // in the log before the abort
+    step("abort", producer.abort_transaction(TIMEOUT));
+    step("begin", producer.begin_transaction());
+    send("c");
+    step("commit", producer.commit_transaction(TIMEOUT));
+    step("begin", producer.begin_transaction());
+    send("d");
+    step("flush", producer.flush(TIMEOUT));
+
+    let mut reader = KafkaReader::new(bootstrap, &prefix);
+    let read = |reader: &mut KafkaReader, expected: &[&str]| {
+        reader.catch_up(TIMEOUT).unwrap_or_else(|e| {
+            panic!(
+                "harness self-check: the reader did not end on the transactional topic {topic}: {e}"
+            )
+        });
+        let ids: Vec<&str> = reader.records.iter().map(|r| r.event_id.as_str()).collect();
+        assert_eq!(
+            ids, expected,
+            "harness self-check: what a read_committed reader returns from {topic}"
+        );
+    };
+    read(&mut reader, &["a", "b", "c"]);
+    step("commit", producer.commit_transaction(TIMEOUT));
+    read(&mut reader, &["a", "b", "c", "d"]);
+    let _ = admin.delete_topics(&[&topic], &options).await;
 }
