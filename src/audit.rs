@@ -28,7 +28,7 @@ use std::time::Duration;
 use futures_util::{StreamExt as _, pin_mut};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 use tokio_postgres::Client;
 
@@ -491,28 +491,9 @@ async fn for_each_row(
 /// A Kafka consumer with the connection and security settings of `[kafka]`
 /// (producer settings left out), reading committed records only.
 fn consumer(config: &Config) -> Result<BaseConsumer, AuditError> {
-    const CONNECTION: [&str; 7] = [
-        "bootstrap.servers",
-        "security.",
-        "ssl.",
-        "sasl.",
-        "socket.",
-        "broker.",
-        "client.",
-    ];
-    let mut client = ClientConfig::new();
-    for (key, value) in config.kafka.iter() {
-        if CONNECTION
-            .iter()
-            .any(|p| key == *p || (p.ends_with('.') && key.starts_with(p)))
-        {
-            client.set(key, value);
-        }
-    }
+    let mut client = crate::sink::read_committed_config(&config.kafka);
     client
         .set("group.id", "outbox-cdc-audit")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "false")
         // librdkafka reads ahead up to 64 MiB a partition by default; the
         // audit reads one topic at a time and needs little buffered (without

@@ -82,6 +82,163 @@ pub struct Config {
     /// `[prune]`: deleting published outbox rows older than a retention.
     #[serde(default)]
     pub prune: PruneSettings,
+    /// `[delivery]`: at-least-once (default) or exactly-once into Kafka.
+    #[serde(default)]
+    pub delivery: DeliverySettings,
+}
+
+/// `[delivery]`: what a Kafka consumer can count on (DESIGN.md §14,
+/// docs/guarantees.md).
+///
+/// `at-least-once` (default): the idempotent producer; after a crash the
+/// records in flight may be published again (consumers dedupe by `event_id`).
+/// `exactly-once`: a transactional producer; one Kafka transaction carries
+/// whole PostgreSQL transactions plus a marker record in `offsets_topic`, and
+/// the acknowledged LSN is stored only after the Kafka transaction committed,
+/// so a `read_committed` consumer sees every event once across any crash.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeliverySettings {
+    #[serde(default)]
+    pub mode: DeliveryMode,
+    /// Kafka's `transaction.timeout.ms` (default 60000): the broker aborts a
+    /// transaction open longer than this. One PostgreSQL transaction must be
+    /// published within it (at most the broker's `transaction.max.timeout.ms`,
+    /// 900000 by default).
+    #[serde(default = "default_transaction_timeout_ms")]
+    pub transaction_timeout_ms: u64,
+    /// The compacted topic of the markers (created if missing).
+    #[serde(default = "default_offsets_topic")]
+    pub offsets_topic: String,
+    /// A Kafka transaction is committed at the first PostgreSQL commit after
+    /// it holds this many events (default 1000) ...
+    #[serde(default = "default_max_batch_events")]
+    pub max_batch_events: usize,
+    /// ... or this many bytes of records (default 4 MiB) ...
+    #[serde(default = "default_max_batch_bytes")]
+    pub max_batch_bytes: usize,
+    /// ... or has been open this long (default 100 ms): the latency bound at
+    /// low traffic.
+    #[serde(default = "default_max_batch_ms")]
+    pub max_batch_ms: u64,
+}
+
+/// `[delivery] mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeliveryMode {
+    #[default]
+    AtLeastOnce,
+    ExactlyOnce,
+}
+
+impl DeliveryMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryMode::AtLeastOnce => "at-least-once",
+            DeliveryMode::ExactlyOnce => "exactly-once",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for DeliveryMode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        match text.as_str() {
+            "at-least-once" => Ok(DeliveryMode::AtLeastOnce),
+            "exactly-once" => Ok(DeliveryMode::ExactlyOnce),
+            other => Err(serde::de::Error::custom(format!(
+                "delivery.mode {other:?}: allowed \"at-least-once\" or \"exactly-once\""
+            ))),
+        }
+    }
+}
+
+fn default_transaction_timeout_ms() -> u64 {
+    60_000
+}
+fn default_offsets_topic() -> String {
+    "outbox-cdc.offsets".into()
+}
+fn default_max_batch_events() -> usize {
+    1000
+}
+fn default_max_batch_bytes() -> usize {
+    4 * 1024 * 1024
+}
+fn default_max_batch_ms() -> u64 {
+    100
+}
+
+impl Default for DeliverySettings {
+    fn default() -> Self {
+        DeliverySettings {
+            mode: DeliveryMode::default(),
+            transaction_timeout_ms: default_transaction_timeout_ms(),
+            offsets_topic: default_offsets_topic(),
+            max_batch_events: default_max_batch_events(),
+            max_batch_bytes: default_max_batch_bytes(),
+            max_batch_ms: default_max_batch_ms(),
+        }
+    }
+}
+
+impl DeliverySettings {
+    pub fn exactly_once(&self) -> bool {
+        self.mode == DeliveryMode::ExactlyOnce
+    }
+
+    pub fn transaction_timeout(&self) -> Duration {
+        Duration::from_millis(self.transaction_timeout_ms)
+    }
+
+    pub fn max_batch_age(&self) -> Duration {
+        Duration::from_millis(self.max_batch_ms)
+    }
+
+    fn validate(&self, limits: &LimitSettings) -> Result<(), ConfigError> {
+        if !(1_000..=900_000).contains(&self.transaction_timeout_ms) {
+            return Err(ConfigError::invalid(
+                "delivery.transaction_timeout_ms",
+                self.transaction_timeout_ms,
+                "1000 to 900000 (and at most the broker's transaction.max.timeout.ms)",
+            ));
+        }
+        if self.max_batch_ms == 0 || self.max_batch_ms > self.transaction_timeout_ms / 4 {
+            return Err(ConfigError::invalid(
+                "delivery.max_batch_ms",
+                self.max_batch_ms,
+                format!(
+                    "1 to a quarter of delivery.transaction_timeout_ms ({})",
+                    self.transaction_timeout_ms / 4
+                ),
+            ));
+        }
+        if self.max_batch_events == 0 || self.max_batch_events > limits.max_in_flight_events {
+            return Err(ConfigError::invalid(
+                "delivery.max_batch_events",
+                self.max_batch_events,
+                format!(
+                    "1 to limits.max_in_flight_events ({})",
+                    limits.max_in_flight_events
+                ),
+            ));
+        }
+        if self.max_batch_bytes < 1024 {
+            return Err(ConfigError::invalid(
+                "delivery.max_batch_bytes",
+                self.max_batch_bytes,
+                "at least 1024",
+            ));
+        }
+        crate::outbox::topic::validate_topic_name(&self.offsets_topic).map_err(|reason| {
+            ConfigError::invalid(
+                "delivery.offsets_topic",
+                &self.offsets_topic,
+                format!("a legal Kafka topic name ({reason})"),
+            )
+        })?;
+        Ok(())
+    }
 }
 
 /// `[audit]`: the connector follows each aggregate's `aggregate_sequence` as
@@ -718,6 +875,7 @@ impl Config {
         }
         self.monitor.validate(&self.outbox.message_prefix)?;
         self.prune.validate()?;
+        self.delivery.validate(&self.limits)?;
         self.topics.validate()?;
         self.outbox.validate()?;
         match self.kafka.validate() {
@@ -898,6 +1056,10 @@ fn set_topic_config(
 
 /// Keys whose values are not strings; every other key takes the variable's text as is.
 const NUMBER_KEYS: &[&str] = &[
+    "delivery.transaction_timeout_ms",
+    "delivery.max_batch_events",
+    "delivery.max_batch_bytes",
+    "delivery.max_batch_ms",
     "repair.commit_time_margin_ms",
     "repair.occurred_at_margin_ms",
     "postgres.status_interval_ms",

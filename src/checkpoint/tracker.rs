@@ -13,8 +13,14 @@
 //! silently once a publication is narrowed, so a position is acknowledged
 //! only after a proof that began at or after it.
 //!
+//! Exactly-once delivery adds a second bound ([`AckTracker::hold_at_last_commit`]):
+//! while a Kafka transaction is open, its records may be delivered and still
+//! be aborted, so the acked LSN stays at the end of the last PostgreSQL
+//! transaction before the Kafka transaction's first event, until the Kafka
+//! transaction commits ([`AckTracker::release_hold`]).
+//!
 //! Invariant: the front entry, if any, is never finished unless it is a
-//! committed transaction held above the ceiling. Hence "queue empty" is
+//! committed transaction held above the ceiling or the hold. Hence "queue empty" is
 //! exactly "nothing open, nothing in flight, nothing held".
 
 use std::collections::VecDeque;
@@ -126,6 +132,9 @@ pub struct AckTracker {
     stale_tokens: u64,
     /// The acked LSN never passes it; `None`: no ceiling.
     ceiling: Option<Lsn>,
+    /// The acked LSN never passes it either: the position before an open
+    /// Kafka transaction (exactly-once delivery); `None`: none open.
+    hold: Option<Lsn>,
 }
 
 impl AckTracker {
@@ -145,6 +154,7 @@ impl AckTracker {
             in_flight_bytes: 0,
             stale_tokens: 0,
             ceiling: None,
+            hold: None,
         }
     }
 
@@ -168,9 +178,23 @@ impl AckTracker {
         self.pop_finished()
     }
 
-    /// Whether a position is at or below the ceiling.
+    /// A Kafka transaction opens with the open PostgreSQL transaction's
+    /// first event: nothing after the last commit before it is acked until
+    /// [`release_hold`](Self::release_hold). Returns the position held at.
+    pub fn hold_at_last_commit(&mut self) -> Lsn {
+        *self.hold.get_or_insert(self.floor)
+    }
+
+    /// The Kafka transaction committed: what it carried may be acked.
+    /// Returns the new acked LSN if held transactions are now acked.
+    pub fn release_hold(&mut self) -> Option<Lsn> {
+        self.hold = None;
+        self.pop_finished()
+    }
+
+    /// Whether a position is at or below the ceiling and the hold.
     fn proven(&self, lsn: Lsn) -> bool {
-        self.ceiling.is_none_or(|c| lsn <= c)
+        self.ceiling.is_none_or(|c| lsn <= c) && self.hold.is_none_or(|h| lsn <= h)
     }
 
     fn next_seq(&self) -> u64 {
@@ -302,7 +326,10 @@ impl AckTracker {
     /// transaction the server sent before this point is acked, so `wal_end`
     /// itself may become the acked LSN (if greater). Returns it if it advanced.
     pub fn idle_advance(&mut self, wal_end: Lsn) -> Option<Lsn> {
-        let target = self.ceiling.map_or(wal_end, |c| c.min(wal_end));
+        let target = [self.ceiling, self.hold]
+            .into_iter()
+            .flatten()
+            .fold(wal_end, Lsn::min);
         if !self.is_idle() || target <= self.acked {
             return None;
         }

@@ -10,6 +10,7 @@
 //! - any delivery failure stops the session without advancing; the next
 //!   session starts from the durable acked LSN, after a backoff with jitter.
 
+mod batch;
 mod poison;
 mod prune;
 mod repair;
@@ -145,6 +146,28 @@ pub enum PipelineError {
     /// another table: stopped before acknowledging past it.
     #[error(transparent)]
     Unaccounted(#[from] Unaccounted),
+    /// Exactly-once: one PostgreSQL transaction kept a Kafka transaction open
+    /// for most of its timeout; it cannot be published whole in one.
+    #[error(
+        "the PostgreSQL transaction after LSN {after} has kept a Kafka transaction open for {open_for:?} \
+         ({events} events so far), three quarters of delivery.transaction_timeout_ms ({timeout_ms}): \
+         it cannot be published in one Kafka transaction. Raise delivery.transaction_timeout_ms (at most \
+         the broker's transaction.max.timeout.ms, default 900000) and, if Kafka is slow to take the \
+         records, limits.max_in_flight_events; then restart"
+    )]
+    TransactionTooLarge {
+        after: Lsn,
+        events: usize,
+        open_for: Duration,
+        timeout_ms: u64,
+    },
+    /// Exactly-once: another process streams from the slot; this one waits
+    /// instead of fencing it (the HA standby's wait).
+    #[error(
+        "replication slot {slot:?} is in use by PID {pid}: exactly-once delivery starts its transactional \
+         producer only once the slot is free (starting it would fence the instance that streams); retrying"
+    )]
+    SlotBusy { slot: String, pid: i32 },
 }
 
 impl PipelineError {
@@ -168,7 +191,9 @@ impl PipelineError {
                 RecordRefused => Stop,
                 Retry | Stop => Retry,
             },
-            PipelineError::StreamEnded | PipelineError::Parked { .. } => Retry,
+            PipelineError::StreamEnded
+            | PipelineError::Parked { .. }
+            | PipelineError::SlotBusy { .. } => Retry,
             PipelineError::Refused(_)
             | PipelineError::Protocol { .. }
             | PipelineError::Config { .. }
@@ -179,7 +204,8 @@ impl PipelineError {
             | PipelineError::CoverageLost(_)
             | PipelineError::RepairRefused { .. }
             | PipelineError::SequenceGap(_)
-            | PipelineError::Unaccounted(_) => Stop,
+            | PipelineError::Unaccounted(_)
+            | PipelineError::TransactionTooLarge { .. } => Stop,
         }
     }
 }

@@ -21,8 +21,9 @@ use crate::pg::{
     ReplicationEvent, StreamOptions,
 };
 use crate::pgoutput::{self, Message, RelationCache};
-use crate::sink::{DeliveryReport, KafkaSink};
+use crate::sink::{DeliveryReport, KafkaSink, Marker};
 
+use super::batch::BatchPolicy;
 use super::poison::{PoisonPolicyRouter, Route, row_as_json};
 use super::repair;
 use super::resume::{self, ResumeInputs, ResumePlan, StartRefused};
@@ -50,6 +51,14 @@ struct OpenTx {
     commit_time: PgTimestamp,
     /// Already acknowledged before a restart: its events are dropped, not re-sent.
     replayed: bool,
+}
+
+/// Exactly-once delivery in a session (`[delivery] mode = "exactly-once"`).
+struct Transactions {
+    policy: BatchPolicy,
+    /// Where this stream's markers go.
+    topic: String,
+    partition: i32,
 }
 
 /// SQLSTATE `cannot_connect_now`: "the database system is shutting down".
@@ -113,6 +122,11 @@ pub(crate) struct Session<'a> {
     /// A persist running on a blocking thread (one at a time); its result is
     /// the only way a new flush position reaches the feedback handle.
     persisting: Option<JoinHandle<Result<Persisted, StoreError>>>,
+    /// Exactly-once delivery's Kafka transactions; `None`: at least once.
+    transactions: Option<Transactions>,
+    /// The commit time of the last transaction read past the resume point
+    /// (a marker carries it).
+    last_commit_time: Option<PgTimestamp>,
 }
 
 /// What one persist made durable.
@@ -142,6 +156,7 @@ struct Started {
     skip_through: Lsn,
     /// What was reported to PostgreSQL at the start (see `Session::reported`).
     reported: Lsn,
+    transactions: Option<Transactions>,
 }
 
 /// How long the start-up waits for the broker to accept (or refuse) the
@@ -164,7 +179,9 @@ async fn bootstrap(
     let mapper = OutboxMapper::new(&config.outbox)?;
 
     // The producer first: a Kafka property librdkafka refuses fails here,
-    // before anything is done on the database.
+    // before anything is done on the database. A transactional producer's
+    // id needs the cluster's identity: it is created below, and this one
+    // only checks the properties.
     let (sink, reports) = KafkaSink::with_topics(&config.kafka, &config.topics)?;
     // A password, CA or client certificate the broker refuses stops here,
     // with its cause, before anything is done on the database.
@@ -199,8 +216,22 @@ async fn bootstrap(
         return Err(StartRefused::StandbyDecodingUnsupported { server_version }.into());
     }
 
-    let stored = store.load(slot)?;
     let slot_info = control::slot_info(&client, slot).await?;
+    let (sink, reports, transactions) = if config.delivery.exactly_once() {
+        drop(sink);
+        let pending = store.pending_repair(slot)?.is_some();
+        start_transactions(
+            config,
+            store,
+            &identity.system_id,
+            slot_info.as_ref(),
+            pending,
+        )
+        .await?
+    } else {
+        (sink, reports, None)
+    };
+    let stored = store.load(slot)?;
     let pending = store.pending_repair(slot)?;
     let mut created_at: Option<PgTimestamp> = None;
     // Both ways into a gap repair (an interrupted one, a lost slot) end here.
@@ -355,7 +386,70 @@ async fn bootstrap(
         on_standby,
         skip_through,
         reported,
+        transactions,
     }))
+}
+
+/// Exactly-once start (DESIGN.md §14): the transactional producer, fencing
+/// any older one of this stream, then the last committed marker; a marker
+/// beyond the stored offset becomes the stored offset (the resume point is
+/// the greater of the two). Refused while another process holds the slot:
+/// a standby waiting for the slot must not fence the instance that streams.
+async fn start_transactions(
+    config: &Config,
+    store: &Arc<OffsetStore>,
+    system_id: &str,
+    slot_info: Option<&control::SlotInfo>,
+    repair_pending: bool,
+) -> Result<
+    (
+        KafkaSink<InFlight>,
+        mpsc::UnboundedReceiver<DeliveryReport<InFlight>>,
+        Option<Transactions>,
+    ),
+    PipelineError,
+> {
+    let slot = config.postgres.slot.as_str();
+    if let Some(pid) = slot_info.and_then(|s| s.active_pid) {
+        return Err(PipelineError::SlotBusy {
+            slot: slot.to_owned(),
+            pid,
+        });
+    }
+    let delivery = &config.delivery;
+    let id = crate::sink::transactional_id(system_id, slot);
+    let timeout = delivery.transaction_timeout();
+    let (sink, reports) = KafkaSink::transactional(&config.kafka, &config.topics, &id, timeout)?;
+    tokio::task::block_in_place(|| sink.init_transactions(timeout))?;
+    let key = Marker::key(system_id, slot);
+    let topic = delivery.offsets_topic.clone();
+    let partition = sink.offsets_partition(&topic, &key).await?;
+    let marker = tokio::task::block_in_place(|| {
+        crate::sink::read_marker(&config.kafka, &topic, partition, system_id, slot, timeout)
+    })?;
+    let stored = store.load(slot)?;
+    info!(slot, transactional_id = %id, offsets_topic = %topic, marker = ?marker.as_ref().map(|m| m.lsn),
+        stored = ?stored.as_ref().map(|s| s.lsn), "exactly-once delivery: transactional producer ready");
+    if let Some(marker) = marker
+        && !repair_pending
+        && stored
+            .as_ref()
+            .is_none_or(|s| s.system_id == system_id && s.lsn < marker.lsn)
+    {
+        // Committed in Kafka, not yet stored here (a crash between the two,
+        // or a store lost or new): what the marker covers is published.
+        warn!(slot, marker = %marker.lsn, stored = ?stored.as_ref().map(|s| s.lsn),
+            "the last committed Kafka transaction is beyond the stored offset: resuming after it");
+        tokio::task::block_in_place(|| {
+            store.persist_acked(slot, marker.lsn, system_id, marker.commit_time)
+        })?;
+    }
+    let transactions = Transactions {
+        policy: BatchPolicy::new(delivery),
+        topic,
+        partition,
+    };
+    Ok((sink, reports, Some(transactions)))
 }
 
 /// Where the streaming loop is.
@@ -429,6 +523,8 @@ impl<'a> Session<'a> {
             replaying: started.reported < started.durable.lsn(),
             dirty_since: (started.reported < started.durable.lsn()).then(Instant::now),
             persisting: None,
+            transactions: started.transactions,
+            last_commit_time: None,
         };
         (session, started.stream)
     }
@@ -478,7 +574,7 @@ impl<'a> Session<'a> {
                         phase = Phase::Finishing { since: Instant::now() };
                     }
                 }
-                _ = tick.tick() => self.on_tick()?,
+                _ = tick.tick() => self.on_tick().await?,
                 done = async {
                     match self.persisting.as_mut() {
                         Some(running) => running.await,
@@ -586,13 +682,26 @@ impl<'a> Session<'a> {
                         ));
                     }
                     debug!(end_lsn = %commit.end_lsn, "dropped a transaction acknowledged before the restart");
-                } else if self
-                    .tracker
-                    .commit(commit.end_lsn)
-                    .map_err(|e| protocol(lsn, e))?
-                    .is_some()
-                {
-                    self.mark_dirty();
+                } else {
+                    if self
+                        .tracker
+                        .commit(commit.end_lsn)
+                        .map_err(|e| protocol(lsn, e))?
+                        .is_some()
+                    {
+                        self.mark_dirty();
+                    }
+                    self.last_commit_time = Some(tx.commit_time);
+                    let now = Instant::now();
+                    let crowded = self.tracker.pending_transactions()
+                        >= self.config.limits.max_in_flight_events;
+                    if self
+                        .transactions
+                        .as_ref()
+                        .is_some_and(|t| crowded || t.policy.due_at_commit(now))
+                    {
+                        self.commit_kafka_transaction(commit.end_lsn).await?;
+                    }
                 }
                 self.feedback.set_written(commit.end_lsn);
             }
@@ -740,6 +849,8 @@ impl<'a> Session<'a> {
             .map_err(|e| protocol(lsn, e))?;
         let produced_at = Instant::now();
         self.observe_arrival(commit_time, produced_at);
+        let size = event.size_bytes();
+        self.begin_kafka_transaction()?;
         let in_flight = InFlight {
             token,
             commit_time,
@@ -752,14 +863,20 @@ impl<'a> Session<'a> {
         if let Err((source, in_flight)) = self.sink.send_or_return(&event, in_flight).await {
             // Refused before it left (e.g. over message.max.bytes): the same
             // policy as a refusal reported by the broker.
+            let (aggregate_type, aggregate_id) = in_flight
+                .map(|f| (f.aggregate_type, f.aggregate_id))
+                .unwrap_or_default();
             return Err(self.refused(
                 source,
                 lsn,
                 event.event_id.clone(),
-                in_flight.aggregate_type,
-                in_flight.aggregate_id,
+                aggregate_type,
+                aggregate_id,
                 dead_lettered,
             ));
+        }
+        if let Some(t) = self.transactions.as_mut() {
+            t.policy.added(size);
         }
         crate::failpoint!("after-produce-before-ack");
         self.metrics.set_in_flight(
@@ -930,7 +1047,105 @@ impl<'a> Session<'a> {
         }
     }
 
-    fn on_tick(&mut self) -> Result<(), PipelineError> {
+    /// Exactly-once: the first event after a Kafka commit begins the next
+    /// Kafka transaction, and nothing after the last PostgreSQL commit is
+    /// acknowledged until it commits.
+    fn begin_kafka_transaction(&mut self) -> Result<(), PipelineError> {
+        let Some(t) = self.transactions.as_mut() else {
+            return Ok(());
+        };
+        if t.policy.is_open() {
+            return Ok(());
+        }
+        self.sink.begin_transaction()?;
+        t.policy.opened(Instant::now());
+        let held = self.tracker.hold_at_last_commit();
+        debug!(held_at = %held, "Kafka transaction begun");
+        Ok(())
+    }
+
+    /// Exactly-once: ends the open Kafka transaction with the marker of
+    /// `lsn` (the end of the last PostgreSQL transaction in it) and commits
+    /// it; only then may what it carried be acknowledged (persisted in sled
+    /// by the next persist, then reported to PostgreSQL).
+    async fn commit_kafka_transaction(&mut self, lsn: Lsn) -> Result<(), PipelineError> {
+        let Some(t) = self.transactions.as_ref() else {
+            return Ok(());
+        };
+        if !t.policy.is_open() {
+            return Ok(());
+        }
+        let marker = Marker {
+            system_id: self.system_id.clone(),
+            slot: self.config.postgres.slot.clone(),
+            lsn,
+            commit_time: self.last_commit_time,
+        };
+        self.sink
+            .send_marker(&t.topic, t.partition, &marker)
+            .await?;
+        crate::failpoint!("before-kafka-commit");
+        let timeout = self.config.delivery.transaction_timeout();
+        tokio::task::block_in_place(|| self.sink.commit_transaction(timeout))?;
+        crate::failpoint!("after-kafka-commit-before-persist");
+        if let Some(t) = self.transactions.as_mut() {
+            t.policy.closed();
+        }
+        if self.tracker.release_hold().is_some() {
+            self.mark_dirty();
+        }
+        Ok(())
+    }
+
+    /// Exactly-once, when a session ends without committing: the open Kafka
+    /// transaction is aborted now rather than when the next producer starts
+    /// (or the broker's timeout passes), so `read_committed` consumers are
+    /// not held back meanwhile. Nothing it carried was acknowledged.
+    fn abort_kafka_transaction(&mut self) {
+        let Some(t) = self.transactions.as_mut() else {
+            return;
+        };
+        if !t.policy.is_open() {
+            return;
+        }
+        t.policy.closed();
+        let timeout = Duration::from_secs(5);
+        match tokio::task::block_in_place(|| self.sink.abort_transaction(timeout)) {
+            Ok(()) => {
+                info!("aborted the open Kafka transaction; the next session publishes it again")
+            }
+            Err(e) => {
+                warn!(error = %e, "aborting the open Kafka transaction failed; the next producer aborts it")
+            }
+        }
+    }
+
+    /// Exactly-once, on the tick: a batch past `max_batch_ms` is committed
+    /// between PostgreSQL transactions; one PostgreSQL transaction that has
+    /// held a Kafka transaction open too long stops the session.
+    async fn on_tick_transactions(&mut self) -> Result<(), PipelineError> {
+        let Some(t) = self.transactions.as_ref() else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        if self.open.is_none() {
+            if t.policy.due_between(now) {
+                let lsn = self.tracker.last_commit_lsn();
+                self.commit_kafka_transaction(lsn).await?;
+            }
+        } else if let Some((events, open_for)) = t.policy.too_long(now) {
+            return Err(PipelineError::TransactionTooLarge {
+                after: self.tracker.last_commit_lsn(),
+                events,
+                open_for,
+                timeout_ms: self.config.delivery.transaction_timeout_ms,
+            });
+        }
+        Ok(())
+    }
+
+    async fn on_tick(&mut self) -> Result<(), PipelineError> {
+        self.on_tick_transactions().await?;
         self.reprove_coverage()?;
         let flush_every = Duration::from_millis(self.config.offsets.flush_interval_ms);
         if self.dirty_since.is_some_and(|t| t.elapsed() >= flush_every) {
@@ -1230,6 +1445,7 @@ impl<'a> Session<'a> {
                 Ok(None) | Err(_) => break,
             }
         }
+        self.abort_kafka_transaction();
         if !matches!(
             failure,
             PipelineError::CoverageLost(_) | PipelineError::NotCovered(_)
@@ -1259,6 +1475,14 @@ impl<'a> Session<'a> {
             in_flight = self.tracker.in_flight_events(),
             "shutting down: waiting for in-flight deliveries"
         );
+        // Exactly-once: the last batch commits at a transaction boundary, or
+        // (the grace ran out inside a transaction) is aborted and re-sent.
+        if self.open.is_none() {
+            let lsn = self.tracker.last_commit_lsn();
+            self.commit_kafka_transaction(lsn).await?;
+        } else {
+            self.abort_kafka_transaction();
+        }
         while self.tracker.in_flight_events() > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {

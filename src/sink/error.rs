@@ -125,6 +125,50 @@ pub enum SinkError {
     /// A topic outbox-cdc created (or is creating) is not usable yet. Retryable.
     #[error("topic `{topic}` is not ready: {reason}")]
     TopicNotReady { topic: String, reason: String },
+
+    /// A Kafka transaction step failed (`[delivery] mode = "exactly-once"`).
+    /// Nothing of the transaction is acknowledged; the next session resumes
+    /// from the last committed marker.
+    #[error("Kafka transaction {op} failed ({code}): {reason}{}", transaction_fix(*code))]
+    Transaction {
+        op: &'static str,
+        code: RDKafkaErrorCode,
+        reason: String,
+        transactional_id: String,
+    },
+
+    /// The offsets topic holds a marker this connector cannot read, or could
+    /// not be read to its end.
+    #[error("offsets topic `{topic}`: {reason}")]
+    Marker { topic: String, reason: String },
+}
+
+/// Another producer took the transactional id over (a second instance with
+/// the same slot, or a transaction the broker aborted after its timeout).
+pub(super) fn fenced_code(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::Fenced
+    )
+}
+
+fn transaction_fix(code: RDKafkaErrorCode) -> &'static str {
+    if fenced_code(code) {
+        ". This producer was fenced: another outbox-cdc instance started with the same \
+         transactional.id (same cluster and slot) and owns the stream now; this instance stops. \
+         If no other instance runs, the broker fenced a transaction open longer than \
+         delivery.transaction_timeout_ms: raise it (and the broker's transaction.max.timeout.ms) \
+         and restart"
+    } else if matches!(
+        code,
+        RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+    ) {
+        ". Grant this principal WRITE and DESCRIBE on the transactional id (ACL resource \
+         TransactionalId) and IDEMPOTENT_WRITE on the cluster"
+    } else {
+        ""
+    }
 }
 
 fn fatal_context(topic: &Option<String>, event_id: &Option<String>) -> String {
@@ -145,7 +189,9 @@ impl SinkError {
             | SinkError::Fatal { code, .. }
             | SinkError::Flush { code, .. } => Some(*code),
             SinkError::Metadata { code, .. } => *code,
-            SinkError::Config { .. }
+            SinkError::Transaction { code, .. } => Some(*code),
+            SinkError::Marker { .. }
+            | SinkError::Config { .. }
             | SinkError::ClientCreation { .. }
             | SinkError::Task { .. }
             | SinkError::TopicMissing { .. }
@@ -181,6 +227,22 @@ impl SinkError {
         use Disposition::{RecordRefused, Retry, Stop};
         match self {
             SinkError::Config { .. } | SinkError::ClientCreation { .. } => Stop,
+            // A fenced producer stops: another instance owns the transactional id.
+            SinkError::Transaction { code, .. } | SinkError::Fatal { code, .. }
+                if fenced_code(*code) =>
+            {
+                Stop
+            }
+            SinkError::Transaction {
+                code:
+                    RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+                    | RDKafkaErrorCode::ClusterAuthorizationFailed,
+                ..
+            } => Stop,
+            // Aborted or undecided: the next session's producer completes or
+            // aborts it, and the marker says which.
+            SinkError::Transaction { .. } => Retry,
+            SinkError::Marker { .. } => Stop,
             SinkError::Task { .. } | SinkError::TopicNotReady { .. } => Retry,
             SinkError::TopicMissing { .. } => RecordRefused,
             SinkError::Metadata { code: None, .. } => Retry,

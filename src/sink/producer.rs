@@ -76,10 +76,12 @@ impl<T> Carried<T> {
     }
 }
 
-pub(super) type Opaque<T> = Box<Carried<T>>;
+/// `None`: a record of the sink's own (a transaction marker), whose
+/// outcome is the transaction's.
+pub(super) type Opaque<T> = Box<Carried<Option<T>>>;
 
 /// The caller's token out of a record librdkafka refused to take.
-fn take_token<T: Send>(record: BaseRecord<'_, [u8], [u8], Opaque<T>>) -> T {
+fn take_token<T: Send>(record: BaseRecord<'_, [u8], [u8], Opaque<T>>) -> Option<T> {
     record.delivery_opaque.into_inner()
 }
 
@@ -151,7 +153,13 @@ impl<T: Send + 'static> ProducerContext for SinkContext<T> {
     type DeliveryOpaque = Opaque<T>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, opaque: Opaque<T>) {
-        let token = opaque.into_inner();
+        let Some(token) = opaque.into_inner() else {
+            // A marker: a failure fails its transaction's commit.
+            if let Err((err, _)) = result {
+                tracing::warn!(error = %err, "a transaction marker was not delivered");
+            }
+            return;
+        };
         let result = match result {
             Ok(msg) => Ok(Delivered {
                 partition: msg.partition(),
@@ -225,9 +233,11 @@ fn event_id_of(msg: &BorrowedMessage<'_>) -> Option<String> {
 /// receiver is alive, carry `PurgeQueue`/`PurgeInflight`); call
 /// [`flush`](KafkaSink::flush) first for a clean shutdown.
 pub struct KafkaSink<T: Send + 'static> {
-    producer: ThreadedProducer<SinkContext<T>>,
-    topics: Topics,
+    pub(super) producer: ThreadedProducer<SinkContext<T>>,
+    pub(super) topics: Topics,
     queue_full_waits: AtomicU64,
+    /// Set for a transactional producer (`[delivery] mode = "exactly-once"`).
+    pub(super) transactional_id: Option<String>,
 }
 
 /// What [`KafkaSink::new`] and [`KafkaSink::with_topics`] return.
@@ -246,7 +256,27 @@ impl<T: Send + 'static> KafkaSink<T> {
         settings: &KafkaSettings,
         topics: &TopicSettings,
     ) -> Result<NewSink<T>, SinkError> {
-        let config = settings.client_config()?;
+        KafkaSink::create(settings, topics, None)
+    }
+
+    /// `transactional`: the transactional id and `transaction.timeout.ms`
+    /// of an exactly-once producer (see `transactional.rs`).
+    pub(super) fn create(
+        settings: &KafkaSettings,
+        topics: &TopicSettings,
+        transactional: Option<(&str, Duration)>,
+    ) -> Result<NewSink<T>, SinkError> {
+        let mut config = settings.client_config()?;
+        if let Some((id, timeout)) = transactional {
+            // librdkafka requires message.timeout.ms <= transaction.timeout.ms:
+            // a record that cannot be delivered fails its transaction, which
+            // is aborted and replayed whole (DESIGN.md §14).
+            let timeout = timeout.as_millis().to_string();
+            config
+                .set("transactional.id", id)
+                .set("transaction.timeout.ms", &timeout)
+                .set("message.timeout.ms", &timeout);
+        }
         let topics = Topics::new(settings, topics)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let context = SinkContext {
@@ -263,6 +293,7 @@ impl<T: Send + 'static> KafkaSink<T> {
                 producer,
                 topics,
                 queue_full_waits: AtomicU64::new(0),
+                transactional_id: transactional.map(|(id, _)| id.to_owned()),
             },
             rx,
         ))
@@ -283,17 +314,29 @@ impl<T: Send + 'static> KafkaSink<T> {
     }
 
     /// [`send`](Self::send), giving the token back when the record was not
-    /// handed to librdkafka (the caller still owns what it carried).
+    /// handed to librdkafka (the caller still owns what it carried; always
+    /// `Some` for a token given here).
     pub async fn send_or_return(
         &self,
         event: &OutboxEvent,
         token: T,
-    ) -> Result<(), (SinkError, T)> {
+    ) -> Result<(), (SinkError, Option<T>)> {
         if !self.topics.is_known(&event.topic)
             && let Err(e) = self.topics.ensure(&event.topic, &event.event_id).await
         {
-            return Err((e, token));
+            return Err((e, Some(token)));
         }
+        self.send_record(event, Some(token)).await
+    }
+
+    /// Hands one record to librdkafka (waiting while its queue is full);
+    /// `token` (`None` for a transaction marker) comes back when it did not
+    /// enter.
+    pub(super) async fn send_record(
+        &self,
+        event: &OutboxEvent,
+        token: Option<T>,
+    ) -> Result<(), (SinkError, Option<T>)> {
         let mut headers = OwnedHeaders::new_with_capacity(event.headers.len());
         for (key, value) in &event.headers {
             headers = headers.insert(Header {

@@ -234,7 +234,7 @@ async fn record_over_the_producer_limit_is_refused_at_send_as_poison() {
         .expect_err("still too large");
     assert_eq!(
         (err.code(), token),
-        (Some(RDKafkaErrorCode::MessageSizeTooLarge), 7)
+        (Some(RDKafkaErrorCode::MessageSizeTooLarge), Some(7))
     );
     sink.send(&event(topic, "k", 1, 10), 1).await.unwrap();
     let report = collect(&mut rx, 1).await.remove(0);

@@ -303,7 +303,8 @@ impl Topics {
                 self.hint.fix(topic)
             ))),
             TopicState::Missing => {
-                self.create(topic, refused).await?;
+                let s = &self.hint.settings;
+                self.create(topic, s.partitions, &s.config, refused).await?;
                 self.wait_writable(topic, VISIBLE_TIMEOUT).await?;
                 self.remember(topic);
                 Ok(())
@@ -311,18 +312,45 @@ impl Topics {
         }
     }
 
+    /// Makes sure the compacted topic of the exactly-once markers exists:
+    /// created if missing (whatever `topics.create` says) with one partition,
+    /// the configured replication factor and `cleanup.policy=compact`.
+    /// Returns its partition count.
+    pub(super) async fn ensure_compacted(&self, topic: &str) -> Result<usize, SinkError> {
+        let refused = |reason: String| SinkError::Marker {
+            topic: topic.to_owned(),
+            reason,
+        };
+        match self.describe(topic).await? {
+            TopicState::Exists { partitions } => return Ok(partitions),
+            TopicState::Error(code) => {
+                return Err(refused(format!(
+                    "Kafka refuses to describe it ({code}); grant this principal DESCRIBE, READ and \
+                     WRITE on it"
+                )));
+            }
+            TopicState::Missing => {}
+        }
+        let compact = BTreeMap::from([("cleanup.policy".to_owned(), "compact".to_owned())]);
+        self.create(topic, 1, &compact, refused).await?;
+        self.wait_writable(topic, VISIBLE_TIMEOUT).await?;
+        Ok(1)
+    }
+
     async fn create(
         &self,
         topic: &str,
+        partitions: i32,
+        config: &BTreeMap<String, String>,
         refused: impl Fn(String) -> SinkError,
     ) -> Result<(), SinkError> {
         let s = &self.hint.settings;
         let mut new = NewTopic::new(
             topic,
-            s.partitions,
+            partitions,
             TopicReplication::Fixed(s.replication_factor),
         );
-        for (k, v) in &s.config {
+        for (k, v) in config {
             new = new.set(k, v);
         }
         let options = AdminOptions::new()
@@ -358,9 +386,9 @@ impl Topics {
                 Ok(_) => {
                     tracing::info!(
                         topic,
-                        partitions = s.partitions,
+                        partitions,
                         replication_factor = s.replication_factor,
-                        "created missing topic (topics.create = true)"
+                        "created missing topic"
                     );
                 }
                 Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {

@@ -368,6 +368,10 @@ impl ChildProcess {
         self.0.try_wait().expect("wait for the connector")
     }
 
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
     /// SIGKILL, like `kill -9`, and reap.
     pub fn kill9(&mut self) {
         let _ = self.0.kill();
@@ -383,6 +387,12 @@ impl Drop for ChildProcess {
 
 /// Runs the real binary with `config`; its log goes to `<config dir>/connector.log`.
 pub fn spawn_binary(config: &Path) -> ChildProcess {
+    spawn_binary_with(config, &[])
+}
+
+/// [`spawn_binary`] with extra environment variables (e.g. a crash point,
+/// `OUTBOX_CDC_FAILPOINT`, or `OUTBOX_CDC__...` overrides).
+pub fn spawn_binary_with(config: &Path, env: &[(&str, &str)]) -> ChildProcess {
     let log_path = config.with_file_name("connector.log");
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -393,6 +403,7 @@ pub fn spawn_binary(config: &Path) -> ChildProcess {
         .args(["run", "--config"])
         .arg(config)
         .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(log)
@@ -461,10 +472,17 @@ pub fn read_records(
     settle: Duration,
 ) -> Result<Vec<Record>, Vec<Record>> {
     let mut count = 0;
-    read_until(prefix, timeout, settle, expected == 0, |_| {
-        count += 1;
-        count >= expected
-    })
+    read_until(
+        prefix,
+        "read_committed",
+        timeout,
+        settle,
+        expected == 0,
+        |_| {
+            count += 1;
+            count >= expected
+        },
+    )
 }
 
 /// Reads until a record with each of `ids` (header `event_id`) has arrived and
@@ -478,10 +496,40 @@ pub fn read_ids(
     settle: Duration,
 ) -> Result<Vec<Record>, Vec<Record>> {
     let mut waiting: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
-    read_until(prefix, timeout, settle, ids.is_empty(), |r| {
-        waiting.remove(r.header("event_id"));
-        waiting.is_empty()
-    })
+    read_until(
+        prefix,
+        "read_committed",
+        timeout,
+        settle,
+        ids.is_empty(),
+        |r| {
+            waiting.remove(r.header("event_id"));
+            waiting.is_empty()
+        },
+    )
+}
+
+/// Every record of topics matching `^<prefix>\.`, those of aborted Kafka
+/// transactions too (`isolation.level=read_uncommitted`), until `expected`
+/// have arrived and `settle` passed without new ones (`Err` on `timeout`).
+pub fn read_uncommitted(
+    prefix: &str,
+    expected: usize,
+    timeout: Duration,
+    settle: Duration,
+) -> Result<Vec<Record>, Vec<Record>> {
+    let mut count = 0;
+    read_until(
+        prefix,
+        "read_uncommitted",
+        timeout,
+        settle,
+        expected == 0,
+        |_| {
+            count += 1;
+            count >= expected
+        },
+    )
 }
 
 /// Reads every record of topics matching `^<prefix>\.`, passing each new one
@@ -489,6 +537,7 @@ pub fn read_ids(
 /// then `settle` more time without new records.
 fn read_until(
     prefix: &str,
+    isolation: &str,
     timeout: Duration,
     settle: Duration,
     enough_already: bool,
@@ -502,6 +551,7 @@ fn read_until(
         .set("group.id", unique_name("reader"))
         .set("enable.auto.commit", "false")
         .set("allow.auto.create.topics", "false")
+        .set("isolation.level", isolation)
         // Should a partition's position ever be reset, read it again from
         // the start (records read twice are dropped below), never skip to
         // its end as the default `latest` would.

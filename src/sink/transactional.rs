@@ -1,0 +1,331 @@
+//! Exactly-once delivery (`[delivery] mode = "exactly-once"`, DESIGN.md §14):
+//! the transactional producer and the marker records.
+//!
+//! One Kafka transaction carries one or more whole PostgreSQL transactions and
+//! ends with one marker record in a compacted offsets topic, keyed by the
+//! cluster's system identifier and the slot, whose value is the end LSN of
+//! the batch's last PostgreSQL transaction. The marker commits or aborts with
+//! the events, so the last committed marker is exactly how far a
+//! `read_committed` consumer has seen: after any crash the relay resumes after
+//! max(its stored offset, that marker), and nothing is published twice.
+//!
+//! Order of a start (each step needs the one before): `init_transactions`
+//! (it fences any older producer with the same transactional id and completes
+//! or aborts its open transaction), then [`read_marker`] (with
+//! `read_committed`, now that no transaction of ours is undecided).
+//!
+//! The blocking calls (`init`, `commit`, `abort`, `read_marker`) wait on the
+//! network: call them from `block_in_place` or the blocking pool.
+
+use std::borrow::Cow;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::producer::Producer;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::types::RDKafkaErrorCode;
+
+use super::error::SinkError;
+use super::partition::java_partition;
+use super::producer::{KafkaSink, NewSink};
+use super::settings::KafkaSettings;
+use super::topics::TopicSettings;
+use crate::outbox::OutboxEvent;
+use crate::pg::{Lsn, PgTimestamp};
+
+/// The transactional id of one slot of one cluster: stable across restarts,
+/// unique per slot, so a second instance of the same stream fences the first.
+pub fn transactional_id(system_id: &str, slot: &str) -> String {
+    format!("outbox-cdc.{system_id}.{slot}")
+}
+
+/// Where a committed batch ended: what the marker record says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marker {
+    pub system_id: String,
+    pub slot: String,
+    /// The end LSN of the last PostgreSQL transaction in the batch.
+    pub lsn: Lsn,
+    /// That transaction's commit time (what gap repair starts from).
+    pub commit_time: Option<PgTimestamp>,
+}
+
+impl Marker {
+    /// The record key: one key per stream, so compaction keeps the last.
+    pub fn key(system_id: &str, slot: &str) -> String {
+        format!("{system_id}/{slot}")
+    }
+
+    fn value(&self) -> String {
+        serde_json::json!({
+            "system_id": self.system_id,
+            "slot": self.slot,
+            "lsn": self.lsn.to_string(),
+            "commit_time_us": self.commit_time.map(|t| t.0),
+        })
+        .to_string()
+    }
+
+    /// Reads a marker value; `None` when it is not one of ours.
+    fn parse(value: &[u8]) -> Option<Marker> {
+        let v: serde_json::Value = serde_json::from_slice(value).ok()?;
+        Some(Marker {
+            system_id: v.get("system_id")?.as_str()?.to_owned(),
+            slot: v.get("slot")?.as_str()?.to_owned(),
+            lsn: v.get("lsn")?.as_str()?.parse().ok()?,
+            commit_time: v
+                .get("commit_time_us")
+                .and_then(serde_json::Value::as_i64)
+                .map(PgTimestamp),
+        })
+    }
+}
+
+/// A transaction step's error, with what the relay needs to decide.
+fn transaction_error(op: &'static str, err: KafkaError, transactional_id: &str) -> SinkError {
+    let (code, reason) = match &err {
+        KafkaError::Transaction(e) => (e.code(), e.string()),
+        other => (
+            other.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail),
+            other.to_string(),
+        ),
+    };
+    SinkError::Transaction {
+        op,
+        code,
+        reason,
+        transactional_id: transactional_id.to_owned(),
+    }
+}
+
+impl<T: Send + 'static> KafkaSink<T> {
+    /// A transactional producer with `transactional_id` and `timeout` as its
+    /// `transaction.timeout.ms`. Call [`init_transactions`](Self::init_transactions)
+    /// before anything else.
+    pub fn transactional(
+        settings: &KafkaSettings,
+        topics: &TopicSettings,
+        transactional_id: &str,
+        timeout: Duration,
+    ) -> Result<NewSink<T>, SinkError> {
+        KafkaSink::create(settings, topics, Some((transactional_id, timeout)))
+    }
+
+    fn id(&self) -> &str {
+        self.transactional_id.as_deref().unwrap_or("<none>")
+    }
+
+    /// Registers the transactional id with its coordinator: fences older
+    /// producers with the same id and completes or aborts their open
+    /// transaction. Blocking.
+    pub fn init_transactions(&self, timeout: Duration) -> Result<(), SinkError> {
+        self.producer
+            .init_transactions(timeout)
+            .map_err(|e| transaction_error("init", e, self.id()))
+    }
+
+    pub fn begin_transaction(&self) -> Result<(), SinkError> {
+        self.producer
+            .begin_transaction()
+            .map_err(|e| transaction_error("begin", e, self.id()))
+    }
+
+    /// Flushes the transaction's records and commits it. Blocking. After an
+    /// error the transaction's outcome may be unknown (a timeout): the
+    /// caller ends the session, and the next producer's `init_transactions`
+    /// settles it; the marker then says which way.
+    pub fn commit_transaction(&self, timeout: Duration) -> Result<(), SinkError> {
+        self.producer
+            .commit_transaction(timeout)
+            .map_err(|e| transaction_error("commit", e, self.id()))
+    }
+
+    /// Aborts the open transaction (its records stay invisible to
+    /// `read_committed` consumers). Blocking.
+    pub fn abort_transaction(&self, timeout: Duration) -> Result<(), SinkError> {
+        self.producer
+            .abort_transaction(timeout)
+            .map_err(|e| transaction_error("abort", e, self.id()))
+    }
+
+    /// Makes sure the offsets topic exists (creating it compacted); returns
+    /// the partition `marker`s of this stream go to.
+    pub async fn offsets_partition(&self, topic: &str, key: &str) -> Result<i32, SinkError> {
+        let partitions = self.topics.ensure_compacted(topic).await?;
+        Ok(java_partition(
+            key.as_bytes(),
+            i32::try_from(partitions).unwrap_or(i32::MAX),
+        ))
+    }
+
+    /// Adds the marker to the open transaction.
+    pub async fn send_marker(
+        &self,
+        topic: &str,
+        partition: i32,
+        marker: &Marker,
+    ) -> Result<(), SinkError> {
+        let key = Marker::key(&marker.system_id, &marker.slot);
+        let record = OutboxEvent {
+            topic: topic.to_owned(),
+            key: Bytes::from(key.clone()),
+            payload: Bytes::from(marker.value()),
+            headers: vec![(Cow::Borrowed("lsn"), Bytes::from(marker.lsn.to_string()))],
+            timestamp_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64),
+            event_id: format!("marker {key} {}", marker.lsn),
+            aggregate_type: String::new(),
+            aggregate_id: String::new(),
+            aggregate_sequence: None,
+            lsn: marker.lsn,
+            partition: Some(partition),
+        };
+        self.send_record(&record, None).await.map_err(|(e, _)| e)
+    }
+}
+
+/// The last committed marker of `system_id`/`slot` in the offsets topic,
+/// read with `read_committed` to the partition's end as it is now. Blocking
+/// (bounded by `timeout`). Call after `init_transactions`: an undecided
+/// transaction of ours would hold the end back until it times out.
+pub fn read_marker(
+    settings: &KafkaSettings,
+    topic: &str,
+    partition: i32,
+    system_id: &str,
+    slot: &str,
+    timeout: Duration,
+) -> Result<Option<Marker>, SinkError> {
+    let failed = |what: &str, e: KafkaError| SinkError::Marker {
+        topic: topic.to_owned(),
+        reason: format!("{what}: {e}"),
+    };
+    let consumer: BaseConsumer = consumer_config(settings)
+        .create()
+        .map_err(|e| failed("creating the marker reader", e))?;
+    let (low, high) = consumer
+        .fetch_watermarks(topic, partition, timeout)
+        .map_err(|e| failed("reading its end offsets", e))?;
+    if high <= low {
+        return Ok(None);
+    }
+    let mut assignment = TopicPartitionList::new();
+    assignment
+        .add_partition_offset(topic, partition, Offset::Beginning)
+        .map_err(|e| failed("assigning it", e))?;
+    consumer
+        .assign(&assignment)
+        .map_err(|e| failed("assigning it", e))?;
+    let key = Marker::key(system_id, slot);
+    let deadline = Instant::now() + timeout;
+    let mut last = None;
+    // The end is `high` as read above: commit and abort markers occupy
+    // offsets too, so the position (not the last record seen) says when the
+    // reader is past it.
+    while position(&consumer, topic, partition).is_none_or(|p| p < high) {
+        if Instant::now() >= deadline {
+            return Err(SinkError::Marker {
+                topic: topic.to_owned(),
+                reason: format!(
+                    "could not read partition {partition} to offset {high} within {timeout:?} (at {:?}): \
+                     a transaction of another producer may be open on it; retrying",
+                    position(&consumer, topic, partition)
+                ),
+            });
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) if m.key() == Some(key.as_bytes()) => {
+                let value = m.payload().unwrap_or_default();
+                let marker = Marker::parse(value).ok_or_else(|| SinkError::Marker {
+                    topic: topic.to_owned(),
+                    reason: format!(
+                        "the record at partition {partition} offset {} has this stream's key {key:?} \
+                         but is not a marker ({:?}); remove it (produce a tombstone for the key only \
+                         if the stream should start over) and restart",
+                        m.offset(),
+                        String::from_utf8_lossy(value)
+                    ),
+                })?;
+                last = Some(marker);
+            }
+            Some(Ok(_)) | None => {}
+            Some(Err(KafkaError::PartitionEOF(_))) => {}
+            Some(Err(e)) => return Err(failed("reading it", e)),
+        }
+    }
+    Ok(last)
+}
+
+fn position(consumer: &BaseConsumer, topic: &str, partition: i32) -> Option<i64> {
+    let list = consumer.position().ok()?;
+    match list.find_partition(topic, partition)?.offset() {
+        Offset::Offset(o) => Some(o),
+        _ => None,
+    }
+}
+
+/// A consumer configuration with the connection and security settings of
+/// `[kafka]` (the producer's settings left out), reading committed records
+/// only, committing no offsets. The caller names its group.
+pub fn read_committed_config(settings: &KafkaSettings) -> ClientConfig {
+    const CONNECTION: [&str; 7] = [
+        "bootstrap.servers",
+        "security.",
+        "ssl.",
+        "sasl.",
+        "socket.",
+        "broker.",
+        "client.",
+    ];
+    let mut client = ClientConfig::new();
+    for (key, value) in settings.iter() {
+        if CONNECTION
+            .iter()
+            .any(|p| key == *p || (p.ends_with('.') && key.starts_with(p)))
+        {
+            client.set(key, value);
+        }
+    }
+    client
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed");
+    client
+}
+
+fn consumer_config(settings: &KafkaSettings) -> ClientConfig {
+    let mut client = read_committed_config(settings);
+    client
+        .set("group.id", "outbox-cdc-marker-reader")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest");
+    client
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marker_values_round_trip_and_strangers_are_not_markers() {
+        let m = Marker {
+            system_id: "7312".into(),
+            slot: "outbox_cdc".into(),
+            lsn: Lsn::new(0x1_0000_00A0),
+            commit_time: Some(PgTimestamp(849_000_000_123)),
+        };
+        assert_eq!(Marker::parse(m.value().as_bytes()), Some(m.clone()));
+        assert_eq!(Marker::key("7312", "outbox_cdc"), "7312/outbox_cdc");
+        assert_eq!(Marker::parse(b"{\"lsn\":\"0/1\"}"), None);
+        assert_eq!(Marker::parse(b"not json"), None);
+        assert_ne!(
+            transactional_id("7312", "a"),
+            transactional_id("7312", "b"),
+            "one id per slot"
+        );
+    }
+}
