@@ -195,7 +195,7 @@ impl DeliverySettings {
         Duration::from_millis(self.max_batch_ms)
     }
 
-    fn validate(&self, limits: &LimitSettings) -> Result<(), ConfigError> {
+    fn validate(&self) -> Result<(), ConfigError> {
         if !(1_000..=900_000).contains(&self.transaction_timeout_ms) {
             return Err(ConfigError::invalid(
                 "delivery.transaction_timeout_ms",
@@ -213,14 +213,11 @@ impl DeliverySettings {
                 ),
             ));
         }
-        if self.max_batch_events == 0 || self.max_batch_events > limits.max_in_flight_events {
+        if self.max_batch_events == 0 {
             return Err(ConfigError::invalid(
                 "delivery.max_batch_events",
                 self.max_batch_events,
-                format!(
-                    "1 to limits.max_in_flight_events ({})",
-                    limits.max_in_flight_events
-                ),
+                "at least 1",
             ));
         }
         if self.max_batch_bytes < 1024 {
@@ -875,7 +872,7 @@ impl Config {
         }
         self.monitor.validate(&self.outbox.message_prefix)?;
         self.prune.validate()?;
-        self.delivery.validate(&self.limits)?;
+        self.delivery.validate()?;
         self.topics.validate()?;
         self.outbox.validate()?;
         match self.kafka.validate() {
@@ -1214,6 +1211,55 @@ mod tests {
             "{err}"
         );
         assert!(load("\"queue.buffering.max.messages\" = \"10000\"\n").is_ok());
+    }
+
+    #[test]
+    fn delivery_defaults_to_at_least_once_and_takes_exactly_once_from_file_or_environment() {
+        let c = parse(MINIMAL, &[]).unwrap();
+        assert!(!c.delivery.exactly_once());
+        assert_eq!(c.delivery.offsets_topic, "outbox-cdc.offsets");
+        assert_eq!(
+            (c.delivery.max_batch_ms, c.delivery.transaction_timeout_ms),
+            (100, 60_000)
+        );
+        let text = format!("{MINIMAL}\n[delivery]\nmode = \"exactly-once\"\n");
+        assert!(parse(&text, &[]).unwrap().delivery.exactly_once());
+        let env = [
+            ("OUTBOX_CDC__DELIVERY__MODE", "exactly-once"),
+            ("OUTBOX_CDC__DELIVERY__MAX_BATCH_MS", "20"),
+        ];
+        let c = parse(MINIMAL, &env).unwrap();
+        assert!(c.delivery.exactly_once());
+        assert_eq!(c.delivery.max_batch_ms, 20);
+        let bad_mode = parse(&text.replace("exactly-once", "exactly_once"), &[]).unwrap_err();
+        assert!(bad_mode.to_string().contains("at-least-once"), "{bad_mode}");
+        for (var, value, key) in [
+            (
+                "OUTBOX_CDC__DELIVERY__TRANSACTION_TIMEOUT_MS",
+                "999",
+                "delivery.transaction_timeout_ms",
+            ),
+            (
+                "OUTBOX_CDC__DELIVERY__MAX_BATCH_MS",
+                "15001",
+                "delivery.max_batch_ms",
+            ),
+            (
+                "OUTBOX_CDC__DELIVERY__MAX_BATCH_EVENTS",
+                "0",
+                "delivery.max_batch_events",
+            ),
+            (
+                "OUTBOX_CDC__DELIVERY__OFFSETS_TOPIC",
+                "a/b",
+                "delivery.offsets_topic",
+            ),
+        ] {
+            assert_eq!(
+                invalid_key(parse(MINIMAL, &[(var, value)]).unwrap_err()),
+                key
+            );
+        }
     }
 
     #[test]

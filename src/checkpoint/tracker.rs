@@ -458,6 +458,41 @@ mod tests {
         assert_eq!(t.stale_tokens(), 0);
     }
 
+    /// Exactly-once: records Kafka acknowledged inside an open Kafka
+    /// transaction are not acked until it commits; an idle keepalive cannot
+    /// pass the hold either.
+    #[test]
+    fn nothing_is_acked_past_an_open_kafka_transaction() {
+        let mut t = AckTracker::new(lsn(0));
+        let (a, _) = tx(&mut t, 1, 10);
+        assert_eq!(t.delivered(a[0]), Some(lsn(10)), "before any hold");
+        t.begin(ts(2)).unwrap();
+        assert_eq!(t.hold_at_last_commit(), lsn(10), "held at the last commit");
+        let b = t.add_event(5).unwrap();
+        t.commit(lsn(20)).unwrap();
+        let (c, _) = tx(&mut t, 1, 30);
+        assert_eq!(
+            t.hold_at_last_commit(),
+            lsn(10),
+            "a second begin keeps the hold"
+        );
+        assert_eq!(
+            t.delivered(b),
+            None,
+            "delivered inside the open transaction"
+        );
+        assert_eq!(t.delivered(c[0]), None);
+        assert_eq!(t.acked(), lsn(10));
+        assert_eq!(t.idle_advance(lsn(99)), None, "not idle while held");
+        assert_eq!(
+            t.release_hold(),
+            Some(lsn(30)),
+            "the Kafka commit releases both"
+        );
+        assert!(t.is_idle());
+        assert_eq!(t.idle_advance(lsn(99)), Some(lsn(99)));
+    }
+
     #[test]
     fn nothing_is_acked_past_the_last_proof() {
         let mut t = AckTracker::new(lsn(0));

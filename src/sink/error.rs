@@ -487,6 +487,10 @@ mod tests {
     const OTHER: RDKafkaErrorCode = RDKafkaErrorCode::Fail;
 
     fn class_representative(code: RDKafkaErrorCode) -> RDKafkaErrorCode {
+        // Fenced codes are producer-breaking too, but a fenced producer stops.
+        if fenced_code(code) {
+            return RDKafkaErrorCode::ProducerFenced;
+        }
         match (retryable_code(code), poison_code(code), fatal_code(code)) {
             (true, false, false) => TRANSIENT,
             (false, true, false) => REFUSING,
