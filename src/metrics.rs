@@ -122,6 +122,8 @@ pub struct Metrics {
     connected: UnsignedGauge,
     reconnects: Counter,
     sequence_gaps_by_type: Family<Label, Counter>,
+    /// Exactly-once delivery: Kafka transactions by outcome.
+    kafka_transactions: Family<Label, Counter>,
     repair_rows: Counter,
     repair_rows_left: UnsignedGauge,
     pruned_rows: Counter,
@@ -277,6 +279,10 @@ impl Default for Metrics {
             "outbox_cdc_sequence_gaps_total",
             "Events whose aggregate_sequence does not follow the aggregate's last published one (a jump, an old number again, or a first event above 1), by aggregate type",
         );
+        let kafka_transactions = r.counter(
+            "outbox_cdc_kafka_transactions_total",
+            "Kafka transactions of the exactly-once mode, by outcome (committed, aborted)",
+        );
         let repair_rows = r.counter(
             "outbox_cdc_repair_rows_total",
             "Retained outbox rows published again by gap repair after a lost slot",
@@ -331,6 +337,7 @@ impl Default for Metrics {
             connected,
             reconnects,
             sequence_gaps_by_type,
+            kafka_transactions,
             repair_rows,
             repair_rows_left,
             pruned_rows,
@@ -421,6 +428,20 @@ impl Metrics {
         self.sequence_gaps_by_type
             .get_or_create(&label("aggregate_type", aggregate_type))
             .inc();
+    }
+
+    /// One Kafka transaction ended (`committed` or `aborted`).
+    pub fn kafka_transaction(&self, outcome: &'static str) {
+        self.kafka_transactions
+            .get_or_create(&label("outcome", outcome))
+            .inc();
+    }
+
+    /// Kafka transactions that ended with `outcome`.
+    pub fn kafka_transactions(&self, outcome: &'static str) -> u64 {
+        self.kafka_transactions
+            .get(&label("outcome", outcome))
+            .map_or(0, |c| c.get())
     }
 
     /// Sequence gaps counted for `aggregate_type`.
@@ -591,6 +612,7 @@ mod tests {
         m.record_dead_lettered("t.order");
         m.record_sequence_gap("order");
         m.record_sequence_gap("order");
+        m.kafka_transaction("committed");
         m.set_slot(
             Some(&SlotGauges {
                 lag_bytes: Some(1),
@@ -612,7 +634,7 @@ mod tests {
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .filter_map(|l| l.split(' ').next())
             .collect();
-        assert_eq!(typed.len(), 30, "metrics exported:\n{text}");
+        assert_eq!(typed.len(), 31, "metrics exported:\n{text}");
         for name in typed {
             assert!(
                 text.contains(&format!("# HELP {name} ")),

@@ -1088,6 +1088,7 @@ impl<'a> Session<'a> {
         let timeout = self.config.delivery.transaction_timeout();
         tokio::task::block_in_place(|| self.sink.commit_transaction(timeout))?;
         crate::failpoint!("after-kafka-commit-before-persist");
+        self.metrics.kafka_transaction("committed");
         if let Some(t) = self.transactions.as_mut() {
             t.policy.closed();
         }
@@ -1109,6 +1110,7 @@ impl<'a> Session<'a> {
             return;
         }
         t.policy.closed();
+        self.metrics.kafka_transaction("aborted");
         let timeout = Duration::from_secs(5);
         match tokio::task::block_in_place(|| self.sink.abort_transaction(timeout)) {
             Ok(()) => {
