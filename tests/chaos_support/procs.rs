@@ -48,12 +48,15 @@ pub const CONNECTOR_FAILPOINTS: [&str; 4] = [
 pub const EXACTLY_ONCE_FAILPOINTS: [&str; 2] =
     ["before-kafka-commit", "after-kafka-commit-before-persist"];
 
-/// The connector's points a run plans and requires (besides the shutdown one).
+/// The connector's points a run plans and requires (besides the shutdown
+/// one), in the order its first starts walk them: an exactly-once run walks
+/// its transaction points first, so that a short run (10 cycles) reaches them.
 pub fn connector_failpoints(exactly_once: bool) -> Vec<&'static str> {
-    let mut points = CONNECTOR_FAILPOINTS.to_vec();
+    let mut points = Vec::new();
     if exactly_once {
         points.extend(EXACTLY_ONCE_FAILPOINTS);
     }
+    points.extend(CONNECTOR_FAILPOINTS);
     points
 }
 
