@@ -570,6 +570,21 @@ fn read_topic(
         .map_err(|e| kafka("assign", e))?;
     let mut idle_since = std::time::Instant::now();
     while !ends.is_empty() {
+        // Transaction markers and aborted records (exactly-once delivery)
+        // take offsets no record is read at: a partition is done when the
+        // consumer's position has passed its end, whatever was last read.
+        if let Ok(positions) = consumer.position() {
+            for elem in positions.elements_for_topic(topic) {
+                if let Offset::Offset(at) = elem.offset()
+                    && ends.get(&elem.partition()).is_some_and(|end| at >= *end)
+                {
+                    ends.remove(&elem.partition());
+                }
+            }
+            if ends.is_empty() {
+                break;
+            }
+        }
         match consumer.poll(Duration::from_millis(500)) {
             Some(Ok(m)) => {
                 idle_since = std::time::Instant::now();
