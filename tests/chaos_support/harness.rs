@@ -157,8 +157,8 @@ impl Tally {
 /// One plan per start; the first starts of each kind walk through every
 /// failpoint (`points`: the slot's) and stop mode once; after that a
 /// failpoint of this kind that has not fired yet (its process died another
-/// way first) is planned again, with a small hit count, and otherwise plans
-/// are drawn at random.
+/// way first: the connector's shutdown point too) is planned again, with a
+/// small hit count, and otherwise plans are drawn at random.
 ///
 /// Modes, in walking order: the connector's failpoints, then SIGTERM in
 /// shutdown, kill -9, SIGTERM; the consumer's failpoints, then kill -9, SIGTERM.
@@ -174,15 +174,23 @@ fn next_plan(
         Kind::Connector => n_points + 3,
         Kind::Consumer => n_points + 2,
     };
-    if u64::from(start) > modes
-        && let Some(point) = points
+    if u64::from(start) > modes {
+        if let Some(point) = points
             .iter()
             .find(|p| !fired.contains_key(&format!("{}:{p}", kind.name())))
-    {
-        return Plan::Failpoint {
-            point,
-            n: rng.range(1, 3),
-        };
+        {
+            return Plan::Failpoint {
+                point,
+                n: rng.range(1, 3),
+            };
+        }
+        if kind == Kind::Connector
+            && !fired.contains_key(&format!("connector:{CONNECTOR_SHUTDOWN_FAILPOINT}"))
+        {
+            return Plan::TermInShutdown {
+                after: rng.millis(300, 3000),
+            };
+        }
     }
     let mode = if u64::from(start) <= modes {
         u64::from(start) - 1
@@ -497,7 +505,19 @@ async fn chaos(
     // duplicate), which that run's verdict does not allow.
     let slot_loss = !opts.exactly_once;
     let mut slot_lost_at = opts.cycles / 2;
+    // A run that must fire every failpoint goes on past its cycles until they
+    // have, up to twice as many: the connector dies less often than the
+    // consumer, and the cycles count both (coverage_gaps names what is left).
+    let required = required_failpoints(&connector.points);
+    let unwalked = |tally: &Tally| {
+        opts.every_failpoint
+            && tally.cycles < 2 * opts.cycles
+            && required
+                .iter()
+                .any(|p| !tally.failpoint_hits.contains_key(p))
+    };
     while tally.cycles < opts.cycles
+        || unwalked(&tally)
         || (tally.kafka_outages as usize) < kafka_at.len()
         || (tally.pg_restarts as usize) < pg_at.len()
         || (slot_loss && tally.slot_repairs == 0)
@@ -975,6 +995,17 @@ async fn drain(
     }
 }
 
+/// Every failpoint a run plans, as `kind:point` (the keys of
+/// `Tally::failpoint_hits`).
+fn required_failpoints(connector_points: &[&'static str]) -> Vec<String> {
+    connector_points
+        .iter()
+        .chain([&CONNECTOR_SHUTDOWN_FAILPOINT])
+        .map(|p| format!("connector:{p}"))
+        .chain(CONSUMER_FAILPOINTS.iter().map(|p| format!("consumer:{p}")))
+        .collect()
+}
+
 fn coverage_gaps(
     tally: &Tally,
     connector_points: &[&'static str],
@@ -982,12 +1013,7 @@ fn coverage_gaps(
 ) -> Vec<String> {
     let mut gaps = Vec::new();
     let mut unfired = Vec::new();
-    let points = connector_points
-        .iter()
-        .chain([&CONNECTOR_SHUTDOWN_FAILPOINT])
-        .map(|p| format!("connector:{p}"))
-        .chain(CONSUMER_FAILPOINTS.iter().map(|p| format!("consumer:{p}")));
-    for p in points {
+    for p in required_failpoints(connector_points) {
         if !tally.failpoint_hits.contains_key(&p) {
             unfired.push(if p.starts_with("connector:") {
                 format!("{p} (never fired: was the connector built with --features failpoints?)")
