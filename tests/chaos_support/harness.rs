@@ -506,12 +506,14 @@ async fn chaos(
     let slot_loss = !opts.exactly_once;
     let mut slot_lost_at = opts.cycles / 2;
     // A run that must fire every failpoint goes on past its cycles until they
-    // have, up to twice as many: the connector dies less often than the
-    // consumer, and the cycles count both (coverage_gaps names what is left).
+    // have, up to three times as many: the cycles count both processes'
+    // deaths, and the consumer dies far more often (while the connector
+    // started for the idle PostgreSQL restart lives 30 s, the consumer dies
+    // some 30 times). coverage_gaps names what is left.
     let required = required_failpoints(&connector.points);
     let unwalked = |tally: &Tally| {
         opts.every_failpoint
-            && tally.cycles < 2 * opts.cycles
+            && tally.cycles < 3 * opts.cycles
             && required
                 .iter()
                 .any(|p| !tally.failpoint_hits.contains_key(p))
