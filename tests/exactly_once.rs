@@ -81,16 +81,6 @@ fn stored(fx: &Fixture) -> Option<Lsn> {
         .map(|s| s.lsn)
 }
 
-async fn wal_now(fx: &Fixture) -> Lsn {
-    let text: String = fx
-        .admin
-        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
-        .await
-        .expect("pg_current_wal_insert_lsn")
-        .get(0);
-    text.parse().expect("an LSN")
-}
-
 async fn system_id(fx: &Fixture) -> String {
     fx.admin
         .query_one(
@@ -102,6 +92,52 @@ async fn system_id(fx: &Fixture) -> String {
         .get(0)
 }
 
+/// One committed transaction of `n` outbox rows over three aggregates;
+/// returns their event ids.
+async fn write_rows(fx: &Fixture, first: usize, n: usize) -> Vec<String> {
+    let rows: Vec<(&str, String, String)> = (first..first + n)
+        .map(|i| ("order", format!("o{}", i % 3), format!("{{\"n\":{i}}}")))
+        .collect();
+    let refs: Vec<(&str, &str, String)> = rows
+        .iter()
+        .map(|(t, id, payload)| (*t, id.as_str(), payload.clone()))
+        .collect();
+    fx.write_tx(&refs, true).await
+}
+
+/// The connector armed to kill itself at `point` the first time; `extra`
+/// more environment.
+fn crashing_at(config: &Path, point: &str, extra: &[(&str, &str)]) -> ChildProcess {
+    let spec = format!("{point}:1");
+    let mut env = vec![("OUTBOX_CDC_FAILPOINT", spec.as_str())];
+    env.extend_from_slice(extra);
+    spawn_binary_with(config, &env)
+}
+
+/// The stream's last committed marker, read as a start reads it.
+async fn last_marker(fx: &Fixture, offsets_topic: &str) -> outbox_cdc::sink::Marker {
+    let settings: KafkaSettings = [("bootstrap.servers", kafka_bootstrap())]
+        .into_iter()
+        .collect();
+    let system_id = system_id(fx).await;
+    read_marker(
+        &settings,
+        offsets_topic,
+        0,
+        &system_id,
+        &fx.slot,
+        Duration::from_secs(30),
+    )
+    .expect("read the marker")
+    .expect("a marker after a committed transaction")
+}
+
+/// Reads (read_committed) until every committed id arrived; each exactly once.
+fn read_exactly_once(fx: &Fixture, committed: &BTreeSet<String>, when: &str) {
+    let records = consume_ids(&fx.topic_prefix, committed, TIMEOUT, Duration::from_secs(3));
+    assert_exactly_once(&records, committed, when);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashes_around_the_kafka_commit_publish_nothing_twice() {
     init_tracing();
@@ -109,36 +145,19 @@ async fn crashes_around_the_kafka_commit_publish_nothing_twice() {
     let offsets_topic = unique_name("eo_offsets");
     let config = write_config(&fx, &offsets_topic, "max_batch_ms = 50");
     let mut committed = BTreeSet::new();
-    let event = |i: usize| ("order", format!("o{}", i % 3), format!("{{\"n\":{i}}}"));
 
     // 1. Killed with the batch sent but not committed: the next start's
-    //    producer aborts it, and the rows are published again, once.
-    // A batch age long enough for its records to reach the broker before
-    // the kill (they would otherwise die in the producer's queue, unseen).
-    let mut a = spawn_binary_with(
-        &config,
-        &[
-            ("OUTBOX_CDC_FAILPOINT", "before-kafka-commit:1"),
-            ("OUTBOX_CDC__DELIVERY__MAX_BATCH_MS", "1500"),
-        ],
-    );
+    //    producer aborts it, and the rows are published again, once. A batch
+    //    age long enough for its records to reach the broker before the kill
+    //    (they would otherwise die in the producer's queue, unseen).
+    let slow = [("OUTBOX_CDC__DELIVERY__MAX_BATCH_MS", "1500")];
+    let mut a = crashing_at(&config, "before-kafka-commit", &slow);
     fx.wait_for_slot().await;
-    let rows: Vec<_> = (0..3).map(event).collect();
-    let refs: Vec<(&str, &str, String)> = rows
-        .iter()
-        .map(|(t, i, p)| (*t, i.as_str(), p.clone()))
-        .collect();
-    committed.extend(fx.write_tx(&refs, true).await);
+    committed.extend(write_rows(&fx, 0, 3).await);
     let status = wait_dead(&mut a, "killed before the Kafka commit");
     assert!(!status.success(), "{status:?}");
     let mut b = spawn_binary_with(&config, &[]);
-    let records = consume_ids(
-        &fx.topic_prefix,
-        &committed,
-        TIMEOUT,
-        Duration::from_secs(2),
-    );
-    assert_exactly_once(&records, &committed, "after a kill before the commit");
+    read_exactly_once(&fx, &committed, "after a kill before the commit");
     let all = read_uncommitted(&fx.topic_prefix, 6, TIMEOUT, Duration::from_secs(1))
         .unwrap_or_else(|got| {
             panic!(
@@ -151,21 +170,10 @@ async fn crashes_around_the_kafka_commit_publish_nothing_twice() {
 
     // 2. Killed after the commit, before the offset store: the marker is
     //    ahead of the store, and the restart resumes after the marker.
-    let mut c = spawn_binary_with(
-        &config,
-        &[(
-            "OUTBOX_CDC_FAILPOINT",
-            "after-kafka-commit-before-persist:1",
-        )],
-    );
+    let mut c = crashing_at(&config, "after-kafka-commit-before-persist", &[]);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = wal_now(&fx).await;
-    let rows: Vec<_> = (3..5).map(event).collect();
-    let refs: Vec<(&str, &str, String)> = rows
-        .iter()
-        .map(|(t, i, p)| (*t, i.as_str(), p.clone()))
-        .collect();
-    committed.extend(fx.write_tx(&refs, true).await);
+    let before = fx.wal_insert_lsn().await;
+    committed.extend(write_rows(&fx, 3, 2).await);
     let status = wait_dead(&mut c, "killed after the Kafka commit");
     assert!(!status.success(), "{status:?}: {}", log_of(&config));
     assert!(
@@ -173,33 +181,14 @@ async fn crashes_around_the_kafka_commit_publish_nothing_twice() {
         "the store must not have reached the committed transaction ({:?} vs {before})",
         stored(&fx)
     );
-    let settings: KafkaSettings = [("bootstrap.servers", kafka_bootstrap())]
-        .into_iter()
-        .collect();
-    let sid = system_id(&fx).await;
-    let marker = read_marker(
-        &settings,
-        &offsets_topic,
-        0,
-        &sid,
-        &fx.slot,
-        Duration::from_secs(30),
-    )
-    .expect("read the marker")
-    .expect("a marker after a committed transaction");
+    let marker = last_marker(&fx, &offsets_topic).await;
     assert!(
         marker.lsn > before,
         "the marker covers the committed transaction"
     );
     let mut d = spawn_binary_with(&config, &[]);
-    let records = consume_ids(
-        &fx.topic_prefix,
-        &committed,
-        TIMEOUT,
-        Duration::from_secs(3),
-    );
-    assert_exactly_once(
-        &records,
+    read_exactly_once(
+        &fx,
         &committed,
         "after a kill between the commit and the store",
     );
@@ -207,54 +196,23 @@ async fn crashes_around_the_kafka_commit_publish_nothing_twice() {
 
     // 3. The same crash, then the offset store is lost: the marker alone
     //    says where to resume (the slot is behind it).
-    let mut e = spawn_binary_with(
-        &config,
-        &[(
-            "OUTBOX_CDC_FAILPOINT",
-            "after-kafka-commit-before-persist:1",
-        )],
-    );
+    let mut e = crashing_at(&config, "after-kafka-commit-before-persist", &[]);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let rows: Vec<_> = (5..8).map(event).collect();
-    let refs: Vec<(&str, &str, String)> = rows
-        .iter()
-        .map(|(t, i, p)| (*t, i.as_str(), p.clone()))
-        .collect();
-    committed.extend(fx.write_tx(&refs, true).await);
+    committed.extend(write_rows(&fx, 5, 3).await);
     let status = wait_dead(&mut e, "killed after the Kafka commit (store to be wiped)");
     assert!(!status.success(), "{status:?}");
     std::fs::remove_dir_all(fx.offsets_path()).expect("wipe the offset store");
     let confirmed = fx.confirmed_lsn().await;
-    let marker = read_marker(
-        &settings,
-        &offsets_topic,
-        0,
-        &sid,
-        &fx.slot,
-        Duration::from_secs(30),
-    )
-    .expect("read the marker")
-    .expect("a marker");
+    let marker = last_marker(&fx, &offsets_topic).await;
     assert!(
         confirmed < marker.lsn,
         "the slot ({confirmed}) must be behind the marker ({}) for this to prove anything",
         marker.lsn
     );
     let mut f = spawn_binary_with(&config, &[]);
-    let rows: Vec<_> = (8..10).map(event).collect();
-    let refs: Vec<(&str, &str, String)> = rows
-        .iter()
-        .map(|(t, i, p)| (*t, i.as_str(), p.clone()))
-        .collect();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    committed.extend(fx.write_tx(&refs, true).await);
-    let records = consume_ids(
-        &fx.topic_prefix,
-        &committed,
-        TIMEOUT,
-        Duration::from_secs(3),
-    );
-    assert_exactly_once(&records, &committed, "after the store was wiped");
+    committed.extend(write_rows(&fx, 8, 2).await);
+    read_exactly_once(&fx, &committed, "after the store was wiped");
     assert!(
         log_of(&config).contains("resuming after it"),
         "the restart resumed from the marker"
@@ -314,13 +272,7 @@ async fn a_second_instance_fences_a_frozen_one() {
     )
     .expect("second config");
     let mut b = spawn_binary_with(&b_config, &[]);
-    let records = consume_ids(
-        &fx.topic_prefix,
-        &committed,
-        TIMEOUT,
-        Duration::from_secs(2),
-    );
-    assert_exactly_once(&records, &committed, "after the second instance took over");
+    read_exactly_once(&fx, &committed, "after the second instance took over");
     // Thawed once its batch is due: its first act is to commit it.
     tokio::time::sleep(Duration::from_millis(6500).saturating_sub(frozen_at.elapsed())).await;
     signal(pid, "-CONT");
@@ -332,13 +284,7 @@ async fn a_second_instance_fences_a_frozen_one() {
         "the first instance says it was fenced:\n{log}"
     );
     // Nothing of the fenced instance became visible.
-    let records = consume_ids(
-        &fx.topic_prefix,
-        &committed,
-        TIMEOUT,
-        Duration::from_secs(3),
-    );
-    assert_exactly_once(&records, &committed, "after the fenced instance stopped");
+    read_exactly_once(&fx, &committed, "after the fenced instance stopped");
     b.terminate(TIMEOUT);
     fx.cleanup().await;
 }

@@ -182,13 +182,18 @@ max_backoff_ms = 2000
     /// bound of the transaction's end LSN (its Commit `end_lsn`).
     pub async fn write_tx_ended_by(&self, events: &[(&str, &str, String)]) -> (Vec<String>, Lsn) {
         let ids = self.write_tx(events, true).await;
+        (ids, self.wal_insert_lsn().await)
+    }
+
+    /// `pg_current_wal_insert_lsn()` now.
+    pub async fn wal_insert_lsn(&self) -> Lsn {
         let text: String = self
             .admin
             .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
             .await
             .expect("pg_current_wal_insert_lsn")
             .get(0);
-        (ids, text.parse().expect("an LSN"))
+        text.parse().expect("an LSN")
     }
 
     /// Waits until the slot exists (a connector process created it).
