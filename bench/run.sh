@@ -11,16 +11,25 @@
 #           server-side decoding on this machine;
 #       (b) outbox-cdc (release build) drains the other slot into Kafka
 #           (acks=all) until its acked LSN (/metrics outbox_cdc_acked_lsn,
-#           which is persisted and reported to PostgreSQL) reaches the end LSN.
+#           which is persisted and reported to PostgreSQL) reaches the end LSN;
+#           once per connector variant (BENCH_VARIANTS; by default both
+#           delivery modes, at-least-once and exactly-once), each from a slot
+#           of its own. In exactly-once mode the acked LSN moves only after
+#           each Kafka commit, so the figure includes the last commit.
 #     Reported: events/s of both (from process start), their ratio, the
 #     connector's peak RSS (VmHWM).
-#  2. Steady state. pgbench (bench/steady.pgbench: an order row plus its outbox
-#     row through outbox_emit() per transaction) runs BENCH_CLIENTS clients for
-#     BENCH_STEADY_SECONDS at full speed (or BENCH_RATE tps) while the connector
-#     runs. Latency = Kafka consume time minus record timestamp (the commit
-#     time) for every record, read by a consumer started before the load;
-#     the connector's own commit-to-ack histogram is reported beside it. Slot
-#     lag (pg_current_wal_lsn - confirmed_flush_lsn) is sampled every 200 ms.
+#  2. Steady state, once per variant (BENCH_STEADY_VARIANTS), each with its
+#     own slot and topic and the same pgbench settings. pgbench
+#     (bench/steady.pgbench: an order row plus its outbox row through
+#     outbox_emit() per transaction) runs BENCH_CLIENTS clients for
+#     BENCH_STEADY_SECONDS at full speed (or BENCH_RATE tps) while the
+#     connector runs. Latency = Kafka consume time minus record timestamp (the
+#     commit time) for every record, read by a consumer started before the
+#     load with isolation.level=read_committed (for exactly-once, records are
+#     visible only once their Kafka transaction commits; for at-least-once it
+#     makes no difference); the connector's own commit-to-ack histogram is
+#     reported beside it. Slot lag (pg_current_wal_lsn - confirmed_flush_lsn)
+#     is sampled every 200 ms.
 #
 # Output: bench/results/latest.json, bench/results/latest.png (BENCH_OUT sets
 # the directory); intermediate files and logs in target/bench/run-<id>/.
@@ -29,6 +38,7 @@
 #   scripts/env.sh up && bench/run.sh                 # full run (1,000,000 events)
 #   BENCH_EVENTS=200000 BENCH_STEADY_SECONDS=30 bench/run.sh   # quicker
 #   BENCH_PHASES=drain bench/run.sh                   # only the catch-up
+#   BENCH_VARIANTS=at-least-once bench/run.sh         # one delivery mode only
 #
 # Settings (environment):
 #   BENCH_EVENTS=1000000      backlog size per transaction size
@@ -54,16 +64,25 @@
 #                             like the backlog's through the connector's KafkaSink;
 #                             its CPU seconds go to latest.json as producer_floor[]
 #   BENCH_KEEP_RUN_DIR=0      1 keeps target/bench/run-<id>/ (latency samples, logs)
-#   BENCH_VARIANTS="default"  connector variants draining the same backlogs, each
+#   BENCH_VARIANTS="at-least-once exactly-once:OUTBOX_CDC__DELIVERY__MODE=exactly-once"
+#                             connector variants draining the same backlogs, each
 #                             from its own slot: "name[:KEY=VALUE,...]" separated by
 #                             spaces, KEY = an OUTBOX_CDC__* override, BIN (another
 #                             binary) or CONFIG (another config file, e.g. the example
 #                             config of an older commit for its binary), e.g. "default linger50:OUTBOX_CDC__KAFKA__LINGER_MS=50";
-#                             the first is the headline; `;` in a VALUE stands for `,`
-#                             (a list: OUTBOX_CDC__OUTBOX__HEADERS=event_id;event_type)
+#                             the first is the headline (drain.*, steady); the others
+#                             go to drain.variants and steady_variants; `;` in a VALUE
+#                             stands for `,` (a list: OUTBOX_CDC__OUTBOX__HEADERS=event_id;event_type)
+#   BENCH_STEADY_VARIANTS=all "all": the steady phase runs once per variant, one after
+#                             the other (steady = the first's result, steady_variants =
+#                             every one's); "first": only the first variant's
 #   OUTBOX_CDC__*             passed through to the connector (e.g.
 #                             OUTBOX_CDC__KAFKA__LINGER_MS=10); the benchmark sets
-#                             only the URL, slot, topic, offsets path and http.listen.
+#                             only the URL, slot, topic, offsets path and http.listen,
+#                             and for an exactly-once variant (OUTBOX_CDC__DELIVERY__MODE=
+#                             exactly-once) delivery.offsets_topic = bench.<id>.offsets
+#                             unless the variant or the environment names one (so the
+#                             run's markers are dropped with its other topics).
 #
 # Everything the run creates has a unique name (database bench_<id>, slots
 # bench_<id>_*, topics bench.<id>.*) and is dropped at the end, also on failure
@@ -89,6 +108,10 @@ PEER=${BENCH_PEER:-}
 FLOOR=${BENCH_FLOOR:-1}
 [[ $FLOOR == 0 || $FLOOR == 1 ]] || { echo "bench: BENCH_FLOOR=$FLOOR: 0 or 1" >&2; exit 2; }
 [[ -z $PEER || $PEER == debezium ]] || { echo "bench: BENCH_PEER=$PEER: only debezium is known" >&2; exit 2; }
+VARIANTS=${BENCH_VARIANTS:-"at-least-once exactly-once:OUTBOX_CDC__DELIVERY__MODE=exactly-once"}
+STEADY_VARIANTS=${BENCH_STEADY_VARIANTS:-all}
+[[ $STEADY_VARIANTS == all || $STEADY_VARIANTS == first ]] ||
+  { echo "bench: BENCH_STEADY_VARIANTS=$STEADY_VARIANTS: all or first" >&2; exit 2; }
 OUT=${BENCH_OUT:-bench/results}
 PG_BIN=${OUTBOX_CDC_PG_BIN:-/usr/lib/postgresql/15/bin}
 
@@ -214,7 +237,7 @@ json.dump({
 }, open(sys.argv[1], "w"), indent=2)
 PY
 env | grep '^OUTBOX_CDC__' | sed 's|://[^@]*@|://***@|' | sort >"$run/connector_env_overrides.txt" || true
-"$PY" - "$run/config.json" "$run/connector_env_overrides.txt" <<PY
+"$PY" - "$run/config.json" "$run/connector_env_overrides.txt" "$VARIANTS" "$STEADY_VARIANTS" <<PY
 import json, sys
 overrides = dict(l.rstrip("\n").split("=", 1) for l in open(sys.argv[2]) if "=" in l)
 json.dump({
@@ -223,6 +246,7 @@ json.dump({
     "steady_seconds": $STEADY_SECONDS, "clients": $CLIENTS, "threads": $THREADS,
     "rate": "${RATE:-max}", "connector_config": "config/example.toml",
     "connector_env_overrides": overrides,
+    "variants": sys.argv[3].split(), "steady_variants": sys.argv[4],
 }, open(sys.argv[1], "w"), indent=2)
 PY
 
@@ -296,7 +320,7 @@ perf_pid=0
 # perf_pid when BENCH_PERF is set and this is a drain (perf runs the connector
 # as its child, so threads created later, e.g. librdkafka's, are sampled too).
 start_connector() {
-  local slot=$1 name=$2
+  local slot=$1 name=$2 topic_template=${3:-"$topic_prefix.{aggregate_type}"}
   local wrapper=()
   conn_port=$(free_port)
   rm -rf "$run/offsets-$name"
@@ -311,7 +335,7 @@ start_connector() {
   OUTBOX_CDC__POSTGRES__PUBLICATION=outbox_pub \
   OUTBOX_CDC__POSTGRES__CREATE_SLOT=false \
   OUTBOX_CDC__POSTGRES__CREATE_PUBLICATION=false \
-  OUTBOX_CDC__OUTBOX__TOPIC="$topic_prefix.{aggregate_type}" \
+  OUTBOX_CDC__OUTBOX__TOPIC="$topic_template" \
   OUTBOX_CDC__KAFKA__BOOTSTRAP_SERVERS="$OUTBOX_CDC_TEST_KAFKA" \
   OUTBOX_CDC__OFFSETS__PATH="$run/offsets-$name" \
   OUTBOX_CDC__HTTP__LISTEN="127.0.0.1:$conn_port" \
@@ -351,17 +375,54 @@ stop_pid() {
   wait "$pid" 2>/dev/null || true
 }
 
-# --- 1. catch-up ---------------------------------------------------------------
+# --- connector variants ------------------------------------------------------------
 # Variants: "name[:KEY=VALUE[,KEY=VALUE...]]" separated by spaces; KEY is an
-# OUTBOX_CDC__* override or BIN (another connector binary). Each variant drains
-# the same backlog from a slot of its own; the first is the headline.
-VARIANTS=${BENCH_VARIANTS:-default}
+# OUTBOX_CDC__* override, BIN (another connector binary) or CONFIG (another
+# config file). Each variant drains the same backlog from a slot of its own
+# and runs its own steady phase; the first is the headline.
+read -r -a variants <<<"$VARIANTS"
+(( ${#variants[@]} )) || die "BENCH_VARIANTS is empty"
+offsets_topic="$topic_prefix.offsets"
+# Sets conn_env, conn_bin, conn_config and variant_name for variants[$1].
+use_variant() {
+  local v=${variants[$1]} kv kvs
+  variant_name=${v%%:*}
+  conn_env=()
+  conn_bin=$BIN
+  conn_config=config/example.toml
+  if [[ $v == *:* ]]; then
+    IFS=, read -r -a kvs <<<"${v#*:}"
+    for kv in "${kvs[@]}"; do
+      kv=${kv//;/,}  # `;` in a value stands for `,` (list values)
+      case $kv in
+        BIN=*) conn_bin=${kv#BIN=} ;;
+        CONFIG=*) conn_config=${kv#CONFIG=} ;;
+        OUTBOX_CDC__*=*) conn_env+=("$kv") ;;
+        *) die "variant $v: $kv is neither BIN=..., CONFIG=... nor OUTBOX_CDC__...=..." ;;
+      esac
+    done
+  fi
+  # Exactly-once markers go to a topic of the run's (dropped at the end)
+  # instead of the shared default, unless one is named.
+  local mode=${OUTBOX_CDC__DELIVERY__MODE:-} named=${OUTBOX_CDC__DELIVERY__OFFSETS_TOPIC:-}
+  for kv in "${conn_env[@]}"; do
+    case $kv in
+      OUTBOX_CDC__DELIVERY__MODE=*) mode=${kv#*=} ;;
+      OUTBOX_CDC__DELIVERY__OFFSETS_TOPIC=*) named=${kv#*=} ;;
+    esac
+  done
+  if [[ $mode == exactly-once && -z $named ]]; then
+    conn_env+=("OUTBOX_CDC__DELIVERY__OFFSETS_TOPIC=$offsets_topic")
+    [[ " ${topics[*]} " == *" $offsets_topic "* ]] || topics+=("$offsets_topic")
+  fi
+}
+for k in "${!variants[@]}"; do use_variant "$k"; done  # refuse a malformed list before the first backlog
 
+# --- 1. catch-up ---------------------------------------------------------------
 drain() {
   local tx=$1
   local agg_type="drain$tx" rl_slot="bench_${id}_rl$tx" topic="$topic_prefix.drain$tx"
-  local variants=() v k
-  read -r -a variants <<<"$VARIANTS"
+  local v k
   "$PY" bench/tools/bench.py topics-create "$OUTBOX_CDC_TEST_KAFKA" "$PARTITIONS" "$topic" >&2
   topics+=("$topic")
   sql -c "TRUNCATE public.outbox_events, public.outbox_aggregate_sequences" >/dev/null
@@ -420,23 +481,8 @@ drain() {
   # (b) the connector, once per variant
   for k in "${!variants[@]}"; do
     v=${variants[$k]}
-    conn_env=()
-    conn_bin=$BIN
-    conn_config=config/example.toml
-    if [[ $v == *:* ]]; then
-      local kv kvs
-      IFS=, read -r -a kvs <<<"${v#*:}"
-      for kv in "${kvs[@]}"; do
-        kv=${kv//;/,}  # `;` in a value stands for `,` (list values)
-        case $kv in
-          BIN=*) conn_bin=${kv#BIN=} ;;
-          CONFIG=*) conn_config=${kv#CONFIG=} ;;
-          OUTBOX_CDC__*=*) conn_env+=("$kv") ;;
-          *) die "variant $v: $kv is neither BIN=..., CONFIG=... nor OUTBOX_CDC__...=..." ;;
-        esac
-      done
-    fi
-    drain_connector "$tx" "${v%%:*}" "bench_${id}_cdc${tx}_$k" "$end_lsn" "$end_num" "$k"
+    use_variant "$k"
+    drain_connector "$tx" "$variant_name" "bench_${id}_cdc${tx}_$k" "$end_lsn" "$end_num" "$k"
     cat >"$run/drain_tx$(printf '%04d' "$tx")_v$k.json" <<JSON
 {
   "tx_size": $tx,
@@ -660,38 +706,43 @@ JSON
 }
 
 # --- 2. steady state -------------------------------------------------------------
+# One steady phase for variants[$1], on a slot and a topic of its own
+# (bench/steady.pgbench writes aggregate_type 'steady'); its files end in
+# _v<k> (steady_v<k>.json, latency_v<k>.txt, ...).
 steady() {
-  local slot="bench_${id}_steady" topic="$topic_prefix.steady"
+  local k=$1
+  local slot="bench_${id}_steady$k" topic="$topic_prefix.v$k.steady" sfx="_v$k"
+  use_variant "$k"
+  local variant=$variant_name
   "$PY" bench/tools/bench.py topics-create "$OUTBOX_CDC_TEST_KAFKA" "$PARTITIONS" "$topic" >&2
   topics+=("$topic")
   sql -c "TRUNCATE public.outbox_events, public.outbox_aggregate_sequences, public.orders" >/dev/null
   create_slot "$slot"
-  conn_env=()
-  conn_bin=$BIN
-  conn_config=config/example.toml
-  start_connector "$slot" steady
+  log "steady [$variant]: outbox-cdc on slot $slot → $topic"
+  start_connector "$slot" "steady$k" "$topic_prefix.v$k.{aggregate_type}"
   local deadline=$(( SECONDS + 60 )) m
   until m=$(curl -fsS --max-time 2 "http://127.0.0.1:$conn_port/metrics" 2>/dev/null) \
         && [[ $(metric outbox_cdc_connected <<<"$m") == 1 ]]; do
-    kill -0 "$conn_pid" 2>/dev/null || die "the connector exited: $(tail -5 "$run/connector-steady.log")"
+    kill -0 "$conn_pid" 2>/dev/null || die "the connector exited: $(tail -5 "$run/connector-steady$k.log")"
     (( SECONDS < deadline )) || die "the connector did not connect within 60 s"
     sleep 0.1
   done
 
-  rm -f "$run/consumer.stop"
-  "$PY" -u bench/tools/bench.py consume "$OUTBOX_CDC_TEST_KAFKA" "$topic" "$run/latency.txt" \
-    "$run/consumer.stop" $(( STEADY_SECONDS + 300 )) >"$run/consumer.log" 2>&1 &
+  local lat="$run/latency$sfx.txt" stop="$run/consumer$sfx.stop" clog="$run/consumer$sfx.log"
+  rm -f "$stop"
+  "$PY" -u bench/tools/bench.py consume "$OUTBOX_CDC_TEST_KAFKA" "$topic" "$lat" \
+    "$stop" $(( STEADY_SECONDS + 300 )) >"$clog" 2>&1 &
   local consumer_pid=$!
   pids+=("$consumer_pid")
   deadline=$(( SECONDS + 60 ))
-  until grep -q 'consumer ready' "$run/consumer.log"; do
-    kill -0 "$consumer_pid" 2>/dev/null || die "the consumer exited: $(tail -5 "$run/consumer.log")"
+  until grep -q 'consumer ready' "$clog"; do
+    kill -0 "$consumer_pid" 2>/dev/null || die "the consumer exited: $(tail -5 "$clog")"
     (( SECONDS < deadline )) || die "the consumer did not start within 60 s"
     sleep 0.1
   done
 
   # psql's \watch repeats the query in one session until stopped.
-  "$PG_BIN/psql" -X -q -At "$ADMIN_DB_URL" >"$run/slot_lag.txt" 2>"$run/slot_lag.log" <<SQL &
+  "$PG_BIN/psql" -X -q -At "$ADMIN_DB_URL" >"$run/slot_lag$sfx.txt" 2>"$run/slot_lag$sfx.log" <<SQL &
 SELECT extract(epoch FROM clock_timestamp()), pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
   FROM pg_replication_slots WHERE slot_name = '$slot' \watch 0.2
 SQL
@@ -700,29 +751,32 @@ SQL
 
   local rate_args=()
   [[ -n "$RATE" ]] && rate_args=(-R "$RATE")
-  log "steady: pgbench -c $CLIENTS -j $THREADS -T $STEADY_SECONDS ${rate_args[*]:-(max rate)}"
+  log "steady [$variant]: pgbench -c $CLIENTS -j $THREADS -T $STEADY_SECONDS ${rate_args[*]:-(max rate)}"
   "$PG_BIN/pgbench" -n -M prepared -f bench/steady.pgbench -c "$CLIENTS" -j "$THREADS" \
-    -T "$STEADY_SECONDS" -P 5 "${rate_args[@]}" "$ADMIN_DB_URL" >"$run/pgbench.log" 2>&1 \
-    || die "pgbench failed: $(tail -5 "$run/pgbench.log")"
+    -T "$STEADY_SECONDS" -P 5 "${rate_args[@]}" "$ADMIN_DB_URL" >"$run/pgbench$sfx.log" 2>&1 \
+    || die "pgbench failed: $(tail -5 "$run/pgbench$sfx.log")"
   local tps events
-  tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p' "$run/pgbench.log")
+  tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p' "$run/pgbench$sfx.log")
   events=$(sql -c "SELECT count(*) FROM public.outbox_events")
-  log "steady: pgbench $tps tps, $events events; waiting for the consumer to read them all"
+  log "steady [$variant]: pgbench $tps tps, $events events; waiting for the consumer to read them all"
   deadline=$(( SECONDS + 300 ))
-  while (( $(wc -l <"$run/latency.txt") < events )); do
-    if (( SECONDS >= deadline )); then log "warning: the consumer read $(wc -l <"$run/latency.txt") of $events events in 300 s"; break; fi
+  while (( $(wc -l <"$lat") < events )); do
+    kill -0 "$conn_pid" 2>/dev/null || die "the connector exited: $(tail -3 "$run/connector-steady$k.log")"
+    if (( SECONDS >= deadline )); then log "warning: the consumer read $(wc -l <"$lat") of $events events in 300 s"; break; fi
     sleep 0.5
   done
-  curl -fsS --max-time 5 "http://127.0.0.1:$conn_port/metrics" >"$run/steady_metrics.txt"
+  curl -fsS --max-time 5 "http://127.0.0.1:$conn_port/metrics" >"$run/steady_metrics$sfx.txt"
   local rss
   rss=$(peak_rss_mib "$conn_pid")
-  touch "$run/consumer.stop"
-  wait "$consumer_pid" || log "warning: the consumer failed: $(tail -3 "$run/consumer.log")"
+  touch "$stop"
+  wait "$consumer_pid" || log "warning: the consumer failed: $(tail -3 "$clog")"
   stop_pid "$watch_pid"
   stop_pid "$conn_pid"
   drop_slot "$slot"
-  cat >"$run/steady.json" <<JSON
+  cat >"$run/steady$sfx.json" <<JSON
 {
+  "variant": "$variant",
+  "variant_settings": "$( [[ ${variants[$k]} == *:* ]] && printf '%s' "${variants[$k]#*:}" )",
   "tps": ${tps:-0},
   "events": $events,
   "seconds": $STEADY_SECONDS,
@@ -737,7 +791,10 @@ JSON
 for phase in $PHASES; do
   case $phase in
     drain) for tx in $TX_SIZES; do drain "$tx"; done ;;
-    steady) steady ;;
+    steady)
+      if [[ $STEADY_VARIANTS == first ]]; then steady 0
+      else for k in "${!variants[@]}"; do steady "$k"; done
+      fi ;;
     *) die "unknown phase $phase (drain, steady)" ;;
   esac
 done

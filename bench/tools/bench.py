@@ -4,8 +4,8 @@
 Subcommands:
   topics-create BOOTSTRAP PARTITIONS TOPIC...   create topics (replication 1)
   topics-delete BOOTSTRAP TOPIC...              delete topics
-  consume BOOTSTRAP TOPIC OUT STOP_FILE MAX_S   read TOPIC from its beginning;
-        per record write "<commit_ms> <consume_ms>" to OUT; stop when STOP_FILE
+  consume BOOTSTRAP TOPIC OUT STOP_FILE MAX_S   read TOPIC from its beginning
+        (read_committed); per record write "<commit_ms> <consume_ms>" to OUT; stop when STOP_FILE
         exists and nothing arrived for 2 s, or after MAX_S seconds
   histogram METRICS_FILE                        quantiles of the connector's
         commit-to-ack histogram (Prometheus text) as JSON
@@ -79,7 +79,10 @@ def consume(bootstrap, topic, out_path, stop_file, max_seconds):
             "enable.auto.commit": False,
             "fetch.wait.max.ms": 5,
             "fetch.min.bytes": 1,
-            "isolation.level": "read_uncommitted",
+            # What a consumer of an exactly-once relay must use: a record is
+            # visible when its Kafka transaction commits (at-least-once
+            # records are not transactional: the same either way).
+            "isolation.level": "read_committed",
         }
     )
     meta = consumer.list_topics(topic, timeout=30)
@@ -228,64 +231,90 @@ def report(run_dir, json_out, png_out):
         if others:
             result["drain"]["variants"] = others
 
-    steady_path = os.path.join(run_dir, "steady.json")
-    lat_sorted = []
-    samples = []
-    if os.path.exists(steady_path):
-        steady = load_json(steady_path)
-        lat_path = os.path.join(run_dir, "latency.txt")
-        if os.path.exists(lat_path):
-            with open(lat_path) as f:
-                for line in f:
-                    parts = line.split()
-                    if len(parts) == 2:
-                        ts, now = float(parts[0]), float(parts[1])
-                        samples.append((ts, now - ts))
-        lat_sorted = sorted(s[1] for s in samples)
-        hist = histogram_summary(os.path.join(run_dir, "steady_metrics.txt"))
-        lags = []
-        lag_path = os.path.join(run_dir, "slot_lag.txt")
-        if os.path.exists(lag_path):
-            with open(lag_path) as f:
-                for line in f:
-                    parts = line.strip().split("|")
-                    if len(parts) == 2 and parts[1]:
-                        lags.append((float(parts[0]), int(float(parts[1]))))
-        steady.update(
-            {
-                "consumed_records": len(lat_sorted),
-                "p50_ms": round(quantile(lat_sorted, 0.50), 1) if lat_sorted else None,
-                "p99_ms": round(quantile(lat_sorted, 0.99), 1) if lat_sorted else None,
-                "p999_ms": round(quantile(lat_sorted, 0.999), 1) if lat_sorted else None,
-                "max_ms": round(lat_sorted[-1], 1) if lat_sorted else None,
-                "latency_source": "Kafka consumer: consume time minus record timestamp (the commit "
-                "time, truncated to ms), over every record of the run",
-                "connector_histogram": hist,
-                "connector_stages": stage_summary(os.path.join(run_dir, "steady_metrics.txt")),
-                "max_slot_lag_bytes": max((l for _, l in lags), default=None),
-                "slot_lag_samples": len(lags),
-            }
-        )
+    # One steady phase per variant (steady_v<k>.json ...); older run
+    # directories hold one, without the suffix.
+    steady_runs = []
+    for path in sorted(glob.glob(os.path.join(run_dir, "steady_v*.json")),
+                       key=lambda p: int(p.rsplit("_v", 1)[1].split(".")[0])):
+        steady_runs.append(load_steady(run_dir, path, path.rsplit("_v", 1)[1].split(".")[0]))
+    if not steady_runs and os.path.exists(os.path.join(run_dir, "steady.json")):
+        steady_runs.append(load_steady(run_dir, os.path.join(run_dir, "steady.json"), None))
+    samples, lat_sorted, lags = [], [], []
+    if steady_runs:
+        steady, samples, lat_sorted, lags = steady_runs[0]
         result["steady"] = steady
-        stages = ", ".join(
-            f"{name} {v['p50_ms']}/{v['p99_ms']}" for name, v in steady["connector_stages"].items()
-        )
-        print(
-            f"bench: steady: {steady.get('tps')} tps, commit-to-visible p50 {steady['p50_ms']} ms, "
-            f"p99 {steady['p99_ms']} ms, max {steady['max_ms']} ms; connector stages p50/p99 ms: {stages}",
-            flush=True,
-        )
-        result["_lags"] = lags
+        result["steady_variants"] = [
+            dict({"name": s.get("variant", "default")}, **{k: v for k, v in s.items() if k != "variant"})
+            for s, _, _, _ in steady_runs
+        ]
+        for s, _, _, _ in steady_runs:
+            stages = ", ".join(f"{name} {v['p50_ms']}/{v['p99_ms']}" for name, v in s["connector_stages"].items())
+            print(
+                f"bench: steady [{s.get('variant', 'default')}]: {s.get('tps')} tps, {s['events']} events, "
+                f"commit-to-visible (read_committed) p50 {s['p50_ms']} ms, p99 {s['p99_ms']} ms, "
+                f"p99.9 {s['p999_ms']} ms, max {s['max_ms']} ms, peak RSS {s['peak_rss_mib']} MiB; "
+                f"connector stages p50/p99 ms: {stages}",
+                flush=True,
+            )
+    cdfs = [(s.get("variant", "default"), l) for s, _, l, _ in steady_runs]
 
-    lags = result.pop("_lags", [])
     with open(json_out, "w") as f:
         json.dump(result, f, indent=2, sort_keys=False)
         f.write("\n")
-    print(json.dumps({k: v for k, v in result.items() if k in ("drain", "steady")}, indent=2))
-    plot(result, samples, lat_sorted, lags, png_out)
+    print(json.dumps({k: v for k, v in result.items() if k in ("drain", "steady", "steady_variants")}, indent=2))
+    for d in sorted(runs, key=lambda d: d["tx_size"]):
+        print(
+            f"bench: drain tx={d['tx_size']} [{d['variant']}]: {d['connector_events_per_s']} events/s "
+            f"(pg_recvlogical {d['pg_recvlogical_events_per_s']}, ratio {d['ratio']}), "
+            f"CPU s {d['connector_cpu_s']} ({d['connector_cpu_us_per_event']} us/event), "
+            f"peak RSS {d['peak_rss_mib']} MiB",
+            flush=True,
+        )
+    plot(result, samples, lat_sorted, lags, cdfs, png_out)
 
 
-def plot(result, samples, lat_sorted, lags, png_out):
+def load_steady(run_dir, path, k):
+    """One steady phase: its figures, its latency samples (sorted too) and slot lags."""
+    sfx = "" if k is None else f"_v{k}"
+    steady = load_json(path)
+    samples = []
+    lat_path = os.path.join(run_dir, f"latency{sfx}.txt")
+    if os.path.exists(lat_path):
+        with open(lat_path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 2:
+                    ts, now = float(parts[0]), float(parts[1])
+                    samples.append((ts, now - ts))
+    lat_sorted = sorted(s[1] for s in samples)
+    metrics = os.path.join(run_dir, f"steady_metrics{sfx}.txt")
+    lags = []
+    lag_path = os.path.join(run_dir, f"slot_lag{sfx}.txt")
+    if os.path.exists(lag_path):
+        with open(lag_path) as f:
+            for line in f:
+                parts = line.strip().split("|")
+                if len(parts) == 2 and parts[1]:
+                    lags.append((float(parts[0]), int(float(parts[1]))))
+    steady.update(
+        {
+            "consumed_records": len(lat_sorted),
+            "p50_ms": round(quantile(lat_sorted, 0.50), 1) if lat_sorted else None,
+            "p99_ms": round(quantile(lat_sorted, 0.99), 1) if lat_sorted else None,
+            "p999_ms": round(quantile(lat_sorted, 0.999), 1) if lat_sorted else None,
+            "max_ms": round(lat_sorted[-1], 1) if lat_sorted else None,
+            "latency_source": "Kafka consumer (isolation.level=read_committed): consume time minus record "
+            "timestamp (the commit time, truncated to ms), over every record of the run",
+            "connector_histogram": histogram_summary(metrics),
+            "connector_stages": stage_summary(metrics),
+            "max_slot_lag_bytes": max((l for _, l in lags), default=None),
+            "slot_lag_samples": len(lags),
+        }
+    )
+    return steady, samples, lat_sorted, lags
+
+
+def plot(result, samples, lat_sorted, lags, cdfs, png_out):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -298,26 +327,29 @@ def plot(result, samples, lat_sorted, lags, png_out):
     ax = axes[0][0]
     drain = result.get("drain")
     if drain:
-        labels, rl, cdc = [], [], []
-        for d in drain["runs"]:
-            labels.append(f"{d['tx_size']} ev/tx")
-            rl.append(d["pg_recvlogical_events_per_s"])
-            cdc.append(d["connector_events_per_s"])
-        x = range(len(labels))
+        tx_sizes = [d["tx_size"] for d in drain["runs"]]
+        by_variant = {}
+        for d in drain["runs"] + drain.get("variants", []):
+            by_variant.setdefault(d["variant"], {})[d["tx_size"]] = d
+        # One bar per series and transaction size: pg_recvlogical, each
+        # connector variant (the headline first), then the peer if any.
+        series = [("pg_recvlogical → /dev/null", [d["pg_recvlogical_events_per_s"] for d in drain["runs"]], None)]
+        for name, per_tx in by_variant.items():
+            label = "outbox-cdc → Kafka (acks=all)" if len(by_variant) == 1 else f"outbox-cdc {name}"
+            series.append((label, [per_tx.get(t, {}).get("connector_events_per_s", 0) for t in tx_sizes],
+                           [per_tx.get(t, {}).get("ratio") for t in tx_sizes]))
         peer = {p["tx_size"]: p["events_per_s"] for p in result.get("peer", [])}
-        width = 0.27 if peer else 0.4
-        ax.bar([i - width / 2 - (width / 2 if peer else 0) for i in x], rl, width=width,
-               label="pg_recvlogical → /dev/null")
-        ax.bar([i + width / 2 - (width / 2 if peer else 0) for i in x], cdc, width=width,
-               label="outbox-cdc → Kafka (acks=all)")
-        for i, d in enumerate(drain["runs"]):
-            ax.text(i + width / 2 - (width / 2 if peer else 0), cdc[i], f"{d['ratio']:.2f}×",
-                    ha="center", va="bottom")
         if peer:
-            ax.bar([i + width for i in x], [peer.get(d["tx_size"], 0) for d in drain["runs"]], width=width,
-                   label="Debezium 3.6.1 → Kafka")
-        ax.set_xticks(list(x))
-        ax.set_xticklabels(labels)
+            series.append(("Debezium 3.6.1 → Kafka", [peer.get(t, 0) for t in tx_sizes], None))
+        width = 0.8 / len(series)
+        for j, (label, values, ratios) in enumerate(series):
+            xs = [i - 0.4 + width * (j + 0.5) for i in range(len(tx_sizes))]
+            ax.bar(xs, values, width=width, label=label)
+            for xi, v, r in zip(xs, values, ratios or []):
+                if r is not None:
+                    ax.text(xi, v, f"{r:.2f}×", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(list(range(len(tx_sizes))))
+        ax.set_xticklabels([f"{t} ev/tx" for t in tx_sizes])
         ax.set_ylabel("events/s")
         ax.set_title(f"Catch-up of {drain['events']:,} events")
         ax.legend(fontsize=8)
@@ -325,15 +357,20 @@ def plot(result, samples, lat_sorted, lags, png_out):
         ax.set_axis_off()
 
     ax = axes[0][1]
-    if lat_sorted:
-        n = len(lat_sorted)
-        ax.plot(lat_sorted, [(i + 1) / n for i in range(n)])
+    if any(l for _, l in cdfs):
+        figures = {s["name"]: s for s in result.get("steady_variants", [])}
+        for name, values in cdfs:
+            n = len(values)
+            if n:
+                s = figures.get(name, {})
+                ax.plot(values, [(i + 1) / n for i in range(n)],
+                        label=f"{name}: p50 {s.get('p50_ms')} ms, p99 {s.get('p99_ms')} ms")
         ax.set_xscale("log")
-        ax.set_xlabel("commit → consumed (ms)")
+        ax.set_xlabel("commit → consumed by a read_committed consumer (ms)")
         ax.set_ylabel("fraction of events")
-        s = result["steady"]
-        ax.set_title(f"Steady state latency: p50 {s['p50_ms']} ms, p99 {s['p99_ms']} ms")
+        ax.set_title("Steady state latency")
         ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
     else:
         ax.set_axis_off()
 
@@ -350,7 +387,7 @@ def plot(result, samples, lat_sorted, lags, png_out):
         ax.set_yscale("log")
         ax.set_xlabel("s since first commit")
         ax.set_ylabel("ms")
-        ax.set_title("Latency per second of commit")
+        ax.set_title(f"Latency per second of commit ({result['steady'].get('variant', 'default')})")
         ax.legend(fontsize=8)
     else:
         ax.set_axis_off()
@@ -361,7 +398,7 @@ def plot(result, samples, lat_sorted, lags, png_out):
         ax.plot([t - t0 for t, _ in lags], [l / 1024 for _, l in lags])
         ax.set_xlabel("s")
         ax.set_ylabel("KiB")
-        ax.set_title("Slot lag (pg_current_wal_lsn - confirmed_flush_lsn)")
+        ax.set_title(f"Slot lag (current WAL - confirmed_flush_lsn), {result['steady'].get('variant', 'default')}")
     else:
         ax.set_axis_off()
 
