@@ -18,10 +18,14 @@
 //! network: call them from `block_in_place` or the blocking pool.
 
 use std::borrow::Cow;
+use std::ffi::CStr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rdkafka::ClientConfig;
+use rdkafka::bindings::{
+    rd_kafka_commit_transaction, rd_kafka_error_code, rd_kafka_error_destroy, rd_kafka_error_string,
+};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
@@ -138,10 +142,40 @@ impl<T: Send + 'static> KafkaSink<T> {
     /// error the transaction's outcome may be unknown (a timeout): the
     /// caller ends the session, and the next producer's `init_transactions`
     /// settles it; the marker then says which way.
+    ///
+    /// librdkafka's commit is called directly: rust-rdkafka's
+    /// `commit_transaction` first flushes by polling the main queue in steps
+    /// of up to 100 ms, and with the producer's polling thread taking the
+    /// delivery reports from that queue each step waited its full 100 ms
+    /// (measured: every Kafka transaction took about 100 ms longer, 9,116
+    /// events/s against 112,461 at least once). librdkafka's commit flushes
+    /// by itself while the polling thread serves the reports.
     pub fn commit_transaction(&self, timeout: Duration) -> Result<(), SinkError> {
-        self.producer
-            .commit_transaction(timeout)
-            .map_err(|e| transaction_error("commit", e, self.id()))
+        let client = self.producer.client();
+        let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: the handle is the live client of this producer (borrowed
+        // for the call); librdkafka returns NULL or an error object that we
+        // own and destroy below, after reading its code and string.
+        let error = unsafe { rd_kafka_commit_transaction(client.native_ptr(), timeout_ms) };
+        if error.is_null() {
+            return Ok(());
+        }
+        // SAFETY: `error` is a valid, not yet destroyed error object;
+        // rd_kafka_error_string returns a NUL-terminated string it owns.
+        let (code, reason) = unsafe {
+            let code = RDKafkaErrorCode::from(rd_kafka_error_code(error));
+            let reason = CStr::from_ptr(rd_kafka_error_string(error))
+                .to_string_lossy()
+                .into_owned();
+            rd_kafka_error_destroy(error);
+            (code, reason)
+        };
+        Err(SinkError::Transaction {
+            op: "commit",
+            code,
+            reason,
+            transactional_id: self.id().to_owned(),
+        })
     }
 
     /// Aborts the open transaction (its records stay invisible to

@@ -17,6 +17,7 @@ mod compose_file;
 mod dead_letter;
 mod debezium_shape;
 mod env_servers;
+mod exactly_once;
 mod ha_takeover;
 mod import_debezium;
 mod kafka_security;
