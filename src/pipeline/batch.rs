@@ -3,8 +3,10 @@
 //!
 //! A Kafka transaction opens with the first event after the last commit and
 //! is committed only at a PostgreSQL transaction boundary (never inside one):
-//! at the first PostgreSQL commit after it holds `max_batch_events` events or
-//! `max_batch_bytes` bytes, or, once it is `max_batch_ms` old, at the next
+//! at the first PostgreSQL commit after it holds `max_batch_events` events,
+//! `max_batch_bytes` bytes or `limits.max_in_flight_events` PostgreSQL
+//! transactions (each waits in the ack tracker until the Kafka commit, and the
+//! stream is not read while too many wait), or, once it is `max_batch_ms` old, at the next
 //! boundary (the tick commits it when no PostgreSQL transaction is open), so
 //! latency stays bounded at low traffic. A single PostgreSQL transaction that
 //! keeps one Kafka transaction open for most of `transaction_timeout_ms`
@@ -20,12 +22,15 @@ struct Open {
     since: Instant,
     events: usize,
     bytes: usize,
+    /// PostgreSQL transactions committed while it was open.
+    transactions: usize,
 }
 
 #[derive(Debug)]
 pub(super) struct BatchPolicy {
     max_events: usize,
     max_bytes: usize,
+    max_transactions: usize,
     max_age: Duration,
     /// The share of `transaction.timeout.ms` one PostgreSQL transaction may
     /// keep a Kafka transaction open: the rest is for the commit itself.
@@ -34,10 +39,12 @@ pub(super) struct BatchPolicy {
 }
 
 impl BatchPolicy {
-    pub(super) fn new(settings: &DeliverySettings) -> BatchPolicy {
+    /// `max_transactions`: `limits.max_in_flight_events`.
+    pub(super) fn new(settings: &DeliverySettings, max_transactions: usize) -> BatchPolicy {
         BatchPolicy {
             max_events: settings.max_batch_events,
             max_bytes: settings.max_batch_bytes,
+            max_transactions,
             max_age: settings.max_batch_age(),
             limit: settings.transaction_timeout() * 3 / 4,
             open: None,
@@ -54,6 +61,7 @@ impl BatchPolicy {
             since: now,
             events: 0,
             bytes: 0,
+            transactions: 0,
         });
     }
 
@@ -65,13 +73,17 @@ impl BatchPolicy {
         }
     }
 
-    /// At a PostgreSQL commit (a boundary): whether to commit now.
-    pub(super) fn due_at_commit(&self, now: Instant) -> bool {
-        self.open.is_some_and(|o| {
-            o.events >= self.max_events
-                || o.bytes >= self.max_bytes
-                || now.duration_since(o.since) >= self.max_age
-        })
+    /// At a PostgreSQL commit (a boundary), which it counts: whether to
+    /// commit now.
+    pub(super) fn due_at_commit(&mut self, now: Instant) -> bool {
+        let Some(o) = self.open.as_mut() else {
+            return false;
+        };
+        o.transactions += 1;
+        o.events >= self.max_events
+            || o.bytes >= self.max_bytes
+            || o.transactions >= self.max_transactions
+            || now.duration_since(o.since) >= self.max_age
     }
 
     /// Between PostgreSQL transactions, on the tick: whether to commit now.
@@ -99,13 +111,14 @@ mod tests {
     use super::*;
 
     fn policy() -> BatchPolicy {
-        BatchPolicy::new(&DeliverySettings {
+        let settings = DeliverySettings {
             max_batch_events: 3,
             max_batch_bytes: 1000,
             max_batch_ms: 100,
             transaction_timeout_ms: 4000,
             ..DeliverySettings::default()
-        })
+        };
+        BatchPolicy::new(&settings, 5)
     }
 
     #[test]
@@ -130,6 +143,20 @@ mod tests {
         assert!(!p.due_between(t0 + Duration::from_millis(99)));
         assert!(p.due_between(t0 + Duration::from_millis(100)));
         assert!(p.due_at_commit(t0 + Duration::from_millis(100)));
+    }
+
+    /// Transactions without events (other tables, heartbeats) wait in the
+    /// ack tracker until the Kafka commit too: their number closes a batch.
+    #[test]
+    fn a_batch_is_due_after_as_many_transactions_as_may_wait() {
+        let t0 = Instant::now();
+        let mut p = policy();
+        p.opened(t0);
+        p.added(1);
+        for _ in 0..4 {
+            assert!(!p.due_at_commit(t0));
+        }
+        assert!(p.due_at_commit(t0), "the fifth PostgreSQL commit");
     }
 
     #[test]

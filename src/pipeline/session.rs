@@ -445,7 +445,7 @@ async fn start_transactions(
         })?;
     }
     let transactions = Transactions {
-        policy: BatchPolicy::new(delivery),
+        policy: BatchPolicy::new(delivery, config.limits.max_in_flight_events),
         topic,
         partition,
     };
@@ -693,12 +693,10 @@ impl<'a> Session<'a> {
                     }
                     self.last_commit_time = Some(tx.commit_time);
                     let now = Instant::now();
-                    let crowded = self.tracker.pending_transactions()
-                        >= self.config.limits.max_in_flight_events;
                     if self
                         .transactions
-                        .as_ref()
-                        .is_some_and(|t| crowded || t.policy.due_at_commit(now))
+                        .as_mut()
+                        .is_some_and(|t| t.policy.due_at_commit(now))
                     {
                         self.commit_kafka_transaction(commit.end_lsn).await?;
                     }
@@ -1086,8 +1084,10 @@ impl<'a> Session<'a> {
             .await?;
         crate::failpoint!("before-kafka-commit");
         let timeout = self.config.delivery.transaction_timeout();
+        let started = Instant::now();
         tokio::task::block_in_place(|| self.sink.commit_transaction(timeout))?;
         crate::failpoint!("after-kafka-commit-before-persist");
+        debug!(marker = %lsn, took_ms = started.elapsed().as_millis() as u64, "Kafka transaction committed");
         self.metrics.kafka_transaction("committed");
         if let Some(t) = self.transactions.as_mut() {
             t.policy.closed();
