@@ -134,6 +134,20 @@ die() { printf 'env.sh: error: %s\n' "$*" >&2; exit 1; }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# Takes the servers' ports out of the kernel's ephemeral range
+# (net.ipv4.ip_local_reserved_ports, added to what is reserved already): our
+# ports lie inside it (32768-60999 by default), and a client connection that
+# happens to get one of them as its source port for as long as it lives makes
+# the server's bind fail ("Address already in use"; seen once in CI on the
+# standby's 54330). Needs root; where /proc/sys is read-only it is skipped.
+reserve_ports() {
+    local file=/proc/sys/net/ipv4/ip_local_reserved_ports current wanted
+    [[ -w "$file" ]] || return 0
+    current=$(<"$file")
+    wanted="$PG_PORT,$STANDBY_PORT,$KAFKA_PORT,$KAFKA_CONTROLLER_PORT,$KAFKA_SSL_PORT,$KAFKA_SASL_PORT,$KAFKA_MTLS_PORT"
+    echo "${current:+$current,}$wanted" >"$file" 2>/dev/null || true
+}
+
 # Who listens on a loopback TCP port, for error messages.
 port_owner() {
     local port="$1" line pid=""
@@ -1004,6 +1018,7 @@ cmd_up() { # cmd_up [--standby]
         die "OUTBOX_CDC_PG_VERSION=$PG_MAJOR is not a supported PostgreSQL major; use 13, 14, 15, 16, 17 or 18"
     ensure_prerequisites
     ensure_pg_server
+    reserve_ports
     # Before anything is made: a port held by something else is not ours to free.
     if [[ -d "$ENV_DIR" ]]; then pg_paths; fi
     if ! { [[ -d "$ENV_DIR" ]] && pg_running; } && port_open "$PG_PORT"; then
