@@ -476,18 +476,22 @@ pub fn read_records(
     timeout: Duration,
     settle: Duration,
 ) -> Result<Vec<Record>, Vec<Record>> {
+    read_count(prefix, "read_committed", expected, timeout, settle)
+}
+
+/// Reads with `isolation` until `expected` records arrived (duplicates count).
+fn read_count(
+    prefix: &str,
+    isolation: &str,
+    expected: usize,
+    timeout: Duration,
+    settle: Duration,
+) -> Result<Vec<Record>, Vec<Record>> {
     let mut count = 0;
-    read_until(
-        prefix,
-        "read_committed",
-        timeout,
-        settle,
-        expected == 0,
-        |_| {
-            count += 1;
-            count >= expected
-        },
-    )
+    read_until(prefix, isolation, timeout, settle, expected == 0, |_| {
+        count += 1;
+        count >= expected
+    })
 }
 
 /// Reads until a record with each of `ids` (header `event_id`) has arrived and
@@ -523,18 +527,7 @@ pub fn read_uncommitted(
     timeout: Duration,
     settle: Duration,
 ) -> Result<Vec<Record>, Vec<Record>> {
-    let mut count = 0;
-    read_until(
-        prefix,
-        "read_uncommitted",
-        timeout,
-        settle,
-        expected == 0,
-        |_| {
-            count += 1;
-            count >= expected
-        },
-    )
+    read_count(prefix, "read_uncommitted", expected, timeout, settle)
 }
 
 /// Reads every record of topics matching `^<prefix>\.`, passing each new one
