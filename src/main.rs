@@ -236,11 +236,38 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            error!("{e:#}");
-            eprintln!("error: {e:#}");
+            let text = render(&e);
+            // The pipeline logged its own stop ("stopping: this failure needs
+            // an operator"); anything else is logged here, once.
+            let logged = matches!(
+                e.downcast_ref::<relay::RelayError>(),
+                Some(relay::RelayError::Pipeline(_))
+            );
+            if !logged {
+                error!("{text}");
+            }
+            eprintln!("error: {text}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, each said once. Most of our errors quote their
+/// source in their own text (`"Kafka: {0}"` over a `#[from]` source), so a
+/// cause whose text the message already holds is not repeated.
+fn render(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if part.is_empty() || text.contains(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
 }
 
 /// Runs one command; `Ok(false)` means "done, but exit non-zero".
@@ -437,4 +464,30 @@ fn import_debezium(input: &Path, output: Option<&Path>) -> anyhow::Result<bool> 
         }
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 28: the CI log showed one Kafka failure three times on one line
+    /// (the error, its source quoted, the source again).
+    #[test]
+    fn an_error_and_its_quoted_sources_are_rendered_once() {
+        let sink = outbox_cdc::sink::SinkError::OffsetsTopicUnavailable {
+            topic: "outbox-cdc.offsets".into(),
+            reason: "reading it: Message consumption error: BrokerTransportFailure".into(),
+        };
+        let e = anyhow::Error::from(relay::RelayError::Pipeline(pipeline::PipelineError::Sink(
+            sink.clone(),
+        )));
+        assert!(e.chain().count() >= 2, "the source is chained");
+        let text = render(&e);
+        assert_eq!(text.matches(&sink.to_string()).count(), 1, "{text}");
+        assert!(text.starts_with("Kafka: offsets topic"), "{text}");
+        // A context that does not quote its cause still shows it.
+        let io = std::io::Error::other("permission denied");
+        let e = anyhow::Error::from(io).context("cannot read config.toml");
+        assert_eq!(render(&e), "cannot read config.toml: permission denied");
+    }
 }

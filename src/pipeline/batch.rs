@@ -10,7 +10,10 @@
 //! boundary (the tick commits it when no PostgreSQL transaction is open), so
 //! latency stays bounded at low traffic. A single PostgreSQL transaction that
 //! keeps one Kafka transaction open for most of `transaction_timeout_ms`
-//! cannot be carried whole: the session stops with the limits to raise.
+//! cannot be carried whole: the session stops with the limits to raise,
+//! unless Kafka itself stalled meanwhile (records outstanding and none
+//! acknowledged for a while): then the transaction is aborted and the
+//! session retries from the durable LSN, as for any broker outage.
 
 use std::time::{Duration, Instant};
 
@@ -24,6 +27,24 @@ struct Open {
     bytes: usize,
     /// PostgreSQL transactions committed while it was open.
     transactions: usize,
+    /// Records of it that Kafka acknowledged, and when it last did.
+    delivered: usize,
+    last_delivery: Option<Instant>,
+}
+
+/// Why the open Kafka transaction cannot be carried on (see [`BatchPolicy::overrun`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Overrun {
+    /// Kafka kept acknowledging, and still one PostgreSQL transaction did
+    /// not fit in the timeout: an operator must raise the limits.
+    TooLarge { events: usize, open_for: Duration },
+    /// Records are outstanding and Kafka acknowledged none of them for
+    /// `stalled_for`: a broker outage, which passes by itself.
+    KafkaStalled {
+        events: usize,
+        undelivered: usize,
+        stalled_for: Duration,
+    },
 }
 
 #[derive(Debug)]
@@ -62,7 +83,17 @@ impl BatchPolicy {
             events: 0,
             bytes: 0,
             transactions: 0,
+            delivered: 0,
+            last_delivery: None,
         });
+    }
+
+    /// Kafka acknowledged one record of the open transaction at `now`.
+    pub(super) fn delivered(&mut self, now: Instant) {
+        if let Some(open) = self.open.as_mut() {
+            open.delivered += 1;
+            open.last_delivery = Some(now);
+        }
     }
 
     /// One record of `bytes` entered the open transaction.
@@ -92,12 +123,31 @@ impl BatchPolicy {
             .is_some_and(|o| now.duration_since(o.since) >= self.max_age)
     }
 
-    /// Inside a PostgreSQL transaction: `Some((events, open for))` when the
-    /// Kafka transaction has been open too long to carry it whole.
-    pub(super) fn too_long(&self, now: Instant) -> Option<(usize, Duration)> {
+    /// Inside a PostgreSQL transaction: `Some` when the Kafka transaction
+    /// has been open too long to carry it whole, and whose fault that is.
+    /// Kafka counts as stalled when records are outstanding and none was
+    /// acknowledged for an eighth of the limit (a healthy broker acknowledges
+    /// every few milliseconds under load).
+    pub(super) fn overrun(&self, now: Instant) -> Option<Overrun> {
         let o = self.open?;
-        let age = now.duration_since(o.since);
-        (age >= self.limit).then_some((o.events, age))
+        let open_for = now.duration_since(o.since);
+        if open_for < self.limit {
+            return None;
+        }
+        let stalled_for = now.duration_since(o.last_delivery.unwrap_or(o.since));
+        let undelivered = o.events.saturating_sub(o.delivered);
+        Some(if undelivered > 0 && stalled_for >= self.limit / 8 {
+            Overrun::KafkaStalled {
+                events: o.events,
+                undelivered,
+                stalled_for,
+            }
+        } else {
+            Overrun::TooLarge {
+                events: o.events,
+                open_for,
+            }
+        })
     }
 
     /// The transaction was committed or aborted.
@@ -165,12 +215,60 @@ mod tests {
         let mut p = policy();
         p.opened(t0);
         p.added(1);
-        assert_eq!(p.too_long(t0 + Duration::from_millis(2999)), None);
+        p.delivered(t0 + Duration::from_millis(2900));
+        assert_eq!(p.overrun(t0 + Duration::from_millis(2999)), None);
         assert_eq!(
-            p.too_long(t0 + Duration::from_millis(3000)),
-            Some((1, Duration::from_millis(3000)))
+            p.overrun(t0 + Duration::from_millis(3000)),
+            Some(Overrun::TooLarge {
+                events: 1,
+                open_for: Duration::from_millis(3000)
+            })
         );
         p.closed();
-        assert_eq!(p.too_long(t0 + Duration::from_secs(60)), None);
+        assert_eq!(p.overrun(t0 + Duration::from_secs(60)), None);
+    }
+
+    /// Audit F9: a broker outage inside a large PostgreSQL transaction is a
+    /// retry, not a stop asking for bigger limits.
+    #[test]
+    fn a_transaction_kafka_stopped_acknowledging_is_a_stall_not_too_large() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut p = policy();
+        p.opened(t0);
+        for _ in 0..3 {
+            p.added(1);
+        }
+        p.delivered(t0 + ms(100));
+        // The limit is 3 s, a stall an eighth of it (375 ms) without an
+        // acknowledgement while records are outstanding.
+        assert_eq!(
+            p.overrun(t0 + ms(3000)),
+            Some(Overrun::KafkaStalled {
+                events: 3,
+                undelivered: 2,
+                stalled_for: ms(2900)
+            })
+        );
+        // Acknowledgements kept coming: the transaction itself is too large.
+        p.delivered(t0 + ms(2800));
+        assert!(matches!(
+            p.overrun(t0 + ms(3000)),
+            Some(Overrun::TooLarge { events: 3, .. })
+        ));
+        // Nothing outstanding: whatever the last acknowledgement, not Kafka's fault.
+        p.delivered(t0 + ms(2900));
+        assert!(matches!(
+            p.overrun(t0 + ms(9000)),
+            Some(Overrun::TooLarge { .. })
+        ));
+        // Nothing ever acknowledged.
+        p.closed();
+        p.opened(t0);
+        p.added(1);
+        assert!(matches!(
+            p.overrun(t0 + ms(3000)),
+            Some(Overrun::KafkaStalled { undelivered: 1, .. })
+        ));
     }
 }

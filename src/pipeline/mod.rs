@@ -161,6 +161,21 @@ pub enum PipelineError {
         open_for: Duration,
         timeout_ms: u64,
     },
+    /// Exactly-once: Kafka stopped acknowledging the records of the open
+    /// Kafka transaction while one PostgreSQL transaction kept it open; it is
+    /// aborted and the session retries (a broker outage passes by itself).
+    #[error(
+        "Kafka acknowledged none of the {undelivered} outstanding records (of {events}) of the open Kafka \
+         transaction for {stalled_for:?} while the PostgreSQL transaction after LSN {after} kept it open: \
+         the broker is unreachable or stalled. The Kafka transaction is aborted and the session restarts \
+         from the durable acknowledged LSN"
+    )]
+    KafkaStalled {
+        after: Lsn,
+        events: usize,
+        undelivered: usize,
+        stalled_for: Duration,
+    },
     /// Exactly-once: another process streams from the slot; this one waits
     /// instead of fencing it (the HA standby's wait).
     #[error(
@@ -193,7 +208,8 @@ impl PipelineError {
             },
             PipelineError::StreamEnded
             | PipelineError::Parked { .. }
-            | PipelineError::SlotBusy { .. } => Retry,
+            | PipelineError::SlotBusy { .. }
+            | PipelineError::KafkaStalled { .. } => Retry,
             PipelineError::Refused(_)
             | PipelineError::Protocol { .. }
             | PipelineError::Config { .. }
@@ -415,6 +431,34 @@ mod tests {
                     fix: "f".into(),
                 },
                 Stop,
+            ),
+            // Exactly-once, audit F9: a broker that stopped acknowledging
+            // inside a large transaction retries; a transaction that did not
+            // fit while Kafka kept acknowledging stops with the limits to raise.
+            (
+                PipelineError::KafkaStalled {
+                    after: Lsn::new(1),
+                    events: 100,
+                    undelivered: 100,
+                    stalled_for: Duration::from_secs(45),
+                },
+                Retry,
+            ),
+            (
+                PipelineError::TransactionTooLarge {
+                    after: Lsn::new(1),
+                    events: 100,
+                    open_for: Duration::from_secs(45),
+                    timeout_ms: 60_000,
+                },
+                Stop,
+            ),
+            (
+                PipelineError::Sink(SinkError::OffsetsTopicUnavailable {
+                    topic: "o".into(),
+                    reason: "r".into(),
+                }),
+                Retry,
             ),
             // Reported as Protocol (which stops) before they had variants.
             (PipelineError::from(bad_table()), Stop),

@@ -23,7 +23,7 @@ use crate::pg::{
 use crate::pgoutput::{self, Message, RelationCache};
 use crate::sink::{DeliveryReport, KafkaSink, Marker};
 
-use super::batch::BatchPolicy;
+use super::batch::{BatchPolicy, Overrun};
 use super::poison::{PoisonPolicyRouter, Route, row_as_json};
 use super::repair;
 use super::resume::{self, ResumeInputs, ResumePlan, StartRefused};
@@ -1019,6 +1019,9 @@ impl<'a> Session<'a> {
                 );
                 let age = now.wall.0.saturating_sub(commit_time.0).max(0) as u64;
                 self.metrics.published(age);
+                if let Some(t) = self.transactions.as_mut() {
+                    t.policy.delivered(now.instant);
+                }
                 if self.tracker.delivered(token).is_some() {
                     self.mark_dirty();
                 }
@@ -1135,12 +1138,25 @@ impl<'a> Session<'a> {
                 let lsn = self.tracker.last_commit_lsn();
                 self.commit_kafka_transaction(lsn).await?;
             }
-        } else if let Some((events, open_for)) = t.policy.too_long(now) {
-            return Err(PipelineError::TransactionTooLarge {
-                after: self.tracker.last_commit_lsn(),
-                events,
-                open_for,
-                timeout_ms: self.config.delivery.transaction_timeout_ms,
+        } else if let Some(overrun) = t.policy.overrun(now) {
+            let after = self.tracker.last_commit_lsn();
+            return Err(match overrun {
+                Overrun::TooLarge { events, open_for } => PipelineError::TransactionTooLarge {
+                    after,
+                    events,
+                    open_for,
+                    timeout_ms: self.config.delivery.transaction_timeout_ms,
+                },
+                Overrun::KafkaStalled {
+                    events,
+                    undelivered,
+                    stalled_for,
+                } => PipelineError::KafkaStalled {
+                    after,
+                    events,
+                    undelivered,
+                    stalled_for,
+                },
             });
         }
         Ok(())

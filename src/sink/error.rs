@@ -137,10 +137,33 @@ pub enum SinkError {
         transactional_id: String,
     },
 
-    /// The offsets topic holds a marker this connector cannot read, or could
-    /// not be read to its end.
+    /// Exactly-once: the offsets topic could not be prepared or read to its
+    /// end now (the broker unreachable or electing a leader, or a transaction
+    /// of another producer holding the partition's end). Retryable.
+    #[error("offsets topic `{topic}`: {reason}; retrying")]
+    OffsetsTopicUnavailable { topic: String, reason: String },
+
+    /// Exactly-once: the offsets topic cannot be used until an operator acts
+    /// (a denied ACL, a refused creation, a record with this stream's key
+    /// that is not a marker); `reason` says what to do.
     #[error("offsets topic `{topic}`: {reason}")]
-    Marker { topic: String, reason: String },
+    OffsetsTopicRefused { topic: String, reason: String },
+}
+
+impl SinkError {
+    /// An offsets-topic failure with librdkafka's `code`, if any: transient
+    /// codes and none (a timeout) retry, any other code needs an operator.
+    pub(super) fn offsets_topic(
+        topic: &str,
+        reason: String,
+        code: Option<RDKafkaErrorCode>,
+    ) -> SinkError {
+        let topic = topic.to_owned();
+        match code {
+            Some(code) if !retryable_code(code) => SinkError::OffsetsTopicRefused { topic, reason },
+            _ => SinkError::OffsetsTopicUnavailable { topic, reason },
+        }
+    }
 }
 
 /// Another producer took the transactional id over (a second instance with
@@ -190,7 +213,8 @@ impl SinkError {
             | SinkError::Flush { code, .. } => Some(*code),
             SinkError::Metadata { code, .. } => *code,
             SinkError::Transaction { code, .. } => Some(*code),
-            SinkError::Marker { .. }
+            SinkError::OffsetsTopicUnavailable { .. }
+            | SinkError::OffsetsTopicRefused { .. }
             | SinkError::Config { .. }
             | SinkError::ClientCreation { .. }
             | SinkError::Task { .. }
@@ -242,7 +266,8 @@ impl SinkError {
             // Aborted or undecided: the next session's producer completes or
             // aborts it, and the marker says which.
             SinkError::Transaction { .. } => Retry,
-            SinkError::Marker { .. } => Stop,
+            SinkError::OffsetsTopicUnavailable { .. } => Retry,
+            SinkError::OffsetsTopicRefused { .. } => Stop,
             SinkError::Task { .. } | SinkError::TopicNotReady { .. } => Retry,
             SinkError::TopicMissing { .. } => RecordRefused,
             SinkError::Metadata { code: None, .. } => Retry,
@@ -684,6 +709,38 @@ mod tests {
             reason: "slow".into(),
         };
         assert_eq!(not_ready.disposition(), Disposition::Retry);
+    }
+
+    /// Audit F8 (CI seed 1796243835680920946): a broker restarting while an
+    /// exactly-once start reads its marker is a retry, never an operator
+    /// stop; only a code no retry cures, or a record that is not a marker,
+    /// stops.
+    #[test]
+    fn offsets_topic_failures_retry_unless_an_operator_must_act() {
+        use RDKafkaErrorCode as C;
+        let t = |code| SinkError::offsets_topic("o", "r".into(), code).disposition();
+        for code in [
+            C::BrokerTransportFailure,
+            C::AllBrokersDown,
+            C::LeaderNotAvailable,
+            C::NotLeaderForPartition,
+            C::OperationTimedOut,
+            C::CoordinatorLoadInProgress,
+        ] {
+            assert_eq!(t(Some(code)), Disposition::Retry, "{code:?}");
+        }
+        assert_eq!(t(None), Disposition::Retry, "a timeout");
+        assert_eq!(t(Some(C::TopicAuthorizationFailed)), Disposition::Stop);
+        assert_eq!(t(Some(C::PolicyViolation)), Disposition::Stop);
+        let not_a_marker = SinkError::OffsetsTopicRefused {
+            topic: "o".into(),
+            reason: "not a marker".into(),
+        };
+        assert_eq!(not_a_marker.disposition(), Disposition::Stop);
+        let retrying = SinkError::offsets_topic("o", "r".into(), Some(C::AllBrokersDown));
+        assert!(retrying.to_string().ends_with("retrying"), "{retrying}");
+        let stopping = SinkError::offsets_topic("o", "r".into(), Some(C::TopicAuthorizationFailed));
+        assert!(!stopping.to_string().contains("retrying"), "{stopping}");
     }
 
     #[test]

@@ -525,3 +525,44 @@ async fn a_delivery_report_with_unknown_topic_is_refused_not_retried() {
         "the report is a missing topic, naming it: {err:?}"
     );
 }
+
+/// One record in `topic` of the mock cluster (so that the marker reader has
+/// an end to read to), with a key that is not any stream's.
+async fn one_record(cluster: &MockCluster<'static, DefaultProducerContext>, topic: &str) {
+    let (sink, mut rx) = KafkaSink::<usize>::new(&settings_for(cluster)).unwrap();
+    sink.send(&event(topic, "other", 1, 10), 1).await.unwrap();
+    collect(&mut rx, 1).await.remove(0).result.unwrap();
+}
+
+/// Audit F8 (CI seed 1796243835680920946): the exactly-once start met the
+/// broker coming back while reading its marker and stopped for good. A broker
+/// that is down while the marker is read is a retry; one that comes back
+/// within the read's timeout is simply waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_marker_read_waits_for_a_broker_coming_back_and_retries_one_that_stays_down() {
+    let topic = "offsets";
+    let cluster = mock(1, topic);
+    one_record(&cluster, topic).await;
+    let mut settings = settings_for(&cluster);
+    settings.set("reconnect.backoff.max.ms", "200");
+    let read = |settings: &KafkaSettings, timeout| {
+        tokio::task::block_in_place(|| read_marker(settings, topic, 0, "7", "s", timeout))
+    };
+
+    for broker in 1..=3 {
+        cluster.broker_down(broker).unwrap();
+    }
+    let down = read(&settings, Duration::from_secs(2)).expect_err("every broker is down");
+    assert_eq!(down.disposition(), Disposition::Retry, "{down}");
+
+    let reader = std::thread::spawn(move || read_marker(&settings, topic, 0, "7", "s", WAIT));
+    std::thread::sleep(Duration::from_secs(1));
+    for broker in 1..=3 {
+        cluster.broker_up(broker).unwrap();
+    }
+    let back = reader.join().unwrap();
+    assert_eq!(
+        back.expect("the brokers came back within the timeout"),
+        None
+    );
+}

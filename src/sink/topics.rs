@@ -317,12 +317,18 @@ impl Topics {
     /// the configured replication factor and `cleanup.policy=compact`.
     /// Returns its partition count.
     pub(super) async fn ensure_compacted(&self, topic: &str) -> Result<usize, SinkError> {
-        let refused = |reason: String| SinkError::Marker {
+        let refused = |reason: String| SinkError::OffsetsTopicRefused {
             topic: topic.to_owned(),
             reason,
         };
         match self.describe(topic).await? {
             TopicState::Exists { partitions } => return Ok(partitions),
+            TopicState::Error(code) if retryable_code(code) => {
+                return Err(SinkError::OffsetsTopicUnavailable {
+                    topic: topic.to_owned(),
+                    reason: format!("its metadata says {code}"),
+                });
+            }
             TopicState::Error(code) => {
                 return Err(refused(format!(
                     "Kafka refuses to describe it ({code}); grant this principal DESCRIBE, READ and \

@@ -33,13 +33,14 @@ use rdkafka::producer::Producer;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::types::RDKafkaErrorCode;
 
-use super::error::SinkError;
+use super::error::{SinkError, retryable_code};
 use super::partition::java_partition;
 use super::producer::{KafkaSink, NewSink};
 use super::settings::KafkaSettings;
 use super::topics::TopicSettings;
 use crate::outbox::OutboxEvent;
 use crate::pg::{Lsn, PgTimestamp};
+use tracing::debug;
 
 /// The transactional id of one slot of one cluster: stable across restarts,
 /// unique per slot, so a second instance of the same stream fences the first.
@@ -227,6 +228,12 @@ impl<T: Send + 'static> KafkaSink<T> {
 /// read with `read_committed` to the partition's end as it is now. Blocking
 /// (bounded by `timeout`). Call after `init_transactions`: an undecided
 /// transaction of ours would hold the end back until it times out.
+///
+/// A broker that is unreachable or electing a leader is waited for until
+/// `timeout` (the consumer reconnects by itself), then reported as a
+/// [`SinkError::OffsetsTopicUnavailable`], which retries; only a record with this
+/// stream's key that is not a marker, or a code no retry cures (a denied
+/// ACL), needs an operator.
 pub fn read_marker(
     settings: &KafkaSettings,
     topic: &str,
@@ -235,16 +242,24 @@ pub fn read_marker(
     slot: &str,
     timeout: Duration,
 ) -> Result<Option<Marker>, SinkError> {
-    let failed = |what: &str, e: KafkaError| SinkError::Marker {
-        topic: topic.to_owned(),
-        reason: format!("{what}: {e}"),
+    let failed = |what: &str, e: KafkaError| {
+        SinkError::offsets_topic(topic, format!("{what}: {e}"), e.rdkafka_error_code())
     };
-    let consumer: BaseConsumer = consumer_config(settings)
-        .create()
-        .map_err(|e| failed("creating the marker reader", e))?;
+    let consumer: BaseConsumer =
+        consumer_config(settings)
+            .create()
+            .map_err(|e| SinkError::OffsetsTopicRefused {
+                topic: topic.to_owned(),
+                reason: format!("cannot create its reader from [kafka]: {e}"),
+            })?;
     let (low, high) = consumer
         .fetch_watermarks(topic, partition, timeout)
-        .map_err(|e| failed("reading its end offsets", e))?;
+        .map_err(|e| {
+            failed(
+                &format!("reading the end offsets of partition {partition}"),
+                e,
+            )
+        })?;
     if high <= low {
         return Ok(None);
     }
@@ -258,24 +273,34 @@ pub fn read_marker(
     let key = Marker::key(system_id, slot);
     let deadline = Instant::now() + timeout;
     let mut last = None;
+    // The last transient error the consumer reported: it reconnects by
+    // itself, so it only matters if the deadline passes.
+    let mut transient: Option<KafkaError> = None;
     // The end is `high` as read above: commit and abort markers occupy
     // offsets too, so the position (not the last record seen) says when the
     // reader is past it.
     while position(&consumer, topic, partition).is_none_or(|p| p < high) {
         if Instant::now() >= deadline {
-            return Err(SinkError::Marker {
-                topic: topic.to_owned(),
-                reason: format!(
-                    "could not read partition {partition} to offset {high} within {timeout:?} (at {:?}): \
-                     a transaction of another producer may be open on it; retrying",
-                    position(&consumer, topic, partition)
+            let at = position(&consumer, topic, partition);
+            let reason = match &transient {
+                Some(e) => format!(
+                    "could not read partition {partition} to offset {high} within {timeout:?} \
+                     (at {at:?}); the last error: {e}"
                 ),
+                None => format!(
+                    "could not read partition {partition} to offset {high} within {timeout:?} \
+                     (at {at:?}): a transaction of another producer may be open on it"
+                ),
+            };
+            return Err(SinkError::OffsetsTopicUnavailable {
+                topic: topic.to_owned(),
+                reason,
             });
         }
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(m)) if m.key() == Some(key.as_bytes()) => {
                 let value = m.payload().unwrap_or_default();
-                let marker = Marker::parse(value).ok_or_else(|| SinkError::Marker {
+                let marker = Marker::parse(value).ok_or_else(|| SinkError::OffsetsTopicRefused {
                     topic: topic.to_owned(),
                     reason: format!(
                         "the record at partition {partition} offset {} has this stream's key {key:?} \
@@ -289,6 +314,10 @@ pub fn read_marker(
             }
             Some(Ok(_)) | None => {}
             Some(Err(KafkaError::PartitionEOF(_))) => {}
+            Some(Err(e)) if e.rdkafka_error_code().is_some_and(retryable_code) => {
+                debug!(topic, partition, error = %e, "offsets topic: transient read error; the reader reconnects");
+                transient = Some(e);
+            }
             Some(Err(e)) => return Err(failed("reading it", e)),
         }
     }

@@ -132,13 +132,15 @@ pub fn topic_partitions(topic: &str) -> Option<usize> {
 
 /// Runs `scripts/env.sh ARG` (stop or start a shared server); a failure is a
 /// test failure. Tests that call it stop shared servers: each must be the only
-/// test in its file.
+/// test in its file. The script is the one of the environment the tests
+/// were given (`OUTBOX_CDC_ENV_SH`, written to test.env by `up`: a second
+/// checkout's servers on other ports), else this checkout's.
 pub fn env_sh(arg: &str) {
-    let root = env!("CARGO_MANIFEST_DIR");
+    let script = std::env::var("OUTBOX_CDC_ENV_SH")
+        .unwrap_or_else(|_| format!("{}/scripts/env.sh", env!("CARGO_MANIFEST_DIR")));
     let status = std::process::Command::new("bash")
-        .arg(format!("{root}/scripts/env.sh"))
+        .arg(&script)
         .arg(arg)
-        .current_dir(root)
         .status()
         .unwrap_or_else(|e| panic!("scripts/env.sh {arg}: {e}"));
     assert!(status.success(), "scripts/env.sh {arg} failed: {status}");

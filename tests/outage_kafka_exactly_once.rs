@@ -1,0 +1,129 @@
+//! Exactly-once delivery across Kafka outages (issue 28, audit F8 and F9):
+//! a connector that starts while the broker is down waits for it and then
+//! streams; a broker outage inside a PostgreSQL transaction larger than
+//! `limits.max_in_flight_events` aborts the Kafka transaction and retries
+//! from the durable LSN. Neither is an operator stop, and a `read_committed`
+//! reader sees every committed row exactly once. This file stops the shared
+//! broker, so it holds exactly one test (cargo runs test files one after
+//! another).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use common::KafkaStopped;
+use common::relay::{Fixture, Running, consume_ids};
+use common::{init_tracing, unique_name};
+use outbox_cdc::pipeline::RunOptions;
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Each committed id is read exactly once by a `read_committed` reader.
+fn read_exactly_once(fx: &Fixture, committed: &BTreeSet<String>, when: &str) {
+    let records = consume_ids(&fx.topic_prefix, committed, TIMEOUT, Duration::from_secs(3));
+    let mut copies: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in &records {
+        *copies.entry(r.header("event_id")).or_default() += 1;
+    }
+    let twice: Vec<_> = copies.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "{when}: read_committed saw duplicates {twice:?}"
+    );
+    let seen: BTreeSet<String> = copies.keys().map(|s| (*s).to_owned()).collect();
+    assert_eq!(&seen, committed, "{when}: committed versus read");
+}
+
+/// Keeps checking, for `how_long`, that the connector has not stopped.
+async fn still_running_for(running: &Running, how_long: Duration, what: &str) {
+    let until = Instant::now() + how_long;
+    while Instant::now() < until {
+        assert!(
+            !running.is_finished(),
+            "{what}: the connector stopped (a broker outage must be a retry)"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_retries_through_kafka_outages_at_start_and_inside_a_large_transaction() {
+    init_tracing();
+    let fx = Fixture::new("eo_outage").await;
+    let offsets_topic = unique_name("eo_outage_offsets");
+    // A 10 s transaction timeout: a PostgreSQL transaction may keep a Kafka
+    // transaction open for 7.5 s. 100 events in flight: a 500-row
+    // transaction cannot be read whole while Kafka does not acknowledge.
+    let config = || {
+        fx.config_with(&format!(
+            "OUTBOX_CDC__DELIVERY__MODE=exactly-once \
+             OUTBOX_CDC__DELIVERY__OFFSETS_TOPIC={offsets_topic} \
+             OUTBOX_CDC__DELIVERY__TRANSACTION_TIMEOUT_MS=10000 \
+             OUTBOX_CDC__DELIVERY__MAX_BATCH_MS=50 \
+             OUTBOX_CDC__LIMITS__MAX_IN_FLIGHT_EVENTS=100"
+        ))
+    };
+    let mut committed = BTreeSet::new();
+
+    // The slot and the offsets topic exist (a first start creates the slot
+    // where it begins: rows written before it are not the relay's).
+    let first = Running::start(config()).await;
+    committed.extend(fx.write_tx(&[("order", "a", "{}".into())], true).await);
+    read_exactly_once(&fx, &committed, "before any outage");
+    first.stop().await.expect("graceful stop");
+
+    // 1. A start while the broker is down (CI seed 1796243835680920946: the
+    //    start met the broker coming back and stopped for good).
+    let mut kafka = KafkaStopped::stop();
+    for i in 0..5 {
+        let agg = format!("s{}", i % 2);
+        committed.extend(
+            fx.write_tx(&[("order", agg.as_str(), "{}".into())], true)
+                .await,
+        );
+    }
+    let running = Running::spawn(config(), RunOptions::default());
+    still_running_for(&running, Duration::from_secs(15), "started with Kafka down").await;
+    kafka.restore();
+    read_exactly_once(&fx, &committed, "after a start with Kafka down");
+    assert!(
+        running.metrics.reconnects() > 0,
+        "the start against a stopped broker must have been retried"
+    );
+
+    // 2. Kafka stops inside a PostgreSQL transaction of 500 rows (audit F9:
+    //    TransactionTooLarge stopped the connector 7.5 s later).
+    let reconnects_before = running.metrics.reconnects();
+    let mut kafka = KafkaStopped::stop();
+    let rows: Vec<(&str, String, String)> = (0..500)
+        .map(|i| ("order", format!("b{}", i % 7), format!("{{\"n\":{i}}}")))
+        .collect();
+    let refs: Vec<(&str, &str, String)> = rows
+        .iter()
+        .map(|(t, a, p)| (*t, a.as_str(), p.clone()))
+        .collect();
+    committed.extend(fx.write_tx(&refs, true).await);
+    still_running_for(
+        &running,
+        Duration::from_secs(20),
+        "Kafka down inside a large transaction",
+    )
+    .await;
+    assert!(
+        running.metrics.reconnects() > reconnects_before,
+        "the stalled Kafka transaction must have been abandoned and the session restarted"
+    );
+    kafka.restore();
+    read_exactly_once(
+        &fx,
+        &committed,
+        "after an outage inside a large transaction",
+    );
+
+    running
+        .stop()
+        .await
+        .expect("graceful stop after the outages");
+    fx.cleanup().await;
+}
