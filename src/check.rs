@@ -1246,11 +1246,11 @@ fn publication_tables(name: &str, facts: &Facts, proof: Option<&Proof>) -> Check
         .collect();
     if !problems.is_empty() {
         let mut result = fail_with(NAME, &problems);
-        if let Outcome::Fail { fix, .. } = &mut result.outcome {
-            if !others.is_empty() {
-                fix.push('\n');
-                fix.push_str(&drop_others);
-            }
+        if let Outcome::Fail { fix, .. } = &mut result.outcome
+            && !others.is_empty()
+        {
+            fix.push('\n');
+            fix.push_str(&drop_others);
         }
         return result;
     }

@@ -1145,10 +1145,10 @@ fn stringify_kafka_values(table: &mut toml::Table) {
 pub fn redact_url(url: &str) -> String {
     // URL form: scheme://user:password@host...
     if let Some((scheme, rest)) = url.split_once("://") {
-        if let Some((userinfo, host)) = rest.split_once('@') {
-            if let Some((user, _)) = userinfo.split_once(':') {
-                return format!("{scheme}://{user}:***@{host}");
-            }
+        if let Some((userinfo, host)) = rest.split_once('@')
+            && let Some((user, _)) = userinfo.split_once(':')
+        {
+            return format!("{scheme}://{user}:***@{host}");
         }
         return url.to_owned();
     }

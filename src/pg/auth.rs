@@ -301,18 +301,18 @@ pub(crate) fn check_first_request(
         return Ok(());
     };
     check_method(settings, method)?;
-    if let AuthRequest::Sasl { mechanisms } = req {
-        if settings.channel_binding == BindingMode::Require {
-            if !has_end_point {
-                return Err(AuthError::BindingRequired {
+    if let AuthRequest::Sasl { mechanisms } = req
+        && settings.channel_binding == BindingMode::Require
+    {
+        if !has_end_point {
+            return Err(AuthError::BindingRequired {
                     why: "the connection has no TLS channel to bind to (no TLS, or a server certificate without a tls-server-end-point hash)".into(),
                 });
-            }
-            if !mechanisms.iter().any(|m| m == SCRAM_SHA_256_PLUS) {
-                return Err(AuthError::BindingRequired {
-                    why: format!("the server offers only {mechanisms:?}"),
-                });
-            }
+        }
+        if !mechanisms.iter().any(|m| m == SCRAM_SHA_256_PLUS) {
+            return Err(AuthError::BindingRequired {
+                why: format!("the server offers only {mechanisms:?}"),
+            });
         }
     }
     Ok(())

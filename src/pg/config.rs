@@ -464,10 +464,10 @@ impl PgConnectConfig {
                 }
             }
         }
-        if tokio.get_password().is_none() {
-            if let Some(pw) = env("PGPASSWORD") {
-                tokio.password(pw);
-            }
+        if tokio.get_password().is_none()
+            && let Some(pw) = env("PGPASSWORD")
+        {
+            tokio.password(pw);
         }
         if tokio.get_hosts().is_empty() {
             return Err(PgError::Config {

@@ -354,7 +354,7 @@ pub async fn replay_with(
         }
         *report.by_topic.entry(event.topic).or_default() += 1;
         seen += 1;
-        if seen % 10_000 == 0 {
+        if seen.is_multiple_of(10_000) {
             info!(rows = seen, "replay progress");
         }
     }

@@ -174,22 +174,22 @@ pub fn decide(input: &ResumeInputs<'_>) -> Result<ResumePlan, StartRefused> {
             None => Err(StartRefused::SlotMissing { slot }),
         };
     };
-    if let Some(plugin) = info.plugin.as_deref() {
-        if plugin != "pgoutput" {
-            return Err(StartRefused::WrongPlugin {
-                slot,
-                plugin: plugin.to_owned(),
-            });
-        }
+    if let Some(plugin) = info.plugin.as_deref()
+        && plugin != "pgoutput"
+    {
+        return Err(StartRefused::WrongPlugin {
+            slot,
+            plugin: plugin.to_owned(),
+        });
     }
-    if let Some(db) = info.database.as_deref() {
-        if db != input.database {
-            return Err(StartRefused::WrongDatabase {
-                slot,
-                slot_database: db.to_owned(),
-                database: input.database.to_owned(),
-            });
-        }
+    if let Some(db) = info.database.as_deref()
+        && db != input.database
+    {
+        return Err(StartRefused::WrongDatabase {
+            slot,
+            slot_database: db.to_owned(),
+            database: input.database.to_owned(),
+        });
     }
     if info.wal_status.as_deref() == Some("lost") {
         // It exists, but the server removed WAL it needed: as lost as a

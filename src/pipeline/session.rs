@@ -1666,13 +1666,14 @@ async fn prove_coverage(
     let mapped = coverage::mapped_columns(&config.outbox)?;
     let through = control::wal_position(client).await?;
     let mut facts = coverage::gather(client, &table, publication).await?;
-    if config.postgres.create_publication && facts.publication.is_none() {
-        if let Some(t) = &facts.table {
-            let partitioned = t.relkind == 'p';
-            control::create_publication(client, publication, &table, partitioned).await?;
-            info!(publication, table = %table, partitioned, "created publication");
-            facts = coverage::gather(client, &table, publication).await?;
-        }
+    if config.postgres.create_publication
+        && facts.publication.is_none()
+        && let Some(t) = &facts.table
+    {
+        let partitioned = t.relkind == 'p';
+        control::create_publication(client, publication, &table, partitioned).await?;
+        info!(publication, table = %table, partitioned, "created publication");
+        facts = coverage::gather(client, &table, publication).await?;
     }
     let coverage = coverage::judge(&facts, &table, publication, &mapped)
         .map_err(|problems| PipelineError::NotCovered(NotCovered { problems }))?;
