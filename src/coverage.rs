@@ -356,7 +356,19 @@ pub struct Coverage {
     others: HashMap<u32, QualifiedTable>,
     /// Column names the mapping reads.
     mapped: Vec<String>,
+    /// The columns of the mapping's identity (event id, aggregate type and
+    /// id, payload): an outbox table never lacked them, whatever optional
+    /// columns were added since.
+    identity: Vec<String>,
 }
+
+/// The configuration keys of the columns every outbox row has always had.
+const IDENTITY_KEYS: [&str; 4] = [
+    "outbox.columns.event_id",
+    "outbox.columns.aggregate_type",
+    "outbox.columns.aggregate_id",
+    "outbox.columns.payload",
+];
 
 /// Proves (pure) that the facts cover the configured table; the mapped
 /// columns are those the mapping reads.
@@ -479,6 +491,11 @@ pub fn judge(
         outbox,
         others,
         mapped: mapped.iter().map(|m| m.column.clone()).collect(),
+        identity: mapped
+            .iter()
+            .filter(|m| IDENTITY_KEYS.contains(&m.key.as_str()))
+            .map(|m| m.column.clone())
+            .collect(),
     })
 }
 
@@ -531,6 +548,9 @@ impl Coverage {
     }
 
     /// Classifies `rel` from start-up knowledge alone where that is certain.
+    /// Another table known from start-up is trusted without a lookup only
+    /// when it lacks a mapped column: one with the outbox's columns may have
+    /// been attached as a partition since (audit F2), so the catalog decides.
     pub fn classify(&self, rel: &Relation) -> Known {
         let name = relation_name(rel);
         if name == self.table {
@@ -539,7 +559,7 @@ impl Coverage {
         if self.outbox.get(&rel.oid) == Some(&name) && rel.oid != self.root_oid {
             return Known::Is(RelationKind::Outbox);
         }
-        if self.others.get(&rel.oid) == Some(&name) {
+        if self.others.get(&rel.oid) == Some(&name) && lacks_any(rel, &self.mapped) {
             return Known::Is(RelationKind::Other);
         }
         Known::LookUp
@@ -561,7 +581,7 @@ impl Coverage {
             why,
             fix,
         };
-        let lacks_mapped = self.mapped.iter().any(|c| rel.column_index(c).is_none());
+        let lacks_mapped = lacks_any(rel, &self.mapped);
         match now {
             Some(now) if rel.oid == self.root_oid => {
                 if now.table == self.table {
@@ -597,7 +617,14 @@ impl Coverage {
                     plain(&now.table)
                 ),
             )),
-            _ if lacks_mapped => {
+            // Gone: only a relation without the outbox's identity columns is
+            // certainly not a partition (audit F14: a dropped leaf whose
+            // changes predate an optional mapped column must not be skipped).
+            None if lacks_any(rel, &self.identity) => {
+                self.others.insert(rel.oid, name.clone());
+                Ok(RelationKind::Other)
+            }
+            Some(_) if lacks_mapped => {
                 // Partitions have their root's columns: this cannot be one.
                 self.others.insert(rel.oid, name.clone());
                 Ok(RelationKind::Other)
@@ -630,6 +657,11 @@ impl Coverage {
             )),
         }
     }
+}
+
+/// Whether `rel` (as described at its change) lacks any of `columns`.
+fn lacks_any(rel: &Relation, columns: &[String]) -> bool {
+    columns.iter().any(|c| rel.column_index(c).is_none())
 }
 
 /// `schema.name` as `outbox.table` takes it (quoted parts only where needed).
@@ -934,7 +966,7 @@ mod tests {
     }
 
     fn mapped() -> Vec<MappedColumn> {
-        ["event_id", "aggregate_id", "payload"]
+        ["event_id", "aggregate_id", "payload", "schema_version"]
             .iter()
             .map(|c| MappedColumn {
                 key: format!("outbox.columns.{c}"),
@@ -944,10 +976,16 @@ mod tests {
     }
 
     fn columns() -> Vec<String> {
-        ["event_id", "aggregate_id", "payload", "occurred_at"]
-            .iter()
-            .map(|c| (*c).to_owned())
-            .collect()
+        [
+            "event_id",
+            "aggregate_id",
+            "payload",
+            "schema_version",
+            "occurred_at",
+        ]
+        .iter()
+        .map(|c| (*c).to_owned())
+        .collect()
     }
 
     fn partitioned(published: Vec<(u32, QualifiedTable)>, via_root: bool) -> CatalogFacts {
@@ -1000,7 +1038,13 @@ mod tests {
         }
     }
 
-    const OUTBOX_COLS: [&str; 4] = ["event_id", "aggregate_id", "payload", "occurred_at"];
+    const OUTBOX_COLS: [&str; 5] = [
+        "event_id",
+        "aggregate_id",
+        "payload",
+        "schema_version",
+        "occurred_at",
+    ];
 
     fn proven(facts: &CatalogFacts) -> Coverage {
         judge(facts, &t("outbox"), "pub", &mapped()).expect("covered")
@@ -1070,7 +1114,11 @@ mod tests {
             Restriction {
                 table: t("outbox_2026_11"),
                 row_filter: None,
-                columns: Some(vec!["event_id".into(), "aggregate_id".into()]),
+                columns: Some(vec![
+                    "event_id".into(),
+                    "aggregate_id".into(),
+                    "schema_version".into(),
+                ]),
             },
         ];
         facts
@@ -1213,7 +1261,17 @@ mod tests {
             true,
         ));
         let archive = relation(OTHER, "outbox_archive", &OUTBOX_COLS);
-        assert_eq!(c.classify(&archive), Known::Is(RelationKind::Other));
+        // Outbox-shaped: the catalog decides, every time (audit F2).
+        assert_eq!(c.classify(&archive), Known::LookUp);
+        assert_eq!(
+            c.resolve(
+                &archive,
+                Lsn::new(1),
+                Some(&now("outbox_archive", false, false))
+            ),
+            Ok(RelationKind::Other)
+        );
+        assert_eq!(c.classify(&archive), Known::LookUp, "still not trusted");
         // Renamed since start-up but still the same standalone table.
         let renamed = relation(OTHER, "outbox_archive_2025", &OUTBOX_COLS);
         assert_eq!(c.classify(&renamed), Known::LookUp);
@@ -1225,6 +1283,60 @@ mod tests {
             ),
             Ok(RelationKind::Other)
         );
+    }
+
+    /// Audit F2: FOR ALL TABLES without publish_via_partition_root (Debezium's
+    /// default publication), a standalone table with the outbox's columns
+    /// published at start-up, then attached as a partition: its rows are outbox
+    /// rows from then on.
+    #[test]
+    fn a_published_table_attached_as_an_outbox_partition_becomes_the_outbox() {
+        let mut c = proven(&partitioned(
+            vec![
+                (LEAF_A, t("outbox_2026_11")),
+                (LEAF_B, t("outbox_2026_12")),
+                (OTHER, t("outbox_2027_01")),
+            ],
+            false,
+        ));
+        let attached = relation(OTHER, "outbox_2027_01", &OUTBOX_COLS);
+        assert_eq!(c.classify(&attached), Known::LookUp);
+        assert_eq!(
+            c.resolve(
+                &attached,
+                Lsn::new(7),
+                Some(&now("outbox_2027_01", true, false))
+            ),
+            Ok(RelationKind::Outbox)
+        );
+        assert_eq!(c.classify(&attached), Known::Is(RelationKind::Outbox));
+    }
+
+    /// Audit F14: a relation that is gone is skipped only when it lacks the
+    /// outbox's identity columns; one that lacks only an optional mapped
+    /// column (added to the outbox later) may be a dropped leaf: stop.
+    #[test]
+    fn a_gone_relation_is_skipped_only_without_the_outbox_identity_columns() {
+        let mut c = proven(&partitioned(vec![(ROOT, t("outbox"))], true));
+        let lsn = Lsn::new(9);
+        let optional = mapped()
+            .into_iter()
+            .find(|m| !IDENTITY_KEYS.contains(&m.key.as_str()))
+            .expect("an optional mapped column in the fixture");
+        let without_optional: Vec<&str> = OUTBOX_COLS
+            .iter()
+            .copied()
+            .filter(|c| *c != optional.column)
+            .collect();
+        let old_leaf = relation(700, "outbox_2024_01", &without_optional);
+        assert!(c.resolve(&old_leaf, lsn, None).is_err(), "a dropped leaf");
+        // Still existing and not a partition: positively another table.
+        assert_eq!(
+            c.resolve(&old_leaf, lsn, Some(&now("outbox_2024_01", false, false))),
+            Ok(RelationKind::Other)
+        );
+        let unrelated = relation(701, "staging", &["id", "payload"]);
+        assert_eq!(c.resolve(&unrelated, lsn, None), Ok(RelationKind::Other));
     }
 
     #[test]

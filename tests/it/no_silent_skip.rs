@@ -675,3 +675,94 @@ async fn a_publication_narrowed_while_streaming_stops_the_connector() {
     );
     f.cleanup().await;
 }
+
+/// Audit F2: a table that the publication carries on its own when the
+/// connector starts (listed explicitly here; FOR ALL TABLES without
+/// publish_via_partition_root, Debezium's default publication, does the same),
+/// with the outbox's columns, is attached as a partition of the outbox while
+/// the connector streams. Its rows from then on are outbox rows: they must be
+/// published, not skipped as "another table" known from start-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_published_table_attached_as_a_partition_while_streaming_is_the_outbox() {
+    init_tracing();
+    let f = partitioned_fixture("attachpub", false).await;
+    let (t, p) = (f.table.clone(), f.publication.clone());
+    f.admin
+        .batch_execute(&format!(
+            "CREATE TABLE public.{t}_next (LIKE public.{t} INCLUDING ALL);
+             ALTER PUBLICATION {p} ADD TABLE public.{t}_next;"
+        ))
+        .await
+        .expect("a standalone outbox-shaped table in the publication");
+    let running = Running::start(f.config()).await;
+
+    // Written while it is standalone: not an outbox row. The outbox row after
+    // it arriving shows the stream has passed it.
+    insert(
+        &f.admin,
+        &format!("{t}_next"),
+        &["standalone".into()],
+        1,
+        "'2150-01-01'",
+    )
+    .await;
+    let before: BTreeSet<String> = insert(&f.admin, &t, &["a".into()], 1, "now()")
+        .await
+        .into_iter()
+        .collect();
+    read_ids(
+        &f.topic_prefix,
+        &before,
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .unwrap_or_else(|got| panic!("the first outbox row did not arrive ({} read)", got.len()));
+
+    f.admin
+        .batch_execute(&format!(
+            "ALTER TABLE public.{t} ATTACH PARTITION public.{t}_next \
+             FOR VALUES FROM ('2100-01-01') TO ('2200-01-01')"
+        ))
+        .await
+        .expect("attach");
+    // Routed to the attached leaf, sent under its name.
+    let attached: BTreeSet<String> = insert(&f.admin, &t, &["b".into()], 1, "'2150-01-01'")
+        .await
+        .into_iter()
+        .collect();
+    let after: BTreeSet<String> = insert(&f.admin, &t, &["a".into()], 2, "now()")
+        .await
+        .into_iter()
+        .collect();
+    let all: BTreeSet<String> = before
+        .iter()
+        .chain(&attached)
+        .chain(&after)
+        .cloned()
+        .collect();
+    let records = read_ids(
+        &f.topic_prefix,
+        &all,
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    )
+    .unwrap_or_else(|got| {
+        let seen: BTreeSet<&str> = got.iter().map(|r| r.header("event_id")).collect();
+        let lost: Vec<&String> = all
+            .iter()
+            .filter(|id| !seen.contains(id.as_str()))
+            .collect();
+        panic!("rows of the attached partition were skipped: {lost:?}")
+    });
+    assert!(
+        records.iter().all(|r| r.key != "standalone"),
+        "a row written before the attach is not an outbox row"
+    );
+    assert!(!running.is_finished(), "the connector streams on");
+    running.stop().await.expect("graceful stop");
+    f.admin
+        .batch_execute(&format!("DROP PUBLICATION {p}"))
+        .await
+        .expect("drop publication");
+    f.cleanup().await;
+}
