@@ -93,15 +93,13 @@ fn bin_name() -> String {
     for line in cargo.lines().map(str::trim) {
         if line.starts_with('[') {
             in_bin = line == "[[bin]]";
-        } else if in_bin {
-            if let Some(v) = line.strip_prefix("name") {
-                return v
-                    .trim_start()
-                    .trim_start_matches('=')
-                    .trim()
-                    .trim_matches('"')
-                    .to_string();
-            }
+        } else if in_bin && let Some(v) = line.strip_prefix("name") {
+            return v
+                .trim_start()
+                .trim_start_matches('=')
+                .trim()
+                .trim_matches('"')
+                .to_string();
         }
     }
     panic!("Cargo.toml declares no [[bin]] name")

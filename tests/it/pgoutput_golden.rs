@@ -47,7 +47,7 @@ struct Fixture {
 
 std::thread_local! {
     /// The set the running check reads (see [`each_major`]).
-    static SET: std::cell::RefCell<PathBuf> = std::cell::RefCell::new(PathBuf::new());
+    static SET: std::cell::RefCell<PathBuf> = const { std::cell::RefCell::new(PathBuf::new()) };
 }
 
 fn fixture_dir() -> PathBuf {
