@@ -159,18 +159,28 @@ impl ReplicationConnection {
     }
 
     /// `CREATE_REPLICATION_SLOT ... LOGICAL pgoutput EXPORT_SNAPSHOT` (the form
-    /// every supported major accepts). The snapshot stays usable until the
-    /// next command on this connection, so read it before
-    /// [`start_logical`](Self::start_logical).
+    /// every supported major accepts), or with `failover` (PostgreSQL 17+,
+    /// `postgres.failover_slot`) the option form `(SNAPSHOT 'export',
+    /// FAILOVER)`, so that a recreated slot survives a promotion like the
+    /// one it replaces. The snapshot stays usable until the next command on
+    /// this connection, so read it before [`start_logical`](Self::start_logical).
     pub async fn create_slot_exporting_snapshot(
         &mut self,
         slot: &str,
+        failover: bool,
     ) -> Result<ExportedSlot, PgError> {
         const COMMAND: &str = "CREATE_REPLICATION_SLOT";
-        let command = format!(
-            "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput EXPORT_SNAPSHOT",
-            quote_ident(slot)
-        );
+        let command = if failover {
+            format!(
+                "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'export', FAILOVER)",
+                quote_ident(slot)
+            )
+        } else {
+            format!(
+                "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput EXPORT_SNAPSHOT",
+                quote_ident(slot)
+            )
+        };
         let rows = match self
             .session
             .simple_query(&command, "creating a replication slot with a snapshot")

@@ -1550,8 +1550,9 @@ async fn repair_lost_slot(
     let (at, snapshot) = match existing {
         Some(confirmed) => (confirmed, None),
         None => {
-            let created = repl.create_slot_exporting_snapshot(slot).await?;
-            info!(slot, lsn = %created.consistent_point, "recreated the replication slot with an exported snapshot");
+            let failover = config.postgres.failover_slot;
+            let created = repl.create_slot_exporting_snapshot(slot, failover).await?;
+            info!(slot, lsn = %created.consistent_point, failover, "recreated the replication slot with an exported snapshot");
             (created.consistent_point, Some(created.snapshot))
         }
     };

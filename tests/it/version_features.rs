@@ -63,6 +63,30 @@ async fn failover_slot_is_created_on_17_and_refused_on_older_servers() {
         assert_eq!(records[0].header("event_id"), ids[0]);
         running.stop().await.expect("clean stop");
 
+        // Audit F11: a slot recreated by gap repair keeps `failover`.
+        fx.admin
+            .execute("SELECT pg_drop_replication_slot($1)", &[&fx.slot])
+            .await
+            .expect("drop the slot");
+        let repair = RunOptions {
+            recreate_slot: true,
+            accept_gap: true,
+            repair_only: true,
+        };
+        Running::spawn(
+            fx.config_with("OUTBOX_CDC__POSTGRES__FAILOVER_SLOT=true"),
+            repair,
+        )
+        .finished(TIMEOUT)
+        .await
+        .expect("the repair recreates the slot");
+        assert_eq!(
+            slot_failover(&fx).await,
+            Some(true),
+            "slot {} recreated by the repair without failover",
+            fx.slot
+        );
+
         // Without the key, a slot is created without failover, as before.
         let plain = Fixture::new("no_failover").await;
         let running = Running::start(plain.config()).await;
