@@ -467,12 +467,12 @@ async fn chaos(
         starts: 0,
         respawn_at: Instant::now(),
     };
-    // The first processes end at a random moment, like any other.
+    // The first processes end at a random moment, like any other (one that
+    // has already ended keeps its plan: the next poll says how it ended).
     for slot in [&mut connector, &mut consumer] {
         if let Some(p) = slot.proc.as_mut() {
-            p.plan = Plan::Kill {
-                after: p.started.elapsed() + rng.millis(300, 2000),
-            };
+            let after = p.started.elapsed() + rng.millis(300, 2000);
+            let _ = p.replan(Plan::Kill { after });
         }
     }
 
@@ -508,8 +508,8 @@ async fn chaos(
     // A run that must fire every failpoint goes on past its cycles until they
     // have, up to three times as many: the cycles count both processes'
     // deaths, and the consumer dies far more often (while the connector
-    // started for the idle PostgreSQL restart lives 30 s, the consumer dies
-    // some 30 times). coverage_gaps names what is left.
+    // kept for the idle PostgreSQL restart catches up and lives through it,
+    // the consumer dies some 10-30 times). coverage_gaps names what is left.
     let required = required_failpoints(&connector.points);
     let unwalked = |tally: &Tally| {
         opts.every_failpoint
@@ -552,17 +552,17 @@ async fn chaos(
                 tally.writer_kills += rows.len() as u64;
             }
         }
-        if let Some(&at) = kafka_at.get(tally.kafka_outages as usize) {
-            if tally.cycles >= at {
-                let before = reader.watermarks(Duration::from_secs(5));
-                let took = infra.kafka_outage(Duration::from_secs(2)).await?;
-                tally.kafka_outages += 1;
-                eprintln!(
-                    "chaos: cycle {}: Kafka stopped and started ({took:?})",
-                    tally.cycles
-                );
-                tally.add_window(before, reader.watermarks(Duration::from_secs(30)), None);
-            }
+        if let Some(&at) = kafka_at.get(tally.kafka_outages as usize)
+            && tally.cycles >= at
+        {
+            let before = reader.watermarks(Duration::from_secs(5));
+            let took = infra.kafka_outage(Duration::from_secs(2)).await?;
+            tally.kafka_outages += 1;
+            eprintln!(
+                "chaos: cycle {}: Kafka stopped and started ({took:?})",
+                tally.cycles
+            );
+            tally.add_window(before, reader.watermarks(Duration::from_secs(30)), None);
         }
         if slot_loss && tally.slot_repairs == 0 && tally.cycles >= slot_lost_at {
             let before = reader.watermarks(Duration::from_secs(5));
@@ -604,63 +604,73 @@ async fn chaos(
                 connector.respawn_at = Instant::now();
             }
         }
-        if let Some(&at) = pg_at.get(tally.pg_restarts as usize) {
-            if tally.cycles >= at {
-                let idle = tally.pg_restarts % 2 == 1;
-                if idle {
-                    let _ = pause_tx.send(true);
-                    // A live connector with no crash point armed, so that
-                    // it is there, idle, when the server shuts down.
-                    let armed = connector
-                        .proc
-                        .as_ref()
-                        .is_none_or(|p| !matches!(p.plan, Plan::Kill { .. } | Plan::Term { .. }));
-                    if armed {
-                        if let Some(mut p) = connector.proc.take() {
-                            p.abandon();
-                            after_connector_death(offsets, names, &mut admin, reader, &mut tally)
-                                .await;
-                        }
-                        connector.starts += 1;
-                        let plan = Plan::Kill {
-                            after: Duration::from_secs(30),
-                        };
-                        connector.proc =
-                            Some(launcher.spawn(Kind::Connector, plan, connector.starts));
-                    } else if let Some(p) = connector.proc.as_mut() {
-                        p.plan = Plan::Kill {
-                            after: p.started.elapsed() + Duration::from_secs(30),
-                        };
-                    }
-                    // With nothing new to publish, a live connector must
-                    // confirm everything written so far: it acknowledges the
-                    // idle keepalives' wal_end (DESIGN.md §5). Not doing so is
-                    // the WAL-pinning failure, a verdict violation.
-                    match wait_caught_up(names, &mut admin).await {
-                        Ok(took) => eprintln!(
-                            "chaos: cycle {}: writers paused, connector caught up in {took:?}",
-                            tally.cycles
-                        ),
-                        Err(e) => {
-                            eprintln!("chaos: cycle {}: {e}", tally.cycles);
-                            tally
-                                .offset_violations
-                                .push(format!("cycle {}: {e}", tally.cycles));
-                        }
+        if let Some(&at) = pg_at.get(tally.pg_restarts as usize)
+            && tally.cycles >= at
+        {
+            let idle = tally.pg_restarts % 2 == 1;
+            if idle {
+                let _ = pause_tx.send(true);
+                // A live connector with no crash point armed, so that
+                // it is there, idle, when the server shuts down: the
+                // running one if the harness may still change its plan,
+                // else a new one.
+                let kept = connector.proc.as_mut().is_some_and(keep_for_idle);
+                if !kept {
+                    retire_connector(
+                        &mut connector,
+                        offsets,
+                        names,
+                        &mut admin,
+                        reader,
+                        &mut tally,
+                    )
+                    .await?;
+                    connector.starts += 1;
+                    let plan = Plan::Kill { after: IDLE_LIFE };
+                    connector.proc = Some(launcher.spawn(Kind::Connector, plan, connector.starts));
+                }
+                let Some(live) = connector.proc.as_mut() else {
+                    unreachable!("kept or started above")
+                };
+                // With nothing new to publish, a live connector must
+                // confirm everything written so far: it acknowledges the
+                // idle keepalives' wal_end (DESIGN.md §5). Not doing so is
+                // the WAL-pinning failure, a verdict violation.
+                match wait_caught_up(names, &mut admin, live).await {
+                    Ok(took) => eprintln!(
+                        "chaos: cycle {}: writers paused, connector caught up in {took:?}",
+                        tally.cycles
+                    ),
+                    Err(e) => {
+                        eprintln!("chaos: cycle {}: {e}", tally.cycles);
+                        tally
+                            .offset_violations
+                            .push(format!("cycle {}: {e}", tally.cycles));
                     }
                 }
-                let before = reader.watermarks(Duration::from_secs(5));
-                let took = infra.pg_restart().await?;
-                tally.pg_restarts += 1;
-                eprintln!(
-                    "chaos: cycle {}: PostgreSQL restarted{} ({took:?})",
-                    tally.cycles,
-                    if idle { " while idle" } else { " under load" }
-                );
-                let _ = pause_tx.send(false);
-                // The connector reconnects after a backoff; its resends come later still.
-                tokio::time::sleep(Duration::from_secs(3)).await;
-                tally.add_window(before, reader.watermarks(Duration::from_secs(5)), None);
+            }
+            let before = reader.watermarks(Duration::from_secs(5));
+            let took = infra.pg_restart().await?;
+            tally.pg_restarts += 1;
+            eprintln!(
+                "chaos: cycle {}: PostgreSQL restarted{} ({took:?})",
+                tally.cycles,
+                if idle { " while idle" } else { " under load" }
+            );
+            let _ = pause_tx.send(false);
+            // The connector reconnects after a backoff; its resends come later still.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            tally.add_window(before, reader.watermarks(Duration::from_secs(5)), None);
+            if idle {
+                // Its part is done: it ends at a random moment, like any
+                // other, instead of living out IDLE_LIFE, during which
+                // no connector crash point could be reached (a short run
+                // then ran out of cycles before covering them). Unless
+                // it has ended: poll says how.
+                if let Some(p) = connector.proc.as_mut() {
+                    let after = p.started.elapsed() + rng.millis(300, 3000);
+                    let _ = p.replan(Plan::Kill { after });
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -728,14 +738,47 @@ async fn step(
     let Some(death) = p.poll()? else {
         return Ok(());
     };
-    let (plan, lived) = (p.plan, p.started.elapsed());
+    let (plan, lived, incarnation) = (p.plan(), p.started.elapsed(), p.incarnation);
     slot.proc = None;
+    record_death(
+        slot.kind,
+        incarnation,
+        plan,
+        lived,
+        death,
+        offsets,
+        names,
+        admin,
+        reader,
+        tally,
+    )
+    .await;
+    // A short, random pause: sometimes a backlog builds, sometimes none.
+    slot.respawn_at = Instant::now() + rng.millis(0, 400);
+    Ok(())
+}
+
+/// Counts a death that the plan expected and, for the connector, reads its
+/// stored offset and opens its window.
+#[allow(clippy::too_many_arguments)]
+async fn record_death(
+    kind: Kind,
+    incarnation: u32,
+    plan: Plan,
+    lived: Duration,
+    death: Death,
+    offsets: &Path,
+    names: &Names,
+    admin: &mut Admin,
+    reader: &KafkaReader,
+    tally: &mut Tally,
+) {
     tally.cycles += 1;
     let label = match death {
         Death::Failpoint(point) => {
             *tally
                 .failpoint_hits
-                .entry(format!("{}:{point}", slot.kind.name()))
+                .entry(format!("{}:{point}", kind.name()))
                 .or_default() += 1;
             format!("failpoint {point}")
         }
@@ -750,23 +793,80 @@ async fn step(
     };
     *tally
         .deaths
-        .entry(format!("{}: {label}", slot.kind.name()))
+        .entry(format!("{}: {label}", kind.name()))
         .or_default() += 1;
     let mut line = format!(
-        "cycle {}: {} #{} ({plan}) ended by {label} after {} ms",
+        "cycle {}: {} #{incarnation} ({plan}) ended by {label} after {} ms",
         tally.cycles,
-        slot.kind.name(),
-        slot.starts,
+        kind.name(),
         lived.as_millis()
     );
-    if slot.kind == Kind::Connector {
-        if let Some(lsn) = after_connector_death(offsets, names, admin, reader, tally).await {
-            let _ = write!(line, "; stored offset {lsn}");
-        }
+    if kind == Kind::Connector
+        && let Some(lsn) = after_connector_death(offsets, names, admin, reader, tally).await
+    {
+        let _ = write!(line, "; stored offset {lsn}");
     }
     eprintln!("chaos: {line}");
-    // A short, random pause: sometimes a backlog builds, sometimes none.
-    slot.respawn_at = Instant::now() + rng.millis(0, 400);
+}
+
+/// How long the connector the idle PostgreSQL restart relies on lives on.
+const IDLE_LIFE: Duration = Duration::from_secs(30);
+
+/// Whether the idle PostgreSQL restart can keep `p` as its live, idle
+/// connector: only one with no crash point armed (its plan is a kill or a
+/// stop at a random moment) that the harness has not acted on yet and that
+/// still runs. It is then re-planned to live [`IDLE_LIFE`] more. A connector
+/// already sent its planned SIGTERM is stopping: it must not be waited on,
+/// and must still be judged by the plan it was stopped under.
+fn keep_for_idle(p: &mut Proc) -> bool {
+    matches!(p.plan(), Plan::Kill { .. } | Plan::Term { .. })
+        && p.replan(Plan::Kill {
+            after: p.started.elapsed() + IDLE_LIFE,
+        })
+        .is_ok()
+}
+
+/// Ends the connector the idle PostgreSQL restart does not keep. One the
+/// harness already sent SIGTERM, or that has ended, is let finish and judged
+/// by its own plan: an ordinary death of the run. One with a crash point
+/// still armed is killed (as before: its plan did not run, not a cycle).
+async fn retire_connector(
+    connector: &mut Slot,
+    offsets: &Path,
+    names: &Names,
+    admin: &mut Admin,
+    reader: &KafkaReader,
+    tally: &mut Tally,
+) -> Result<(), String> {
+    let Some(mut p) = connector.proc.take() else {
+        return Ok(());
+    };
+    if !p.signalled() && !p.ended()? {
+        p.abandon();
+        after_connector_death(offsets, names, admin, reader, tally).await;
+        return Ok(());
+    }
+    // Bounded: poll kills it and fails after STOP_TIMEOUT.
+    let death = loop {
+        if let Some(death) = p.poll()? {
+            break death;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (plan, lived) = (p.plan(), p.started.elapsed());
+    record_death(
+        Kind::Connector,
+        p.incarnation,
+        plan,
+        lived,
+        death,
+        offsets,
+        names,
+        admin,
+        reader,
+        tally,
+    )
+    .await;
     Ok(())
 }
 
@@ -804,12 +904,12 @@ async fn after_connector_death(
         }
         return None;
     };
-    if let Some(prev) = tally.last_stored {
-        if stored < prev {
-            tally
-                .offset_violations
-                .push(format!("stored offset went back from {prev} to {stored}"));
-        }
+    if let Some(prev) = tally.last_stored
+        && stored < prev
+    {
+        tally
+            .offset_violations
+            .push(format!("stored offset went back from {prev} to {stored}"));
     }
     tally.last_stored = Some(stored);
     tally.stored_history.push(stored);
@@ -900,8 +1000,13 @@ const CATCH_UP_BOUND: Duration = Duration::from_secs(60);
 /// Waits (bounded by [`CATCH_UP_BOUND`]) until the slot is confirmed up to
 /// where WAL was once the writers stopped (the consumer's own writes are not
 /// published, so the connector then has nothing in flight). Returns how long
-/// it took, or what was seen.
-async fn wait_caught_up(names: &Names, admin: &mut Admin) -> Result<Duration, String> {
+/// it took, or what was seen; gives up at once if `connector`, the one
+/// expected to catch up, ends (the next poll says how).
+async fn wait_caught_up(
+    names: &Names,
+    admin: &mut Admin,
+    connector: &mut Proc,
+) -> Result<Duration, String> {
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let target = admin
@@ -914,6 +1019,13 @@ async fn wait_caught_up(names: &Names, admin: &mut Admin) -> Result<Duration, St
     let deadline = t0 + CATCH_UP_BOUND;
     let mut seen = String::from("nothing read");
     while Instant::now() < deadline {
+        if connector.ended()? {
+            return Err(format!(
+                "connector #{} ({}) ended while the harness waited for it to catch up ({seen})",
+                connector.incarnation,
+                connector.plan()
+            ));
+        }
         let row = admin
             .get()
             .await
@@ -1115,4 +1227,142 @@ fn fail(seed: u64, launcher: &Launcher, dir: &Path, why: &str) -> ! {
         "{why}\n{logs}(files kept in {}; replay the same plan with OUTBOX_CDC_CHAOS_SEED={seed})",
         dir.display()
     );
+}
+
+/// The planning state machine without any server: stand-ins for the
+/// connector (a shell that exits 0 on SIGTERM, as the connector does).
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead as _, BufReader};
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    use super::super::procs::{Death, Kind, Plan, Proc};
+    use super::{IDLE_LIFE, keep_for_idle};
+
+    /// Started under `plan`, once its SIGTERM trap is set (a SIGTERM before
+    /// that would kill the shell instead of ending it cleanly).
+    fn stand_in(plan: Plan) -> Proc {
+        let mut child = Command::new("sh")
+            .args([
+                "-c",
+                "trap 'exit 0' TERM; echo ready; while :; do sleep 0.05; done",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start sh");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped"))
+            .read_line(&mut line)
+            .expect("read the stand-in's first line");
+        assert_eq!(line.trim(), "ready");
+        Proc::from_child(Kind::Connector, child, plan, 20)
+    }
+
+    /// Polls until the process ended; how it was judged.
+    fn death_of(p: &mut Proc) -> Result<Death, String> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(death) = p.poll()? {
+                return Ok(death);
+            }
+            assert!(Instant::now() < deadline, "the stand-in did not end");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Seed 1796243724635906462: connector #20, planned "SIGTERM after 923
+    /// ms", had been sent its SIGTERM (and stopped cleanly) when the idle
+    /// PostgreSQL restart re-planned it as "kill -9 after 30990 ms", waited
+    /// 60 s for it to catch up and then judged its clean exit by the new
+    /// plan: "ended unexpectedly: exit status: 0 after SIGTERM".
+    #[test]
+    fn the_idle_restart_keeps_no_connector_it_already_sent_sigterm() {
+        let planned = Plan::Term {
+            after: Duration::ZERO,
+        };
+        let mut p = stand_in(planned);
+        assert_eq!(p.poll(), Ok(None), "the planned SIGTERM goes out");
+        assert!(p.signalled());
+        let kept = keep_for_idle(&mut p);
+        let plan = p.plan();
+        assert_eq!(
+            death_of(&mut p),
+            Ok(Death::Clean),
+            "it stops as planned and is judged by that plan (kept as the idle connector: {kept}, as {plan})"
+        );
+        assert!(
+            !kept,
+            "a connector already sent SIGTERM was kept, as {plan}"
+        );
+        assert_eq!(plan, planned, "its plan was changed after SIGTERM");
+    }
+
+    /// A connector that has ended (not yet seen by poll) is not kept either:
+    /// nothing would catch up.
+    #[test]
+    fn the_idle_restart_keeps_no_connector_that_has_ended() {
+        let mut child = Command::new("sh")
+            .args(["-c", "exit 3"])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start sh");
+        // Wait until it is a zombie: ended, not yet reaped.
+        let stat = format!("/proc/{}/stat", child.id());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !std::fs::read_to_string(&stat)
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
+            .unwrap_or(false)
+        {
+            assert!(Instant::now() < deadline, "sh did not exit");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.stdout.take();
+        let planned = Plan::Kill {
+            after: Duration::from_secs(60),
+        };
+        let mut p = Proc::from_child(Kind::Connector, child, planned, 21);
+        assert!(!keep_for_idle(&mut p), "an ended connector was kept");
+        assert_eq!(p.plan(), planned);
+        let judged = death_of(&mut p);
+        assert!(
+            judged
+                .as_ref()
+                .is_err_and(|e| e.contains("ended unexpectedly: exit status: 3")),
+            "{judged:?}"
+        );
+    }
+
+    /// A quiet connector (a kill or a stop at a random moment, not acted on
+    /// yet) is kept and lives on; one with a crash point armed is not.
+    #[test]
+    fn the_idle_restart_keeps_a_quiet_connector_and_no_armed_one() {
+        let mut p = stand_in(Plan::Term {
+            after: Duration::from_secs(60),
+        });
+        assert!(keep_for_idle(&mut p));
+        assert!(
+            matches!(p.plan(), Plan::Kill { after } if after >= IDLE_LIFE),
+            "{}",
+            p.plan()
+        );
+        assert_eq!(p.poll(), Ok(None), "not due yet");
+        assert!(!p.signalled());
+        for armed in [
+            Plan::Failpoint {
+                point: "after-receive",
+                n: 3,
+            },
+            Plan::TermInShutdown {
+                after: Duration::from_secs(60),
+            },
+            Plan::Steady,
+        ] {
+            let mut p = stand_in(armed);
+            assert!(!keep_for_idle(&mut p), "kept under {armed}");
+            assert_eq!(p.plan(), armed);
+        }
+    }
 }

@@ -168,14 +168,7 @@ impl Launcher {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("spawn the {}: {e}", kind.name()));
-        Proc {
-            kind,
-            child: Some(child),
-            plan,
-            started: Instant::now(),
-            terminated_at: None,
-            incarnation,
-        }
+        Proc::from_child(kind, child, plan, incarnation)
     }
 }
 
@@ -212,18 +205,96 @@ impl Launcher {
     }
 }
 
+/// One started process and what the harness has done to it. Its plan may be
+/// changed only while the harness has not acted on it yet and the process
+/// still runs ([`Proc::replan`]); how it ended is always judged by the plan
+/// it was actually carried out under.
 pub struct Proc {
     pub kind: Kind,
     child: Option<Child>,
-    pub plan: Plan,
+    /// How it ended, once seen outside [`Proc::poll`] (by [`Proc::ended`]),
+    /// until `poll` reports it.
+    exit: Option<ExitStatus>,
+    plan: Plan,
     pub started: Instant,
     terminated_at: Option<Instant>,
     pub incarnation: u32,
 }
 
+/// Why [`Proc::replan`] refused: the old plan stays, and so does the way the
+/// process will be judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replan {
+    /// The harness already sent it SIGTERM, as its plan said: it is stopping
+    /// (or has stopped) and must end as that plan expects.
+    Signalled,
+    /// It has ended already (not reported yet by [`Proc::poll`]).
+    Ended,
+}
+
 impl Proc {
+    /// A started process under `plan`.
+    pub fn from_child(kind: Kind, child: Child, plan: Plan, incarnation: u32) -> Proc {
+        Proc {
+            kind,
+            child: Some(child),
+            exit: None,
+            plan,
+            started: Instant::now(),
+            terminated_at: None,
+            incarnation,
+        }
+    }
+
+    pub fn plan(&self) -> Plan {
+        self.plan
+    }
+
+    /// Whether the harness has sent it SIGTERM.
+    pub fn signalled(&self) -> bool {
+        self.terminated_at.is_some()
+    }
+
+    /// Whether it has ended (killed by the harness, or exited by itself;
+    /// an exit not yet reported is kept for [`Proc::poll`]). Does not carry
+    /// the plan forward.
+    pub fn ended(&mut self) -> Result<bool, String> {
+        if self.exit.is_some() {
+            return Ok(true);
+        }
+        let Some(child) = self.child.as_mut() else {
+            return Ok(true);
+        };
+        if let Some(status) = child
+            .try_wait()
+            .map_err(|e| format!("wait for the {}: {e}", self.kind.name()))?
+        {
+            self.child = None;
+            self.exit = Some(status);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Replaces the plan of a process the harness has not acted on yet. A
+    /// process already sent SIGTERM, or already ended, keeps its plan: it
+    /// is judged by what was done to it.
+    pub fn replan(&mut self, plan: Plan) -> Result<(), Replan> {
+        if self.signalled() {
+            return Err(Replan::Signalled);
+        }
+        if self.ended().unwrap_or(true) {
+            return Err(Replan::Ended);
+        }
+        self.plan = plan;
+        Ok(())
+    }
+
     /// Carries the plan forward; returns how the process ended once it has.
     pub fn poll(&mut self) -> Result<Option<Death>, String> {
+        if let Some(status) = self.exit.take() {
+            return self.judge(status).map(Some);
+        }
         let Some(child) = self.child.as_mut() else {
             return Err(format!(
                 "{} #{} polled after it ended",
@@ -307,14 +378,18 @@ impl Proc {
     pub async fn stop(&mut self) -> Result<(), String> {
         self.sigterm();
         loop {
-            let Some(child) = self.child.as_mut() else {
-                return Err(format!(
-                    "{} #{} already ended",
-                    self.kind.name(),
-                    self.incarnation
-                ));
+            let exited = match (self.exit.take(), self.child.as_mut()) {
+                (Some(status), _) => Some(status),
+                (None, Some(child)) => child.try_wait().map_err(|e| e.to_string())?,
+                (None, None) => {
+                    return Err(format!(
+                        "{} #{} already ended",
+                        self.kind.name(),
+                        self.incarnation
+                    ));
+                }
             };
-            if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            if let Some(status) = exited {
                 self.child = None;
                 return if status.success() {
                     Ok(())

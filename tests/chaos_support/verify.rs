@@ -529,13 +529,13 @@ pub fn verify(
         }
     }
     for row in &db.outbox {
-        if let Some(l) = row.line_id.as_deref() {
-            if !known_lines.contains(l) {
-                v.outbox_mismatches.push(format!(
-                    "outbox row {} for line {l}, which no writer wrote",
-                    row.event_id
-                ));
-            }
+        if let Some(l) = row.line_id.as_deref()
+            && !known_lines.contains(l)
+        {
+            v.outbox_mismatches.push(format!(
+                "outbox row {} for line {l}, which no writer wrote",
+                row.event_id
+            ));
         }
     }
 

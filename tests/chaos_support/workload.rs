@@ -112,7 +112,7 @@ pub const AGGREGATE_TYPES: [&str; 2] = ["order", "return"];
 
 /// The aggregate type and id of aggregate `k`.
 pub fn aggregate(k: u64) -> (&'static str, String) {
-    let t = AGGREGATE_TYPES[usize::from(k % 4 == 0)];
+    let t = AGGREGATE_TYPES[usize::from(k.is_multiple_of(4))];
     (t, format!("{t}-{k}"))
 }
 
