@@ -1,7 +1,8 @@
 //! The chaos run: set-up, kill/restart cycles with outages, drain, verdict.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -126,29 +127,66 @@ struct Tally {
     stored_history: Vec<Lsn>,
     /// The slot's confirmed position at the first connector death.
     first_confirmed: Option<Lsn>,
-    /// Partition ends around each crash/outage: the in-flight windows.
+    /// Partition ends around each crash/outage: the in-flight windows, in
+    /// the order they began.
     windows: Vec<Window>,
+    /// The last connector death's window, open until just before anything
+    /// else can append to the topics (the next connector, a repair, an
+    /// outage): requests the dead process had on the wire may still land.
+    pending: Option<(Window, Instant)>,
 }
 
+/// How long after a connector's death its window stays open at least: a
+/// produce request it had sent may be appended after it died (the broker
+/// still reads it from the closed connection). Nothing else appends meanwhile.
+const LATE_APPENDS: Duration = Duration::from_millis(500);
+
 impl Tally {
-    /// `stored`: the connector's stored offset after it died here; `None`
-    /// for an outage.
+    /// `stored`: the connector's acknowledged offset when the window began:
+    /// stored at its death, or read at an outage's start. `republished`: the
+    /// events a gap repair in this window published again by its own rule.
     fn add_window(
         &mut self,
+        what: String,
         before: Result<BTreeMap<Tp, i64>, String>,
         after: Result<BTreeMap<Tp, i64>, String>,
         stored: Option<Lsn>,
+        republished: HashSet<String>,
     ) {
+        debug_assert!(self.pending.is_none(), "windows are added in order");
         match (before, after) {
             (Ok(before), Ok(after)) => self.windows.push(Window {
+                what,
                 before,
                 after,
                 stored,
+                republished,
             }),
             (before, after) => eprintln!(
-                "chaos: partition ends around a crash or outage not readable ({:?}, {:?}): its duplicates count as unexplained",
+                "chaos: partition ends around {what} not readable ({:?}, {:?}): its duplicates count as unexplained",
                 before.err(),
                 after.err()
+            ),
+        }
+    }
+
+    /// Closes the pending death window (see `pending`): its end is read now,
+    /// at least [`LATE_APPENDS`] after the death.
+    async fn close_pending(&mut self, reader: &KafkaReader) {
+        let Some((mut window, died)) = self.pending.take() else {
+            return;
+        };
+        if let Some(rest) = LATE_APPENDS.checked_sub(died.elapsed()) {
+            tokio::time::sleep(rest).await;
+        }
+        match reader.watermarks(Duration::from_secs(5)) {
+            Ok(after) => {
+                window.after = after;
+                self.windows.push(window);
+            }
+            Err(e) => eprintln!(
+                "chaos: partition ends after {} not readable ({e}): its duplicates count as unexplained",
+                window.what
             ),
         }
     }
@@ -555,17 +593,28 @@ async fn chaos(
         if let Some(&at) = kafka_at.get(tally.kafka_outages as usize)
             && tally.cycles >= at
         {
+            tally.close_pending(reader).await;
+            // The bound first, then the partitions' ends (see stored_now).
+            let (stored, source) = stored_now(&mut connector, offsets, names, &tally).await;
             let before = reader.watermarks(Duration::from_secs(5));
             let took = infra.kafka_outage(Duration::from_secs(2)).await?;
             tally.kafka_outages += 1;
             eprintln!(
-                "chaos: cycle {}: Kafka stopped and started ({took:?})",
+                "chaos: cycle {}: Kafka stopped and started ({took:?}); acknowledged before: {stored} ({source})",
                 tally.cycles
             );
-            tally.add_window(before, reader.watermarks(Duration::from_secs(30)), None);
+            tally.add_window(
+                format!(
+                    "the Kafka outage at cycle {} (acknowledged {stored} before it)",
+                    tally.cycles
+                ),
+                before,
+                reader.watermarks(Duration::from_secs(30)),
+                Some(stored),
+                HashSet::new(),
+            );
         }
         if slot_loss && tally.slot_repairs == 0 && tally.cycles >= slot_lost_at {
-            let before = reader.watermarks(Duration::from_secs(5));
             if let Some(mut p) = connector.proc.take() {
                 p.abandon();
                 after_connector_death(offsets, names, &mut admin, reader, &mut tally).await;
@@ -583,24 +632,46 @@ async fn chaos(
                 connector.respawn_at = Instant::now();
                 slot_lost_at = tally.cycles + 1;
             } else {
+                // The offset stored for the lost slot: what the repair starts from.
+                let lost = OffsetStore::open(offsets)
+                    .and_then(|s| s.load(&names.slot))
+                    .map_err(|e| format!("read the offset store before the repair: {e}"))?
+                    .ok_or("no offset stored before the repair")?;
                 drop_slot(names, &mut admin).await?;
                 // Writers go on: their rows are in the gap only the table holds.
                 tokio::time::sleep(Duration::from_millis(700)).await;
+                tally.close_pending(reader).await;
+                let before = reader.watermarks(Duration::from_secs(5));
                 let t = Instant::now();
                 let repair = launcher.clone();
                 tokio::task::spawn_blocking(move || repair.repair())
                     .await
                     .map_err(|e| format!("repair task: {e}"))??;
                 tally.slot_repairs += 1;
+                // Repaired rows repeat what was acknowledged within the
+                // repair's margin (its rule, DESIGN.md §13): the contract's
+                // wider duplicate window. Any other duplicate across it is
+                // bounded by the stored offset, like a crash's.
+                let republished = republished_by_repair(&lost, names, &mut admin).await?;
                 eprintln!(
-                    "chaos: cycle {}: slot dropped, gap repaired ({:?})",
+                    "chaos: cycle {}: slot dropped, gap repaired ({:?}); stored {}, {} rows within the repair's rule",
                     tally.cycles,
-                    t.elapsed()
+                    t.elapsed(),
+                    lost.lsn,
+                    republished.len()
                 );
-                // Repaired rows repeat what was acknowledged within the repair's
-                // margin: the contract's wider duplicate window, not bounded by
-                // the stored offset.
-                tally.add_window(before, reader.watermarks(Duration::from_secs(5)), None);
+                tally.add_window(
+                    format!(
+                        "the slot repair at cycle {} (stored {}, {} rows within its rule)",
+                        tally.cycles,
+                        lost.lsn,
+                        republished.len()
+                    ),
+                    before,
+                    reader.watermarks(Duration::from_secs(5)),
+                    Some(lost.lsn),
+                    republished,
+                );
                 connector.respawn_at = Instant::now();
             }
         }
@@ -625,6 +696,7 @@ async fn chaos(
                         &mut tally,
                     )
                     .await?;
+                    tally.close_pending(reader).await;
                     connector.starts += 1;
                     let plan = Plan::Kill { after: IDLE_LIFE };
                     connector.proc = Some(launcher.spawn(Kind::Connector, plan, connector.starts));
@@ -649,18 +721,30 @@ async fn chaos(
                     }
                 }
             }
+            tally.close_pending(reader).await;
+            // The bound first, then the partitions' ends (see stored_now).
+            let (stored, source) = stored_now(&mut connector, offsets, names, &tally).await;
             let before = reader.watermarks(Duration::from_secs(5));
             let took = infra.pg_restart().await?;
             tally.pg_restarts += 1;
+            let how = if idle { "while idle" } else { "under load" };
             eprintln!(
-                "chaos: cycle {}: PostgreSQL restarted{} ({took:?})",
+                "chaos: cycle {}: PostgreSQL restarted {how} ({took:?}); acknowledged before: {stored} ({source})",
                 tally.cycles,
-                if idle { " while idle" } else { " under load" }
             );
             let _ = pause_tx.send(false);
             // The connector reconnects after a backoff; its resends come later still.
             tokio::time::sleep(Duration::from_secs(3)).await;
-            tally.add_window(before, reader.watermarks(Duration::from_secs(5)), None);
+            tally.add_window(
+                format!(
+                    "the PostgreSQL restart {how} at cycle {} (acknowledged {stored} before it)",
+                    tally.cycles
+                ),
+                before,
+                reader.watermarks(Duration::from_secs(5)),
+                Some(stored),
+                HashSet::new(),
+            );
             if idle {
                 // Its part is done: it ends at a random moment, like any
                 // other, instead of living out IDLE_LIFE, during which
@@ -691,6 +775,9 @@ async fn chaos(
             if slot.kind == Kind::Connector {
                 after_connector_death(offsets, names, &mut admin, reader, &mut tally).await;
             }
+        }
+        if slot.kind == Kind::Connector {
+            tally.close_pending(reader).await;
         }
         slot.starts += 1;
         slot.proc = Some(launcher.spawn(slot.kind, Plan::Steady, slot.starts));
@@ -723,6 +810,9 @@ async fn step(
 ) -> Result<(), String> {
     let Some(p) = slot.proc.as_mut() else {
         if Instant::now() >= slot.respawn_at {
+            if slot.kind == Kind::Connector {
+                tally.close_pending(reader).await;
+            }
             slot.starts += 1;
             let plan = next_plan(
                 slot.kind,
@@ -870,6 +960,133 @@ async fn retire_connector(
     Ok(())
 }
 
+/// The connector's acknowledged offset now, as the bound of a window that
+/// begins now (an outage): every session that resumes after it starts at or
+/// after this offset (the store only moves forward), and a copy appended
+/// after the window's start ends (read after this) by a session already
+/// running had not been acknowledged when this was read. From the running
+/// connector's `/metrics` (it holds the offset store; `outbox_cdc_acked_lsn`
+/// is only set from a flushed store write), from the store when no connector
+/// runs, and else the offset stored at its last death (a lower bound).
+async fn stored_now(
+    connector: &mut Slot,
+    offsets: &Path,
+    names: &Names,
+    tally: &Tally,
+) -> (Lsn, String) {
+    let fallback = tally.last_stored.unwrap_or(Lsn::ZERO);
+    let ended = connector
+        .proc
+        .as_mut()
+        .is_none_or(|p| p.ended().unwrap_or(true));
+    match connector.proc.as_mut().filter(|_| !ended) {
+        Some(p) => {
+            // A connector started a moment ago serves /metrics, and stores
+            // its start, within a second or two.
+            let deadline = Instant::now() + Duration::from_secs(3);
+            let why = loop {
+                let why = match p.metrics {
+                    Some(addr) => match acked_from_metrics(addr).await {
+                        Ok(Some(lsn)) => {
+                            return (lsn, format!("/metrics of connector #{}", p.incarnation));
+                        }
+                        Ok(None) => "not known yet".to_owned(),
+                        Err(e) => e,
+                    },
+                    None => break "no /metrics".to_owned(),
+                };
+                if Instant::now() > deadline || p.ended().unwrap_or(true) {
+                    break why;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            (
+                fallback,
+                format!(
+                    "stored at the connector's last death; #{}'s /metrics: {why}",
+                    p.incarnation
+                ),
+            )
+        }
+        // No process holds the store (the next one starts after this).
+        None => match OffsetStore::open(offsets).and_then(|s| s.load(&names.slot)) {
+            Ok(stored) => (
+                stored.map_or(Lsn::ZERO, |s| s.lsn),
+                "the offset store, no connector running".to_owned(),
+            ),
+            Err(e) => (
+                fallback,
+                format!("stored at the connector's last death; the store: {e}"),
+            ),
+        },
+    }
+}
+
+/// `outbox_cdc_acked_lsn` from the connector's `/metrics`; `None` while it
+/// is 0 (before its first session stored anything).
+async fn acked_from_metrics(addr: SocketAddr) -> Result<Option<Lsn>, String> {
+    let body = outbox_cdc::http::get(addr, "/metrics", Duration::from_secs(2))
+        .await
+        .map_err(|e| e.to_string())?;
+    let value = body
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(outbox_cdc::metrics::ACKED_LSN)?
+                .strip_prefix(' ')
+        })
+        .ok_or_else(|| format!("no {} in {addr}/metrics", outbox_cdc::metrics::ACKED_LSN))?;
+    let n: u64 = value
+        .trim()
+        .parse()
+        .map_err(|e| format!("{} {value:?}: {e}", outbox_cdc::metrics::ACKED_LSN))?;
+    Ok((n != 0).then(|| Lsn::new(n)))
+}
+
+/// The events the gap repair of the lost slot (stored offset `lost`)
+/// publishes again by its rule (src/pipeline/repair.rs): committed at or
+/// after the acknowledged commit time minus the margin, by the commit
+/// timestamp when tracked, else by `occurred_at`.
+async fn republished_by_repair(
+    lost: &outbox_cdc::checkpoint::StoredOffset,
+    names: &Names,
+    admin: &mut Admin,
+) -> Result<HashSet<String>, String> {
+    let Some(acked) = lost.acked_commit_time else {
+        return Err(format!(
+            "the offset stored for the lost slot ({}) has no commit time",
+            lost.lsn
+        ));
+    };
+    let client = admin.get().await;
+    let track: String = client
+        .query_one("SELECT current_setting('track_commit_timestamp')", &[])
+        .await
+        .map_err(|e| format!("read track_commit_timestamp: {e}"))?
+        .get(0);
+    let repair = super::schema::REPAIR;
+    let (time, margin_ms) = if track == "on" {
+        (
+            "coalesce(pg_xact_commit_timestamp(xmin), occurred_at)",
+            repair.commit_time_margin_ms,
+        )
+    } else {
+        ("occurred_at", repair.occurred_at_margin_ms)
+    };
+    let since = (acked.0 - (margin_ms as i64) * 1000) as f64;
+    let rows = client
+        .query(
+            &format!(
+                "SELECT event_id::text FROM public.{} \
+                 WHERE ((extract(epoch FROM {time}) - 946684800) * 1e6)::float8 >= $1::float8",
+                names.outbox
+            ),
+            &[&since],
+        )
+        .await
+        .map_err(|e| format!("read the rows within the repair's rule: {e}"))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
 /// After the connector died: its stored offset only moves forward, the slot
 /// was never confirmed beyond it, and the partitions' ends mark the edge of
 /// the in-flight window.
@@ -880,20 +1097,49 @@ async fn after_connector_death(
     reader: &KafkaReader,
     tally: &mut Tally,
 ) -> Option<Lsn> {
-    // Requests the dead process had on the wire may still be appended.
+    // An earlier death's window closes before this one opens.
+    tally.close_pending(reader).await;
+    let died = Instant::now();
+    // Requests the dead process had on the wire may still be appended: the
+    // window stays open until the next connector starts (close_pending).
     tokio::time::sleep(Duration::from_millis(50)).await;
     let now = reader.watermarks(Duration::from_secs(3));
-    let stored = match OffsetStore::open(offsets).and_then(|s| s.load(&names.slot)) {
+    let read = OffsetStore::open(offsets).and_then(|s| s.load(&names.slot));
+    let window_stored = match &read {
+        // Nothing stored yet: nothing was acknowledged.
+        Ok(s) => Some(s.as_ref().map_or(Lsn::ZERO, |s| s.lsn)),
+        Err(_) => None,
+    };
+    match now {
+        Ok(ends) => {
+            tally.pending = Some((
+                Window {
+                    what: format!(
+                        "the connector's death at cycle {} (stored {})",
+                        tally.cycles,
+                        window_stored.map_or_else(|| "unreadable".to_owned(), |s| s.to_string())
+                    ),
+                    before: ends.clone(),
+                    after: ends,
+                    stored: window_stored,
+                    republished: HashSet::new(),
+                },
+                died,
+            ));
+        }
+        Err(e) => eprintln!(
+            "chaos: partition ends at a connector's death not readable ({e}): its duplicates count as unexplained"
+        ),
+    }
+    let stored = match read {
         Ok(s) => s.map(|s| s.lsn),
         Err(e) => {
             tally
                 .offset_violations
                 .push(format!("cannot read the offset store after a crash: {e}"));
-            tally.add_window(now.clone(), now, None);
             return None;
         }
     };
-    tally.add_window(now.clone(), now, stored);
     let Some(stored) = stored else {
         // Before its first persist (killed while starting) nothing is stored;
         // once something was, it can never disappear.
@@ -1184,11 +1430,12 @@ fn report(opts: &Options, tally: &Tally, v: &Verdict, redeliveries: usize) {
         v.unknown_rolled_back
     );
     eprintln!(
-        "chaos: events={} records={} duplicates={} unexplained_duplicates={} consumer_redeliveries={} kafka_outages={} pg_restarts={} slot_repairs={} writer_connections_cut={}",
+        "chaos: events={} records={} duplicates={} unexplained_duplicates={} unbounded_duplicates={} consumer_redeliveries={} kafka_outages={} pg_restarts={} slot_repairs={} writer_connections_cut={}",
         v.events,
         v.records,
         v.duplicates,
         v.unexplained_duplicates.len(),
+        v.unbounded_duplicates,
         redeliveries,
         tally.kafka_outages,
         tally.pg_restarts,

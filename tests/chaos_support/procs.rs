@@ -4,9 +4,11 @@
 
 use std::fmt;
 use std::io::Write as _;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 /// A failpoint plan that has not fired by then is given up (SIGKILL instead):
@@ -150,6 +152,13 @@ impl Launcher {
             .env("NO_COLOR", "1")
             .env_remove("OUTBOX_CDC_FAILPOINT")
             .env_remove("OUTBOX_CDC_CONSUMER_FAILPOINT");
+        // Each connector serves /metrics on its own loopback port (the config
+        // file, shared by every start, has none): the harness reads its
+        // acknowledged offset there while it runs and holds the offset store.
+        let metrics = (kind == Kind::Connector).then(free_loopback_address);
+        if let Some(addr) = metrics {
+            command.env("OUTBOX_CDC__HTTP__LISTEN", addr.to_string());
+        }
         match plan {
             Plan::Failpoint { point, n } => {
                 command.env(kind.failpoint_var(), format!("{point}:{n}"));
@@ -168,8 +177,37 @@ impl Launcher {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("spawn the {}: {e}", kind.name()));
-        Proc::from_child(kind, child, plan, incarnation)
+        let mut proc = Proc::from_child(kind, child, plan, incarnation);
+        proc.metrics = metrics;
+        proc
     }
+}
+
+/// A loopback address for a connector's `/metrics` that nothing listens on
+/// now. The port is taken below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`, 32768-60999 by default), and each call
+/// tries the next one: a port from that range (bind to port 0, then release)
+/// could be handed out as some client's source port before the connector
+/// binds it, and the connector refuses to start when its listener fails.
+fn free_loopback_address() -> SocketAddr {
+    const FIRST: u16 = 20_000;
+    const COUNT: u16 = 12_000;
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    // A different start per test process, so that two runs on one machine
+    // (chaos and chaos_partitioned, say) do not walk the same ports.
+    let seed = (std::process::id() % u32::from(COUNT)) as u16;
+    for _ in 0..COUNT {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = FIRST + (seed.wrapping_add(n) % COUNT);
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        if TcpListener::bind(addr).is_ok() {
+            return addr;
+        }
+    }
+    panic!(
+        "no free loopback port in {FIRST}..{} for a connector's /metrics",
+        FIRST + COUNT
+    )
 }
 
 impl Launcher {
@@ -219,6 +257,8 @@ pub struct Proc {
     pub started: Instant,
     terminated_at: Option<Instant>,
     pub incarnation: u32,
+    /// The connector's `/metrics` address (`None` for the consumer).
+    pub metrics: Option<SocketAddr>,
 }
 
 /// Why [`Proc::replan`] refused: the old plan stays, and so does the way the
@@ -243,6 +283,7 @@ impl Proc {
             started: Instant::now(),
             terminated_at: None,
             incarnation,
+            metrics: None,
         }
     }
 

@@ -5,6 +5,21 @@ use std::path::{Path, PathBuf};
 
 use super::{kafka_bootstrap, pg_url};
 
+/// The `[repair]` margins of the run's connector: the verdict allows a
+/// duplicate across the gap repair of any row within them (harness.rs
+/// `republished_by_repair`). `occurred_at` is the writing transaction's start,
+/// and the writers' transactions last milliseconds: one minute instead of the
+/// default hour keeps the repair's duplicates a bounded set, not the whole run.
+pub struct RepairMargins {
+    pub commit_time_margin_ms: u64,
+    pub occurred_at_margin_ms: u64,
+}
+
+pub const REPAIR: RepairMargins = RepairMargins {
+    commit_time_margin_ms: 10_000,
+    occurred_at_margin_ms: 60_000,
+};
+
 pub struct Names {
     pub base: String,
     /// Outbox table (same shape as public.outbox_events).
@@ -201,8 +216,14 @@ flush_interval_ms = 20
 [limits]
 shutdown_timeout_ms = 5000
 
+# Each connector process serves /metrics on a port of its own
+# (OUTBOX_CDC__HTTP__LISTEN, procs.rs); the repair and the audit none.
 [http]
 listen = ""
+
+[repair]
+commit_time_margin_ms = {commit_time_margin_ms}
+occurred_at_margin_ms = {occurred_at_margin_ms}
 
 [retry]
 initial_backoff_ms = 100
@@ -215,6 +236,8 @@ max_backoff_ms = 1000
             prefix = self.topic_prefix,
             kafka = kafka_bootstrap(),
             offsets = offsets.display(),
+            commit_time_margin_ms = REPAIR.commit_time_margin_ms,
+            occurred_at_margin_ms = REPAIR.occurred_at_margin_ms,
         )
     }
 
