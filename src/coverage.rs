@@ -14,6 +14,10 @@
 //!   created while streaming), another table known to be published, or
 //!   unaccounted for, which stops the connector ([`Unaccounted`]). A relation
 //!   not known from start-up is looked up in the catalog ([`lookup`]) first.
+//! - The proof is repeated while streaming; besides the state now, each one
+//!   holds the identity of the catalog rows it rests on against the earlier
+//!   proofs' ([`PublicationIdentity`], [`Coverage::reconfirm`]), so a narrowing
+//!   undone between two proofs still stops the connector.
 //!
 //! Partitions: with `publish_via_partition_root = true` changes arrive under
 //! the root's name; without it, under each leaf's name. Partitions always have
@@ -76,6 +80,29 @@ pub struct PublicationFacts {
     /// Row filters and column lists (PostgreSQL 15+) on the configured table,
     /// its partitions or its ancestors.
     pub restrictions: Vec<Restriction>,
+    /// The catalog rows this proof rests on, by identity.
+    pub identity: PublicationIdentity,
+}
+
+/// The catalog rows a proof rests on, by identity: the publication's own
+/// `pg_publication` row and its entries for the outbox tree
+/// (`pg_publication_rel` of the table, its partitions and ancestors;
+/// `pg_publication_namespace` of their schemas), each as (OID, xmin).
+///
+/// pgoutput applies the publication as of each change's LSN: rows committed
+/// while it was narrowed are never sent, even if it was widened again before
+/// the next proof, which then sees nothing wrong (audit F1). Every such change
+/// rewrites or replaces one of these rows (ALTER PUBLICATION SET updates the
+/// publication's row; DROP/ADD TABLE and SET TABLE ... WHERE replace entries; a
+/// publication dropped and created again has a new OID), so a row of the
+/// baseline that changed or vanished is caught however short the window.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PublicationIdentity {
+    /// `pg_publication` (OID, xmin).
+    pub publication: (u32, i64),
+    /// `('r', OID, xmin)` of `pg_publication_rel`, `('n', OID, xmin)` of
+    /// `pg_publication_namespace` entries.
+    pub entries: std::collections::BTreeSet<(char, u32, i64)>,
 }
 
 /// A `pg_publication_rel` entry that narrows what is sent.
@@ -141,6 +168,13 @@ pub enum CoverageProblem {
         table: QualifiedTable,
         missing: Vec<MappedColumn>,
     },
+    /// A catalog row the last proof rested on changed or vanished while
+    /// streaming (see [`PublicationIdentity`]): the publication may have
+    /// carried less for a while, even if it is complete again now.
+    PublicationChanged {
+        publication: String,
+        changed: String,
+    },
 }
 
 impl CoverageProblem {
@@ -205,6 +239,12 @@ impl CoverageProblem {
                      -- publishes every row and column of {table}"
                 )
             }
+            CoverageProblem::PublicationChanged { .. } => "restart the connector: it proves the publication \
+                 as it is now. If the change narrowed it for a while (a table dropped and added again, a \
+                 transient row filter, publish toggled, the publication recreated), outbox rows committed \
+                 meanwhile were not sent: publish them with `outbox-cdc audit --since <the change's time> \
+                 --repair` (docs/operations.md, \"Publication changed while streaming\")"
+                .to_owned(),
         }
     }
 
@@ -219,7 +259,8 @@ impl CoverageProblem {
             CoverageProblem::NoInserts { .. } => CheckItem::Publishes,
             CoverageProblem::NotPublished { .. }
             | CoverageProblem::RowFilter { .. }
-            | CoverageProblem::ColumnList { .. } => CheckItem::Tables,
+            | CoverageProblem::ColumnList { .. }
+            | CoverageProblem::PublicationChanged { .. } => CheckItem::Tables,
         }
     }
 }
@@ -305,6 +346,14 @@ impl fmt::Display for CoverageProblem {
                     names.join(", ")
                 )
             }
+            CoverageProblem::PublicationChanged {
+                publication,
+                changed,
+            } => write!(
+                f,
+                "publication {publication:?} was changed while the connector streamed ({changed}); PostgreSQL \
+                 does not send rows committed while a publication leaves them out"
+            ),
         }
     }
 }
@@ -360,6 +409,8 @@ pub struct Coverage {
     /// id, payload): an outbox table never lacked them, whatever optional
     /// columns were added since.
     identity: Vec<String>,
+    /// The catalog rows the proofs so far rested on.
+    publication: PublicationIdentity,
 }
 
 /// The configuration keys of the columns every outbox row has always had.
@@ -496,6 +547,7 @@ pub fn judge(
             .filter(|m| IDENTITY_KEYS.contains(&m.key.as_str()))
             .map(|m| m.column.clone())
             .collect(),
+        publication: p.identity.clone(),
     })
 }
 
@@ -545,6 +597,51 @@ impl Coverage {
     /// The configured table's OID at start-up.
     pub fn root_oid(&self) -> u32 {
         self.root_oid
+    }
+
+    /// Holds a later proof's catalog rows against those the proofs so far
+    /// rested on: a row that changed or vanished is a problem (whatever the
+    /// catalog says now); rows only added widen the publication and become
+    /// part of the baseline.
+    pub fn reconfirm(
+        &mut self,
+        publication: &str,
+        now: &PublicationIdentity,
+    ) -> Result<(), CoverageProblem> {
+        let changed = |changed: String| CoverageProblem::PublicationChanged {
+            publication: publication.to_owned(),
+            changed,
+        };
+        let (oid, xmin) = self.publication.publication;
+        if now.publication.0 != oid {
+            return Err(changed(format!(
+                "it was dropped and created again (OID {oid} is now {})",
+                now.publication.0
+            )));
+        }
+        if now.publication.1 != xmin {
+            return Err(changed(
+                "its options were altered (ALTER PUBLICATION ... SET)".to_owned(),
+            ));
+        }
+        let gone: Vec<String> = self
+            .publication
+            .entries
+            .difference(&now.entries)
+            .map(|(kind, oid, _)| match kind {
+                'n' => format!("schema entry {oid}"),
+                _ => format!("table entry {oid}"),
+            })
+            .collect();
+        if !gone.is_empty() {
+            return Err(changed(format!(
+                "its entries for the outbox were dropped or replaced: {} (DROP TABLE/ADD TABLE, \
+                 SET TABLE, a row filter or column list changed)",
+                gone.join(", ")
+            )));
+        }
+        self.publication = now.clone();
+        Ok(())
     }
 
     /// Classifies `rel` from start-up knowledge alone where that is certain.
@@ -853,7 +950,8 @@ async fn publication_facts(
 ) -> Result<Option<PublicationFacts>, PgError> {
     let Some(row) = client
         .query_opt(
-            "SELECT puballtables, pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1",
+            "SELECT puballtables, pubinsert, pubviaroot, oid, xmin::text::bigint \
+             FROM pg_publication WHERE pubname = $1",
             &[&publication],
         )
         .await
@@ -867,7 +965,42 @@ async fn publication_facts(
         via_root: row.try_get(2).map_err(e)?,
         published: Vec::new(),
         restrictions: Vec::new(),
+        identity: PublicationIdentity {
+            publication: (row.try_get(3).map_err(e)?, row.try_get(4).map_err(e)?),
+            entries: Default::default(),
+        },
     };
+    if let Some(t) = table {
+        let mut oids: Vec<u32> = vec![t.oid];
+        oids.extend(t.partitions.iter().map(|m| m.oid));
+        oids.extend(t.ancestors.iter().map(|(oid, _)| *oid));
+        // Schema entries (TABLES IN SCHEMA) exist from PostgreSQL 15 on.
+        let schemas = if version >= 150000 {
+            " UNION ALL SELECT 'n', pn.oid, pn.xmin::text::bigint FROM pg_publication_namespace pn \
+               WHERE pn.pnpubid = $1 AND pn.pnnspid IN \
+                 (SELECT relnamespace FROM pg_class WHERE oid = ANY ($2::oid[]))"
+        } else {
+            ""
+        };
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT 'r'::text, pr.oid, pr.xmin::text::bigint FROM pg_publication_rel pr \
+                     WHERE pr.prpubid = $1 AND pr.prrelid = ANY ($2::oid[]){schemas}"
+                ),
+                &[&facts.identity.publication.0, &oids],
+            )
+            .await
+            .map_err(e)?;
+        for r in &rows {
+            let kind: String = r.try_get(0).map_err(e)?;
+            facts.identity.entries.insert((
+                kind.chars().next().unwrap_or('r'),
+                r.try_get(1).map_err(e)?,
+                r.try_get(2).map_err(e)?,
+            ));
+        }
+    }
     let rows = client
         .query(
             "SELECT c.oid, pt.schemaname::text, pt.tablename::text FROM pg_publication_tables pt \
@@ -1014,6 +1147,7 @@ mod tests {
                 insert: true,
                 via_root,
                 published,
+                identity: PublicationIdentity::default(),
                 restrictions: Vec::new(),
             }),
             similar_tables: Vec::new(),
@@ -1337,6 +1471,54 @@ mod tests {
         );
         let unrelated = relation(701, "staging", &["id", "payload"]);
         assert_eq!(c.resolve(&unrelated, lsn, None), Ok(RelationKind::Other));
+    }
+
+    /// Audit F1: a later proof is held against the catalog rows the proofs
+    /// so far rested on, not only against the state now.
+    #[test]
+    fn a_publication_changed_between_proofs_is_caught_by_its_rows() {
+        let identity =
+            |publication: (u32, i64), entries: &[(char, u32, i64)]| PublicationIdentity {
+                publication,
+                entries: entries.iter().copied().collect(),
+            };
+        let mut facts = partitioned(vec![(ROOT, t("outbox"))], true);
+        facts.publication.as_mut().unwrap().identity = identity((7, 100), &[('r', 20, 101)]);
+        let mut c = proven(&facts);
+        // Unchanged, then widened (an entry added): fine, and the new entry
+        // joins the baseline.
+        assert_eq!(
+            c.reconfirm("pub", &identity((7, 100), &[('r', 20, 101)])),
+            Ok(())
+        );
+        let wider = identity((7, 100), &[('r', 20, 101), ('n', 30, 105)]);
+        assert_eq!(c.reconfirm("pub", &wider), Ok(()));
+        // The table dropped and added again (a new entry), the schema entry
+        // gone, options altered, the publication recreated: each is caught
+        // although every later state would pass the proof.
+        for (now, says) in [
+            (
+                identity((7, 100), &[('r', 21, 110), ('n', 30, 105)]),
+                "table entry 20",
+            ),
+            (identity((7, 100), &[('r', 20, 101)]), "schema entry 30"),
+            (
+                identity((7, 111), &[('r', 20, 101), ('n', 30, 105)]),
+                "options were altered",
+            ),
+            (
+                identity((8, 112), &[('r', 20, 101), ('n', 30, 105)]),
+                "dropped and created again",
+            ),
+        ] {
+            let mut c = c.clone();
+            let problem = c.reconfirm("pub", &now).expect_err(says);
+            assert!(
+                matches!(&problem, CoverageProblem::PublicationChanged { changed, .. } if changed.contains(says)),
+                "{problem}"
+            );
+            assert!(problem.fix().contains("audit"), "{}", problem.fix());
+        }
     }
 
     #[test]

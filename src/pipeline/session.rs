@@ -65,7 +65,18 @@ struct Transactions {
 const SHUTTING_DOWN: &str = "57P03";
 
 /// A coverage re-proof: the problems found, and the WAL position it holds for.
-type ReproofTask = JoinHandle<Result<(Vec<CoverageProblem>, Lsn), PgError>>;
+/// A re-proof's problems, the WAL position it proves through and the
+/// catalog rows it rests on (none without a publication).
+type ReproofTask = JoinHandle<
+    Result<
+        (
+            Vec<CoverageProblem>,
+            Lsn,
+            Option<coverage::PublicationIdentity>,
+        ),
+        PgError,
+    >,
+>;
 
 pub(crate) struct Session<'a> {
     config: &'a Config,
@@ -1201,10 +1212,21 @@ impl<'a> Session<'a> {
             };
             self.reproof = None;
             match done {
-                Ok(Ok((problems, _))) if !problems.is_empty() => {
+                Ok(Ok((problems, _, _))) if !problems.is_empty() => {
                     return Err(PipelineError::CoverageLost(NotCovered { problems }));
                 }
-                Ok(Ok((_, through))) => {
+                Ok(Ok((_, through, identity))) => {
+                    // Also what the catalog looked like in between: a
+                    // narrowing undone since leaves its trace here.
+                    if let Some(identity) = identity {
+                        self.coverage
+                            .reconfirm(&self.config.postgres.publication, &identity)
+                            .map_err(|problem| {
+                                PipelineError::CoverageLost(NotCovered {
+                                    problems: vec![problem],
+                                })
+                            })?;
+                    }
                     if self.tracker.prove_through(through).is_some() {
                         self.mark_dirty();
                     }
@@ -1284,7 +1306,7 @@ impl<'a> Session<'a> {
             let problems = coverage::judge(&facts, &table, &publication, &mapped)
                 .err()
                 .unwrap_or_default();
-            Ok((problems, through))
+            Ok((problems, through, facts.publication.map(|p| p.identity)))
         }));
         Ok(())
     }

@@ -766,3 +766,77 @@ async fn a_published_table_attached_as_a_partition_while_streaming_is_the_outbox
         .expect("drop publication");
     f.cleanup().await;
 }
+
+/// Audit F1: the outbox dropped from the publication, a row committed, the
+/// outbox added again, all between two coverage proofs. Both proofs see a
+/// complete publication now, but PostgreSQL never sends the row committed in
+/// between: the connector must notice the catalog rows changed and stop
+/// before acknowledging past the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publication_narrowing_undone_between_two_proofs_stops_the_connector() {
+    init_tracing();
+    let f = Fixture::new("narrowundone").await;
+    let (t, p) = (f.table.clone(), f.publication.clone());
+    let running =
+        Running::start(f.config_with("OUTBOX_CDC__MONITOR__SLOT_POLL_INTERVAL_MS=3000")).await;
+    f.write_tx(&[("order", "a", r#"{"n":1}"#.to_owned())], true)
+        .await;
+    consume(&f.topic_prefix, 1, Duration::from_secs(30), Duration::ZERO);
+    let narrowed: Lsn = f
+        .admin
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .expect("lsn")
+        .get::<_, String>(0)
+        .parse()
+        .expect("lsn");
+    f.admin
+        .batch_execute(&format!("ALTER PUBLICATION {p} DROP TABLE public.{t}"))
+        .await
+        .expect("drop the outbox from the publication");
+    let hidden = f
+        .write_tx(&[("order", "hidden", r#"{"n":2}"#.to_owned())], true)
+        .await;
+    f.admin
+        .batch_execute(&format!("ALTER PUBLICATION {p} ADD TABLE public.{t}"))
+        .await
+        .expect("add it again");
+    // Rows the publication sends again, for three proof intervals at most.
+    let mut n = 3;
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while !running.is_finished() && std::time::Instant::now() < until {
+        f.write_tx(&[("order", "a", format!(r#"{{"n":{n}}}"#))], true)
+            .await;
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    match running.finished(Duration::from_secs(30)).await {
+        Err(PipelineError::CoverageLost(lost)) => assert!(
+            matches!(
+                &lost.problems[..],
+                [CoverageProblem::PublicationChanged { .. }]
+            ),
+            "{lost}"
+        ),
+        other => panic!(
+            "expected a stop on the changed publication (row {hidden:?} was never sent), got {other:?}"
+        ),
+    }
+    let stored = OffsetStore::open(&f.offsets_path())
+        .expect("offset store")
+        .load(&f.slot)
+        .expect("load")
+        .expect("an offset")
+        .lsn;
+    let confirmed: Lsn = f
+        .slot_confirmed_flush()
+        .await
+        .expect("slot")
+        .parse()
+        .expect("lsn");
+    assert!(
+        stored <= narrowed && confirmed <= narrowed,
+        "acknowledged past the change at {narrowed}: stored {stored}, slot confirmed {confirmed}"
+    );
+    f.cleanup().await;
+}
