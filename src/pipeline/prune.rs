@@ -116,7 +116,7 @@ pub async fn prune_stored(config: &Config, metrics: &Metrics) -> Result<PruneRep
             .filter(|s| !s.commit_time_is_slot_creation)
             .and_then(|s| s.acked_commit_time)
     };
-    let client = PgConnectConfig::parse(&config.postgres.url)?
+    let client = PgConnectConfig::parse(pruner_url(config).0)?
         .connect_sql()
         .await?;
     prune_once(&client, config, acked, metrics, None).await
@@ -440,10 +440,11 @@ pub async fn run_pruner(
     let Some(retention) = config.prune.retention() else {
         return;
     };
-    let pg = match PgConnectConfig::parse(&config.postgres.url) {
+    let (url, key) = pruner_url(&config);
+    let pg = match PgConnectConfig::parse(url) {
         Ok(pg) => pg,
         Err(e) => {
-            warn!(error = %e, "pruner disabled: postgres.url does not parse");
+            warn!(error = %e, "pruner disabled: {key} does not parse");
             return;
         }
     };
@@ -500,6 +501,16 @@ pub async fn run_pruner(
     }
 }
 
+/// Where the pruner connects, and the key that names it: the primary. With
+/// decoding on a standby (`postgres.primary_url` set), `postgres.url` is
+/// read-only and every DELETE would fail there.
+fn pruner_url(config: &Config) -> (&str, &'static str) {
+    match &config.postgres.primary_url {
+        Some(primary) => (primary.as_str(), "postgres.primary_url"),
+        None => (config.postgres.url.as_str(), "postgres.url"),
+    }
+}
+
 async fn wait_true(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|v| *v).await;
 }
@@ -519,6 +530,34 @@ mod tests {
             "{on}"
         );
         assert!(on.contains("$3"));
+    }
+
+    fn config(extra: &str) -> Config {
+        Config::from_sources(
+            "test.toml",
+            &format!(
+                "[postgres]\nurl = \"postgres://outbox@standby:5432/app\"\n{extra}\n\
+                 [kafka]\n\"bootstrap.servers\" = \"127.0.0.1:9092\"\n"
+            ),
+            Vec::new(),
+        )
+        .expect("config")
+    }
+
+    /// F10(a): with decoding on a standby, `postgres.url` is read-only; rows
+    /// are deleted on the primary, as the heartbeat writes there.
+    #[test]
+    fn the_pruner_writes_on_the_primary() {
+        let c = config("primary_url = \"postgres://outbox@primary:5432/app\"");
+        assert_eq!(
+            pruner_url(&c),
+            ("postgres://outbox@primary:5432/app", "postgres.primary_url")
+        );
+        let c = config("");
+        assert_eq!(
+            pruner_url(&c),
+            ("postgres://outbox@standby:5432/app", "postgres.url")
+        );
     }
 
     #[test]
