@@ -1472,14 +1472,19 @@ impl<'a> Session<'a> {
     async fn keep_acknowledged(&mut self, failure: PipelineError) -> PipelineError {
         let bound = Duration::from_millis(self.config.limits.shutdown_timeout_ms.min(5_000));
         let deadline = Instant::now() + bound;
+        // Every report still due is taken (within the bound), not only those
+        // before the first failure: reports come from two polling threads in
+        // any order, and purged records reported ahead of a refused one
+        // must not hide the refusal (audit F13).
         let mut refusal = None;
-        while self.tracker.in_flight_events() > 0 {
+        let mut outstanding = self.tracker.in_flight_events();
+        while outstanding > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, self.reports.recv()).await {
                 Ok(Some(report)) => {
+                    outstanding -= 1;
                     if let Err(e) = self.on_report(report, Now::read()) {
-                        refusal = Some(e);
-                        break;
+                        refusal = Some(keep_refusal(refusal, e));
                     }
                 }
                 Ok(None) | Err(_) => break,
@@ -1617,6 +1622,21 @@ async fn server_clock(client: &tokio_postgres::Client) -> Result<PgTimestamp, Pg
 /// error a delivery report gave while draining: a record refused for good
 /// (parked, or poison) decides; any other report error does not replace the
 /// failure.
+/// Of the errors drained reports gave, the one kept: the first refused
+/// record (it decides how the session ends), else the first error.
+fn keep_refusal(kept: Option<PipelineError>, next: PipelineError) -> PipelineError {
+    let refused = |e: &PipelineError| {
+        matches!(
+            e,
+            PipelineError::Parked { .. } | PipelineError::Poison { .. }
+        )
+    };
+    match kept {
+        Some(kept) if refused(&kept) || !refused(&next) => kept,
+        _ => next,
+    }
+}
+
 fn prefer_refusal(failure: PipelineError, drained: Option<PipelineError>) -> PipelineError {
     match drained {
         Some(refused @ (PipelineError::Parked { .. } | PipelineError::Poison { .. })) => {
@@ -1755,6 +1775,31 @@ mod tests {
             lsn: Lsn::new(50),
             reason: "Broker: Message size too large".into(),
         }
+    }
+
+    /// Audit F13: two purged records reported ahead of the refused one (the
+    /// reports come from two threads in any order) must not hide it.
+    #[test]
+    fn a_refusal_among_drained_reports_is_kept_whatever_came_before_it() {
+        let purged = || PipelineError::Delivery {
+            event_id: "e0".into(),
+            lsn: Lsn::new(40),
+            source: crate::sink::SinkError::Delivery {
+                code: rdkafka::types::RDKafkaErrorCode::PurgeQueue,
+                topic: "t".into(),
+                event_id: Some("e0".into()),
+            },
+        };
+        let drained = [purged(), purged(), parked(), purged()]
+            .into_iter()
+            .fold(None, |kept, next| Some(keep_refusal(kept, next)));
+        let ended = prefer_refusal(PipelineError::StreamEnded, drained);
+        assert!(matches!(ended, PipelineError::Parked { .. }), "{ended}");
+        // Without a refusal the first error is kept (and the failure decides).
+        let drained = [purged(), purged()]
+            .into_iter()
+            .fold(None, |kept, next| Some(keep_refusal(kept, next)));
+        assert!(matches!(drained, Some(PipelineError::Delivery { .. })));
     }
 
     #[test]
