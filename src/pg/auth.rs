@@ -11,6 +11,14 @@
 //! AuthenticationOk before a verified SASLFinal is refused, or a man in the
 //! middle could skip that proof and impersonate the database. `require_auth`
 //! refuses methods the user did not allow before any password is sent.
+//!
+//! A server asks for one method per login and then only continues it:
+//! PostgreSQL sends one request (cleartext, md5 or SASL), then SASLContinue
+//! and SASLFinal for SCRAM, then AuthenticationOk or an error. Every request
+//! is checked, not only the first (libpq's `check_expected_areq` does the
+//! same): a second method request is refused before it is answered, or a man
+//! in the middle could start SCRAM to pass the first check and then ask for
+//! the password in clear. After a refusal nothing more is answered.
 
 use bytes::{Bytes, BytesMut};
 use postgres_protocol::authentication::md5_hash;
@@ -40,6 +48,23 @@ pub(crate) enum AuthRequest {
 }
 
 impl AuthRequest {
+    /// The protocol's name for the request, for errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            AuthRequest::Ok => "AuthenticationOk",
+            AuthRequest::Cleartext => "AuthenticationCleartextPassword",
+            AuthRequest::Md5 { .. } => "AuthenticationMD5Password",
+            AuthRequest::Sasl { .. } => "AuthenticationSASL",
+            AuthRequest::SaslContinue(_) => "AuthenticationSASLContinue",
+            AuthRequest::SaslFinal(_) => "AuthenticationSASLFinal",
+            AuthRequest::Other(2) => "AuthenticationKerberosV5",
+            AuthRequest::Other(7) => "AuthenticationGSS",
+            AuthRequest::Other(8) => "AuthenticationGSSContinue",
+            AuthRequest::Other(9) => "AuthenticationSSPI",
+            AuthRequest::Other(_) => "an AuthenticationRequest of an unknown code",
+        }
+    }
+
     /// The method a first request asks for, in `require_auth`'s terms
     /// (`None` for SASL continuation messages, which are not a first request).
     pub fn method(&self) -> Option<AuthMethod> {
@@ -105,8 +130,18 @@ pub(crate) enum AuthError {
     NoScram { offered: Vec<String> },
     #[error("SCRAM exchange failed: {0}")]
     Scram(std::io::Error),
-    #[error("unexpected {message} during authentication")]
-    OutOfOrder { message: &'static str },
+    #[error("the server sent {request} {why}: refused")]
+    OutOfOrder { request: &'static str, why: String },
+    #[error(
+        "the server sent {request} after it had asked for {chosen} authentication: refused before answering it{also}. A server asks for one method per login and then only continues it; a man in the middle may be trying to downgrade the login to obtain the password"
+    )]
+    SecondMethod {
+        request: &'static str,
+        chosen: &'static str,
+        /// The setting that refuses the request's method as well, if any:
+        /// " (password authentication, which require_auth=... refuses anyway)".
+        also: String,
+    },
     #[error(
         "the server accepted the login before proving it knows the password (no verified SCRAM server signature): refusing, a man in the middle may be impersonating the database"
     )]
@@ -142,10 +177,13 @@ pub(crate) struct Authenticator {
     /// `tls-server-end-point` data of the TLS session, when there is one and
     /// the server certificate's signature algorithm defines it.
     end_point: Option<Vec<u8>>,
-    /// The method of the first request, once seen.
+    /// The method of the first request, once seen: from then on only its
+    /// continuation is answered.
     method: Option<AuthMethod>,
     scram: Scram,
     bound: bool,
+    /// A step was refused: the exchange is over.
+    refused: bool,
 }
 
 impl Authenticator {
@@ -163,19 +201,46 @@ impl Authenticator {
             method: None,
             scram: Scram::NotStarted,
             bound: false,
+            refused: false,
         }
     }
 
-    /// `require_auth` and `channel_binding` against the method of the first request.
+    /// `require_auth` and `channel_binding` against every request that asks
+    /// for a method; only the first such request may choose one.
+    /// Continuations are checked against the chosen method in `answer`.
     fn admit(&mut self, req: &AuthRequest) -> Result<(), AuthError> {
         let Some(method) = req.method() else {
             return Ok(());
         };
-        if self.method.is_some() {
+        // AuthenticationOk ends the chosen method's exchange (`answer` checks
+        // that it finished); first, it means trust.
+        if *req == AuthRequest::Ok && self.method.is_some() {
             return Ok(());
         }
-        self.method = Some(method);
-        check_method(self.settings, method)
+        let allowed = check_method(self.settings, method);
+        match self.method {
+            None => {
+                allowed?;
+                self.method = Some(method);
+                Ok(())
+            }
+            Some(chosen) => Err(AuthError::SecondMethod {
+                request: req.name(),
+                chosen: chosen.name(),
+                also: match allowed {
+                    Ok(()) => String::new(),
+                    Err(AuthError::MethodRefused { method, allowed }) => {
+                        format!(
+                            " ({method} authentication, which require_auth={allowed} refuses anyway)"
+                        )
+                    }
+                    Err(_) => format!(
+                        " ({} authentication, which channel_binding=require refuses anyway: it cannot bind to the channel)",
+                        method.name()
+                    ),
+                },
+            }),
+        }
     }
 
     fn password(&self, method: &'static str) -> Result<&[u8], AuthError> {
@@ -185,14 +250,32 @@ impl Authenticator {
     }
 
     /// Handles one request; appends any reply to `out`. Returns `true` once
-    /// the server has accepted us (AuthenticationOk).
+    /// the server has accepted us (AuthenticationOk). On an error nothing is
+    /// appended, and every later request is refused.
     pub fn step(&mut self, req: AuthRequest, out: &mut BytesMut) -> Result<bool, AuthError> {
+        if self.refused {
+            return Err(AuthError::OutOfOrder {
+                request: req.name(),
+                why: "after authentication was refused".into(),
+            });
+        }
+        let len = out.len();
+        let answered = self.answer(req, out);
+        if answered.is_err() {
+            out.truncate(len);
+            self.refused = true;
+        }
+        answered
+    }
+
+    fn answer(&mut self, req: AuthRequest, out: &mut BytesMut) -> Result<bool, AuthError> {
         self.admit(&req)?;
         match req {
             AuthRequest::Ok => {
-                match self.scram {
-                    Scram::Running(_) => return Err(AuthError::ServerNotVerified),
-                    Scram::NotStarted | Scram::Verified => {}
+                if self.method == Some(AuthMethod::ScramSha256)
+                    && !matches!(self.scram, Scram::Verified)
+                {
+                    return Err(AuthError::ServerNotVerified);
                 }
                 if self.settings.channel_binding == BindingMode::Require && !self.bound {
                     return Err(AuthError::BindingRequired {
@@ -210,11 +293,6 @@ impl Authenticator {
                 encode::password(hash.as_bytes(), out).map_err(AuthError::Encode)?;
             }
             AuthRequest::Sasl { mechanisms } => {
-                if !matches!(self.scram, Scram::NotStarted) {
-                    return Err(AuthError::OutOfOrder {
-                        message: "a second SASL request",
-                    });
-                }
                 let offers = |name: &str| mechanisms.iter().any(|m| m == name);
                 let mode = self.settings.channel_binding;
                 let end_point = self
@@ -255,18 +333,14 @@ impl Authenticator {
             }
             AuthRequest::SaslContinue(data) => {
                 let Scram::Running(scram) = &mut self.scram else {
-                    return Err(AuthError::OutOfOrder {
-                        message: "SASLContinue",
-                    });
+                    return Err(self.not_in_scram("AuthenticationSASLContinue"));
                 };
                 scram.update(&data).map_err(AuthError::Scram)?;
                 encode::sasl_response(scram.message(), out).map_err(AuthError::Encode)?;
             }
             AuthRequest::SaslFinal(data) => {
                 let Scram::Running(scram) = &mut self.scram else {
-                    return Err(AuthError::OutOfOrder {
-                        message: "SASLFinal",
-                    });
+                    return Err(self.not_in_scram("AuthenticationSASLFinal"));
                 };
                 // Verifies the server signature (postgres-protocol's `finish`
                 // checks it against the ServerKey derived from the password):
@@ -286,6 +360,21 @@ impl Authenticator {
             }
         }
         Ok(false)
+    }
+
+    /// A SCRAM continuation while no SCRAM exchange runs.
+    fn not_in_scram(&self, request: &'static str) -> AuthError {
+        AuthError::OutOfOrder {
+            request,
+            why: match (&self.scram, self.method) {
+                (Scram::Verified, _) => "after the SCRAM exchange had completed".into(),
+                (_, None) => "before any AuthenticationSASL started a SCRAM exchange".into(),
+                (_, Some(method)) => format!(
+                    "although the server had asked for {} authentication, not SCRAM",
+                    method.name()
+                ),
+            },
+        }
     }
 }
 
@@ -374,6 +463,310 @@ mod tests {
         )
         .unwrap();
         out.to_vec()
+    }
+
+    /// HMAC-SHA-256 (RFC 2104) over the concatenated `parts`.
+    fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut block = [0u8; 64];
+        block[..key.len()].copy_from_slice(key);
+        let pad = |byte: u8| block.map(|b| b ^ byte);
+        let mut inner = Sha256::new();
+        inner.update(pad(0x36));
+        for part in parts {
+            inner.update(part);
+        }
+        let mut outer = Sha256::new();
+        outer.update(pad(0x5c));
+        outer.update(inner.finalize());
+        let mut mac = [0u8; 32];
+        mac.copy_from_slice(&outer.finalize());
+        mac
+    }
+
+    fn base64(bytes: &[u8]) -> String {
+        const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut s = String::new();
+        for chunk in bytes.chunks(3) {
+            let n = chunk
+                .iter()
+                .enumerate()
+                .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+            for i in 0..4 {
+                s.push(match i <= chunk.len() {
+                    true => ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char,
+                    false => '=',
+                });
+            }
+        }
+        s
+    }
+
+    /// Plays the server's side of SCRAM-SHA-256 (RFC 5802) for the password
+    /// "pw", salt "saltsalt", 4096 iterations, as PostgreSQL does: sends
+    /// `sasl` and SASLContinue to `a` and returns the AuthenticationSASLFinal
+    /// body a server that knows the password sends (not yet given to `a`).
+    fn scram_server(a: &mut Authenticator, sasl: AuthRequest) -> Bytes {
+        let mut out = BytesMut::new();
+        a.step(sasl, &mut out).unwrap();
+        // 'p', length, mechanism, NUL, length, client-first message.
+        let body = &out[5..];
+        let nul = body.iter().position(|b| *b == 0).unwrap();
+        let first = std::str::from_utf8(&body[nul + 5..]).unwrap().to_owned();
+        let bare = first.splitn(3, ',').nth(2).unwrap().to_owned();
+        let nonce = bare.rsplit_once("r=").unwrap().1.to_owned();
+        let server_first = format!("r={nonce}srv,s={},i=4096", base64(b"saltsalt"));
+        out.clear();
+        a.step(
+            AuthRequest::SaslContinue(Bytes::from(server_first.clone())),
+            &mut out,
+        )
+        .unwrap();
+        let last = std::str::from_utf8(&out[5..]).unwrap();
+        let without_proof = last.rsplit_once(",p=").unwrap().0;
+        // Hi(password, salt, i) = U1 ^ ... ^ Ui, U1 = HMAC(password, salt + INT(1)).
+        let mut u = hmac(b"pw", &[b"saltsalt", &1u32.to_be_bytes()]);
+        let mut salted = u;
+        for _ in 1..4096 {
+            u = hmac(b"pw", &[&u]);
+            salted.iter_mut().zip(u).for_each(|(s, u)| *s ^= u);
+        }
+        let server_key = hmac(&salted, &[b"Server Key"]);
+        let auth_message = format!("{bare},{server_first},{without_proof}");
+        let signature = hmac(&server_key, &[auth_message.as_bytes()]);
+        Bytes::from(format!("v={}", base64(&signature)))
+    }
+
+    /// The settings of the audit's scenario (F4): SCRAM only, bound to TLS.
+    fn scram_plus_only() -> AuthSettings {
+        settings("sslmode=require require_auth=scram-sha-256 channel_binding=require")
+    }
+
+    fn tls_end_point() -> Option<Vec<u8>> {
+        Some(vec![7u8; 32])
+    }
+
+    #[test]
+    fn a_full_scram_exchange_with_channel_binding_is_accepted() {
+        let mut a = Authenticator::new("u", Some(b"pw"), scram_plus_only(), tls_end_point());
+        let last = scram_server(&mut a, sasl());
+        let mut out = BytesMut::new();
+        assert!(!a.step(AuthRequest::SaslFinal(last), &mut out).unwrap());
+        assert!(a.step(AuthRequest::Ok, &mut out).unwrap());
+        assert!(out.is_empty());
+        // The same without channel binding, under the default settings.
+        let mut a = auth("u", Some(b"pw"));
+        let last = scram_server(&mut a, sasl());
+        a.step(AuthRequest::SaslFinal(last), &mut out).unwrap();
+        assert!(a.step(AuthRequest::Ok, &mut out).unwrap());
+    }
+
+    /// The audit's F4: a man in the middle answers AuthenticationSASL
+    /// [SCRAM-SHA-256-PLUS], then asks for the password in clear.
+    #[test]
+    fn a_cleartext_request_after_sasl_is_refused_before_the_password_is_sent() {
+        for (params, end_point) in [
+            (
+                "sslmode=require require_auth=scram-sha-256 channel_binding=require",
+                tls_end_point(),
+            ),
+            ("", tls_end_point()),
+            ("", None),
+        ] {
+            let mut a = Authenticator::new("u", Some(b"pw"), settings(params), end_point);
+            let mut out = BytesMut::new();
+            a.step(sasl(), &mut out).unwrap();
+            out.clear();
+            let e = a
+                .step(AuthRequest::Cleartext, &mut out)
+                .expect_err(&format!("{params:?}: cleartext after SASL must be refused"));
+            assert!(out.is_empty(), "{params:?}: nothing sent, got {out:?}");
+            let msg = e.to_string();
+            for part in [
+                "AuthenticationCleartextPassword",
+                "scram-sha-256",
+                "man in the middle",
+            ] {
+                assert!(msg.contains(part), "{params:?}: {part:?} in {msg}");
+            }
+            // Which settings refuse it as well.
+            if !params.is_empty() {
+                assert!(msg.contains("require_auth=scram-sha-256"), "{msg}");
+            }
+            // Nothing is answered afterwards either.
+            assert!(a.step(AuthRequest::Cleartext, &mut out).is_err());
+            assert!(a.step(AuthRequest::Ok, &mut out).is_err());
+            assert!(out.is_empty());
+        }
+    }
+
+    #[test]
+    fn an_md5_request_after_sasl_is_refused_before_the_hash_is_sent() {
+        for params in [
+            "sslmode=require require_auth=scram-sha-256 channel_binding=require",
+            "",
+        ] {
+            let mut a = Authenticator::new("u", Some(b"pw"), settings(params), tls_end_point());
+            let mut out = BytesMut::new();
+            a.step(sasl(), &mut out).unwrap();
+            out.clear();
+            let e = a
+                .step(AuthRequest::Md5 { salt: [1, 2, 3, 4] }, &mut out)
+                .expect_err(&format!("{params:?}: md5 after SASL must be refused"));
+            assert!(out.is_empty(), "{params:?}: nothing sent, got {out:?}");
+            let msg = e.to_string();
+            assert!(msg.contains("AuthenticationMD5Password"), "{msg}");
+        }
+    }
+
+    /// require_auth=scram-sha-256: a cleartext request is refused whenever it
+    /// comes: first, after SASL, after our proof, after the server's proof.
+    #[test]
+    fn cleartext_is_refused_at_every_step_under_require_auth_scram() {
+        let only_scram = settings("require_auth=scram-sha-256");
+        let at_step = |steps: usize| {
+            let mut a = Authenticator::new("u", Some(b"pw"), only_scram, None);
+            match steps {
+                0 => {}
+                1 => {
+                    a.step(sasl(), &mut BytesMut::new()).unwrap();
+                }
+                2 => {
+                    scram_to_final(&mut a);
+                }
+                _ => {
+                    let last = scram_server(&mut a, sasl());
+                    a.step(AuthRequest::SaslFinal(last), &mut BytesMut::new())
+                        .unwrap();
+                }
+            }
+            a
+        };
+        for steps in 0..4 {
+            for req in [AuthRequest::Cleartext, AuthRequest::Md5 { salt: [0; 4] }] {
+                let mut a = at_step(steps);
+                let mut out = BytesMut::new();
+                let e = a
+                    .step(req.clone(), &mut out)
+                    .expect_err(&format!("{req:?} after {steps} steps must be refused"));
+                assert!(out.is_empty(), "{req:?} after {steps} steps: sent {out:?}");
+                assert!(
+                    e.to_string().contains("require_auth=scram-sha-256"),
+                    "{steps}: {e}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn sasl_continue_or_final_without_a_sasl_start_is_refused() {
+        let cont = || AuthRequest::SaslContinue(Bytes::from_static(b"r=x,s=c2FsdA==,i=4096"));
+        let fin = || AuthRequest::SaslFinal(Bytes::from_static(b"v=c2ln"));
+        for (before, req) in [
+            (None, cont()),
+            (None, fin()),
+            (Some(AuthRequest::Md5 { salt: [0; 4] }), cont()),
+            (Some(AuthRequest::Cleartext), fin()),
+        ] {
+            let mut a = auth("u", Some(b"pw"));
+            if let Some(b) = before.clone() {
+                a.step(b, &mut BytesMut::new()).unwrap();
+            }
+            let mut out = BytesMut::new();
+            let e = a.step(req.clone(), &mut out).unwrap_err();
+            assert!(out.is_empty());
+            let msg = e.to_string();
+            let name = match req {
+                AuthRequest::SaslContinue(_) => "SASLContinue",
+                _ => "SASLFinal",
+            };
+            assert!(msg.contains(name), "{before:?} {name}: {msg}");
+        }
+        // After the exchange completed, a further SASLFinal is out of place too.
+        let mut a = auth("u", Some(b"pw"));
+        let last = scram_server(&mut a, sasl());
+        a.step(AuthRequest::SaslFinal(last.clone()), &mut BytesMut::new())
+            .unwrap();
+        assert!(
+            a.step(AuthRequest::SaslFinal(last), &mut BytesMut::new())
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn a_second_sasl_request_mid_exchange_is_refused() {
+        let mut a = auth("u", Some(b"pw"));
+        let mut out = BytesMut::new();
+        a.step(sasl(), &mut out).unwrap();
+        out.clear();
+        let e = a.step(sasl(), &mut out).unwrap_err();
+        assert!(out.is_empty(), "a second client-first message: {out:?}");
+        assert!(e.to_string().contains("AuthenticationSASL"), "{e}");
+        // After our proof.
+        let mut a = auth("u", Some(b"pw"));
+        scram_to_final(&mut a);
+        assert!(a.step(sasl(), &mut out).is_err());
+        assert!(out.is_empty());
+        // After a password method: SASL would start a second exchange.
+        let mut a = auth("u", Some(b"pw"));
+        a.step(AuthRequest::Md5 { salt: [0; 4] }, &mut out).unwrap();
+        out.clear();
+        let e = a.step(sasl(), &mut out).unwrap_err();
+        assert!(out.is_empty(), "SCRAM after md5: {out:?}");
+        assert!(e.to_string().contains("md5"), "{e}");
+    }
+
+    /// After a password was sent, the server answers AuthenticationOk or an
+    /// error: a second request (md5 then cleartext: the password in clear)
+    /// is refused.
+    #[test]
+    fn a_password_request_is_answered_once() {
+        for (first, then) in [
+            (AuthRequest::Md5 { salt: [0; 4] }, AuthRequest::Cleartext),
+            (AuthRequest::Cleartext, AuthRequest::Cleartext),
+            (
+                AuthRequest::Md5 { salt: [0; 4] },
+                AuthRequest::Md5 { salt: [9; 4] },
+            ),
+        ] {
+            let mut a = auth("u", Some(b"pw"));
+            let mut out = BytesMut::new();
+            a.step(first.clone(), &mut out).unwrap();
+            out.clear();
+            let e = a
+                .step(then.clone(), &mut out)
+                .expect_err(&format!("{first:?} then {then:?}"));
+            assert!(out.is_empty(), "{first:?} then {then:?}: sent {out:?}");
+            assert!(e.to_string().contains("man in the middle"), "{e}");
+        }
+    }
+
+    #[test]
+    fn nothing_is_answered_after_a_refusal() {
+        // A request refused by require_auth does not choose a method, so
+        // without the stop a later SASL request would be answered.
+        let only_scram = settings("require_auth=scram-sha-256");
+        let mut a = Authenticator::new("u", Some(b"pw"), only_scram, None);
+        let mut out = BytesMut::new();
+        assert!(a.step(AuthRequest::Cleartext, &mut out).is_err());
+        let e = a.step(sasl(), &mut out).unwrap_err();
+        assert!(out.is_empty(), "{out:?}");
+        assert!(
+            e.to_string().contains("after authentication was refused"),
+            "{e}"
+        );
+        // Without a password nothing was sent: AuthenticationOk must not log us in.
+        let mut a = auth("u", None);
+        assert!(a.step(AuthRequest::Md5 { salt: [0; 4] }, &mut out).is_err());
+        assert!(a.step(AuthRequest::Ok, &mut out).is_err());
+        // A reply that fails half-way leaves nothing behind.
+        let mut a = auth("u", Some(b"p\0w"));
+        out.extend_from_slice(b"earlier");
+        assert!(matches!(
+            a.step(AuthRequest::Cleartext, &mut out),
+            Err(AuthError::Encode(_))
+        ));
+        assert_eq!(&out[..], b"earlier");
     }
 
     #[test]
@@ -565,6 +958,7 @@ mod tests {
             a.step(AuthRequest::Md5 { salt: [0; 4] }, &mut out),
             Err(AuthError::NoPassword { method: "md5" })
         ));
+        let mut a = auth("u", None);
         assert!(matches!(
             a.step(AuthRequest::Other(7), &mut out),
             Err(AuthError::Unsupported { .. })

@@ -535,7 +535,12 @@ fn parse_data_row(frame: &Frame) -> Result<Vec<Option<String>>, super::wire::Wir
 /// (`channel_binding`). During authentication the server's messages are
 /// watched: the first request is checked against `require_auth` and
 /// `channel_binding` (tokio-postgres knows no `require_auth`), failing the
-/// read before tokio-postgres can answer it. Reads also record whether the
+/// read before tokio-postgres can answer it. The first is enough:
+/// tokio-postgres answers one method request, then accepts only
+/// AuthenticationOk after a password, and only SASLContinue, SASLFinal, Ok
+/// after SASL (`connect_raw.rs`, `authenticate` and `authenticate_sasl`), so a
+/// second method request mid-login is refused (audit F4, proven by
+/// tests/pg_auth_downgrade.rs). Reads also record whether the
 /// socket failed, so that a startup failure on a healthy socket is known to
 /// be tokio-postgres refusing the server (e.g. a wrong SCRAM server
 /// signature), not a retryable network error.
