@@ -84,6 +84,49 @@ pub async fn create_logical_slot_with(
     parse_lsn(&lsn, "pg_create_logical_replication_slot")
 }
 
+/// How an instance holds its slot's advisory lock (audit F6): `Starting`
+/// (shared) from reading the slot until START_REPLICATION made the slot
+/// its own; `Repairing` (exclusive) for a whole gap repair, during which the
+/// recreated slot is inactive and a peer would otherwise stream from it
+/// before the repaired older rows are published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotLock {
+    Starting,
+    Repairing,
+}
+
+/// The advisory lock key of `slot` (a bigint, one per slot name).
+const SLOT_LOCK_KEY: &str = "hashtextextended('outbox-cdc slot ' || $1, 0)";
+
+/// Tries to take `slot`'s advisory lock in `mode` on this session (held
+/// until [`unlock_slot`] or the connection ends); `false` when another
+/// session holds it in a conflicting mode. Advisory locks work on a standby too.
+pub async fn try_lock_slot(client: &Client, slot: &str, mode: SlotLock) -> Result<bool, PgError> {
+    let function = match mode {
+        SlotLock::Starting => "pg_try_advisory_lock_shared",
+        SlotLock::Repairing => "pg_try_advisory_lock",
+    };
+    let row = client
+        .query_one(&format!("SELECT {function}({SLOT_LOCK_KEY})"), &[&slot])
+        .await
+        .map_err(|e| PgError::sql("taking the slot's advisory lock", e))?;
+    row.try_get(0)
+        .map_err(|e| PgError::sql("taking the slot's advisory lock", e))
+}
+
+/// Releases what [`try_lock_slot`] took in `mode`.
+pub async fn unlock_slot(client: &Client, slot: &str, mode: SlotLock) -> Result<(), PgError> {
+    let function = match mode {
+        SlotLock::Starting => "pg_advisory_unlock_shared",
+        SlotLock::Repairing => "pg_advisory_unlock",
+    };
+    client
+        .query_one(&format!("SELECT {function}({SLOT_LOCK_KEY})"), &[&slot])
+        .await
+        .map_err(|e| PgError::sql("releasing the slot's advisory lock", e))?;
+    Ok(())
+}
+
 /// `server_version_num`, e.g. 170004.
 /// The server's kind, as `target_session_attrs` judges it.
 pub async fn server_kind(client: &Client) -> Result<super::config::ServerKind, PgError> {

@@ -176,6 +176,14 @@ pub enum PipelineError {
         undelivered: usize,
         stalled_for: Duration,
     },
+    /// Another instance is repairing the slot's gap (it holds the slot's
+    /// advisory lock): streaming now would publish newer events before the
+    /// repaired older ones.
+    #[error(
+        "a gap repair of replication slot {slot:?} is running in another outbox-cdc instance (it holds the \
+         slot's advisory lock): waiting for it to finish; retrying"
+    )]
+    RepairRunning { slot: String },
     /// Exactly-once: another process streams from the slot; this one waits
     /// instead of fencing it (the HA standby's wait).
     #[error(
@@ -209,6 +217,7 @@ impl PipelineError {
             PipelineError::StreamEnded
             | PipelineError::Parked { .. }
             | PipelineError::SlotBusy { .. }
+            | PipelineError::RepairRunning { .. }
             | PipelineError::KafkaStalled { .. } => Retry,
             PipelineError::Refused(_)
             | PipelineError::Protocol { .. }

@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::coverage::{self, Coverage, CoverageProblem, Known, NotCovered, RelationKind};
 use crate::metrics::{Metrics, Stage};
 use crate::outbox::{BoundRelation, ChangeContext, OutboxEvent, OutboxMapper};
-use crate::pg::control;
+use crate::pg::control::{self, SlotLock};
 use crate::pg::{
     FeedbackHandle, Lsn, PgConnectConfig, PgError, PgTimestamp, ReplicationConnection,
     ReplicationEvent, StreamOptions,
@@ -227,6 +227,13 @@ async fn bootstrap(
         return Err(StartRefused::StandbyDecodingUnsupported { server_version }.into());
     }
 
+    // Held from reading the slot until START_REPLICATION made it ours: a peer
+    // repairing this slot's gap holds it exclusively (audit F6).
+    if !control::try_lock_slot(&client, slot, SlotLock::Starting).await? {
+        return Err(PipelineError::RepairRunning {
+            slot: slot.to_owned(),
+        });
+    }
     let slot_info = control::slot_info(&client, slot).await?;
     let (sink, reports, transactions) = if config.delivery.exactly_once() {
         drop(sink);
@@ -245,8 +252,17 @@ async fn bootstrap(
     let stored = store.load(slot)?;
     let pending = store.pending_repair(slot)?;
     let mut created_at: Option<PgTimestamp> = None;
+    let repair_locked = std::sync::atomic::AtomicBool::new(false);
     // Both ways into a gap repair (an interrupted one, a lost slot) end here.
     let mut repair = async |pending: &crate::checkpoint::PendingRepair, existing: Option<Lsn>| {
+        // Exclusive for the whole repair and until this instance streams:
+        // no peer starts on the recreated slot meanwhile.
+        if !control::try_lock_slot(&client, slot, SlotLock::Repairing).await? {
+            return Err(PipelineError::RepairRunning {
+                slot: slot.to_owned(),
+            });
+        }
+        repair_locked.store(true, std::sync::atomic::Ordering::Relaxed);
         repair_lost_slot(
             &mut repl,
             &client,
@@ -375,6 +391,12 @@ async fn bootstrap(
         stream.feedback().set_flushed(durable);
         durable.lsn()
     };
+    // The slot is active and ours now: peers see it busy. The session's
+    // locks on the slot go (the exclusive one only if a repair took it).
+    control::unlock_slot(&client, slot, SlotLock::Starting).await?;
+    if repair_locked.load(std::sync::atomic::Ordering::Relaxed) {
+        control::unlock_slot(&client, slot, SlotLock::Repairing).await?;
+    }
     metrics.set_acked(durable.lsn());
     metrics.set_connected(true);
     // The stored offset was accepted for this cluster: the pruner may use its time.

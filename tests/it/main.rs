@@ -33,6 +33,7 @@ mod pgoutput_live;
 mod pipeline;
 mod prune;
 mod reference_consumer_modes;
+mod repair_lock;
 mod replay;
 mod rolled_back_work;
 mod sequence_gaps;
