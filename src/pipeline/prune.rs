@@ -52,6 +52,20 @@ pub enum PruneError {
         reason: String,
         fix: String,
     },
+    /// The offset store's position for the slot belongs to another database
+    /// cluster (a restored or copied store, a URL pointing elsewhere): its
+    /// acknowledged time says nothing about this cluster's rows.
+    #[error(
+        "cannot prune: the offset store holds slot {slot:?} for database cluster {stored}, but {key} is \
+         cluster {server}. Fix: point {key} at the cluster the store belongs to, or give this cluster its \
+         own offsets.path"
+    )]
+    OtherCluster {
+        slot: String,
+        stored: String,
+        server: String,
+        key: &'static str,
+    },
 }
 
 impl From<crate::pg::PgError> for PruneError {
@@ -104,21 +118,34 @@ impl std::fmt::Display for PruneReport {
 /// the offset store (the connector must be stopped: it holds the store).
 pub async fn prune_stored(config: &Config, metrics: &Metrics) -> Result<PruneReport, PruneError> {
     // No store, no acknowledged position (and no store is created here).
-    let acked = if !config.offsets.path.exists() {
+    let stored = if !config.offsets.path.exists() {
         None
     } else {
         let store = OffsetStore::open(&config.offsets.path).map_err(PipelineError::from)?;
         store
             .load(&config.postgres.slot)
             .map_err(PipelineError::from)?
-            // A slot's creation time is no acknowledged commit: rows before it
-            // were never in this slot.
-            .filter(|s| !s.commit_time_is_slot_creation)
-            .and_then(|s| s.acked_commit_time)
     };
-    let client = PgConnectConfig::parse(pruner_url(config).0)?
-        .connect_sql()
-        .await?;
+    let (url, key) = pruner_url(config);
+    let client = PgConnectConfig::parse(url)?.connect_sql().await?;
+    // `run` verifies the cluster before it streams; the one-shot prune must
+    // too, or another cluster's acknowledged time would judge these rows.
+    if let Some(stored) = &stored {
+        let server = crate::pg::control::system_identifier(&client).await?;
+        if stored.system_id != server {
+            return Err(PruneError::OtherCluster {
+                slot: config.postgres.slot.clone(),
+                stored: stored.system_id.clone(),
+                server,
+                key,
+            });
+        }
+    }
+    // A slot's creation time is no acknowledged commit: rows before it were
+    // never in this slot.
+    let acked = stored
+        .filter(|s| !s.commit_time_is_slot_creation)
+        .and_then(|s| s.acked_commit_time);
     prune_once(&client, config, acked, metrics, None).await
 }
 

@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use common::relay::{Fixture, Running, consume, eventually};
 use common::{admin_client, init_tracing};
+use outbox_cdc::checkpoint::OffsetStore;
 use outbox_cdc::metrics::Metrics;
 use outbox_cdc::pg::PgTimestamp;
-use outbox_cdc::pipeline;
+use outbox_cdc::pipeline::{self, PruneError};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -341,4 +342,50 @@ async fn whole_partitions_are_dropped_only_when_every_row_qualifies() {
         .batch_execute(&format!("DROP TABLE public.{t}"))
         .await
         .expect("drop");
+}
+
+/// Audit F16: the one-shot prune reads the acknowledged position from the
+/// offset store; an offset stored for another database cluster (a restored
+/// or cloned store, a config pointing elsewhere) is no position of this one:
+/// the prune is refused, naming both clusters, and deletes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_one_shot_prune_refuses_an_offset_of_another_cluster() {
+    init_tracing();
+    let fx = Fixture::new("pruneother").await;
+    fx.admin
+        .batch_execute(&format!(
+            "GRANT DELETE ON public.{t} TO outbox;
+             INSERT INTO public.{t} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at)
+             SELECT gen_random_uuid(), 'order', 'old', n, 'Old', '{{}}', now() - interval '30 days'
+             FROM generate_series(1, 5) AS n;
+             CHECKPOINT;",
+            t = fx.table
+        ))
+        .await
+        .expect("old rows");
+    let lsn = fx.wal_insert_lsn().await;
+    let now: i64 = fx
+        .admin
+        .query_one(
+            "SELECT ((extract(epoch FROM clock_timestamp()) - 946684800) * 1e6)::int8",
+            &[],
+        )
+        .await
+        .expect("clock")
+        .get(0);
+    {
+        let store = OffsetStore::open(&fx.offsets_path()).expect("store");
+        store
+            .persist_acked(&fx.slot, lsn, "1", Some(PgTimestamp(now)))
+            .expect("an offset of cluster 1");
+    }
+    let err = pipeline::prune_stored(&fx.config_with(PRUNE_ENV), &Metrics::default())
+        .await
+        .expect_err("an offset of another cluster must not be pruned against");
+    assert!(
+        matches!(&err, PruneError::OtherCluster { stored, .. } if stored == "1"),
+        "{err}"
+    );
+    assert_eq!(table_ids(&fx).await.len(), 5, "nothing deleted");
+    fx.cleanup().await;
 }
