@@ -11,12 +11,12 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::relay::{
-    ChildProcess, Fixture, Record, consume_ids, read_uncommitted, spawn_binary_with,
+    ChildProcess, Fixture, assert_exactly_once, consume_ids, read_uncommitted, spawn_binary_with,
 };
 use common::{init_tracing, kafka_bootstrap, unique_name};
 use outbox_cdc::checkpoint::OffsetStore;
@@ -56,21 +56,6 @@ fn wait_dead(p: &mut ChildProcess, what: &str) -> std::process::ExitStatus {
 
 fn log_of(config: &Path) -> String {
     std::fs::read_to_string(config.with_file_name("connector.log")).unwrap_or_default()
-}
-
-/// Each committed id is read exactly once by a `read_committed` reader.
-fn assert_exactly_once(records: &[Record], committed: &BTreeSet<String>, when: &str) {
-    let mut copies: BTreeMap<&str, usize> = BTreeMap::new();
-    for r in records {
-        *copies.entry(r.header("event_id")).or_default() += 1;
-    }
-    let twice: Vec<_> = copies.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        twice.is_empty(),
-        "{when}: read_committed saw duplicates {twice:?}"
-    );
-    let seen: BTreeSet<String> = copies.keys().map(|s| (*s).to_owned()).collect();
-    assert_eq!(&seen, committed, "{when}: committed versus read");
 }
 
 fn stored(fx: &Fixture) -> Option<Lsn> {

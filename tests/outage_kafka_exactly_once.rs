@@ -9,11 +9,11 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use common::KafkaStopped;
-use common::relay::{Fixture, Running, consume_ids};
+use common::relay::{Fixture, Running, assert_exactly_once, consume_ids};
 use common::{init_tracing, unique_name};
 use outbox_cdc::pipeline::RunOptions;
 
@@ -22,17 +22,7 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 /// Each committed id is read exactly once by a `read_committed` reader.
 fn read_exactly_once(fx: &Fixture, committed: &BTreeSet<String>, when: &str) {
     let records = consume_ids(&fx.topic_prefix, committed, TIMEOUT, Duration::from_secs(3));
-    let mut copies: BTreeMap<&str, usize> = BTreeMap::new();
-    for r in &records {
-        *copies.entry(r.header("event_id")).or_default() += 1;
-    }
-    let twice: Vec<_> = copies.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        twice.is_empty(),
-        "{when}: read_committed saw duplicates {twice:?}"
-    );
-    let seen: BTreeSet<String> = copies.keys().map(|s| (*s).to_owned()).collect();
-    assert_eq!(&seen, committed, "{when}: committed versus read");
+    assert_exactly_once(&records, committed, when);
 }
 
 /// Keeps checking, for `how_long`, that the connector has not stopped.

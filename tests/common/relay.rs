@@ -518,6 +518,26 @@ pub fn read_ids(
     )
 }
 
+/// Each committed id was read exactly once (by a `read_committed` reader:
+/// exactly-once delivery's promise).
+pub fn assert_exactly_once(
+    records: &[Record],
+    committed: &std::collections::BTreeSet<String>,
+    when: &str,
+) {
+    let mut copies: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in records {
+        *copies.entry(r.header("event_id")).or_default() += 1;
+    }
+    let twice: Vec<_> = copies.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "{when}: read_committed saw duplicates {twice:?}"
+    );
+    let seen: std::collections::BTreeSet<String> = copies.keys().map(|s| (*s).to_owned()).collect();
+    assert_eq!(&seen, committed, "{when}: committed versus read");
+}
+
 /// Every record of topics matching `^<prefix>\.`, those of aborted Kafka
 /// transactions too (`isolation.level=read_uncommitted`), until `expected`
 /// have arrived and `settle` passed without new ones (`Err` on `timeout`).

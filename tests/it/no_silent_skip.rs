@@ -605,6 +605,37 @@ async fn tables_added_to_the_publication_while_streaming() {
     f.cleanup().await;
 }
 
+/// A connector re-proving coverage every 3 s, streaming and past its first row.
+async fn streaming_with_slow_proofs(f: &Fixture) -> Running {
+    let running =
+        Running::start(f.config_with("OUTBOX_CDC__MONITOR__SLOT_POLL_INTERVAL_MS=3000")).await;
+    f.write_tx(&[("order", "a", r#"{"n":1}"#.to_owned())], true)
+        .await;
+    consume(&f.topic_prefix, 1, Duration::from_secs(30), Duration::ZERO);
+    running
+}
+
+/// Neither the stored offset nor the slot's confirmed position passed `lsn`
+/// (where `what` happened).
+async fn assert_not_acknowledged_past(f: &Fixture, lsn: Lsn, what: &str) {
+    let stored = OffsetStore::open(&f.offsets_path())
+        .expect("offset store")
+        .load(&f.slot)
+        .expect("load")
+        .expect("an offset")
+        .lsn;
+    let confirmed: Lsn = f
+        .slot_confirmed_flush()
+        .await
+        .expect("slot")
+        .parse()
+        .expect("lsn");
+    assert!(
+        stored <= lsn && confirmed <= lsn,
+        "acknowledged past {what} at {lsn}: stored {stored}, slot confirmed {confirmed}"
+    );
+}
+
 /// A publication narrowed while streaming (here: a row filter): PostgreSQL
 /// silently stops sending the filtered rows from then on, so the connector
 /// re-proves coverage periodically and stops loudly.
@@ -613,11 +644,7 @@ async fn a_publication_narrowed_while_streaming_stops_the_connector() {
     init_tracing();
     let f = Fixture::new("narrowed").await;
     let (t, p) = (f.table.clone(), f.publication.clone());
-    let running =
-        Running::start(f.config_with("OUTBOX_CDC__MONITOR__SLOT_POLL_INTERVAL_MS=3000")).await;
-    f.write_tx(&[("order", "a", r#"{"n":1}"#.to_owned())], true)
-        .await;
-    consume(&f.topic_prefix, 1, Duration::from_secs(30), Duration::ZERO);
+    let running = streaming_with_slow_proofs(&f).await;
     // Row filters exist from PostgreSQL 15 on; before, inserts stop being published.
     let row_filter = server_version(&f).await >= 150000;
     let narrow = if row_filter {
@@ -626,14 +653,7 @@ async fn a_publication_narrowed_while_streaming_stops_the_connector() {
         format!("ALTER PUBLICATION {p} SET (publish = 'update, delete')")
     };
     f.admin.batch_execute(&narrow).await.expect(&narrow);
-    let narrowed: Lsn = f
-        .admin
-        .query_one("SELECT pg_current_wal_lsn()::text", &[])
-        .await
-        .expect("lsn")
-        .get::<_, String>(0)
-        .parse()
-        .expect("lsn");
+    let narrowed = f.wal_insert_lsn().await;
     // A row the narrowed publication hides, then rows it still sends (with a
     // row filter) until the connector stops: their deliveries must not
     // acknowledge past the hidden one.
@@ -657,22 +677,7 @@ async fn a_publication_narrowed_while_streaming_stops_the_connector() {
         ),
         other => panic!("expected a stop on the narrowed publication, got {other:?}"),
     }
-    let stored = OffsetStore::open(&f.offsets_path())
-        .expect("offset store")
-        .load(&f.slot)
-        .expect("load")
-        .expect("an offset")
-        .lsn;
-    let confirmed: Lsn = f
-        .slot_confirmed_flush()
-        .await
-        .expect("slot")
-        .parse()
-        .expect("lsn");
-    assert!(
-        stored <= narrowed && confirmed <= narrowed,
-        "acknowledged past the narrowing at {narrowed}: stored {stored}, slot confirmed {confirmed}"
-    );
+    assert_not_acknowledged_past(&f, narrowed, "the narrowing").await;
     f.cleanup().await;
 }
 
@@ -777,19 +782,8 @@ async fn a_publication_narrowing_undone_between_two_proofs_stops_the_connector()
     init_tracing();
     let f = Fixture::new("narrowundone").await;
     let (t, p) = (f.table.clone(), f.publication.clone());
-    let running =
-        Running::start(f.config_with("OUTBOX_CDC__MONITOR__SLOT_POLL_INTERVAL_MS=3000")).await;
-    f.write_tx(&[("order", "a", r#"{"n":1}"#.to_owned())], true)
-        .await;
-    consume(&f.topic_prefix, 1, Duration::from_secs(30), Duration::ZERO);
-    let narrowed: Lsn = f
-        .admin
-        .query_one("SELECT pg_current_wal_lsn()::text", &[])
-        .await
-        .expect("lsn")
-        .get::<_, String>(0)
-        .parse()
-        .expect("lsn");
+    let running = streaming_with_slow_proofs(&f).await;
+    let narrowed = f.wal_insert_lsn().await;
     f.admin
         .batch_execute(&format!("ALTER PUBLICATION {p} DROP TABLE public.{t}"))
         .await
@@ -822,21 +816,6 @@ async fn a_publication_narrowing_undone_between_two_proofs_stops_the_connector()
             "expected a stop on the changed publication (row {hidden:?} was never sent), got {other:?}"
         ),
     }
-    let stored = OffsetStore::open(&f.offsets_path())
-        .expect("offset store")
-        .load(&f.slot)
-        .expect("load")
-        .expect("an offset")
-        .lsn;
-    let confirmed: Lsn = f
-        .slot_confirmed_flush()
-        .await
-        .expect("slot")
-        .parse()
-        .expect("lsn");
-    assert!(
-        stored <= narrowed && confirmed <= narrowed,
-        "acknowledged past the change at {narrowed}: stored {stored}, slot confirmed {confirmed}"
-    );
+    assert_not_acknowledged_past(&f, narrowed, "the change").await;
     f.cleanup().await;
 }
