@@ -30,22 +30,21 @@ pub(crate) enum Placement {
     Partition { column: String },
 }
 
+/// The entry forms, for error messages.
+const FORMS: &str = "column:header[:alias], column:envelope[:alias] or column:partition";
+
 /// Parses `outbox.additional_placement`.
 pub(crate) fn parse_placements(entries: &[String]) -> Result<Vec<Placement>, ConfigError> {
-    let invalid = |entry: &str, why: &str| {
-        ConfigError::new(
-            "outbox.additional_placement",
-            entry,
-            format!(
-                "entries column:header[:alias], column:envelope[:alias] or column:partition ({why})"
-            ),
-        )
-    };
-    let mut out = Vec::with_capacity(entries.len());
-    for entry in entries {
+    let invalid =
+        |entry: &str, why: String| ConfigError::new("outbox.additional_placement", entry, why);
+    let mut out: Vec<Placement> = Vec::with_capacity(entries.len());
+    for (i, entry) in entries.iter().enumerate() {
         let parts: Vec<&str> = entry.split(':').map(str::trim).collect();
         if parts.iter().any(|p| p.is_empty()) {
-            return Err(invalid(entry, "no part may be empty"));
+            return Err(invalid(
+                entry,
+                format!("an entry without empty parts: {FORMS}"),
+            ));
         }
         let placement = match parts.as_slice() {
             [column, "header"] => Placement::Header {
@@ -67,19 +66,65 @@ pub(crate) fn parse_placements(entries: &[String]) -> Result<Vec<Placement>, Con
             [column, "partition"] | [column, "partition", _] => Placement::Partition {
                 column: column.to_string(),
             },
-            _ => return Err(invalid(entry, "unknown placement")),
+            [column] => {
+                return Err(invalid(
+                    entry,
+                    format!("a placement after the column, such as {column}:header: {FORMS}"),
+                ));
+            }
+            [_, other] | [_, other, _] => {
+                return Err(invalid(
+                    entry,
+                    format!("{other} is not a placement (header, envelope or partition): {FORMS}"),
+                ));
+            }
+            _ => {
+                return Err(invalid(entry, format!("at most three parts: {FORMS}")));
+            }
         };
-        if let Placement::Envelope { name, .. } = &placement
-            && name == "payload"
-        {
-            return Err(invalid(entry, "`payload` is the envelope's payload member"));
+        if let Placement::Envelope { column, name } = &placement {
+            if name == "payload" {
+                let alias = if column == "payload" {
+                    "payload_column"
+                } else {
+                    column
+                };
+                return Err(invalid(
+                    entry,
+                    format!(
+                        "payload is the envelope's member for the payload itself: give the \
+                         column another member name, such as {column}:envelope:{alias}"
+                    ),
+                ));
+            }
+            let taken = out
+                .iter()
+                .zip(entries)
+                .find(|(p, _)| matches!(p, Placement::Envelope { name: n, .. } if n == name));
+            if let Some((_, other)) = taken {
+                return Err(invalid(
+                    entry,
+                    format!(
+                        "the envelope member {name} is already written by the entry {other}: \
+                         each member name at most once; give this column another one, such \
+                         as {column}:envelope:{column}"
+                    ),
+                ));
+            }
         }
-        let partitions = out
-            .iter()
-            .filter(|p| matches!(p, Placement::Partition { .. }))
-            .count();
-        if matches!(placement, Placement::Partition { .. }) && partitions > 0 {
-            return Err(invalid(entry, "at most one partition column"));
+        if matches!(placement, Placement::Partition { .. })
+            && let Some(other) = entries[..i]
+                .iter()
+                .zip(&out)
+                .find_map(|(e, p)| matches!(p, Placement::Partition { .. }).then_some(e))
+        {
+            return Err(invalid(
+                entry,
+                format!(
+                    "the entry {other} already picks the partition: at most one partition \
+                     column; keep {other} or this entry, not both"
+                ),
+            ));
         }
         out.push(placement);
     }
@@ -192,7 +237,10 @@ impl RouteSettings {
             ConfigError::new(
                 "outbox.route.regex",
                 &self.regex,
-                format!("a regular expression: {e}"),
+                format!(
+                    "a regular expression matched against the whole aggregate type, such \
+                     as Debezium's default (?<routedByValue>.*); this one does not compile: {e}"
+                ),
             )
         })?;
         if self.replacement.is_empty() {

@@ -18,7 +18,8 @@ use super::topic::{self, TopicTemplate};
 /// Largest `max_record_bytes` accepted: librdkafka's upper bound for `message.max.bytes`.
 const MAX_RECORD_BYTES_LIMIT: usize = 1_000_000_000;
 
-/// Header names the mapper always writes; extra headers may not reuse them.
+/// Header names the mapper writes itself; an extra header or header
+/// placement may use one only for the column that header carries.
 pub(crate) const STANDARD_HEADERS: [&str; 7] = [
     "event_id",
     "event_type",
@@ -28,6 +29,26 @@ pub(crate) const STANDARD_HEADERS: [&str; 7] = [
     "schema_version",
     "lsn",
 ];
+
+/// What a header name that outbox-cdc writes itself carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StandardSource {
+    /// The column that the config key `key` names.
+    Column { key: &'static str, column: String },
+    /// The config key `key` would name its column; none is set.
+    NoColumn { key: &'static str },
+    /// The event's WAL position (`lsn`).
+    Position,
+}
+
+/// The header entries (`extra_headers`, header placements) resolved.
+#[derive(Debug, Default)]
+struct ResolvedHeaders {
+    /// (header name, column) of the headers written after the standard ones.
+    extra: Vec<(String, String)>,
+    /// Standard headers that an entry maps to (so they are written).
+    standard: Vec<&'static str>,
+}
 
 /// What `OutboxSettings::validate` refuses (the crate's one settings error).
 pub use crate::setting::InvalidSetting as ConfigError;
@@ -54,7 +75,8 @@ pub struct OutboxSettings {
     /// Per-column overrides on top of the preset. Default: none.
     pub columns: ColumnOverrides,
     /// Columns copied into record headers (header name = column name), after the
-    /// standard headers. A NULL value omits that header. Default: none.
+    /// standard headers. A NULL value omits that header. A column that a
+    /// standard header of the same name carries is that header. Default: none.
     pub extra_headers: Vec<String>,
     /// Logical decoding messages (`pg_logical_emit_message(true, prefix, envelope)`)
     /// with exactly this prefix are events too. Default `""`: off.
@@ -70,14 +92,17 @@ pub struct OutboxSettings {
     pub cloudevents: CloudEventsSettings,
     /// Debezium's `table.fields.additional.placement` entries:
     /// `column:header[:alias]`, `column:envelope[:alias]`, `column:partition`.
-    /// Default none.
+    /// A header named as a standard header is that header when it carries the
+    /// same column (written once, even if `headers` leaves it out), and is
+    /// refused when it would put another column under that name. Default none.
     pub additional_placement: Vec<String>,
     /// The record value: `as-stored` (default) or `json-string`.
     pub payload_format: PayloadFormat,
     /// `[outbox.route]`: Debezium's topic regex on the aggregate type. Default off.
     pub route: RouteSettings,
     /// The standard headers to write, in any order (they go out in the fixed
-    /// order). Default all of them; `event_id` is required. The lean set
+    /// order), besides those a header placement or extra header names.
+    /// Default all of them; `event_id` is required. The lean set
     /// `["event_id", "event_type", "aggregate_sequence"]` suits consumers that
     /// read the aggregate type from the topic and its id from the key.
     pub headers: Vec<String>,
@@ -370,7 +395,7 @@ impl OutboxSettings {
             ConfigError::new(
                 "outbox.dead_letter_topic",
                 &self.dead_letter_topic,
-                format!("a Kafka topic name: {e}"),
+                format!("{e}; give a Kafka topic name such as outbox.dlq (the default)"),
             )
         })?;
         if self.max_record_bytes == 0 || self.max_record_bytes > MAX_RECORD_BYTES_LIMIT {
@@ -393,27 +418,45 @@ impl OutboxSettings {
         parse_placements(&self.additional_placement)
     }
 
-    /// `outbox.headers` checked: standard names, each once, `event_id` among them.
+    /// The standard headers written: those `outbox.headers` lists (checked:
+    /// standard names, each once, `event_id` among them), plus those a header
+    /// placement or extra header maps to.
     pub(crate) fn standard_headers(&self) -> Result<StandardHeaders, ConfigError> {
         let list = self.headers.join(",");
         for (i, h) in self.headers.iter().enumerate() {
-            if !STANDARD_HEADERS.contains(&h.as_str()) || self.headers[..i].contains(h) {
-                return Err(ConfigError::new(
-                    "outbox.headers",
-                    format!("[{list}]"),
-                    format!("each of {} at most once", STANDARD_HEADERS.join(", ")),
-                ));
-            }
-        }
-        let has = |name: &str| self.headers.iter().any(|h| h == name);
-        if !has("event_id") {
+            let problem = if !STANDARD_HEADERS.contains(&h.as_str()) {
+                format!("{h} is not a standard header")
+            } else if self.headers[..i].contains(h) {
+                format!("{h} is listed twice")
+            } else {
+                continue;
+            };
             return Err(ConfigError::new(
                 "outbox.headers",
                 format!("[{list}]"),
-                "a list with event_id: every record carries its immutable event id, \
-                 which consumers dedupe on",
+                format!(
+                    "{problem}: list each of {} at most once (a column of your own \
+                     goes in outbox.extra_headers or outbox.additional_placement)",
+                    STANDARD_HEADERS.join(", ")
+                ),
             ));
         }
+        let listed = |name: &str| self.headers.iter().any(|h| h == name);
+        if !listed("event_id") {
+            let mut fixed = vec!["\"event_id\"".to_owned()];
+            fixed.extend(self.headers.iter().map(|h| format!("{h:?}")));
+            return Err(ConfigError::new(
+                "outbox.headers",
+                format!("[{list}]"),
+                format!(
+                    "a list with event_id, such as [{}]: every record carries its \
+                     immutable event id, which consumers dedupe on",
+                    fixed.join(", ")
+                ),
+            ));
+        }
+        let mapped = self.resolve_headers()?.standard;
+        let has = |name: &str| listed(name) || mapped.contains(&name);
         Ok(StandardHeaders {
             event_type: has("event_type"),
             aggregate_type: has("aggregate_type"),
@@ -440,48 +483,164 @@ impl OutboxSettings {
         Ok(out)
     }
 
+    /// What the header `name` carries when outbox-cdc writes it itself;
+    /// `None` when `name` is free for a column (neither a standard header nor
+    /// the debezium layout's `id`).
+    pub(crate) fn standard_header_source(
+        &self,
+        name: &str,
+        columns: &ColumnNames,
+    ) -> Option<StandardSource> {
+        let column = |key: &'static str, column: &str| StandardSource::Column {
+            key,
+            column: column.to_owned(),
+        };
+        let optional = |key: &'static str, c: &Option<String>| match c {
+            Some(c) => column(key, c),
+            None => StandardSource::NoColumn { key },
+        };
+        Some(match name {
+            "event_id" => column("outbox.columns.event_id", &columns.event_id),
+            "id" if self.layout == Layout::Debezium => {
+                column("outbox.columns.event_id", &columns.event_id)
+            }
+            "event_type" => column("outbox.columns.event_type", &columns.event_type),
+            "aggregate_type" => column("outbox.columns.aggregate_type", &columns.aggregate_type),
+            "aggregate_id" => column("outbox.columns.aggregate_id", &columns.aggregate_id),
+            "aggregate_sequence" => optional(
+                "outbox.columns.aggregate_sequence",
+                &columns.aggregate_sequence,
+            ),
+            "schema_version" => optional("outbox.columns.schema_version", &columns.schema_version),
+            "lsn" => StandardSource::Position,
+            _ => return None,
+        })
+    }
+
     /// The extra headers, (header name, column), from `extra_headers` and the
-    /// header placements, checked against the headers the mapper writes.
+    /// header placements, checked against the headers the mapper writes; an
+    /// entry that names a standard header carrying the same column is that
+    /// header, not an extra one.
     pub(crate) fn header_columns(&self) -> Result<Vec<(String, String)>, ConfigError> {
-        let mut out: Vec<(String, String, &'static str)> = self
+        Ok(self.resolve_headers()?.extra)
+    }
+
+    fn resolve_headers(&self) -> Result<ResolvedHeaders, ConfigError> {
+        let columns = self.column_names()?;
+        // (header name, column, config key, the entry as written)
+        let mut wanted: Vec<(String, String, &'static str, String)> = self
             .extra_headers
             .iter()
-            .map(|h| (h.clone(), h.clone(), "outbox.extra_headers"))
+            .map(|h| (h.clone(), h.clone(), "outbox.extra_headers", h.clone()))
             .collect();
-        for p in self.placements()? {
+        for (entry, p) in self.additional_placement.iter().zip(self.placements()?) {
             if let Placement::Header { column, name } = p {
-                out.push((name, column, "outbox.additional_placement"));
+                wanted.push((name, column, "outbox.additional_placement", entry.clone()));
             }
         }
-        for (i, (name, _, key)) in out.iter().enumerate() {
-            let problem = if name.is_empty() {
-                Some("a column name, not empty".to_owned())
-            } else if STANDARD_HEADERS.contains(&name.as_str()) {
-                Some(format!(
-                    "a header name that is not a standard header ({})",
-                    STANDARD_HEADERS.join(", ")
-                ))
-            } else if self.layout == Layout::Debezium && name == "id" {
-                Some(
-                    "a header other than `id`: the debezium layout writes the event id as the \
-                     `id` header, as Debezium's Outbox Event Router does"
-                        .to_owned(),
-                )
-            } else if self.cloudevents.enabled && CLOUDEVENTS_HEADERS.contains(&name.as_str()) {
-                Some(format!(
-                    "a header name that is not a CloudEvents header ({})",
-                    CLOUDEVENTS_HEADERS.join(", ")
-                ))
-            } else if out[..i].iter().any(|(n, _, _)| n == name) {
-                Some("each header at most once".to_owned())
-            } else {
-                None
+        let mut out = ResolvedHeaders::default();
+        // (header name, config key, entry) of the extra headers accepted so far.
+        let mut taken: Vec<(&str, &str, &str)> = Vec::new();
+        for (name, column, key, entry) in &wanted {
+            let refuse = |why: String| Err(ConfigError::new(*key, entry, why));
+            if name.is_empty() {
+                return refuse("a column name, not empty".to_owned());
+            }
+            // How the column could be written under a name of its own.
+            let own = |column: &str| {
+                let free = |n: &str| {
+                    self.standard_header_source(n, &columns).is_none()
+                        && !(self.cloudevents.enabled && CLOUDEVENTS_HEADERS.contains(&n))
+                        && !taken.iter().any(|(t, _, _)| *t == n)
+                };
+                let alias = if free(column) {
+                    column.to_owned()
+                } else {
+                    format!("{column}_column")
+                };
+                let placement = format!("{column}:header:{alias}");
+                match *key {
+                    "outbox.extra_headers" => format!(
+                        "write the column under a header name of its own with \
+                         outbox.additional_placement = [\"{placement}\"]"
+                    ),
+                    _ => format!("place {column} under a header name of its own ({placement})"),
+                }
             };
-            if let Some(allowed) = problem {
-                return Err(ConfigError::new(*key, name, allowed));
+            if let Some(source) = self.standard_header_source(name, &columns) {
+                let why = match source {
+                    StandardSource::Column { column: c, .. } if c == *column => {
+                        // The standard header itself: written once, as that header.
+                        if let Some(n) = STANDARD_HEADERS.iter().find(|n| **n == name.as_str()) {
+                            out.standard.push(n);
+                        }
+                        continue;
+                    }
+                    StandardSource::Column { key: k, column: c } => {
+                        let what = k.trim_start_matches("outbox.columns.").replace('_', " ");
+                        let what = if name == "id" {
+                            "the event id".to_owned()
+                        } else {
+                            format!("the {what}")
+                        };
+                        let header = if name == "id" {
+                            "id is the debezium layout's event id header".to_owned()
+                        } else {
+                            format!("{name} is a standard header")
+                        };
+                        format!(
+                            "{header} and carries column {c} ({k}), not {column}: {}, or set \
+                             {k} = \"{column}\" if {column} holds {what}",
+                            own(column)
+                        )
+                    }
+                    StandardSource::NoColumn { key: k } => format!(
+                        "{name} is a standard header, written from the column that {k} \
+                         names, and none is set: set {k} = \"{column}\" to write {column} \
+                         as that header, or {}",
+                        own(column)
+                    ),
+                    StandardSource::Position => format!(
+                        "{name} is a standard header, the event's WAL position, not a \
+                         column: {}",
+                        own(column)
+                    ),
+                };
+                return refuse(why);
             }
+            if self.cloudevents.enabled && CLOUDEVENTS_HEADERS.contains(&name.as_str()) {
+                return refuse(format!(
+                    "{name} is a CloudEvents header, written by outbox-cdc while \
+                     outbox.cloudevents.enabled = true: {}",
+                    own(column)
+                ));
+            }
+            if let Some((_, other_key, other)) = taken.iter().find(|(t, _, _)| *t == name.as_str())
+            {
+                if *key == "outbox.extra_headers" {
+                    let once: Vec<String> = self
+                        .extra_headers
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, h)| !self.extra_headers[..*i].contains(h))
+                        .map(|(_, h)| format!("{h:?}"))
+                        .collect();
+                    return refuse(format!(
+                        "{name} is listed twice: each column once, \
+                         outbox.extra_headers = [{}]",
+                        once.join(", ")
+                    ));
+                }
+                return refuse(format!(
+                    "header {name} is already written by the {other_key} entry {other}: \
+                     each header name at most once; {}",
+                    own(column)
+                ));
+            }
+            taken.push((name, key, entry));
+            out.extra.push((name.clone(), column.clone()));
         }
-        Ok(out.into_iter().map(|(n, c, _)| (n, c)).collect())
+        Ok(out)
     }
 
     fn check_extra_headers(&self) -> Result<(), ConfigError> {
@@ -499,11 +658,19 @@ mod tests {
 
     #[test]
     fn the_debezium_layout_keeps_the_id_header_for_the_event_id() {
-        let e = parse("layout = \"debezium\"\nextra_headers = [\"id\"]")
-            .unwrap()
-            .validate()
-            .unwrap_err();
-        assert!(e.to_string().contains("outbox.extra_headers"), "{e}");
+        // Another column under `id` is refused, naming the event id column.
+        let e = parse(
+            "layout = \"debezium\"\nextra_headers = [\"id\"]\n[columns]\nevent_id = \"event_id\"",
+        )
+        .unwrap()
+        .validate()
+        .unwrap_err();
+        assert_eq!(e.key, "outbox.extra_headers", "{e}");
+        assert!(e.to_string().contains("outbox.columns.event_id"), "{e}");
+        // The event id column itself is the `id` header, written once.
+        let s = parse("layout = \"debezium\"\nextra_headers = [\"id\"]").unwrap();
+        s.validate().unwrap();
+        assert_eq!(s.header_columns().unwrap(), Vec::new());
         // The seed layout has no `id` header: a column of that name may be one.
         parse("extra_headers = [\"id\"]")
             .unwrap()
@@ -753,5 +920,344 @@ event_id = "id"
             .unwrap_err()
             .to_string();
         assert!(e.contains("sequence"), "{e}");
+    }
+}
+
+/// Issue 34: a header placement (or extra header) that names a standard
+/// header maps to it when that header carries the same column, and is
+/// refused, saying so, when it would put another column under that name.
+#[cfg(test)]
+mod standard_header_names {
+    use super::*;
+    use crate::outbox::mapper::{ChangeContext, OutboxMapper};
+    use crate::pg::{Lsn, PgTimestamp};
+    use crate::pgoutput::{ColumnValue, Relation, RelationColumn, TupleData};
+    use bytes::Bytes;
+
+    fn parse(toml_text: &str) -> OutboxSettings {
+        toml::from_str(toml_text).unwrap_or_else(|e| panic!("{toml_text}: {e}"))
+    }
+
+    /// The issue's placement line on the seed's table, as Debezium users of
+    /// that table write it (the columns named as the standard headers).
+    const ISSUE_LINE: &str = r#"
+layout = "debezium"
+additional_placement = ["event_type:header:event_type", "aggregate_sequence:header:aggregate_sequence", "schema_version:header:schema_version"]
+[columns]
+event_id = "event_id"
+aggregate_type = "aggregate_type"
+aggregate_id = "aggregate_id"
+event_type = "event_type"
+aggregate_sequence = "aggregate_sequence"
+schema_version = "schema_version"
+"#;
+
+    #[test]
+    fn a_placement_under_a_standard_header_of_its_own_column_is_that_header() {
+        let s = parse(ISSUE_LINE);
+        s.validate().unwrap();
+        assert_eq!(s.header_columns().unwrap(), Vec::new(), "no extra header");
+        // The placement asks for the header: written even when outbox.headers omits it.
+        let mut lean = s.clone();
+        lean.headers = vec!["event_id".into()];
+        let on = lean.standard_headers().unwrap();
+        assert!(on.event_type && on.aggregate_sequence && on.schema_version);
+        assert!(!on.aggregate_type && !on.aggregate_id && !on.lsn);
+        // The same for the seed layout, and for extra_headers naming a column
+        // that its standard header carries.
+        let seed = parse(
+            r#"additional_placement = ["event_type:header:event_type"]
+extra_headers = ["aggregate_sequence"]"#,
+        );
+        seed.validate().unwrap();
+        assert_eq!(seed.header_columns().unwrap(), Vec::new());
+        // The debezium layout's `id` header carries the event id column.
+        let id = parse("layout = \"debezium\"\nadditional_placement = [\"id:header\"]");
+        id.validate().unwrap();
+        assert_eq!(id.header_columns().unwrap(), Vec::new());
+        assert_eq!(
+            id.standard_header_source("id", &id.column_names().unwrap()),
+            Some(StandardSource::Column {
+                key: "outbox.columns.event_id",
+                column: "id".into()
+            })
+        );
+    }
+
+    fn relation(columns: &[&str]) -> Relation {
+        Relation {
+            oid: 1,
+            namespace: "public".into(),
+            name: "outbox_events".into(),
+            replica_identity: b'd',
+            columns: columns
+                .iter()
+                .map(|c| RelationColumn {
+                    flags: 0,
+                    name: (*c).into(),
+                    type_oid: 25,
+                    type_modifier: -1,
+                })
+                .collect(),
+        }
+    }
+
+    /// The record of the issue's configuration carries each header once,
+    /// with the values Debezium's placements give them.
+    #[test]
+    fn the_issue_placements_write_each_header_once() {
+        let m = OutboxMapper::new(&parse(ISSUE_LINE)).unwrap();
+        let rel = relation(&[
+            "event_id",
+            "aggregate_type",
+            "aggregate_id",
+            "aggregate_sequence",
+            "event_type",
+            "schema_version",
+            "payload",
+        ]);
+        let bound = m.bind(&rel).unwrap();
+        let text = |s: &str| ColumnValue::Text(Bytes::copy_from_slice(s.as_bytes()));
+        let row = TupleData {
+            columns: vec![
+                text("406c07f3-26f0-4eea-a50c-109940064b8f"),
+                text("order"),
+                text("1"),
+                text("7"),
+                text("OrderCreated"),
+                text("2"),
+                text("{}"),
+            ],
+        };
+        let ctx = ChangeContext {
+            lsn: Lsn::new(0x16_B374_D848),
+            commit_time: PgTimestamp(1_000_000),
+        };
+        let e = m.map_insert(&bound, &row, &ctx).unwrap();
+        let names: Vec<&str> = e.headers.iter().map(|(k, _)| k.as_ref()).collect();
+        let mut unique = names.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(
+            unique.len(),
+            names.len(),
+            "a header written twice: {names:?}"
+        );
+        let value = |name: &str| {
+            e.headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| String::from_utf8(v.to_vec()).unwrap())
+        };
+        assert_eq!(
+            value("id").as_deref(),
+            Some("406c07f3-26f0-4eea-a50c-109940064b8f")
+        );
+        assert_eq!(value("event_type").as_deref(), Some("OrderCreated"));
+        assert_eq!(value("aggregate_sequence").as_deref(), Some("7"));
+        assert_eq!(value("schema_version").as_deref(), Some("2"));
+    }
+
+    #[test]
+    fn another_column_under_a_standard_header_name_is_refused_saying_so() {
+        let e = parse(
+            "layout = \"debezium\"\nadditional_placement = [\"event_type:header:event_type\"]",
+        )
+        .validate()
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid outbox.additional_placement = \"event_type:header:event_type\": \
+             event_type is a standard header and carries column type \
+             (outbox.columns.event_type), not event_type: place event_type under a \
+             header name of its own (event_type:header:event_type_column), or set \
+             outbox.columns.event_type = \"event_type\" if event_type holds the event type"
+        );
+        let e = parse("additional_placement = [\"tenant:header:lsn\"]")
+            .validate()
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid outbox.additional_placement = \"tenant:header:lsn\": lsn is a \
+             standard header, the event's WAL position, not a column: place tenant under \
+             a header name of its own (tenant:header:tenant)"
+        );
+        let e = parse(
+            "layout = \"debezium\"\nadditional_placement = [\"seq:header:aggregate_sequence\"]",
+        )
+        .validate()
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid outbox.additional_placement = \"seq:header:aggregate_sequence\": \
+             aggregate_sequence is a standard header, written from the column that \
+             outbox.columns.aggregate_sequence names, and none is set: set \
+             outbox.columns.aggregate_sequence = \"seq\" to write seq as that header, \
+             or place seq under a header name of its own (seq:header:seq)"
+        );
+    }
+}
+
+/// Every validation error of the `[outbox]` section, one test each (issue
+/// 34): the message names the key and the rejected value, says what would
+/// be accepted, and what it proposes is accepted, so that it cannot
+/// contradict itself. Cases: table, topic (each template error, the
+/// `{event_type}` opt-in), the required columns, extra headers, placements
+/// (their syntax and the header names they may use), CloudEvents, route,
+/// headers, dead-letter topic, record size, and the three enumerations.
+#[cfg(test)]
+mod messages {
+    use super::*;
+
+    /// `bad` fails validation with `key` = `value`; the message contains
+    /// `proposal`, and `fixed` (the proposal applied) validates.
+    fn check(bad: &str, key: &str, value: &str, proposal: &str, fixed: &str) {
+        let settings: OutboxSettings =
+            toml::from_str(bad).unwrap_or_else(|e| panic!("{bad:?} should parse: {e}"));
+        let e = settings.validate().expect_err(bad);
+        let text = e.to_string();
+        assert_eq!((e.key.as_str(), e.value.as_str()), (key, value), "{text}");
+        assert!(
+            text.starts_with(&format!("invalid {key} = {value:?}: ")),
+            "{text}"
+        );
+        assert!(text.contains(proposal), "{proposal:?} not in: {text}");
+        assert_ne!(proposal, value, "the proposal is the refused value: {text}");
+        let fixed_settings: OutboxSettings =
+            toml::from_str(fixed).unwrap_or_else(|e| panic!("{fixed:?} should parse: {e}"));
+        if let Err(again) = fixed_settings.validate() {
+            panic!("{text}\nproposes {proposal:?}, but {fixed:?} is refused too: {again}");
+        }
+    }
+
+    /// The enumerations are refused while parsing: the message lists the
+    /// accepted values, the refused one is not among them, each listed one parses.
+    fn check_enum<T: FromStr<Err = ConfigError>>(field: &str, value: &str, accepted: &[&str]) {
+        let e = value.parse::<T>().err().expect(value);
+        let text = e.to_string();
+        assert_eq!(
+            (e.key.as_str(), e.value.as_str()),
+            (&*format!("outbox.{field}"), value)
+        );
+        let list: Vec<String> = accepted.iter().map(|a| format!("{a:?}")).collect();
+        assert!(
+            text.ends_with(&format!(": one of {}", list.join(", "))),
+            "{text}"
+        );
+        assert!(!accepted.contains(&value));
+        for a in accepted {
+            a.parse::<T>()
+                .unwrap_or_else(|e| panic!("{text}\nlists {a}, refused: {e}"));
+        }
+        let in_file = toml::from_str::<OutboxSettings>(&format!("{field} = {value:?}"))
+            .unwrap_err()
+            .to_string();
+        assert!(in_file.contains(&text), "{in_file}");
+    }
+
+    macro_rules! refused {
+        ($($name:ident: $bad:expr => $key:expr, $value:expr; $proposal:expr => $fixed:expr;)*) => {
+            $(#[test] fn $name() { check($bad, $key, $value, $proposal, $fixed) })*
+        };
+    }
+
+    refused! {
+        table_not_sql: "table = \"a b\"" => "outbox.table", "a b";
+            "schema.name" => "table = \"app.outbox\"";
+        topic_illegal_character: "topic = \"outbox/{aggregate_type}\"" => "outbox.topic", "outbox/{aggregate_type}";
+            "placeholders {aggregate_type}" => "topic = \"outbox.{aggregate_type}\"";
+        topic_unknown_placeholder: "topic = \"outbox.{aggregate}\"" => "outbox.topic", "outbox.{aggregate}";
+            "{aggregate_type}" => "topic = \"outbox.{aggregate_type}\"";
+        topic_unclosed_brace: "topic = \"outbox.{aggregate_type\"" => "outbox.topic", "outbox.{aggregate_type";
+            "{aggregate_type}" => "topic = \"outbox.{aggregate_type}\"";
+        topic_stray_brace: "topic = \"outbox.}\"" => "outbox.topic", "outbox.}";
+            "{aggregate_type}" => "topic = \"outbox.{aggregate_type}\"";
+        topic_empty: "topic = \"\"" => "outbox.topic", "";
+            "{aggregate_type}" => "topic = \"{aggregate_type}\"";
+        topic_dot_dot: "topic = \"..\"" => "outbox.topic", "..";
+            "{aggregate_type}" => "topic = \"outbox.{aggregate_type}\"";
+        topic_event_type_without_opt_in: "topic = \"o.{event_type}\"" => "outbox.topic", "o.{event_type}";
+            "outbox.allow_split_aggregates = true" => "topic = \"o.{event_type}\"\nallow_split_aggregates = true";
+        column_event_id_empty: "[columns]\nevent_id = \"\"" => "outbox.columns.event_id", "";
+            "a column name" => "[columns]\nevent_id = \"id\"";
+        column_aggregate_type_empty: "[columns]\naggregate_type = \"\"" => "outbox.columns.aggregate_type", "";
+            "a column name" => "[columns]\naggregate_type = \"t\"";
+        column_aggregate_id_empty: "[columns]\naggregate_id = \"\"" => "outbox.columns.aggregate_id", "";
+            "a column name" => "[columns]\naggregate_id = \"a\"";
+        column_event_type_empty: "[columns]\nevent_type = \"\"" => "outbox.columns.event_type", "";
+            "a column name" => "[columns]\nevent_type = \"type\"";
+        column_payload_empty: "[columns]\npayload = \"\"" => "outbox.columns.payload", "";
+            "a column name" => "[columns]\npayload = \"body\"";
+        extra_header_empty: "extra_headers = [\"\"]" => "outbox.extra_headers", "";
+            "a column name" => "extra_headers = [\"tenant\"]";
+        extra_header_lsn: "extra_headers = [\"lsn\"]" => "outbox.extra_headers", "lsn";
+            "lsn:header:lsn_column" => "additional_placement = [\"lsn:header:lsn_column\"]";
+        extra_header_standard_of_another_column: "layout = \"debezium\"\nextra_headers = [\"event_type\"]" => "outbox.extra_headers", "event_type";
+            "event_type:header:event_type_column" => "layout = \"debezium\"\nadditional_placement = [\"event_type:header:event_type_column\"]";
+        extra_header_twice: "extra_headers = [\"a\", \"a\"]" => "outbox.extra_headers", "a";
+            "extra_headers = [\"a\"]" => "extra_headers = [\"a\"]";
+        placement_under_a_standard_header_of_another_column: "additional_placement = [\"tenant:header:event_type\"]" => "outbox.additional_placement", "tenant:header:event_type";
+            "tenant:header:tenant" => "additional_placement = [\"tenant:header:tenant\"]";
+        placement_under_a_standard_header_without_column: "layout = \"debezium\"\nadditional_placement = [\"seq:header:aggregate_sequence\"]" => "outbox.additional_placement", "seq:header:aggregate_sequence";
+            "outbox.columns.aggregate_sequence = \"seq\"" => "layout = \"debezium\"\nadditional_placement = [\"seq:header:aggregate_sequence\"]\n[columns]\naggregate_sequence = \"seq\"";
+        placement_under_lsn: "additional_placement = [\"tenant:header:lsn\"]" => "outbox.additional_placement", "tenant:header:lsn";
+            "tenant:header:tenant" => "additional_placement = [\"tenant:header:tenant\"]";
+        placement_under_debeziums_id: "layout = \"debezium\"\nadditional_placement = [\"tenant:header:id\"]" => "outbox.additional_placement", "tenant:header:id";
+            "tenant:header:tenant" => "layout = \"debezium\"\nadditional_placement = [\"tenant:header:tenant\"]";
+        placement_under_a_cloudevents_header: "additional_placement = [\"kind:header:ce_type\"]\n[cloudevents]\nenabled = true" => "outbox.additional_placement", "kind:header:ce_type";
+            "kind:header:kind" => "additional_placement = [\"kind:header:kind\"]\n[cloudevents]\nenabled = true";
+        placement_header_taken_by_an_extra_header: "extra_headers = [\"tenant\"]\nadditional_placement = [\"org:header:tenant\"]" => "outbox.additional_placement", "org:header:tenant";
+            "org:header:org" => "extra_headers = [\"tenant\"]\nadditional_placement = [\"org:header:org\"]";
+        placement_empty_part: "additional_placement = [\"x::y\"]" => "outbox.additional_placement", "x::y";
+            "column:header[:alias]" => "additional_placement = [\"x:header:y\"]";
+        placement_without_placement: "additional_placement = [\"x\"]" => "outbox.additional_placement", "x";
+            "x:header" => "additional_placement = [\"x:header\"]";
+        placement_unknown_placement: "additional_placement = [\"x:body\"]" => "outbox.additional_placement", "x:body";
+            "column:envelope[:alias]" => "additional_placement = [\"x:envelope\"]";
+        placement_too_many_parts: "additional_placement = [\"x:header:y:z\"]" => "outbox.additional_placement", "x:header:y:z";
+            "column:header[:alias]" => "additional_placement = [\"x:header:y\"]";
+        placement_envelope_payload: "additional_placement = [\"body:envelope:payload\"]" => "outbox.additional_placement", "body:envelope:payload";
+            "body:envelope:body" => "additional_placement = [\"body:envelope:body\"]";
+        placement_second_partition: "additional_placement = [\"a:partition\", \"b:partition\"]" => "outbox.additional_placement", "b:partition";
+            "a:partition" => "additional_placement = [\"a:partition\"]";
+        placement_envelope_member_twice: "additional_placement = [\"a:envelope:m\", \"b:envelope:m\"]" => "outbox.additional_placement", "b:envelope:m";
+            "b:envelope:b" => "additional_placement = [\"a:envelope:m\", \"b:envelope:b\"]";
+        cloudevents_source_with_space: "[cloudevents]\nenabled = true\nsource = \"/my service\"" => "outbox.cloudevents.source", "/my service";
+            "/orders-service" => "[cloudevents]\nenabled = true\nsource = \"/orders-service\"";
+        cloudevents_content_type_control: "[cloudevents]\nenabled = true\ncontent_type = \"a\\nb\"" => "outbox.cloudevents.content_type", "a\nb";
+            "application/json" => "[cloudevents]\nenabled = true\ncontent_type = \"application/json\"";
+        route_regex_invalid: "[route]\nregex = \"(\"" => "outbox.route.regex", "(";
+            "(?<routedByValue>.*)" => "[route]\nregex = \"(?<routedByValue>.*)\"";
+        route_replacement_empty: "[route]\nregex = \".*\"\nreplacement = \"\"" => "outbox.route.replacement", "";
+            "outbox.event.${routedByValue}" => "[route]\nregex = \"(?<routedByValue>.*)\"\nreplacement = \"outbox.event.${routedByValue}\"";
+        headers_unknown_name: "headers = [\"event_id\", \"trace\"]" => "outbox.headers", "[event_id,trace]";
+            "event_id, event_type" => "headers = [\"event_id\", \"event_type\"]";
+        headers_twice: "headers = [\"event_id\", \"lsn\", \"lsn\"]" => "outbox.headers", "[event_id,lsn,lsn]";
+            "at most once" => "headers = [\"event_id\", \"lsn\"]";
+        headers_without_event_id: "headers = [\"event_type\"]" => "outbox.headers", "[event_type]";
+            "[\"event_id\", \"event_type\"]" => "headers = [\"event_id\", \"event_type\"]";
+        dead_letter_topic_dot_dot: "dead_letter_topic = \"..\"" => "outbox.dead_letter_topic", "..";
+            "outbox.dlq" => "dead_letter_topic = \"outbox.dlq\"";
+        dead_letter_topic_illegal: "dead_letter_topic = \"dead letters\"" => "outbox.dead_letter_topic", "dead letters";
+            "outbox.dlq" => "dead_letter_topic = \"outbox.dlq\"";
+        max_record_bytes_zero: "max_record_bytes = 0" => "outbox.max_record_bytes", "0";
+            "1 to 1000000000" => "max_record_bytes = 1";
+        max_record_bytes_too_large: "max_record_bytes = 1000000001" => "outbox.max_record_bytes", "1000000001";
+            "1 to 1000000000" => "max_record_bytes = 1000000000";
+    }
+
+    #[test]
+    fn layout_unknown() {
+        check_enum::<Layout>("layout", "kafka-connect", &["seed", "debezium"]);
+    }
+
+    #[test]
+    fn on_poison_unknown() {
+        check_enum::<PoisonPolicy>("on_poison", "skip", &["fail", "dead-letter"]);
+    }
+
+    #[test]
+    fn payload_format_unknown() {
+        check_enum::<PayloadFormat>("payload_format", "json", &["as-stored", "json-string"]);
     }
 }
