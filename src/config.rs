@@ -284,8 +284,9 @@ impl Default for AuditSettings {
 }
 
 /// `[prune]`: retention of outbox rows (DESIGN.md §13). Rows older than
-/// `retention` AND committed before the last acknowledged transaction (by the
-/// same rule and margins as gap repair, `[repair]`) are deleted, in batches of
+/// `retention` AND provably committed before the last acknowledged position
+/// (`pipeline/prune.rs` says how; `repair.commit_time_margin_ms` applies to
+/// commit timestamps) are deleted, in batches of
 /// `batch_rows`, every `interval` while `run` streams, or once by
 /// `outbox-cdc prune`. Off by default.
 #[derive(Debug, Deserialize)]

@@ -1,7 +1,11 @@
 //! Pruning with `track_commit_timestamp = on`: rows are judged by their
 //! transaction's commit timestamp. A row with an `occurred_at` far in the
 //! past that committed after the acknowledged transaction is kept; rows
-//! committed before it (minus `repair.commit_time_margin_ms`) go.
+//! committed before it (minus `repair.commit_time_margin_ms`) go. A row
+//! written with a replication origin carries the origin's commit timestamp,
+//! not one in local WAL order (audit F7b): it is not judged by it, so one
+//! committed after the acknowledged position with an old origin timestamp is
+//! kept too.
 //!
 //! This test restarts the test PostgreSQL twice (the setting needs a
 //! restart): it must stay the only test in this file. The setting is reset
@@ -15,7 +19,7 @@ use common::relay::Fixture;
 use common::{TrackingOff, init_tracing, set_track_commit_timestamp};
 use outbox_cdc::metrics::Metrics;
 use outbox_cdc::pg::PgTimestamp;
-use outbox_cdc::pipeline;
+use outbox_cdc::pipeline::{self, AckedPosition};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prune_by_commit_timestamp_keeps_old_rows_committed_after_the_acknowledged_one() {
@@ -47,12 +51,49 @@ async fn prune_by_commit_timestamp_keeps_old_rows_committed_after_the_acknowledg
         .await
         .expect("clock")
         .get(0);
+    let acked = AckedPosition {
+        lsn: fx.wal_insert_lsn().await,
+        commit_time: PgTimestamp(acked),
+    };
     tokio::time::sleep(Duration::from_millis(100)).await;
     // Old occurred_at, committed after the acknowledged position: unpublished.
     fx.admin
         .batch_execute(&insert("after"))
         .await
         .expect("rows not yet acknowledged");
+    // The same through a replication origin whose commit timestamp is a day
+    // old (what a subscription applying a backlog writes).
+    let origin = format!("o_{}", fx.name);
+    fx.admin
+        .batch_execute(&format!(
+            "SELECT pg_replication_origin_create('{origin}');
+             SELECT pg_replication_origin_session_setup('{origin}');
+             BEGIN;
+             SELECT pg_replication_origin_xact_setup('0/1', now() - interval '1 day');
+             {}
+             COMMIT;
+             SELECT pg_replication_origin_session_reset();
+             SELECT pg_replication_origin_drop('{origin}');",
+            insert("origin")
+        ))
+        .await
+        .expect("rows written with a replication origin");
+    let origin_ts: bool = fx
+        .admin
+        .query_one(
+            &format!(
+                "SELECT bool_and(pg_xact_commit_timestamp(xmin) < now() - interval '1 hour')
+                 FROM public.{t} WHERE aggregate_id = 'origin'"
+            ),
+            &[],
+        )
+        .await
+        .expect("origin commit timestamps")
+        .get(0);
+    assert!(
+        origin_ts,
+        "the origin rows carry the origin's old commit timestamp"
+    );
 
     let config = fx.config_with(
         "OUTBOX_CDC__PRUNE__RETENTION=1h OUTBOX_CDC__REPAIR__COMMIT_TIME_MARGIN_MS=200",
@@ -62,15 +103,9 @@ async fn prune_by_commit_timestamp_keeps_old_rows_committed_after_the_acknowledg
         .connect_sql()
         .await
         .expect("connect as outbox");
-    let report = pipeline::prune_once(
-        &client,
-        &config,
-        Some(PgTimestamp(acked)),
-        &Metrics::default(),
-        None,
-    )
-    .await
-    .expect("prune");
+    let report = pipeline::prune_once(&client, &config, Some(acked), &Metrics::default(), None)
+        .await
+        .expect("prune");
     let left: Vec<(String, i64)> = fx
         .admin
         .query(
@@ -82,7 +117,11 @@ async fn prune_by_commit_timestamp_keeps_old_rows_committed_after_the_acknowledg
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    assert_eq!(left, vec![("after".to_owned(), 10)], "{report}");
+    assert_eq!(
+        left,
+        vec![("after".to_owned(), 10), ("origin".to_owned(), 10)],
+        "{report}"
+    );
     assert_eq!(report.rows(), 10, "{report}");
     fx.cleanup().await;
 }

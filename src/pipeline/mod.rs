@@ -37,7 +37,7 @@ use crate::pg::{Lsn, PgError};
 use crate::pgoutput::DecodeError;
 use crate::sink::SinkError;
 
-pub use prune::{PruneError, PruneReport, prune_once, prune_stored, run_pruner};
+pub use prune::{AckedPosition, PruneError, PruneReport, prune_once, prune_stored, run_pruner};
 pub use replay::{EventIdSet, ReplayError, ReplayOptions, ReplayReport, replay};
 pub use resume::StartRefused;
 pub use sequences::{GapKind, SequenceGap};

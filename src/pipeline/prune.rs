@@ -5,18 +5,30 @@
 //! A row is deleted only when BOTH hold, checked by the DELETE statement
 //! itself (never by a list computed earlier):
 //! - `occurred_at` is older than the retention;
-//! - it was committed before the last acknowledged transaction, by the rule
-//!   and margins of gap repair: with `track_commit_timestamp = on`, its
-//!   `pg_xact_commit_timestamp(xmin)` is before the acknowledged commit time
-//!   minus `repair.commit_time_margin_ms` (rows whose commit time is unknown
-//!   fall back to the next rule); otherwise its `occurred_at` (the writing
-//!   transaction's start, so earlier than its commit) is before the
-//!   acknowledged commit time minus `repair.occurred_at_margin_ms`.
+//! - its transaction committed before the acknowledged position, proven by
+//!   facts PostgreSQL keeps (never by `occurred_at`, which a writer may set
+//!   to any time, audit F7):
+//!   - by transaction id: an xid X such that every transaction older than X
+//!     had ended before a WAL position P at or before the acknowledged LSN
+//!     proves every row whose `xmin` precedes X committed before it. Two
+//!     such witnesses: the slot's `catalog_xmin` (the oldest running xid of
+//!     a running-transactions record at or before its `confirmed_flush_lsn`,
+//!     which must be at or before the acknowledged LSN), and the last
+//!     checkpoint's `oldest_active_xid` (`pg_control_checkpoint()`,
+//!     computed before its record, which must be at or before the
+//!     acknowledged LSN); the newer one is used;
+//!   - by commit timestamp (`track_commit_timestamp = on`, PostgreSQL 14+):
+//!     `pg_xact_commit_timestamp_origin(xmin)` is before the acknowledged
+//!     commit time minus `repair.commit_time_margin_ms`, for rows written
+//!     without a replication origin (an origin's commit timestamp is the
+//!     origin's, not local WAL order). Rows whose commit time is unknown, or
+//!     with an origin, need the proof by transaction id.
 //!
-//! The acknowledged commit time is the one the offset store holds: read from
-//! the store by the one-shot `outbox-cdc prune`, and from the running
-//! session's [`DurableCommitTime`](crate::checkpoint::DurableCommitTime)
-//! (set after each persist) by `run`. Without one nothing is deleted.
+//! The acknowledged position (LSN and commit time) is the one the offset
+//! store holds: read from the store by the one-shot `outbox-cdc prune`, and
+//! from the running session's durable acked LSN and
+//! [`DurableCommitTime`](crate::checkpoint::DurableCommitTime) (set after
+//! each persist) by `run`. Without one nothing is deleted.
 //!
 //! Deletes go in batches of `batch_rows` rows, by `ctid` from an index scan on
 //! `occurred_at`, each batch its own statement (its own short transaction).
@@ -36,7 +48,7 @@ use crate::checkpoint::OffsetStore;
 use crate::config::Config;
 use crate::coverage;
 use crate::metrics::Metrics;
-use crate::pg::{PgConnectConfig, PgTimestamp, QualifiedTable};
+use crate::pg::{Lsn, PgConnectConfig, PgTimestamp, QualifiedTable};
 
 use super::PipelineError;
 use super::retained::{micros_text, sql, table_columns};
@@ -74,6 +86,15 @@ impl From<crate::pg::PgError> for PruneError {
     }
 }
 
+/// The acknowledged position rows are judged against: every transaction
+/// whose commit record ends at or before `lsn` is in Kafka, the last of them
+/// committed at `commit_time`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AckedPosition {
+    pub lsn: Lsn,
+    pub commit_time: PgTimestamp,
+}
+
 /// What one prune did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct PruneReport {
@@ -85,6 +106,9 @@ pub struct PruneReport {
     pub skipped: Option<String>,
     /// The acknowledged commit time the rows were judged against.
     pub acked_commit_time: Option<PgTimestamp>,
+    /// The witness that proved rows committed before the acknowledged LSN
+    /// by their transaction id (None: none at or before it).
+    pub witness: Option<String>,
 }
 
 impl PruneReport {
@@ -109,6 +133,9 @@ impl std::fmt::Display for PruneReport {
         }
         if let Some(t) = self.acked_commit_time {
             write!(f, "; acknowledged commit time {}", micros_text(t.0))?;
+        }
+        if let Some(w) = &self.witness {
+            write!(f, "; rows proven committed by {w}")?;
         }
         Ok(())
     }
@@ -145,16 +172,21 @@ pub async fn prune_stored(config: &Config, metrics: &Metrics) -> Result<PruneRep
     // never in this slot.
     let acked = stored
         .filter(|s| !s.commit_time_is_slot_creation)
-        .and_then(|s| s.acked_commit_time);
+        .and_then(|s| {
+            s.acked_commit_time.map(|commit_time| AckedPosition {
+                lsn: s.lsn,
+                commit_time,
+            })
+        });
     prune_once(&client, config, acked, metrics, None).await
 }
 
 /// One prune of the configured outbox against `acked` (the acknowledged
-/// commit time), then the size gauges. `stop` ends it between batches.
+/// position), then the size gauges. `stop` ends it between batches.
 pub async fn prune_once(
     client: &Client,
     config: &Config,
-    acked: Option<PgTimestamp>,
+    acked: Option<AckedPosition>,
     metrics: &Metrics,
     stop: Option<&watch::Receiver<bool>>,
 ) -> Result<PruneReport, PruneError> {
@@ -187,7 +219,7 @@ pub async fn prune_once(
         });
     }
     let mut report = PruneReport {
-        acked_commit_time: acked,
+        acked_commit_time: acked.map(|a| a.commit_time),
         ..PruneReport::default()
     };
     let result = match acked {
@@ -211,24 +243,104 @@ pub async fn prune_once(
     Ok(report)
 }
 
-/// The `WHERE` clause both the choice and the DELETE apply. `$1`: the
-/// retention cutoff, `$2`: the occurred_at bound, `$3`: the commit-time
-/// bound (all microseconds since 2000-01-01, float8).
-fn qualifies(by_commit_time: bool) -> String {
-    let ts = |p: &str| format!("to_timestamp({p}::float8 / 1e6 + 946684800)");
-    let by_time = format!("occurred_at < {}", ts("$2"));
-    let exact = if by_commit_time {
-        // A commit timestamp is never before occurred_at (the transaction's
-        // start), so the occurred_at prefilter only narrows.
-        format!(
-            "occurred_at < {c} AND CASE WHEN pg_xact_commit_timestamp(xmin) IS NULL THEN {by_time} \
-             ELSE pg_xact_commit_timestamp(xmin) < {c} END",
-            c = ts("$3")
+/// `$n` (microseconds since 2000-01-01, float8) as a timestamptz.
+fn ts(param: &str) -> String {
+    format!("to_timestamp({param}::float8 / 1e6 + 946684800)")
+}
+
+/// The `WHERE` clause both the choice and the DELETE apply, over the table
+/// aliased `o`, or `None` when neither proof of "committed before the
+/// acknowledged position" is available. `$1`: the retention cutoff, `$2`:
+/// the commit-time bound (both microseconds since 2000-01-01, float8), `$3`:
+/// the xid witness (text, see [`xid_witness`]).
+fn qualifies(by_commit_time: bool, by_xid: bool) -> Option<String> {
+    let mut proofs = Vec::new();
+    if by_commit_time {
+        // Unknown (NULL) or with an origin: not proven here.
+        proofs.push(format!(
+            "coalesce((SELECT c.roident = 0 AND c.timestamp < {} \
+             FROM pg_xact_commit_timestamp_origin(o.xmin) AS c), false)",
+            ts("$2")
+        ));
+    }
+    if by_xid {
+        // age() compares xids modulo 2^32 against the same reference; a
+        // negative age is an xmin more than 2^31 transactions old (frozen,
+        // long before any witness).
+        proofs.push("(age(o.xmin) > age($3::text::xid) OR age(o.xmin) < 0)".to_owned());
+    }
+    if proofs.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "o.occurred_at < {} AND ({})",
+        ts("$1"),
+        proofs.join(" OR ")
+    ))
+}
+
+type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
+
+/// A predicate's parameters, `$1` to `$COUNT`; a statement's own follow.
+struct Params {
+    cutoff: f64,
+    commit_bound: f64,
+    xid: String,
+}
+
+impl Params {
+    const COUNT: usize = 3;
+
+    /// The predicate's parameter types, then `extra`.
+    fn types(extra: &[Type]) -> Vec<Type> {
+        let mut types = vec![Type::FLOAT8, Type::FLOAT8, Type::TEXT];
+        types.extend_from_slice(extra);
+        types
+    }
+
+    /// The predicate's values, then `extra`.
+    fn values<'a>(&'a self, extra: &[Param<'a>]) -> Vec<Param<'a>> {
+        let mut values: Vec<Param<'a>> = vec![&self.cutoff, &self.commit_bound, &self.xid];
+        values.extend_from_slice(extra);
+        values
+    }
+}
+
+/// An xid every older transaction of which had ended before a WAL position
+/// at or before the acknowledged LSN: the newer of the slot's `catalog_xmin`
+/// and the last checkpoint's `oldest_active_xid`, each only when its position
+/// is at or before `acked`. Returns the xid (text) and what it is.
+async fn xid_witness(
+    client: &Client,
+    slot: &str,
+    acked: Lsn,
+) -> Result<Option<(String, String)>, PipelineError> {
+    let e = sql("reading the slot's catalog_xmin and the last checkpoint");
+    // A slot's catalog_xmin comes from a running-transactions record at or
+    // before its confirmed_flush_lsn; in PostgreSQL 17+ it may consider only
+    // its own database's transactions, hence current_database(). A
+    // checkpoint's oldest_active_xid is 0 after a shutdown checkpoint.
+    let row = client
+        .query_opt(
+            "SELECT w.xid::text, w.what FROM ( \
+               SELECT s.catalog_xmin AS xid, \
+                      format('slot %s catalog_xmin %s (confirmed %s)', s.slot_name, s.catalog_xmin, \
+                             s.confirmed_flush_lsn) AS what \
+                 FROM pg_replication_slots s \
+                WHERE s.slot_name = $1 AND s.slot_type = 'logical' AND s.database = current_database() \
+                  AND s.catalog_xmin IS NOT NULL AND s.confirmed_flush_lsn <= $2::text::pg_lsn \
+               UNION ALL \
+               SELECT c.oldest_active_xid, \
+                      format('checkpoint %s oldest_active_xid %s', c.checkpoint_lsn, c.oldest_active_xid) \
+                 FROM pg_control_checkpoint() c \
+                WHERE c.checkpoint_lsn <= $2::text::pg_lsn AND c.oldest_active_xid::text::int8 >= 3 \
+             ) w ORDER BY age(w.xid) LIMIT 1",
+            &[&slot, &acked.to_string()],
         )
-    } else {
-        by_time
-    };
-    format!("occurred_at < {} AND {exact}", ts("$1"))
+        .await
+        .map_err(&e)?;
+    row.map(|r| Ok((r.try_get(0).map_err(&e)?, r.try_get(1).map_err(&e)?)))
+        .transpose()
 }
 
 async fn prune_rows(
@@ -236,18 +348,24 @@ async fn prune_rows(
     config: &Config,
     table: &QualifiedTable,
     retention: Duration,
-    acked: PgTimestamp,
+    acked: AckedPosition,
     report: &mut PruneReport,
     stop: Option<&watch::Receiver<bool>>,
 ) -> Result<(), PruneError> {
     let e = sql("pruning the outbox");
-    let track: String = client
-        .query_one("SELECT current_setting('track_commit_timestamp')", &[])
+    let row = client
+        .query_one(
+            "SELECT current_setting('track_commit_timestamp') = 'on', \
+                    current_setting('server_version_num')::int",
+            &[],
+        )
         .await
-        .map_err(&e)?
-        .try_get(0)
         .map_err(&e)?;
-    let by_commit_time = track == "on";
+    let (track, version): (bool, i32) = (row.try_get(0).map_err(&e)?, row.try_get(1).map_err(&e)?);
+    // Before 14 a commit timestamp cannot be told from an origin's.
+    let by_commit_time = track && version >= 140000;
+    let witness = xid_witness(client, &config.postgres.slot, acked.lsn).await?;
+    report.witness = witness.as_ref().map(|(_, what)| what.clone());
     let now: f64 = client
         .query_one(
             "SELECT ((extract(epoch FROM clock_timestamp()) - 946684800) * 1e6)::float8",
@@ -258,11 +376,26 @@ async fn prune_rows(
         .try_get(0)
         .map_err(&e)?;
     let cutoff = now - retention.as_micros() as f64;
-    let occurred_bound = (acked.0 - config.repair.occurred_at_margin_ms as i64 * 1000) as f64;
-    let commit_bound = (acked.0 - config.repair.commit_time_margin_ms as i64 * 1000) as f64;
-    let pred = qualifies(by_commit_time);
-    debug!(table = %table, cutoff = %micros_text(cutoff as i64), acked_commit_time = %micros_text(acked.0),
-        bound = if by_commit_time { "commit-timestamp" } else { "occurred-at" }, "pruning the outbox");
+    let commit_bound =
+        (acked.commit_time.0 - config.repair.commit_time_margin_ms as i64 * 1000) as f64;
+    let Some(pred) = qualifies(by_commit_time, witness.is_some()) else {
+        report.skipped = Some(format!(
+            "nothing proves a row committed before the acknowledged position {} yet{}: the slot \
+             has not confirmed a running-transactions record, nor is the last checkpoint before \
+             it. Rows become prunable once the connector has acknowledged past the next one \
+             (PostgreSQL logs one every 15 s while busy, and at each checkpoint)",
+            acked.lsn,
+            if track {
+                " (commit timestamps cannot be told from replication origins' before PostgreSQL 14)"
+            } else {
+                " (track_commit_timestamp is off)"
+            }
+        ));
+        return Ok(());
+    };
+    debug!(table = %table, cutoff = %micros_text(cutoff as i64), acked_lsn = %acked.lsn,
+        acked_commit_time = %micros_text(acked.commit_time.0), by_commit_time,
+        witness = ?report.witness, "pruning the outbox");
 
     // (leaf, its parent, whether it is the parent's DEFAULT partition)
     let leaves: Vec<(String, String, bool)> = client
@@ -286,7 +419,11 @@ async fn prune_rows(
             ))
         })
         .collect::<Result<_, PipelineError>>()?;
-    let params = [cutoff, occurred_bound, commit_bound];
+    let params = Params {
+        cutoff,
+        commit_bound,
+        xid: witness.map(|(xid, _)| xid).unwrap_or_else(|| "0".into()),
+    };
     if leaves.is_empty() {
         report.deleted_rows +=
             delete_batches(client, &table.to_string(), &pred, &params, config, stop).await?;
@@ -315,7 +452,7 @@ async fn delete_batches(
     client: &Client,
     relation: &str,
     pred: &str,
-    params: &[f64; 3],
+    params: &Params,
     config: &Config,
     stop: Option<&watch::Receiver<bool>>,
 ) -> Result<u64, PruneError> {
@@ -323,19 +460,19 @@ async fn delete_batches(
     let limit = config.prune.batch_rows as i64;
     // The predicate is in the DELETE too: a ctid chosen by the subquery can
     // only ever delete a row that qualifies itself.
+    let sql_text = format!(
+        "DELETE FROM {relation} AS o WHERE o.ctid = ANY(ARRAY(SELECT o.ctid FROM {relation} AS o \
+         WHERE {pred} ORDER BY o.occurred_at LIMIT ${limit_param})) AND {pred}",
+        limit_param = Params::COUNT + 1
+    );
     let statement = client
-        .prepare_typed(&format!(
-            "DELETE FROM {relation} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {relation} WHERE {pred} \
-             ORDER BY occurred_at LIMIT $4)) AND {pred}"
-            ),
-            &[Type::FLOAT8, Type::FLOAT8, Type::FLOAT8, Type::INT8],
-        )
+        .prepare_typed(&sql_text, &Params::types(&[Type::INT8]))
         .await
         .map_err(&e)?;
     let mut total = 0u64;
     loop {
         let n = client
-            .execute(&statement, &[&params[0], &params[1], &params[2], &limit])
+            .execute(&statement, &params.values(&[&limit]))
             .await
             .map_err(&e)?;
         total += n;
@@ -355,7 +492,7 @@ async fn drop_if_all_qualify(
     parent: &str,
     leaf: &str,
     pred: &str,
-    params: &[f64; 3],
+    params: &Params,
 ) -> Result<Option<u64>, PruneError> {
     let e = sql("dropping a pruned outbox partition");
     // Cheap first (the occurred_at index): is the newest row past the cutoff?
@@ -364,7 +501,7 @@ async fn drop_if_all_qualify(
             &format!(
                 "SELECT max(occurred_at) < to_timestamp($1::float8 / 1e6 + 946684800) FROM {leaf}"
             ),
-            &[&params[0]],
+            &[&params.cutoff],
         )
         .await
         .map_err(&e)?
@@ -386,14 +523,12 @@ async fn drop_if_all_qualify(
         let count = client
             .prepare_typed(
                 &format!(
-                    "SELECT count(*) FILTER (WHERE NOT coalesce({pred}, false)), count(*) FROM {leaf}"
+                    "SELECT count(*) FILTER (WHERE NOT coalesce({pred}, false)), count(*) FROM {leaf} AS o"
                 ),
-                &[Type::FLOAT8, Type::FLOAT8, Type::FLOAT8],
+                &Params::types(&[]),
             )
             .await?;
-        let row = client
-            .query_one(&count, &[&params[0], &params[1], &params[2]])
-            .await?;
+        let row = client.query_one(&count, &params.values(&[])).await?;
         let (not_yet, rows): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
         if not_yet > 0 || rows == 0 {
             return Ok(None);
@@ -495,7 +630,15 @@ pub async fn run_pruner(
                 continue;
             }
         }
-        let acked = metrics.durable_commit_time.get();
+        // Both durable: the commit time set after each persist, the LSN by
+        // the session once the store flushed it.
+        let acked = metrics
+            .durable_commit_time
+            .get()
+            .map(|commit_time| AckedPosition {
+                lsn: metrics.acked(),
+                commit_time,
+            });
         if acked.is_none() && !said_no_time {
             info!(
                 "pruner: no acknowledged commit time yet; nothing is pruned until the connector persists one"
@@ -547,16 +690,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_predicate_judges_by_commit_time_only_when_tracked() {
-        let off = qualifies(false);
+    fn the_predicate_never_judges_acknowledgement_by_occurred_at() {
+        assert_eq!(qualifies(false, false), None);
+        let off = qualifies(false, true).unwrap();
         assert!(!off.contains("pg_xact_commit_timestamp"), "{off}");
-        assert!(off.contains("$1") && off.contains("$2"));
-        let on = qualifies(true);
+        assert!(off.starts_with("o.occurred_at < to_timestamp($1"), "{off}");
+        assert_eq!(off.matches("occurred_at").count(), 1, "{off}");
+        assert!(off.contains("age(o.xmin) > age($3::text::xid)"), "{off}");
+        let on = qualifies(true, false).unwrap();
         assert!(
-            on.contains("pg_xact_commit_timestamp(xmin) IS NULL THEN occurred_at <"),
+            on.contains("pg_xact_commit_timestamp_origin(o.xmin)"),
             "{on}"
         );
-        assert!(on.contains("$3"));
+        assert!(on.contains("c.roident = 0"), "{on}");
+        assert_eq!(on.matches("occurred_at").count(), 1, "{on}");
+        let both = qualifies(true, true).unwrap();
+        assert!(both.contains(") OR (age(o.xmin)"), "{both}");
     }
 
     fn config(extra: &str) -> Config {

@@ -14,8 +14,9 @@
 //! `pg_xact_commit_timestamp(xmin)` when `track_commit_timestamp = on`, from
 //! the acknowledged transaction's commit time (kept in the offset store) minus
 //! `repair.commit_time_margin_ms` (commit timestamps and WAL order can differ
-//! for concurrent commits); otherwise by `occurred_at` minus
-//! `repair.occurred_at_margin_ms` (it is the writing transaction's start).
+//! for concurrent commits), rows whose commit timestamp is unknown by the
+//! next rule; otherwise by `occurred_at` minus `repair.occurred_at_margin_ms`
+//! (it is the writing transaction's start, unless the writer set it).
 //!
 //! Resumable: the plan is stored before the slot is recreated and removed
 //! after the new offset is persisted. A repair killed half-way finds its plan
@@ -149,6 +150,34 @@ pub(crate) async fn plan(
     })
 }
 
+/// Which rows a repair publishes (`WHERE`): `$1` is `since`; by commit
+/// timestamp, a row whose commit timestamp is unknown (frozen, or committed
+/// before it was tracked) is judged by `occurred_at` against `$2`
+/// ([`unknown_commit_time_bound`]). Both microseconds since 2000-01-01.
+fn repair_filter(bound: &str, has_occurred_at: bool) -> String {
+    let ts = micros_of("pg_xact_commit_timestamp(xmin)");
+    match bound {
+        BY_COMMIT_TIMESTAMP if has_occurred_at => format!(
+            "CASE WHEN pg_xact_commit_timestamp(xmin) IS NULL THEN {} >= $2::float8 \
+             ELSE {ts} >= $1::float8 END",
+            micros_of("occurred_at")
+        ),
+        BY_COMMIT_TIMESTAMP => format!("{ts} >= $1::float8"),
+        _ => format!("{} >= $1::float8", micros_of("occurred_at")),
+    }
+}
+
+/// The `occurred_at` bound for rows whose commit timestamp is unknown: the
+/// acknowledged commit time minus `repair.occurred_at_margin_ms`, the margin
+/// such rows were judged by (audit F7c: with the commit-time margin, rows
+/// whose `occurred_at` was between the two margins before the acknowledged
+/// time were neither pruned nor repaired); never after `since`.
+fn unknown_commit_time_bound(pending: &PendingRepair, config: &Config) -> f64 {
+    let acked = pending.since_micros + config.repair.commit_time_margin_ms as i64 * 1000;
+    let bound = acked - config.repair.occurred_at_margin_ms as i64 * 1000;
+    bound.min(pending.since_micros) as f64
+}
+
 /// Publishes the rows `pending` chooses, as `client` sees them: inside the
 /// exported snapshot, or (a resumed repair) the current state. `at` is the new
 /// slot's consistent point, the `lsn` header of every repaired record. Returns
@@ -166,19 +195,16 @@ pub(crate) async fn publish(
     let retained = RetainedTable::load(client, config).await?;
     let table = &retained.table;
 
+    let has_occurred_at = retained.has_column("occurred_at");
     let time = match pending.bound.as_str() {
-        BY_COMMIT_TIMESTAMP => "coalesce(pg_xact_commit_timestamp(xmin), occurred_at)",
+        BY_COMMIT_TIMESTAMP if has_occurred_at => {
+            "coalesce(pg_xact_commit_timestamp(xmin), occurred_at)"
+        }
+        BY_COMMIT_TIMESTAMP => "pg_xact_commit_timestamp(xmin)",
         _ => "occurred_at",
     };
-    // Rows whose commit timestamp is unknown (frozen, or committed before it
-    // was tracked) fall back to occurred_at, which is earlier still.
-    let time = if pending.bound == BY_COMMIT_TIMESTAMP && !retained.has_column("occurred_at") {
-        "pg_xact_commit_timestamp(xmin)"
-    } else {
-        time
-    };
     let micros = micros_of(time);
-    let filter = format!("{micros} >= $1::float8");
+    let filter = repair_filter(&pending.bound, has_occurred_at);
     if let Some(snapshot) = snapshot {
         client
             .batch_execute(&format!(
@@ -189,10 +215,16 @@ pub(crate) async fn publish(
             .map_err(&e)?;
     }
     let since = pending.since_micros as f64;
+    let unknown = unknown_commit_time_bound(pending, config);
+    let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = if filter.contains("$2") {
+        vec![&since, &unknown]
+    } else {
+        vec![&since]
+    };
     let total: i64 = client
         .query_one(
             &format!("SELECT count(*) FROM {table} WHERE {filter}"),
-            &[&since],
+            &params,
         )
         .await
         .map_err(&e)?
@@ -209,13 +241,7 @@ pub(crate) async fn publish(
         retained.select_list(),
         retained.order_by(&micros)
     );
-    let rows = client
-        .query_raw(
-            &query,
-            [&since as &(dyn tokio_postgres::types::ToSql + Sync)],
-        )
-        .await
-        .map_err(&e)?;
+    let rows = client.query_raw(&query, params).await.map_err(&e)?;
     pin_mut!(rows);
     // The last number published per aggregate, for live gap detection: the
     // stream continues after these (at LSNs beyond `at`).
@@ -258,4 +284,52 @@ pub(crate) async fn publish(
         .collect();
     tokio::task::block_in_place(|| store.save_sequences(&sequences))?;
     Ok(delivered)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Audit F7(c): a row whose commit timestamp is unknown (committed before
+    /// tracking was turned on) is republished when its occurred_at is within
+    /// repair.occurred_at_margin_ms of the acknowledged commit time, the
+    /// margin prune kept such rows by, not the commit-time margin.
+    #[test]
+    fn rows_without_a_commit_timestamp_use_the_occurred_at_margin() {
+        let config = Config::from_sources(
+            "test.toml",
+            "[postgres]\nurl = \"postgres://outbox@db/app\"\n[kafka]\n\"bootstrap.servers\" = \"k:9092\"\n",
+            vec![
+                ("OUTBOX_CDC__REPAIR__COMMIT_TIME_MARGIN_MS".into(), "10000".into()),
+                ("OUTBOX_CDC__REPAIR__OCCURRED_AT_MARGIN_MS".into(), "3600000".into()),
+            ],
+        )
+        .expect("config");
+        let acked = 1_000_000_000_000i64;
+        let pending = PendingRepair {
+            v: 1,
+            stored_lsn: Lsn::ZERO,
+            since_micros: acked - 10_000_000,
+            bound: BY_COMMIT_TIMESTAMP.to_owned(),
+        };
+        assert_eq!(
+            unknown_commit_time_bound(&pending, &config),
+            (acked - 3_600_000_000) as f64
+        );
+        let filter = repair_filter(BY_COMMIT_TIMESTAMP, true);
+        assert!(
+            filter.starts_with("CASE WHEN pg_xact_commit_timestamp(xmin) IS NULL THEN"),
+            "{filter}"
+        );
+        assert!(
+            filter.contains("occurred_at) - 946684800) * 1e6)::float8 >= $2::float8"),
+            "{filter}"
+        );
+        assert!(
+            filter.contains("ELSE ((extract(epoch FROM pg_xact_commit_timestamp(xmin))"),
+            "{filter}"
+        );
+        let by_time = repair_filter(BY_OCCURRED_AT, true);
+        assert!(!by_time.contains("$2"), "{by_time}");
+    }
 }

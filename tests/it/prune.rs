@@ -1,6 +1,14 @@
 //! Pruning (DESIGN.md §13, `[prune]`): no row that was not yet published is
 //! ever deleted, whatever races it; whole partitions go when every row in
 //! them qualifies; without a stored acknowledged commit time nothing goes.
+//!
+//! A row counts as acknowledged when its transaction provably ended before
+//! the acknowledged LSN: its xid precedes the slot's `catalog_xmin` (taken
+//! from a running-transactions record the slot confirmed) or the last
+//! acknowledged checkpoint's `oldest_active_xid` (or, with
+//! `track_commit_timestamp = on`, by its commit timestamp:
+//! tests/prune_commit_ts.rs). The tests run `CHECKPOINT` (which logs a
+//! running-transactions record) where a busy server would have logged one.
 
 use crate::common;
 
@@ -13,7 +21,7 @@ use common::{admin_client, init_tracing};
 use outbox_cdc::checkpoint::OffsetStore;
 use outbox_cdc::metrics::Metrics;
 use outbox_cdc::pg::PgTimestamp;
-use outbox_cdc::pipeline::{self, PruneError};
+use outbox_cdc::pipeline::{self, AckedPosition, PruneError};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -60,6 +68,21 @@ fn spawn_writer(
     (stop, handle)
 }
 
+/// `CHECKPOINT` every second (a busy server's checkpoint_timeout, shortened)
+/// until aborted.
+fn spawn_checkpoints() -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async {
+        let client = admin_client().await;
+        loop {
+            client
+                .batch_execute("CHECKPOINT")
+                .await
+                .expect("checkpoint");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    })
+}
+
 async fn table_ids(fx: &Fixture) -> BTreeSet<String> {
     fx.admin
         .query(
@@ -87,7 +110,42 @@ async fn prune_racing_writers_never_deletes_an_unpublished_row() {
         .expect("grant delete");
     let running = Running::start(fx.config_with(PRUNE_ENV)).await;
     let (stop, writer) = spawn_writer(fx.table.clone(), "p");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // The rows written so far become provably committed before what the
+    // connector acknowledges: the slot confirms a running-transactions
+    // record (a checkpoint logs one) newer than them.
+    let newest: String = fx
+        .admin
+        .query_one(
+            &format!(
+                "SELECT max(xmin::text::int8)::text FROM public.{}",
+                fx.table
+            ),
+            &[],
+        )
+        .await
+        .expect("xmin")
+        .get(0);
+    eventually(
+        "the slot's catalog_xmin passes the first rows",
+        TIMEOUT,
+        || async {
+            fx.admin
+                .batch_execute("CHECKPOINT")
+                .await
+                .expect("checkpoint");
+            fx.admin
+                .query_one(
+                    "SELECT coalesce(age(catalog_xmin) < age($2::text::xid), false)
+                 FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&fx.slot, &newest],
+                )
+                .await
+                .expect("slot")
+                .get::<_, bool>(0)
+        },
+    )
+    .await;
     running.stop().await.expect("graceful stop");
     // Unpublished from here on; older than the retention by the prune.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -161,6 +219,7 @@ async fn the_running_pruner_deletes_only_published_rows() {
         pruner_rx,
     ));
     let (stop, writer) = spawn_writer(fx.table.clone(), "r");
+    let checkpoints = spawn_checkpoints();
     let metrics = running.metrics.clone();
     eventually("the pruner deleted rows", TIMEOUT, || {
         let metrics = metrics.clone();
@@ -168,6 +227,7 @@ async fn the_running_pruner_deletes_only_published_rows() {
     })
     .await;
     stop.send(true).expect("stop the writer");
+    checkpoints.abort();
     let committed: BTreeSet<String> = writer.await.expect("writer").into_iter().collect();
     stop_pruner.send(true).expect("stop the pruner");
     pruner.await.expect("pruner task");
@@ -229,26 +289,22 @@ async fn prune_without_a_stored_commit_time_deletes_nothing() {
     fx.cleanup().await;
 }
 
-/// A partitioned outbox, retention 1 h, acknowledged up to 2 h ago: a leaf
-/// whose every row qualifies is detached and dropped; a leaf past the
-/// retention that still holds rows committed after the acknowledged time
-/// (unpublished) is only batch-deleted, those rows kept; the DEFAULT
-/// partition and an empty future leaf are never dropped.
+/// A partitioned outbox, retention 1 h: a leaf whose every row qualifies is
+/// detached and dropped; a leaf past the retention that still holds rows
+/// committed after the acknowledged position (unpublished, written with an
+/// `occurred_at` in the past: audit F7) is only batch-deleted, those rows
+/// kept; the DEFAULT partition and an empty future leaf are never dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_partitions_are_dropped_only_when_every_row_qualifies() {
     init_tracing();
     let fx = Fixture::new("pruneparts").await;
     let t = &fx.table;
-    let row = fx
+    let split: String = fx
         .admin
-        .query_one(
-            "SELECT (now() - interval '100 minutes')::text, \
-                    ((extract(epoch FROM now() - interval '2 hours') - 946684800) * 1e6)::int8",
-            &[],
-        )
+        .query_one("SELECT (now() - interval '100 minutes')::text", &[])
         .await
-        .expect("clock");
-    let (split, acked): (String, i64) = (row.get(0), row.get(1));
+        .expect("clock")
+        .get(0);
     let insert = |agg: &str, n: i32, at: &str| {
         format!(
             "INSERT INTO public.{t} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at)
@@ -276,16 +332,23 @@ async fn whole_partitions_are_dropped_only_when_every_row_qualifies() {
              ALTER TABLE public.{t}_now OWNER TO outbox;
              ALTER TABLE public.{t}_future OWNER TO outbox;
              ALTER TABLE public.{t}_def OWNER TO outbox;
-             {old} {held} {unpublished} {young} {def}",
+             {old} {held} {young} {def}",
             p = fx.publication,
             old = insert("old", 30, "'2020-06-01'::timestamptz + n * interval '1 minute'"),
             held = insert("held", 20, "now() - interval '3 hours'"),
-            unpublished = insert("unpublished", 5, "now() - interval '110 minutes'"),
             young = insert("young", 30, "now()"),
             def = insert("def", 10, "'2019-01-01'::timestamptz + n * interval '1 minute'"),
         ))
         .await
         .expect("partitioned outbox");
+    // Acknowledged: everything above.
+    let acked = acknowledge_rows(&fx).await;
+    // Committed after the acknowledged position, with an occurred_at past the
+    // retention and before the acknowledged commit time: never published.
+    fx.admin
+        .batch_execute(&insert("unpublished", 5, "now() - interval '110 minutes'"))
+        .await
+        .expect("unpublished rows");
     let config = fx.config_with(
         "OUTBOX_CDC__PRUNE__RETENTION=1h OUTBOX_CDC__PRUNE__BATCH_ROWS=4 \
          OUTBOX_CDC__REPAIR__OCCURRED_AT_MARGIN_MS=0",
@@ -296,52 +359,41 @@ async fn whole_partitions_are_dropped_only_when_every_row_qualifies() {
         .await
         .expect("connect as outbox");
     let metrics = Metrics::default();
-    let report = pipeline::prune_once(&client, &config, Some(PgTimestamp(acked)), &metrics, None)
+    let report = pipeline::prune_once(&client, &config, Some(acked), &metrics, None)
         .await
         .expect("prune");
 
-    let leaves: BTreeSet<String> = fx
-        .admin
-        .query(
-            "SELECT relid::regclass::text FROM pg_partition_tree($1::text::regclass) WHERE isleaf",
-            &[&format!("public.{t}")],
-        )
-        .await
-        .expect("partitions")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
     let expect: BTreeSet<String> = ["held", "now", "future", "def"]
         .iter()
         .map(|p| format!("{t}_{p}"))
         .collect();
-    assert_eq!(leaves, expect, "{report}");
+    assert_eq!(leaves(&fx).await, expect, "{report}");
     assert_eq!(
         report.dropped_partitions,
         vec![(format!("{t}_old"), 30)],
         "{report}"
     );
     assert_eq!(report.deleted_rows, 20 + 10, "{report}");
-    let left: Vec<(String, i64)> = fx
-        .admin
-        .query(
-            &format!("SELECT aggregate_id, count(*) FROM public.{t} GROUP BY 1 ORDER BY 1"),
-            &[],
-        )
-        .await
-        .expect("rows left")
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
     assert_eq!(
-        left,
+        rows_by_aggregate(&fx).await,
         vec![("unpublished".to_owned(), 5), ("young".to_owned(), 30)]
     );
     assert_eq!(metrics.pruned_rows(), 60);
+    fx.cleanup().await;
+}
+
+/// The leaf partitions of the fixture's table.
+async fn leaves(fx: &Fixture) -> BTreeSet<String> {
     fx.admin
-        .batch_execute(&format!("DROP TABLE public.{t}"))
+        .query(
+            "SELECT relid::regclass::text FROM pg_partition_tree($1::text::regclass) WHERE isleaf",
+            &[&format!("public.{}", fx.table)],
+        )
         .await
-        .expect("drop");
+        .expect("partitions")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
 }
 
 /// Audit F16: the one-shot prune reads the acknowledged position from the
@@ -388,4 +440,137 @@ async fn the_one_shot_prune_refuses_an_offset_of_another_cluster() {
     );
     assert_eq!(table_ids(&fx).await.len(), 5, "nothing deleted");
     fx.cleanup().await;
+}
+
+/// Audit F7(a): with `track_commit_timestamp = off` a writer may set
+/// `occurred_at` itself (event time, an import, a backfill): a row committed
+/// after the acknowledged position with an `occurred_at` far in the past was
+/// judged acknowledged by its `occurred_at` and deleted before it was ever
+/// published. Whether a row is acknowledged is never judged by
+/// `occurred_at`: only rows provably committed before the acknowledged LSN go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backdated_row_committed_after_the_acknowledged_position_is_kept() {
+    init_tracing();
+    let fx = Fixture::new("prunelate").await;
+    let t = &fx.table;
+    let insert = |agg: &str| {
+        format!(
+            "INSERT INTO public.{t} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at)
+             SELECT gen_random_uuid(), 'order', '{agg}', n, 'E', '{{}}', now() - interval '8 days'
+             FROM generate_series(1, 5) AS n;"
+        )
+    };
+    fx.admin
+        .batch_execute(&format!(
+            "GRANT DELETE ON public.{t} TO outbox; {}",
+            insert("acked")
+        ))
+        .await
+        .expect("acknowledged rows");
+    // The acknowledged position: after "acked" committed.
+    let acked = acknowledge_rows(&fx).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Committed after the acknowledged position, occurred_at 8 days back.
+    fx.admin
+        .batch_execute(&insert("late"))
+        .await
+        .expect("rows not yet acknowledged");
+
+    let config = fx.config_with("OUTBOX_CDC__PRUNE__RETENTION=7d");
+    let client = outbox_cdc::pg::PgConnectConfig::parse(&config.postgres.url)
+        .expect("url")
+        .connect_sql()
+        .await
+        .expect("connect as outbox");
+    let report = pipeline::prune_once(&client, &config, Some(acked), &Metrics::default(), None)
+        .await
+        .expect("prune");
+    assert_eq!(
+        rows_by_aggregate(&fx).await,
+        vec![("late".to_owned(), 5)],
+        "{report}"
+    );
+    assert_eq!(report.rows(), 5, "{report}");
+    fx.cleanup().await;
+}
+
+/// Acknowledges every row now in the fixture's table as a connector would:
+/// its slot (created here when absent, advanced as a consumer confirms)
+/// confirms a running-transactions record newer than them (a `CHECKPOINT`
+/// logs one; repeated while another session's older transaction holds the
+/// oldest running xid back). Returns the slot's confirmed position and the
+/// server's clock as the acknowledged position.
+async fn acknowledge_rows(fx: &Fixture) -> AckedPosition {
+    fx.admin
+        .execute(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')
+             WHERE NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)",
+            &[&fx.slot],
+        )
+        .await
+        .expect("create the slot");
+    let proven = format!(
+        "SELECT coalesce(bool_and(age(o.xmin) > age(s.catalog_xmin)), true)
+         FROM public.{} o, pg_replication_slots s WHERE s.slot_name = $1",
+        fx.table
+    );
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        fx.admin
+            .batch_execute("CHECKPOINT")
+            .await
+            .expect("checkpoint");
+        fx.admin
+            .execute(
+                "SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())",
+                &[&fx.slot],
+            )
+            .await
+            .expect("advance the slot");
+        let done: bool = fx
+            .admin
+            .query_one(&proven, &[&fx.slot])
+            .await
+            .expect("catalog_xmin")
+            .get(0);
+        if done {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slot's catalog_xmin never passed the table's rows"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let row = fx
+        .admin
+        .query_one(
+            "SELECT confirmed_flush_lsn::text,
+                    ((extract(epoch FROM clock_timestamp()) - 946684800) * 1e6)::int8
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&fx.slot],
+        )
+        .await
+        .expect("confirmed position");
+    AckedPosition {
+        lsn: row.get::<_, String>(0).parse().expect("an LSN"),
+        commit_time: PgTimestamp(row.get(1)),
+    }
+}
+
+/// `(aggregate_id, rows)` left in the fixture's table, by aggregate id.
+async fn rows_by_aggregate(fx: &Fixture) -> Vec<(String, i64)> {
+    fx.admin
+        .query(
+            &format!(
+                "SELECT aggregate_id, count(*) FROM public.{} GROUP BY 1 ORDER BY 1",
+                fx.table
+            ),
+            &[],
+        )
+        .await
+        .expect("rows left")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
 }
