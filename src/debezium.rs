@@ -15,9 +15,15 @@
 //! Debezium consumed: started with no stored offset on an existing slot,
 //! outbox-cdc resumes at its `confirmed_flush_lsn` (docs/migrating-from-debezium.md).
 
-use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+
+use rdkafka::ClientConfig;
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaConfRes;
+
+use crate::outbox::settings::{ColumnOverrides, StandardSource};
+use crate::outbox::{Layout, OutboxSettings};
 
 /// The router Debezium's outbox pattern uses.
 const EVENT_ROUTER: &str = "io.debezium.transforms.outbox.EventRouter";
@@ -28,19 +34,24 @@ const DEFAULT_ROUTE_REGEX: &str = "(?<routedByValue>.*)";
 /// The router's topic placeholder for the routing column's value.
 const ROUTED_BY_VALUE: &str = "${routedByValue}";
 
+/// The table.fields.additional.placement key, for notes.
+const PLACEMENT_KEY: &str = "table.fields.additional.placement";
+
 /// Why a file cannot be imported at all.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ImportError {
-    #[error("not a Kafka Connect connector config: {0}")]
+    #[error(
+        "not a Kafka Connect connector config ({{\"name\": ..., \"config\": {{...}}}}, the bare config object, or a .properties file): {0}"
+    )]
     Syntax(String),
     #[error(
-        "connector.class is {0:?}, not io.debezium.connector.postgresql.PostgresConnector: only Debezium's PostgreSQL connector can be imported"
+        "connector.class = {0:?}: only io.debezium.connector.postgresql.PostgresConnector (Debezium's PostgreSQL connector) can be imported"
     )]
     NotPostgres(String),
     #[error(
-        "no transform of type {EVENT_ROUTER} in `transforms`: outbox-cdc relays an outbox table as the Outbox Event Router does; a plain Debezium change stream has no equivalent"
+        "transforms = {transforms:?}: none of them has transforms.<name>.type = {EVENT_ROUTER}; outbox-cdc relays an outbox table as the Outbox Event Router does, a connector with it can be imported, a plain Debezium change stream has no equivalent"
     )]
-    NoEventRouter,
+    NoEventRouter { transforms: String },
 }
 
 /// A Debezium setting the import did not carry over as it is, and why.
@@ -56,7 +67,7 @@ pub struct Note {
 pub struct Imported {
     /// The outbox-cdc configuration (TOML).
     pub toml: String,
-    /// Settings without an equivalent, in key order.
+    /// Settings carried over differently or not at all, in key order.
     pub notes: Vec<Note>,
 }
 
@@ -154,21 +165,114 @@ fn unescape(text: &str) -> String {
     out
 }
 
+/// The connector's settings, each read at most once, and the notes.
+struct Reader<'a> {
+    config: &'a BTreeMap<String, String>,
+    used: BTreeSet<String>,
+    notes: Vec<Note>,
+}
+
+impl Reader<'_> {
+    /// The value of `key`, which counts as carried over (or noted) from now on.
+    fn get(&mut self, key: &str) -> Option<String> {
+        let v = self.config.get(key)?;
+        self.used.insert(key.to_owned());
+        Some(v.clone())
+    }
+
+    fn note(&mut self, key: &str, value: &str, why: impl Into<String>) {
+        self.used.insert(key.to_owned());
+        self.notes.push(Note {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            why: why.into(),
+        });
+    }
+
+    /// A value that becomes part of postgres.url: `default` in its place
+    /// when it is a config provider reference (noted).
+    fn url_part(&mut self, key: &str, default: &str) -> String {
+        match self.get(key) {
+            None => default.to_owned(),
+            Some(v) => match reference(&v) {
+                Some(source) => {
+                    self.note(
+                        key,
+                        &v,
+                        format!(
+                            "{source}: outbox-cdc does not resolve Kafka Connect config \
+                             providers; postgres.url has {default:?} in its place: give the \
+                             whole URL as OUTBOX_CDC__POSTGRES__URL"
+                        ),
+                    );
+                    default.to_owned()
+                }
+                None => v,
+            },
+        }
+    }
+}
+
+/// A Kafka Connect config provider reference (`${provider:[path:]key}`) in
+/// `value`, described as where Kafka Connect read the value from.
+/// `${routedByValue}` and other names without a colon are not references.
+fn reference(value: &str) -> Option<String> {
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        let body = &rest[start + 2..];
+        let Some(end) = body.find('}') else {
+            break;
+        };
+        let inner = &body[..end];
+        if let Some((provider, path)) = inner.split_once(':')
+            && !provider.is_empty()
+            && provider
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        {
+            return Some(match (provider, path.rsplit_once(':')) {
+                ("env", _) => format!(
+                    "a config provider reference (${{{inner}}}: the Kafka Connect \
+                     worker's environment variable {path})"
+                ),
+                (_, Some((file, key))) => format!(
+                    "a config provider reference (${{{inner}}}: key {key} of {file}, read by \
+                     the Kafka Connect worker's {provider} provider)"
+                ),
+                _ => format!(
+                    "a config provider reference (${{{inner}}}: read by the Kafka Connect \
+                     worker's {provider} provider)"
+                ),
+            });
+        }
+        rest = &body[end..];
+    }
+    None
+}
+
+/// How a header placement's column and name would be written.
+fn header_entry(entry: &str) -> Option<(&str, &str)> {
+    let parts: Vec<&str> = entry.split(':').map(str::trim).collect();
+    match parts.as_slice() {
+        [column, "header"] => Some((column, column)),
+        [column, "header", name] => Some((column, name)),
+        _ => None,
+    }
+}
+
 /// Builds the outbox-cdc configuration from a parsed connector config.
 pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, ImportError> {
-    let used: RefCell<Vec<String>> = RefCell::new(Vec::new());
-    let mut notes: Vec<Note> = Vec::new();
-    let get = |key: &str| -> Option<String> {
-        let v = config.get(key)?;
-        used.borrow_mut().push(key.to_owned());
-        Some(v.clone())
+    let mut r = Reader {
+        config,
+        used: BTreeSet::new(),
+        notes: Vec::new(),
     };
 
-    let class = get("connector.class").unwrap_or_default();
+    let class = r.get("connector.class").unwrap_or_default();
     if !class.ends_with("PostgresConnector") {
         return Err(ImportError::NotPostgres(class));
     }
-    let transforms = get("transforms").unwrap_or_default();
+    let transforms = r.get("transforms").unwrap_or_default();
     let router = transforms
         .split(',')
         .map(str::trim)
@@ -178,22 +282,37 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, ImportError
                 .map(String::as_str)
                 == Some(EVENT_ROUTER)
         })
-        .ok_or(ImportError::NoEventRouter)?
+        .ok_or_else(|| ImportError::NoEventRouter {
+            transforms: transforms.clone(),
+        })?
         .to_owned();
     let t = |key: &str| format!("transforms.{router}.{key}");
-    get(&t("type"));
+    r.get(&t("type"));
 
     // [postgres]
-    let host = get("database.hostname").unwrap_or_else(|| "localhost".into());
-    let port = get("database.port").unwrap_or_else(|| "5432".into());
-    let user = get("database.user").unwrap_or_else(|| "postgres".into());
-    let dbname = get("database.dbname").unwrap_or_else(|| "postgres".into());
+    let host = r.url_part("database.hostname", "localhost");
+    let port = r.url_part("database.port", "5432");
+    let user = r.url_part("database.user", "postgres");
+    let dbname = r.url_part("database.dbname", "postgres");
     let mut query = Vec::new();
-    if let Some(mode) = get("database.sslmode") {
-        query.push(format!("sslmode={}", url_escape(&mode)));
-    }
-    if let Some(root) = get("database.sslrootcert") {
-        query.push(format!("sslrootcert={}", url_escape(&root)));
+    for (key, param) in [
+        ("database.sslmode", "sslmode"),
+        ("database.sslrootcert", "sslrootcert"),
+    ] {
+        if let Some(v) = r.get(key) {
+            match reference(&v) {
+                Some(source) => r.note(
+                    key,
+                    &v,
+                    format!(
+                        "{source}: outbox-cdc does not resolve Kafka Connect config providers; \
+                         postgres.url has no {param}: give the whole URL as \
+                         OUTBOX_CDC__POSTGRES__URL"
+                    ),
+                ),
+                None => query.push(format!("{param}={}", url_escape(&v))),
+            }
+        }
     }
     let mut url = format!(
         "postgres://{}@{}:{}/{}",
@@ -206,43 +325,53 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, ImportError
         url.push('?');
         url.push_str(&query.join("&"));
     }
-    let mut notes_later: Vec<(String, String, String)> = Vec::new();
-    if let Some(pw) = get("database.password") {
-        notes_later.push((
-            "database.password".into(),
-            pw,
-            "not written to the file: give it as PGPASSWORD, or inside OUTBOX_CDC__POSTGRES__URL"
-                .into(),
-        ));
+    if let Some(pw) = r.get("database.password") {
+        let why = match reference(&pw) {
+            Some(source) => format!(
+                "{source}: not written to the file: give the password as PGPASSWORD, or inside \
+                 OUTBOX_CDC__POSTGRES__URL"
+            ),
+            None => "not written to the file: give it as PGPASSWORD, or inside \
+                     OUTBOX_CDC__POSTGRES__URL"
+                .to_owned(),
+        };
+        r.note("database.password", &pw, why);
     }
-    let slot = get("slot.name").unwrap_or_else(|| "debezium".into());
-    let publication = get("publication.name").unwrap_or_else(|| "dbz_publication".into());
-    let autocreate = get("publication.autocreate.mode").unwrap_or_else(|| "all_tables".into());
+    let slot = r.get("slot.name").unwrap_or_else(|| "debezium".into());
+    let publication = r
+        .get("publication.name")
+        .unwrap_or_else(|| "dbz_publication".into());
+    let autocreate = r
+        .get("publication.autocreate.mode")
+        .unwrap_or_else(|| "all_tables".into());
     let create_publication = autocreate != "disabled";
     if create_publication {
-        notes_later.push((
-            "publication.autocreate.mode".into(),
-            autocreate,
+        r.note(
+            "publication.autocreate.mode",
+            &autocreate,
             "outbox-cdc creates a missing publication FOR TABLE the outbox (inserts only), \
              not for all tables; an existing publication is used as it is, once proven to \
-             carry the outbox"
-                .into(),
-        ));
+             carry the outbox",
+        );
     }
-    if let Some(plugin) = get("plugin.name")
+    if let Some(plugin) = r.get("plugin.name")
         && plugin != "pgoutput"
     {
-        notes_later.push((
-            "plugin.name".into(),
-            plugin,
+        r.note(
+            "plugin.name",
+            &plugin,
             "outbox-cdc decodes pgoutput only: create a new slot with pgoutput (set \
-             postgres.slot to a new name; the old slot is then Debezium's to drop)"
-                .into(),
-        ));
+             postgres.slot to a new name; the old slot is then Debezium's to drop)",
+        );
     }
 
     // [outbox]
-    let include = get("table.include.list").or_else(|| get("table.whitelist"));
+    let include_key = if config.contains_key("table.include.list") {
+        "table.include.list"
+    } else {
+        "table.whitelist"
+    };
+    let include = r.get(include_key);
     let table = match include.as_deref().map(|l| {
         l.split(',')
             .map(str::trim)
@@ -251,46 +380,59 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, ImportError
     }) {
         Some(tables) if tables.len() == 1 => unregex(tables[0]),
         Some(tables) => {
-            notes_later.push((
-                "table.include.list".into(),
-                tables.join(","),
+            r.note(
+                include_key,
+                &tables.join(","),
                 "several tables: outbox-cdc relays one outbox table per connector; outbox.table \
-                 is set to the first, run one connector (one slot) per outbox table"
-                    .into(),
-            ));
+                 is set to the first, run one connector (one slot) per outbox table",
+            );
             tables
                 .first()
                 .map(|t| unregex(t))
                 .unwrap_or_else(|| "public.outbox".into())
         }
         None => {
-            notes_later.push((
-                "table.include.list".into(),
-                String::new(),
-                "not set: outbox.table is set to public.outbox, Debezium's usual name; check it"
-                    .into(),
-            ));
+            r.note(
+                "table.include.list",
+                "",
+                "not set: outbox.table is set to public.outbox, Debezium's usual name; check it",
+            );
             "public.outbox".into()
         }
     };
 
-    let mut columns: Vec<(&str, String)> = Vec::new();
-    for (key, ours, default) in [
-        ("table.field.event.id", "event_id", "id"),
-        ("table.field.event.key", "aggregate_id", "aggregateid"),
-        ("route.by.field", "aggregate_type", "aggregatetype"),
-        ("table.field.event.type", "event_type", "type"),
-        ("table.field.event.payload", "payload", "payload"),
+    // The columns the router reads, where they differ from Debezium's defaults
+    // (`table.field.event.type` is Debezium 1.x's).
+    let mut columns = ColumnOverrides::default();
+    for (key, default) in [
+        ("table.field.event.id", "id"),
+        ("table.field.event.key", "aggregateid"),
+        ("route.by.field", "aggregatetype"),
+        ("table.field.event.type", "type"),
+        ("table.field.event.payload", "payload"),
     ] {
-        if let Some(column) = get(&t(key))
-            && column != default
-        {
-            columns.push((ours, column));
-        }
+        let Some(column) = r.get(&t(key)).filter(|c| c != default) else {
+            continue;
+        };
+        let slot = match key {
+            "table.field.event.id" => &mut columns.event_id,
+            "table.field.event.key" => &mut columns.aggregate_id,
+            "route.by.field" => &mut columns.aggregate_type,
+            "table.field.event.type" => &mut columns.event_type,
+            _ => &mut columns.payload,
+        };
+        *slot = Some(column);
     }
-    let replacement = get(&t("route.topic.replacement"))
+    let event_type_set = config.contains_key(&t("table.field.event.type"));
+
+    let placements = import_placements(&mut r, &t(PLACEMENT_KEY), &mut columns, event_type_set);
+
+    let replacement = r
+        .get(&t("route.topic.replacement"))
         .unwrap_or_else(|| format!("outbox.event.{ROUTED_BY_VALUE}"));
-    let regex = get(&t("route.topic.regex")).filter(|r| r != DEFAULT_ROUTE_REGEX);
+    let regex = r
+        .get(&t("route.topic.regex"))
+        .filter(|re| re != DEFAULT_ROUTE_REGEX);
     // The default regex is the whole value: a template says the same. Any
     // other regex (or a replacement with other groups) goes to [outbox.route].
     let (topic, route) = match regex {
@@ -306,95 +448,77 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, ImportError
             )),
         ),
     };
-    // Debezium's own syntax, taken as it is.
-    let placements: Vec<String> = get(&t("table.fields.additional.placement"))
-        .map(|p| {
-            p.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default();
-    // Without expansion Debezium's value is the payload as a string, which
-    // the JSON converter (Kafka Connect's default) quotes; StringConverter
-    // and ByteArray-style converters write the text as it is.
-    let expand = get(&t("table.expand.json.payload")).is_some_and(|v| v == "true");
-    let value_converter = config.get("value.converter").cloned().unwrap_or_default();
-    let json_converter = value_converter.is_empty() || value_converter.ends_with("JsonConverter");
-    let payload_format = if json_converter && !expand {
-        "json-string"
-    } else {
-        "as-stored"
-    };
+    let expand = r
+        .get(&t("table.expand.json.payload"))
+        .is_some_and(|v| v == "true");
     if expand {
-        notes_later.push((
-            t("table.expand.json.payload"),
-            "true".into(),
+        r.note(
+            &t("table.expand.json.payload"),
+            "true",
             "the value is the payload column's JSON as PostgreSQL sends it: the same document \
-             Debezium expands, not necessarily the same bytes (spacing, key order of json)"
-                .into(),
-        ));
+             Debezium expands, not necessarily the same bytes (spacing, key order of json)",
+        );
     }
-    if let Some(ts) = get(&t("table.field.event.timestamp")) {
-        notes_later.push((
-            t("table.field.event.timestamp"),
-            ts,
-            "the record timestamp is always the transaction's commit time".into(),
-        ));
+    let payload_format = converters(&mut r, expand);
+    if let Some(ts) = r.get(&t("table.field.event.timestamp")) {
+        r.note(
+            &t("table.field.event.timestamp"),
+            &ts,
+            "the record timestamp is always the transaction's commit time",
+        );
+    }
+    if let Some(v) = r.get(&t("route.tombstone.on.empty.payload")) {
+        r.note(
+            &t("route.tombstone.on.empty.payload"),
+            &v,
+            "outbox-cdc writes no tombstones: a row whose payload is NULL cannot be published \
+             and is a poison row (outbox.on_poison); an empty text payload is an empty value",
+        );
+    }
+    if let Some(v) = r.get(&t("table.fields.additional.error.on.missing"))
+        && v != "true"
+    {
+        r.note(
+            &t("table.fields.additional.error.on.missing"),
+            &v,
+            "a placed column missing from the outbox table always stops outbox-cdc (and \
+             `check` reports it), as with Debezium's default `true`",
+        );
+    }
+    for key in ["predicate", "negate"] {
+        if let Some(v) = r.get(&t(key)) {
+            r.note(
+                &t(key),
+                &v,
+                "outbox-cdc reads only the outbox table, so no predicate is needed to keep \
+                 other records from the router",
+            );
+        }
+    }
+    if let Some(v) = r.get("tombstones.on.delete") {
+        r.note(
+            "tombstones.on.delete",
+            &v,
+            "outbox-cdc publishes inserts only: deleting an outbox row publishes nothing \
+             (no delete event, no tombstone)",
+        );
     }
 
     // [kafka]
-    let mut kafka: BTreeMap<String, String> = BTreeMap::new();
-    let bootstrap = get("bootstrap.servers").or_else(|| get("producer.override.bootstrap.servers"));
-    for (key, value) in config {
-        if let Some(prop) = key.strip_prefix("producer.override.") {
-            used.borrow_mut().push(key.clone());
-            if prop == "bootstrap.servers" {
-                continue;
-            }
-            match enforced(prop, value) {
-                Some(why) => notes_later.push((key.clone(), value.clone(), why.into())),
-                None => {
-                    kafka.insert(prop.to_owned(), value.clone());
-                }
-            }
-        }
-    }
-    match &bootstrap {
-        Some(b) => {
-            kafka.insert("bootstrap.servers".into(), b.clone());
-        }
-        None => {
-            notes_later.push((
-                "bootstrap.servers".into(),
-                String::new(),
-                "Kafka Connect keeps it in the worker's config, not the connector's: \
-                 [kafka] \"bootstrap.servers\" is a placeholder to replace"
-                    .into(),
-            ));
-            kafka.insert("bootstrap.servers".into(), "127.0.0.1:9092".into());
-        }
-    }
+    let kafka = import_kafka(&mut r);
 
     // [monitor]
-    let heartbeat = get("heartbeat.interval.ms");
+    let heartbeat = r.get("heartbeat.interval.ms");
 
-    for (key, value, why) in notes_later {
-        notes.push(Note { key, value, why });
-    }
     let consumed = ["name", "tasks.max"];
     for (key, value) in config {
-        if used.borrow().contains(key) || consumed.contains(&key.as_str()) {
+        if r.used.contains(key) || consumed.contains(&key.as_str()) {
             continue;
         }
         let why = explain_unmapped(key, &router);
-        notes.push(Note {
-            key: key.clone(),
-            value: value.clone(),
-            why,
-        });
+        r.note(key, value, why);
     }
+    let mut notes = r.notes;
     notes.sort_by(|a, b| a.key.cmp(&b.key));
 
     let mut out = String::new();
@@ -402,8 +526,9 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, ImportError
     let _ = writeln!(
         out,
         "# outbox-cdc configuration imported from the Debezium connector {}\n\
-         # by `outbox-cdc import-debezium`. Settings without an equivalent are listed\n\
-         # at the end. Check it with `outbox-cdc check --config <this file>`.\n",
+         # by `outbox-cdc import-debezium`. Settings carried over differently or\n\
+         # without an equivalent are listed at the end. Check it with\n\
+         # `outbox-cdc check --config <this file>`.\n",
         quote(&name)
     );
     let _ = writeln!(out, "[postgres]");
@@ -424,10 +549,21 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, ImportError
         let list: Vec<String> = placements.iter().map(|h| quote(h)).collect();
         let _ = writeln!(out, "additional_placement = [{}]", list.join(", "));
     }
-    if !columns.is_empty() {
+    let overrides = [
+        ("event_id", &columns.event_id),
+        ("aggregate_id", &columns.aggregate_id),
+        ("aggregate_type", &columns.aggregate_type),
+        ("event_type", &columns.event_type),
+        ("aggregate_sequence", &columns.aggregate_sequence),
+        ("schema_version", &columns.schema_version),
+        ("payload", &columns.payload),
+    ];
+    if overrides.iter().any(|(_, c)| c.is_some()) {
         let _ = writeln!(out, "\n[outbox.columns]");
-        for (ours, column) in &columns {
-            let _ = writeln!(out, "{ours} = {}", quote(column));
+        for (ours, column) in overrides {
+            if let Some(column) = column {
+                let _ = writeln!(out, "{ours} = {}", quote(column));
+            }
         }
     }
     if let Some((regex, replacement)) = &route {
@@ -443,17 +579,365 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, ImportError
         let _ = writeln!(out, "\n[monitor]\nheartbeat_interval_ms = {ms}");
     }
     if !notes.is_empty() {
-        let _ = writeln!(out, "\n# Debezium settings without an equivalent:");
+        let _ = writeln!(
+            out,
+            "\n# Debezium settings carried over differently, or without an equivalent:"
+        );
         for n in &notes {
-            let value = if n.key.contains("password") {
+            let why = n.why.replace('\n', " ");
+            if !n.value.is_empty() && why.starts_with(&format!("{}: ", n.value)) {
+                // A placement entry: the reason names it already.
+                let _ = writeln!(out, "#   {}: {why}", n.key);
+                continue;
+            }
+            let value = if secret(&n.key) {
                 "[redacted]"
             } else {
                 &n.value
             };
-            let _ = writeln!(out, "#   {} = {}: {}", n.key, value, n.why);
+            let _ = writeln!(out, "#   {} = {}: {why}", n.key, value);
         }
     }
     Ok(Imported { toml: out, notes })
+}
+
+/// `table.fields.additional.placement`: Debezium's syntax, taken as it is.
+/// Debezium's router has no event type, sequence or schema version column:
+/// a header placement under one of those standard names says which column
+/// it is (unless `table.field.event.type` named the event type already).
+/// Each entry is then checked as `outbox.additional_placement` checks it;
+/// one that maps to a standard header is noted as already emitted, one that
+/// cannot be carried over is left out and noted with the reason.
+fn import_placements(
+    r: &mut Reader<'_>,
+    key: &str,
+    columns: &mut ColumnOverrides,
+    event_type_set: bool,
+) -> Vec<String> {
+    let entries: Vec<String> = r
+        .get(key)
+        .map(|p| {
+            p.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut inferred: Vec<&str> = Vec::new();
+    for entry in &entries {
+        let Some((column, name)) = header_entry(entry) else {
+            continue;
+        };
+        let slot = match name {
+            "event_type" if !event_type_set => &mut columns.event_type,
+            "aggregate_sequence" => &mut columns.aggregate_sequence,
+            "schema_version" => &mut columns.schema_version,
+            _ => continue,
+        };
+        if slot.is_none() {
+            *slot = Some(column.to_owned());
+            inferred.push(name);
+        }
+    }
+    let mut probe = OutboxSettings {
+        layout: Layout::Debezium,
+        columns: columns.clone(),
+        ..OutboxSettings::default()
+    };
+    let names = probe.column_names().ok();
+    let mut kept: Vec<String> = Vec::new();
+    for entry in &entries {
+        probe.additional_placement = kept.iter().cloned().chain([entry.clone()]).collect();
+        let extra = match probe.placements().and_then(|_| probe.header_columns()) {
+            Ok(extra) => extra,
+            Err(e) => {
+                r.note(
+                    key,
+                    entry,
+                    format!("{entry}: not imported, it has no equivalent: {}", e.allowed),
+                );
+                continue;
+            }
+        };
+        let standard = header_entry(entry).filter(|(_, n)| !extra.iter().any(|(x, _)| x == n));
+        if let (Some((column, name)), Some(names)) = (standard, &names) {
+            let source = match probe.standard_header_source(name, names) {
+                Some(StandardSource::Column { key: k, .. }) => k,
+                _ => "outbox.columns",
+            };
+            let header = if name == "id" {
+                "the debezium layout's event id header id".to_owned()
+            } else {
+                format!("the standard header {name}")
+            };
+            let mut why =
+                format!("{entry}: already emitted: {header} carries column {column} ({source})");
+            if inferred.contains(&name) {
+                let _ = write!(
+                    why,
+                    ", set from this entry since Debezium's router has no such column"
+                );
+            }
+            if name == "aggregate_sequence" {
+                why.push_str(
+                    "; the column must hold an integer and never be NULL, and outbox-cdc \
+                     follows each aggregate's numbers with it ([audit])",
+                );
+            } else if name == "schema_version" {
+                why.push_str("; the column must hold an integer and never be NULL");
+            }
+            r.note(key, entry, why);
+        }
+        kept.push(entry.clone());
+    }
+    kept
+}
+
+/// `payload_format` from the converters, noting what they write that
+/// outbox-cdc does not. Without expansion Debezium's value is the payload
+/// as a string, which the JSON converter quotes; StringConverter writes the
+/// text as it is.
+fn converters(r: &mut Reader<'_>, expand: bool) -> &'static str {
+    let value_converter = r.get("value.converter");
+    let schemas = r.get("value.converter.schemas.enable");
+    let json_string = |expand: bool| if expand { "as-stored" } else { "json-string" };
+    let format = match value_converter.as_deref() {
+        None => {
+            r.note(
+                "value.converter",
+                "",
+                "not in the connector's config, so the worker's converter applied: \
+                 payload_format = \"json-string\" is what JsonConverter writes with \
+                 schemas.enable=false (Debezium's documented shape); with schemas enabled, \
+                 JsonConverter's default, each value had a schema envelope, which outbox-cdc \
+                 does not write",
+            );
+            json_string(expand)
+        }
+        Some(c) if c.ends_with("JsonConverter") => {
+            if schemas.as_deref() != Some("false") {
+                r.note(
+                    "value.converter",
+                    c,
+                    "JsonConverter without value.converter.schemas.enable=false wraps each \
+                     value in a schema envelope, which outbox-cdc does not write: consumers \
+                     get the plain value",
+                );
+            }
+            json_string(expand)
+        }
+        Some(c) if c.ends_with("StringConverter") => "as-stored",
+        Some(c) if c.ends_with("BinaryDataConverter") || c.ends_with("ByteArrayConverter") => {
+            r.note(
+                "value.converter",
+                c,
+                "no equivalent for a bytea payload: outbox-cdc publishes json, jsonb and text \
+                 payload columns as their text (payload_format = \"as-stored\"), and `check` \
+                 refuses a bytea payload column",
+            );
+            "as-stored"
+        }
+        Some(c) => {
+            r.note(
+                "value.converter",
+                c,
+                "no equivalent: outbox-cdc writes no schema-registry format; the value is the \
+                 payload column's text as stored (payload_format = \"as-stored\")",
+            );
+            "as-stored"
+        }
+    };
+    match r.get("key.converter").as_deref() {
+        Some(c) if c.ends_with("StringConverter") => {}
+        Some(c) => r.note(
+            "key.converter",
+            c,
+            "the key is the aggregate id's text, as StringConverter writes it; this converter \
+             wrote other bytes (JsonConverter: a quoted JSON string, with schemas enabled an \
+             envelope)",
+        ),
+        None => r.note(
+            "key.converter",
+            "",
+            "not in the connector's config, so the worker's converter applied: the key is the \
+             aggregate id's text, as StringConverter writes it (JsonConverter, Kafka Connect's \
+             default, wrote a quoted JSON string)",
+        ),
+    }
+    if let Some(c) = r.get("header.converter")
+        && !c.ends_with("SimpleHeaderConverter")
+    {
+        r.note(
+            "header.converter",
+            &c,
+            "header values are the columns' text, as SimpleHeaderConverter (the default) \
+             writes them",
+        );
+    }
+    format
+}
+
+/// `[kafka]`: the worker's `bootstrap.servers` when the file has it, and the
+/// producer overrides librdkafka accepts as they are.
+fn import_kafka(r: &mut Reader<'_>) -> BTreeMap<String, String> {
+    let mut kafka: BTreeMap<String, String> = BTreeMap::new();
+    let bootstrap = r
+        .get("bootstrap.servers")
+        .map(|b| ("bootstrap.servers", b))
+        .or_else(|| {
+            r.get("producer.override.bootstrap.servers")
+                .map(|b| ("producer.override.bootstrap.servers", b))
+        });
+    let overrides: Vec<(String, String)> = r
+        .config
+        .iter()
+        .filter(|(k, _)| k.starts_with("producer.override.") && !k.ends_with(".bootstrap.servers"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (key, value) in overrides {
+        r.used.insert(key.clone());
+        let prop = &key["producer.override.".len()..];
+        if prop == "sasl.jaas.config" {
+            jaas(r, &key, &value, &mut kafka);
+            continue;
+        }
+        let env = format!(
+            "OUTBOX_CDC__KAFKA__{}",
+            prop.to_ascii_uppercase().replace('.', "_")
+        );
+        let why = if let Some(why) = enforced(prop, &value) {
+            why.to_owned()
+        } else if prop == "plugin.library.paths" {
+            "librdkafka plugins are not loaded from an imported configuration".to_owned()
+        } else if let Some(problem) = librdkafka_refuses(prop, &value) {
+            problem
+        } else if let Some(source) = reference(&value) {
+            format!(
+                "{source}: outbox-cdc does not resolve Kafka Connect config providers: give \
+                 the value as {env}"
+            )
+        } else {
+            kafka.insert(prop.to_owned(), value);
+            continue;
+        };
+        r.note(&key, &value, why);
+    }
+    let placeholder = match bootstrap {
+        Some((_, b)) if reference(&b).is_none() => {
+            kafka.insert("bootstrap.servers".into(), b);
+            None
+        }
+        Some((key, b)) => {
+            let why = format!(
+                "{}: outbox-cdc does not resolve Kafka Connect config providers: [kafka] \
+                 \"bootstrap.servers\" is a placeholder to replace (or give \
+                 OUTBOX_CDC__KAFKA__BOOTSTRAP_SERVERS)",
+                reference(&b).unwrap_or_default()
+            );
+            Some((key, b, why))
+        }
+        None => Some((
+            "bootstrap.servers",
+            String::new(),
+            "Kafka Connect keeps it in the worker's config, not the connector's: [kafka] \
+             \"bootstrap.servers\" is a placeholder to replace"
+                .to_owned(),
+        )),
+    };
+    if let Some((key, value, why)) = placeholder {
+        r.note(key, &value, why);
+        kafka.insert("bootstrap.servers".into(), "127.0.0.1:9092".into());
+    }
+    kafka
+}
+
+/// What librdkafka (outbox-cdc's Kafka client) says of `prop = value`, when
+/// it refuses it. Only the configuration is parsed: nothing connects.
+fn librdkafka_refuses(prop: &str, value: &str) -> Option<String> {
+    let mut probe = ClientConfig::new();
+    probe.set(prop, value);
+    match probe.create_native_config() {
+        Ok(_) => None,
+        Err(KafkaError::ClientConfig(RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN, ..)) => Some(format!(
+            "librdkafka, outbox-cdc's Kafka client, has no property {prop} (a Java client \
+             one){}",
+            java_only(prop)
+        )),
+        Err(KafkaError::ClientConfig(_, description, ..)) => Some(format!(
+            "librdkafka, outbox-cdc's Kafka client, refuses this value: {description}"
+        )),
+        Err(e) => Some(format!(
+            "librdkafka, outbox-cdc's Kafka client, refuses it: {e}"
+        )),
+    }
+}
+
+/// Where the Java producer's property lives in librdkafka, if anywhere.
+fn java_only(prop: &str) -> &'static str {
+    match prop {
+        "ssl.truststore.password" | "ssl.truststore.type" => {
+            "; give the CA certificates as PEM in ssl.ca.location instead of a truststore"
+        }
+        "ssl.keystore.type" => "; ssl.keystore.location reads a PKCS#12 file",
+        "buffer.memory" => "; queue.buffering.max.kbytes bounds the producer's memory",
+        "max.request.size" => "; message.max.bytes is librdkafka's limit",
+        "max.block.ms" => "; outbox-cdc never blocks on a full queue, it reads less",
+        _ => "",
+    }
+}
+
+/// `sasl.jaas.config`, Java's login module, as librdkafka's `sasl.username`
+/// and `sasl.password` (PLAIN and SCRAM). The password is never written.
+fn jaas(r: &mut Reader<'_>, key: &str, value: &str, kafka: &mut BTreeMap<String, String>) {
+    let module = value.split_whitespace().next().unwrap_or_default();
+    if !(module.ends_with("PlainLoginModule") || module.ends_with("ScramLoginModule")) {
+        r.note(
+            key,
+            value,
+            format!(
+                "no equivalent for the login module {module}: outbox-cdc's Kafka client \
+                 (librdkafka) takes sasl.mechanism with sasl.username and sasl.password, or \
+                 sasl.oauthbearer.* for OAUTHBEARER"
+            ),
+        );
+        return;
+    }
+    let option = |name: &str| {
+        let start = value.find(&format!("{name}=\""))? + name.len() + 2;
+        let end = value[start..].find('"')?;
+        Some(value[start..start + end].to_owned())
+    };
+    let mut why =
+        vec!["Java's login module as librdkafka's sasl.username and sasl.password".to_owned()];
+    match option("username") {
+        Some(u) => match reference(&u) {
+            Some(source) => why.push(format!(
+                "the username is {source}, not resolved: give it as \
+                 OUTBOX_CDC__KAFKA__SASL_USERNAME"
+            )),
+            None => {
+                kafka.insert("sasl.username".into(), u);
+                why.push("sasl.username is written".to_owned());
+            }
+        },
+        None => why.push("no username in it: set sasl.username".to_owned()),
+    }
+    match option("password").as_deref().map(reference) {
+        Some(Some(source)) => why.push(format!(
+            "the password is {source}, not resolved: give it as \
+             OUTBOX_CDC__KAFKA__SASL_PASSWORD"
+        )),
+        Some(None) => why.push(
+            "the password is not written to the file: give it as \
+             OUTBOX_CDC__KAFKA__SASL_PASSWORD"
+                .to_owned(),
+        ),
+        None => {
+            why.push("no password in it: give it as OUTBOX_CDC__KAFKA__SASL_PASSWORD".to_owned())
+        }
+    }
+    r.note(key, value, why.join("; "));
 }
 
 /// Why a producer override cannot be carried over, if it cannot.
@@ -465,7 +949,9 @@ fn enforced(prop: &str, value: &str) -> Option<&'static str> {
         "enable.idempotence" if value != "true" => {
             Some("outbox-cdc always uses the idempotent producer")
         }
-        "transactional.id" => Some("outbox-cdc does not use Kafka transactions"),
+        "transactional.id" => Some(
+            "outbox-cdc names its own transactional producer ([delivery] mode = \"exactly-once\")",
+        ),
         "partitioner" | "partitioner.class" => {
             Some("outbox-cdc always partitions as the Java client's default (murmur2)")
         }
@@ -482,13 +968,15 @@ fn enforced(prop: &str, value: &str) -> Option<&'static str> {
 fn explain_unmapped(key: &str, router: &str) -> String {
     let why = if key.starts_with(&format!("transforms.{router}.")) {
         "an Outbox Event Router option outbox-cdc does not have"
-    } else if key.starts_with("transforms") || key.starts_with("predicates") {
+    } else if key.starts_with("predicates") {
+        "a Kafka Connect predicate, which picks the records a transform applies to; \
+         outbox-cdc reads only the outbox table"
+    } else if key.starts_with("transforms") {
         "single message transforms do not exist in outbox-cdc; its record shape is fixed \
          (docs/migrating-from-debezium.md)"
     } else if key.ends_with(".converter") || key.contains(".converter.") {
         "records are bytes: key = aggregate id as text, value per outbox.payload_format \
-         (set from value.converter and table.expand.json.payload); JsonConverter with \
-         schemas.enable=true wraps values in a schema envelope outbox-cdc does not write"
+         (set from value.converter and table.expand.json.payload)"
     } else if key.starts_with("snapshot.") {
         "outbox-cdc takes no snapshot: rows committed before the slot are not published \
          (use `outbox-cdc replay --since`)"
@@ -496,10 +984,28 @@ fn explain_unmapped(key: &str, router: &str) -> String {
         "names Debezium's own topics and offsets; outbox-cdc routes with outbox.topic only"
     } else if key.starts_with("offset.") || key.starts_with("errors.") {
         "Kafka Connect's; outbox-cdc keeps its offset in [offsets] path and follows outbox.on_poison"
+    } else if key.starts_with("config.providers") {
+        "Kafka Connect's config providers: outbox-cdc resolves no ${...} reference (each \
+         setting that used one is noted)"
     } else {
         "no equivalent"
     };
     why.to_owned()
+}
+
+/// Whether a note's value must not be written to the file.
+fn secret(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    [
+        "password",
+        "secret",
+        "token",
+        "jaas",
+        "credential",
+        "private",
+    ]
+    .iter()
+    .any(|s| k.contains(s))
 }
 
 /// A table as Debezium's include list writes it (a regular expression,
@@ -529,6 +1035,7 @@ fn url_escape(s: &str) -> String {
 mod tests {
     use super::*;
     use crate::config::Config;
+    use crate::outbox::PayloadFormat;
 
     /// Debezium's documented outbox example, as a user would POST it to Kafka Connect.
     const CONNECTOR: &str = r#"{
@@ -611,11 +1118,13 @@ mod tests {
             "topic.prefix",
             "tombstones.on.delete",
             "transforms.outbox.table.expand.json.payload",
-            "value.converter",
         ] {
             assert!(noted.contains(&key), "{key} not noted: {noted:?}");
         }
-        assert!(!noted.contains(&"slot.name") && !noted.contains(&"tasks.max"));
+        // StringConverter for key and value is what outbox-cdc writes.
+        for key in ["slot.name", "tasks.max", "key.converter", "value.converter"] {
+            assert!(!noted.contains(&key), "{key} noted: {noted:?}");
+        }
     }
 
     #[test]
@@ -676,7 +1185,9 @@ transforms.router.type=io.debezium.transforms.outbox.EventRouter
                         "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState"}"#;
         assert_eq!(
             import(&parse_connector(plain).unwrap()).unwrap_err(),
-            ImportError::NoEventRouter
+            ImportError::NoEventRouter {
+                transforms: "unwrap".into()
+            }
         );
         assert!(matches!(
             parse_connector("{ not json"),
@@ -692,5 +1203,367 @@ transforms.router.type=io.debezium.transforms.outbox.EventRouter
         assert!(imported.notes.iter().any(|n| n.key == "bootstrap.servers"));
         assert!(imported.notes.iter().any(|n| n.key == "table.include.list"));
         Config::from_sources("imported.toml", &imported.toml, Vec::new()).unwrap();
+    }
+    fn import_text(text: &str) -> (Imported, Config) {
+        let imported = import(&parse_connector(text).unwrap()).unwrap();
+        let config = Config::from_sources("imported.toml", &imported.toml, Vec::new())
+            .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml));
+        (imported, config)
+    }
+
+    /// The notes about `key`, as `value: why`.
+    fn notes_of(imported: &Imported, key: &str) -> Vec<String> {
+        imported
+            .notes
+            .iter()
+            .filter(|n| n.key == key)
+            .map(|n| format!("{}: {}", n.value, n.why))
+            .collect()
+    }
+
+    /// Issue 34: the connector of the seed's outbox table, whose placements
+    /// put the event type, sequence and schema version under the standard
+    /// headers' names.
+    const ISSUE_34: &str = "\
+connector.class=io.debezium.connector.postgresql.PostgresConnector
+database.hostname=db
+database.dbname=app
+table.include.list=public.outbox_events
+key.converter=org.apache.kafka.connect.storage.StringConverter
+value.converter=org.apache.kafka.connect.json.JsonConverter
+value.converter.schemas.enable=false
+transforms=outbox
+transforms.outbox.type=io.debezium.transforms.outbox.EventRouter
+transforms.outbox.table.field.event.id=event_id
+transforms.outbox.table.field.event.key=aggregate_id
+transforms.outbox.route.by.field=aggregate_type
+transforms.outbox.table.fields.additional.placement=event_type:header:event_type,aggregate_sequence:header:aggregate_sequence,schema_version:header:schema_version
+";
+
+    #[test]
+    fn the_issue_placement_line_imports_its_standard_headers_as_already_emitted() {
+        let (imported, config) = import_text(ISSUE_34);
+        let o = &config.outbox;
+        assert_eq!(
+            o.additional_placement,
+            [
+                "event_type:header:event_type",
+                "aggregate_sequence:header:aggregate_sequence",
+                "schema_version:header:schema_version"
+            ]
+        );
+        let c = o.column_names().unwrap();
+        assert_eq!(c.event_type, "event_type");
+        assert_eq!(c.aggregate_sequence.as_deref(), Some("aggregate_sequence"));
+        assert_eq!(c.schema_version.as_deref(), Some("schema_version"));
+        // Each is its standard header: no header is written twice.
+        assert_eq!(o.header_columns().unwrap(), Vec::new());
+        let notes = notes_of(
+            &imported,
+            "transforms.outbox.table.fields.additional.placement",
+        );
+        assert_eq!(notes.len(), 3, "{notes:?}");
+        for (entry, name) in [
+            ("event_type:header:event_type", "event_type"),
+            (
+                "aggregate_sequence:header:aggregate_sequence",
+                "aggregate_sequence",
+            ),
+            ("schema_version:header:schema_version", "schema_version"),
+        ] {
+            let prefix = format!(
+                "{entry}: {entry}: already emitted: the standard header {name} carries column \
+                 {name} (outbox.columns.{name}), set from this entry"
+            );
+            assert!(
+                notes.iter().any(|n| n.starts_with(&prefix)),
+                "{prefix}\nnot in {notes:?}"
+            );
+        }
+        // Debezium's documented `type:header:eventType` stays an extra header,
+        // and `id:header` is the `id` header Debezium writes anyway.
+        let (imported, config) = import_text(
+            "connector.class=io.debezium.connector.postgresql.PostgresConnector\n\
+             transforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\n\
+             transforms.o.table.fields.additional.placement=type:header:eventType,id:header\n",
+        );
+        assert_eq!(
+            config.outbox.header_columns().unwrap(),
+            [("eventType".to_owned(), "type".to_owned())]
+        );
+        let notes = notes_of(&imported, "transforms.o.table.fields.additional.placement");
+        assert_eq!(
+            notes,
+            [
+                "id:header: id:header: already emitted: the debezium layout's event id header id \
+              carries column id (outbox.columns.event_id)"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_placement_without_equivalent_is_left_out_and_named() {
+        let (imported, config) = import_text(
+            "connector.class=io.debezium.connector.postgresql.PostgresConnector\n\
+             transforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\n\
+             transforms.o.table.fields.additional.placement=tenant:header:aggregate_id,\
+             trace:header:lsn,tenant:header,org:header:tenant,body:envelope:payload\n",
+        );
+        assert_eq!(config.outbox.additional_placement, ["tenant:header"]);
+        let notes = notes_of(&imported, "transforms.o.table.fields.additional.placement");
+        assert_eq!(
+            notes,
+            [
+                "tenant:header:aggregate_id: tenant:header:aggregate_id: not imported, it has \
+                 no equivalent: aggregate_id is a standard header and carries column \
+                 aggregateid (outbox.columns.aggregate_id), not tenant: place tenant under a \
+                 header name of its own (tenant:header:tenant), or set \
+                 outbox.columns.aggregate_id = \"tenant\" if tenant holds the aggregate id",
+                "trace:header:lsn: trace:header:lsn: not imported, it has no equivalent: lsn \
+                 is a standard header, the event's WAL position, not a column: place trace \
+                 under a header name of its own (trace:header:trace)",
+                "org:header:tenant: org:header:tenant: not imported, it has no equivalent: \
+                 header tenant is already written by the outbox.additional_placement entry \
+                 tenant:header: each header name at most once; place org under a header name \
+                 of its own (org:header:org)",
+                "body:envelope:payload: body:envelope:payload: not imported, it has no \
+                 equivalent: payload is the envelope's member for the payload itself: give \
+                 the column another member name, such as body:envelope:body",
+            ]
+        );
+        // Debezium 1.x named the event type column: a placement of another
+        // column under event_type is then not that header.
+        let (imported, config) = import_text(
+            "connector.class=io.debezium.connector.postgresql.PostgresConnector\n\
+             transforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\n\
+             transforms.o.table.field.event.type=kind\n\
+             transforms.o.table.fields.additional.placement=category:header:event_type\n",
+        );
+        assert_eq!(config.outbox.column_names().unwrap().event_type, "kind");
+        assert!(config.outbox.additional_placement.is_empty());
+        let notes = notes_of(&imported, "transforms.o.table.fields.additional.placement");
+        assert!(notes[0].contains("carries column kind"), "{notes:?}");
+    }
+
+    #[test]
+    fn config_provider_references_are_named_never_taken_as_values() {
+        let (imported, config) = import_text(
+            "connector.class=io.debezium.connector.postgresql.PostgresConnector\n\
+             database.hostname=${env:PG_HOST}\n\
+             database.user=${file:/opt/connect/secrets/pg.properties:user}\n\
+             database.password=${file:/opt/connect/secrets/pg.properties:password}\n\
+             database.dbname=orders\n\
+             producer.override.bootstrap.servers=${env:KAFKA_BOOTSTRAP}\n\
+             producer.override.ssl.key.password=${env:KEY_PASSWORD}\n\
+             transforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\n\
+             transforms.o.route.topic.replacement=${routedByValue}.events\n",
+        );
+        assert_eq!(
+            config.postgres.url,
+            "postgres://postgres@localhost:5432/orders"
+        );
+        assert_eq!(config.kafka.bootstrap_servers(), Some("127.0.0.1:9092"));
+        assert_eq!(config.kafka.get("ssl.key.password"), None);
+        // ${routedByValue} is the router's, not a reference.
+        assert_eq!(config.outbox.topic, "{aggregate_type}.events");
+        let written: Vec<&str> = imported
+            .toml
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .collect();
+        assert!(
+            !written.iter().any(|l| l.contains("${")),
+            "{}",
+            imported.toml
+        );
+        assert_eq!(
+            notes_of(&imported, "database.hostname"),
+            [
+                "${env:PG_HOST}: a config provider reference (${env:PG_HOST}: the Kafka Connect \
+              worker's environment variable PG_HOST): outbox-cdc does not resolve Kafka \
+              Connect config providers; postgres.url has \"localhost\" in its place: give the \
+              whole URL as OUTBOX_CDC__POSTGRES__URL"
+            ]
+        );
+        assert!(
+            notes_of(&imported, "database.user")[0].contains(
+                "key user of /opt/connect/secrets/pg.properties, read by the Kafka Connect \
+                 worker's file provider"
+            ),
+            "{:?}",
+            imported.notes
+        );
+        assert!(
+            notes_of(&imported, "database.password")[0].contains("give the password as PGPASSWORD")
+        );
+        assert!(
+            notes_of(&imported, "producer.override.bootstrap.servers")[0]
+                .contains("placeholder to replace")
+        );
+        assert!(
+            notes_of(&imported, "producer.override.ssl.key.password")[0]
+                .ends_with("give the value as OUTBOX_CDC__KAFKA__SSL_KEY_PASSWORD")
+        );
+    }
+
+    #[test]
+    fn producer_overrides_librdkafka_lacks_are_named() {
+        let (imported, config) = import_text(
+            "connector.class=io.debezium.connector.postgresql.PostgresConnector\n\
+             bootstrap.servers=kafka:9093\n\
+             producer.override.security.protocol=SASL_SSL\n\
+             producer.override.sasl.mechanism=SCRAM-SHA-512\n\
+             producer.override.sasl.jaas.config=org.apache.kafka.common.security.scram.\
+             ScramLoginModule required username=\"relay\" password=\"hunter2\";\n\
+             producer.override.ssl.truststore.location=/etc/kafka/truststore.jks\n\
+             producer.override.linger.ms=abc\n\
+             producer.override.compression.type=lz4\n\
+             transforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\n",
+        );
+        let k = &config.kafka;
+        assert_eq!(k.get("security.protocol"), Some("SASL_SSL"));
+        assert_eq!(k.get("sasl.mechanism"), Some("SCRAM-SHA-512"));
+        assert_eq!(k.get("sasl.username"), Some("relay"));
+        assert_eq!(k.get("compression.type"), Some("lz4"));
+        for absent in [
+            "sasl.jaas.config",
+            "sasl.password",
+            "ssl.truststore.location",
+            "linger.ms",
+        ] {
+            assert_eq!(k.get(absent), None, "{absent}");
+        }
+        assert!(!imported.toml.contains("hunter2"), "{}", imported.toml);
+        assert!(
+            notes_of(&imported, "producer.override.sasl.jaas.config")[0]
+                .contains("give it as OUTBOX_CDC__KAFKA__SASL_PASSWORD")
+        );
+        assert!(
+            notes_of(&imported, "producer.override.ssl.truststore.location")[0]
+                .contains("refuses this value: Java TrustStores are not supported"),
+            "{:?}",
+            imported.notes
+        );
+        assert!(
+            notes_of(&imported, "producer.override.linger.ms")[0].contains("refuses this value"),
+            "{:?}",
+            imported.notes
+        );
+        // What is written, with the password given as the note says, makes a producer.
+        let config = Config::from_sources(
+            "imported.toml",
+            &imported.toml,
+            [(
+                "OUTBOX_CDC__KAFKA__SASL_PASSWORD".to_owned(),
+                "hunter2".to_owned(),
+            )],
+        )
+        .unwrap();
+        let producer: Result<rdkafka::producer::BaseProducer, _> =
+            config.kafka.client_config().unwrap().create();
+        producer.unwrap();
+    }
+
+    #[test]
+    fn converters_decide_the_payload_format_and_name_what_differs() {
+        let base = "connector.class=io.debezium.connector.postgresql.PostgresConnector\n\
+                    transforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\n";
+        let cases = [
+            (
+                "value.converter=org.apache.kafka.connect.json.JsonConverter\nvalue.converter.schemas.enable=false\n",
+                PayloadFormat::JsonString,
+                None,
+            ),
+            (
+                "value.converter=org.apache.kafka.connect.json.JsonConverter\n",
+                PayloadFormat::JsonString,
+                Some("schema envelope"),
+            ),
+            (
+                "value.converter=org.apache.kafka.connect.storage.StringConverter\n",
+                PayloadFormat::AsStored,
+                None,
+            ),
+            (
+                "value.converter=io.debezium.converters.BinaryDataConverter\n",
+                PayloadFormat::AsStored,
+                Some("bytea"),
+            ),
+            (
+                "value.converter=io.confluent.connect.avro.AvroConverter\n",
+                PayloadFormat::AsStored,
+                Some("schema-registry"),
+            ),
+            ("", PayloadFormat::JsonString, Some("worker's converter")),
+        ];
+        for (converter, format, note) in cases {
+            let (imported, config) = import_text(&format!("{base}{converter}"));
+            assert_eq!(config.outbox.payload_format, format, "{converter}");
+            let notes = notes_of(&imported, "value.converter");
+            match note {
+                None => assert!(notes.is_empty(), "{converter}: {notes:?}"),
+                Some(text) => assert!(notes[0].contains(text), "{converter}: {notes:?}"),
+            }
+        }
+    }
+
+    /// Each import error names the key (or the file), the value and what
+    /// would be accepted.
+    #[test]
+    fn import_error_not_json() {
+        let e = parse_connector("{ not json").unwrap_err();
+        assert!(matches!(e, ImportError::Syntax(_)));
+        assert!(
+            e.to_string().starts_with(
+                "not a Kafka Connect connector config ({\"name\": ..., \"config\": {...}}, \
+                 the bare config object, or a .properties file): key must be a string"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn import_error_json_not_an_object() {
+        let e = parse_connector("{\"config\": [1]}").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "not a Kafka Connect connector config ({\"name\": ..., \"config\": {...}}, the \
+             bare config object, or a .properties file): expected a JSON object, or one with \
+             a \"config\" object"
+        );
+    }
+
+    #[test]
+    fn import_error_not_postgres() {
+        let e = import(
+            &parse_connector("connector.class=io.debezium.connector.mysql.MySqlConnector").unwrap(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "connector.class = \"io.debezium.connector.mysql.MySqlConnector\": only \
+             io.debezium.connector.postgresql.PostgresConnector (Debezium's PostgreSQL \
+             connector) can be imported"
+        );
+    }
+
+    #[test]
+    fn import_error_no_event_router() {
+        let e = import(
+            &parse_connector(
+                "connector.class=io.debezium.connector.postgresql.PostgresConnector\n\
+                 transforms=unwrap\n\
+                 transforms.unwrap.type=io.debezium.transforms.ExtractNewRecordState\n",
+            )
+            .unwrap(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "transforms = \"unwrap\": none of them has transforms.<name>.type = \
+             io.debezium.transforms.outbox.EventRouter; outbox-cdc relays an outbox table as \
+             the Outbox Event Router does, a connector with it can be imported, a plain \
+             Debezium change stream has no equivalent"
+        );
     }
 }
