@@ -456,7 +456,7 @@ fn import_debezium(input: &Path, output: Option<&Path>) -> anyhow::Result<bool> 
         eprintln!("every setting has an equivalent");
     } else {
         eprintln!(
-            "{} Debezium setting(s) without an equivalent:",
+            "{} Debezium setting(s) carried over differently, or without an equivalent:",
             imported.notes.len()
         );
         for n in &imported.notes {
