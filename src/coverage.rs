@@ -411,6 +411,10 @@ pub struct Coverage {
     identity: Vec<String>,
     /// The catalog rows the proofs so far rested on.
     publication: PublicationIdentity,
+    /// `publish_via_partition_root`: every change to a partition arrives
+    /// under the published root's name, so a relation that arrives under
+    /// its own name was not an outbox partition at that change.
+    via_root: bool,
 }
 
 /// The configuration keys of the columns every outbox row has always had.
@@ -548,6 +552,7 @@ pub fn judge(
             .map(|m| m.column.clone())
             .collect(),
         publication: p.identity.clone(),
+        via_root: p.via_root,
     })
 }
 
@@ -653,7 +658,9 @@ impl Coverage {
         if name == self.table {
             return Known::Is(RelationKind::Outbox);
         }
-        if self.outbox.get(&rel.oid) == Some(&name) && rel.oid != self.root_oid {
+        // Through the root, a partition's changes never carry its own name:
+        // one that does was detached before that change (audit F15).
+        if self.outbox.get(&rel.oid) == Some(&name) && rel.oid != self.root_oid && !self.via_root {
             return Known::Is(RelationKind::Outbox);
         }
         if self.others.get(&rel.oid) == Some(&name) && lacks_any(rel, &self.mapped) {
@@ -700,10 +707,6 @@ impl Coverage {
                     ))
                 }
             }
-            Some(now) if now.inside_outbox => {
-                self.outbox.insert(rel.oid, name.clone());
-                Ok(RelationKind::Outbox)
-            }
             Some(now) if now.contains_outbox => Err(unaccounted(
                 format!(
                     "the outbox table {} is a partition of it, so outbox rows may arrive under its name",
@@ -714,6 +717,17 @@ impl Coverage {
                     plain(&now.table)
                 ),
             )),
+            // Under its own name through the root: not a partition of the
+            // outbox at this change, whatever the catalog says now.
+            _ if self.via_root => {
+                self.outbox.remove(&rel.oid);
+                self.others.insert(rel.oid, name.clone());
+                Ok(RelationKind::Other)
+            }
+            Some(now) if now.inside_outbox => {
+                self.outbox.insert(rel.oid, name.clone());
+                Ok(RelationKind::Outbox)
+            }
             // Gone: only a relation without the outbox's identity columns is
             // certainly not a partition (audit F14: a dropped leaf whose
             // changes predate an optional mapped column must not be skipped).
@@ -1343,7 +1357,10 @@ mod tests {
 
     #[test]
     fn lookups_accept_new_partitions_and_stop_on_everything_uncertain() {
-        let mut c = proven(&partitioned(vec![(ROOT, t("outbox"))], true));
+        let mut c = proven(&partitioned(
+            vec![(LEAF_A, t("outbox_2026_11")), (LEAF_B, t("outbox_2026_12"))],
+            false,
+        ));
         let lsn = Lsn::new(0x1234);
         // A partition created while streaming: outbox, remembered.
         let new_leaf = relation(300, "outbox_2027_01", &OUTBOX_COLS);
@@ -1451,7 +1468,10 @@ mod tests {
     /// column (added to the outbox later) may be a dropped leaf: stop.
     #[test]
     fn a_gone_relation_is_skipped_only_without_the_outbox_identity_columns() {
-        let mut c = proven(&partitioned(vec![(ROOT, t("outbox"))], true));
+        let mut c = proven(&partitioned(
+            vec![(LEAF_A, t("outbox_2026_11")), (LEAF_B, t("outbox_2026_12"))],
+            false,
+        ));
         let lsn = Lsn::new(9);
         let optional = mapped()
             .into_iter()
@@ -1519,6 +1539,44 @@ mod tests {
             );
             assert!(problem.fix().contains("audit"), "{}", problem.fix());
         }
+    }
+
+    /// Audit F15: through the root, a leaf of the outbox known from start-up
+    /// that arrives under its own name was detached (and is published on its
+    /// own, e.g. FOR ALL TABLES): its rows are not outbox rows.
+    #[test]
+    fn through_the_root_a_leaf_under_its_own_name_is_not_the_outbox() {
+        let mut facts = partitioned(vec![(ROOT, t("outbox"))], true);
+        facts.publication.as_mut().unwrap().all_tables = true;
+        let mut c = proven(&facts);
+        let detached = relation(LEAF_A, "outbox_2026_11", &OUTBOX_COLS);
+        assert_eq!(c.classify(&detached), Known::LookUp);
+        // The catalog may say anything by now (attached again, or not).
+        for inside in [false, true] {
+            assert_eq!(
+                c.resolve(
+                    &detached,
+                    Lsn::new(3),
+                    Some(&now("outbox_2026_11", inside, false))
+                ),
+                Ok(RelationKind::Other)
+            );
+        }
+        assert_eq!(
+            c.resolve(&detached, Lsn::new(3), None),
+            Ok(RelationKind::Other)
+        );
+        // The root itself, and an ancestor that could carry outbox rows, are
+        // decided as before.
+        assert_eq!(
+            c.classify(&relation(ROOT, "outbox", &OUTBOX_COLS)),
+            Known::Is(RelationKind::Outbox)
+        );
+        let parent = relation(600, "all_events", &OUTBOX_COLS);
+        assert!(
+            c.resolve(&parent, Lsn::new(3), Some(&now("all_events", false, true)))
+                .is_err()
+        );
     }
 
     #[test]
