@@ -16,7 +16,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Metric, Registry};
 
-use crate::checkpoint::DurableCommitTime;
+use crate::checkpoint::{DurableCommitTime, SharedStore};
 use crate::pg::Lsn;
 
 /// Exported names that other code reads back (`status` parses `/metrics`).
@@ -133,6 +133,9 @@ pub struct Metrics {
     /// Commit time of the last acknowledged transaction the session
     /// persisted: the pruner's bound while `run` holds the offset store.
     pub(crate) durable_commit_time: Arc<DurableCommitTime>,
+    /// The offset store the pipeline opened: where the pruner reads the
+    /// parked aggregates while `run` holds the store.
+    pub(crate) offset_store: SharedStore,
 }
 
 /// Registers each metric as it is made, so a metric cannot exist unexported.
@@ -345,6 +348,7 @@ impl Default for Metrics {
             outbox_bytes,
             oldest_retained_age,
             durable_commit_time: Arc::default(),
+            offset_store: SharedStore::default(),
         }
     }
 }

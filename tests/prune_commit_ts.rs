@@ -103,9 +103,16 @@ async fn prune_by_commit_timestamp_keeps_old_rows_committed_after_the_acknowledg
         .connect_sql()
         .await
         .expect("connect as outbox");
-    let report = pipeline::prune_once(&client, &config, Some(acked), &Metrics::default(), None)
-        .await
-        .expect("prune");
+    let report = pipeline::prune_once(
+        &client,
+        &config,
+        Some(acked),
+        &[],
+        &Metrics::default(),
+        None,
+    )
+    .await
+    .expect("prune");
     let left: Vec<(String, i64)> = fx
         .admin
         .query(

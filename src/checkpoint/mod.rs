@@ -14,11 +14,13 @@
 //!   at max(stored LSN, slot `confirmed_flush_lsn`).
 
 mod acked_time;
+mod shared_store;
 mod store;
 mod tracker;
 
 pub use crate::pg::DurableLsn;
 pub(crate) use acked_time::DurableCommitTime;
+pub(crate) use shared_store::SharedStore;
 pub use store::{
     Flushed, OffsetStore, ParkedAggregate, PendingRepair, StoreError, StoredOffset, sequence_key,
 };

@@ -259,7 +259,9 @@ pub async fn run(
             }
             None => match open_store(&config) {
                 Ok(open) => {
-                    store = Some(Arc::new(open));
+                    let open = Arc::new(open);
+                    metrics.offset_store.publish(&open);
+                    store = Some(open);
                     continue;
                 }
                 Err(e) => Err(e),

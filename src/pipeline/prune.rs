@@ -24,6 +24,12 @@
 //!     origin's, not local WAL order). Rows whose commit time is unknown, or
 //!     with an origin, need the proof by transaction id.
 //!
+//! Rows of aggregates parked by the dead-letter policy are not deleted while
+//! parked (audit F5): a dead-lettered record may carry only a pointer to the
+//! row (its payload was too large), and `outbox-cdc release` is still to
+//! come. All their rows are kept, not only those from the park position on:
+//! a row's LSN is not in the table.
+//!
 //! The acknowledged position (LSN and commit time) is the one the offset
 //! store holds: read from the store by the one-shot `outbox-cdc prune`, and
 //! from the running session's durable acked LSN and
@@ -44,11 +50,11 @@ use tokio_postgres::Client;
 use tokio_postgres::types::Type;
 use tracing::{debug, info, warn};
 
-use crate::checkpoint::OffsetStore;
+use crate::checkpoint::{OffsetStore, ParkedAggregate};
 use crate::config::Config;
 use crate::coverage;
 use crate::metrics::Metrics;
-use crate::pg::{Lsn, PgConnectConfig, PgTimestamp, QualifiedTable};
+use crate::pg::{Lsn, PgConnectConfig, PgTimestamp, QualifiedTable, quote_ident};
 
 use super::PipelineError;
 use super::retained::{micros_text, sql, table_columns};
@@ -109,6 +115,8 @@ pub struct PruneReport {
     /// The witness that proved rows committed before the acknowledged LSN
     /// by their transaction id (None: none at or before it).
     pub witness: Option<String>,
+    /// Parked aggregates whose rows were kept.
+    pub parked_aggregates: usize,
 }
 
 impl PruneReport {
@@ -137,6 +145,13 @@ impl std::fmt::Display for PruneReport {
         if let Some(w) = &self.witness {
             write!(f, "; rows proven committed by {w}")?;
         }
+        if self.parked_aggregates > 0 {
+            write!(
+                f,
+                "; the rows of {} parked aggregates kept",
+                self.parked_aggregates
+            )?;
+        }
         Ok(())
     }
 }
@@ -145,13 +160,16 @@ impl std::fmt::Display for PruneReport {
 /// the offset store (the connector must be stopped: it holds the store).
 pub async fn prune_stored(config: &Config, metrics: &Metrics) -> Result<PruneReport, PruneError> {
     // No store, no acknowledged position (and no store is created here).
-    let stored = if !config.offsets.path.exists() {
-        None
+    let (stored, parked) = if !config.offsets.path.exists() {
+        (None, Vec::new())
     } else {
         let store = OffsetStore::open(&config.offsets.path).map_err(PipelineError::from)?;
-        store
-            .load(&config.postgres.slot)
-            .map_err(PipelineError::from)?
+        (
+            store
+                .load(&config.postgres.slot)
+                .map_err(PipelineError::from)?,
+            store.parked().map_err(PipelineError::from)?,
+        )
     };
     let (url, key) = pruner_url(config);
     let client = PgConnectConfig::parse(url)?.connect_sql().await?;
@@ -178,15 +196,18 @@ pub async fn prune_stored(config: &Config, metrics: &Metrics) -> Result<PruneRep
                 commit_time,
             })
         });
-    prune_once(&client, config, acked, metrics, None).await
+    prune_once(&client, config, acked, &parked, metrics, None).await
 }
 
 /// One prune of the configured outbox against `acked` (the acknowledged
-/// position), then the size gauges. `stop` ends it between batches.
+/// position), keeping the rows of the `parked` aggregates (read after
+/// `acked`: an aggregate is parked before the position passes its first
+/// refused row), then the size gauges. `stop` ends it between batches.
 pub async fn prune_once(
     client: &Client,
     config: &Config,
     acked: Option<AckedPosition>,
+    parked: &[ParkedAggregate],
     metrics: &Metrics,
     stop: Option<&watch::Receiver<bool>>,
 ) -> Result<PruneReport, PruneError> {
@@ -218,8 +239,17 @@ pub async fn prune_once(
                 .into(),
         });
     }
+    let names = config
+        .outbox
+        .column_names()
+        .map_err(|e| PruneError::Refused {
+            table: table.to_string(),
+            reason: e.to_string(),
+            fix: "fix outbox.columns".into(),
+        })?;
     let mut report = PruneReport {
         acked_commit_time: acked.map(|a| a.commit_time),
+        parked_aggregates: parked.len(),
         ..PruneReport::default()
     };
     let result = match acked {
@@ -232,7 +262,17 @@ pub async fn prune_once(
             Ok(())
         }
         Some(acked) => {
-            prune_rows(client, config, &table, retention, acked, &mut report, stop).await
+            let aggregate = (names.aggregate_type.as_str(), names.aggregate_id.as_str());
+            prune_rows(
+                client,
+                config,
+                &table,
+                retention,
+                (acked, parked, aggregate),
+                &mut report,
+                stop,
+            )
+            .await
         }
     };
     metrics.pruned(report.rows());
@@ -252,8 +292,10 @@ fn ts(param: &str) -> String {
 /// aliased `o`, or `None` when neither proof of "committed before the
 /// acknowledged position" is available. `$1`: the retention cutoff, `$2`:
 /// the commit-time bound (both microseconds since 2000-01-01, float8), `$3`:
-/// the xid witness (text, see [`xid_witness`]).
-fn qualifies(by_commit_time: bool, by_xid: bool) -> Option<String> {
+/// the xid witness (text, see [`xid_witness`]), `$4` and `$5`: the types and
+/// ids of the parked aggregates (text[]), whose rows are kept; `aggregate`:
+/// the names of the aggregate type and id columns.
+fn qualifies(by_commit_time: bool, by_xid: bool, aggregate: (&str, &str)) -> Option<String> {
     let mut proofs = Vec::new();
     if by_commit_time {
         // Unknown (NULL) or with an origin: not proven here.
@@ -273,9 +315,12 @@ fn qualifies(by_commit_time: bool, by_xid: bool) -> Option<String> {
         return None;
     }
     Some(format!(
-        "o.occurred_at < {} AND ({})",
+        "o.occurred_at < {} AND ({}) AND NOT EXISTS (SELECT FROM unnest($4::text[], $5::text[]) \
+         AS p(t, i) WHERE p.t = o.{}::text AND p.i = o.{}::text)",
         ts("$1"),
-        proofs.join(" OR ")
+        proofs.join(" OR "),
+        quote_ident(aggregate.0),
+        quote_ident(aggregate.1)
     ))
 }
 
@@ -286,21 +331,35 @@ struct Params {
     cutoff: f64,
     commit_bound: f64,
     xid: String,
+    parked_types: Vec<String>,
+    parked_ids: Vec<String>,
 }
 
 impl Params {
-    const COUNT: usize = 3;
+    const COUNT: usize = 5;
 
     /// The predicate's parameter types, then `extra`.
     fn types(extra: &[Type]) -> Vec<Type> {
-        let mut types = vec![Type::FLOAT8, Type::FLOAT8, Type::TEXT];
+        let mut types = vec![
+            Type::FLOAT8,
+            Type::FLOAT8,
+            Type::TEXT,
+            Type::TEXT_ARRAY,
+            Type::TEXT_ARRAY,
+        ];
         types.extend_from_slice(extra);
         types
     }
 
     /// The predicate's values, then `extra`.
     fn values<'a>(&'a self, extra: &[Param<'a>]) -> Vec<Param<'a>> {
-        let mut values: Vec<Param<'a>> = vec![&self.cutoff, &self.commit_bound, &self.xid];
+        let mut values: Vec<Param<'a>> = vec![
+            &self.cutoff,
+            &self.commit_bound,
+            &self.xid,
+            &self.parked_types,
+            &self.parked_ids,
+        ];
         values.extend_from_slice(extra);
         values
     }
@@ -348,7 +407,7 @@ async fn prune_rows(
     config: &Config,
     table: &QualifiedTable,
     retention: Duration,
-    acked: AckedPosition,
+    (acked, parked, aggregate): (AckedPosition, &[ParkedAggregate], (&str, &str)),
     report: &mut PruneReport,
     stop: Option<&watch::Receiver<bool>>,
 ) -> Result<(), PruneError> {
@@ -378,7 +437,7 @@ async fn prune_rows(
     let cutoff = now - retention.as_micros() as f64;
     let commit_bound =
         (acked.commit_time.0 - config.repair.commit_time_margin_ms as i64 * 1000) as f64;
-    let Some(pred) = qualifies(by_commit_time, witness.is_some()) else {
+    let Some(pred) = qualifies(by_commit_time, witness.is_some(), aggregate) else {
         report.skipped = Some(format!(
             "nothing proves a row committed before the acknowledged position {} yet{}: the slot \
              has not confirmed a running-transactions record, nor is the last checkpoint before \
@@ -423,6 +482,8 @@ async fn prune_rows(
         cutoff,
         commit_bound,
         xid: witness.map(|(xid, _)| xid).unwrap_or_else(|| "0".into()),
+        parked_types: parked.iter().map(|p| p.aggregate_type.clone()).collect(),
+        parked_ids: parked.iter().map(|p| p.aggregate_id.clone()).collect(),
     };
     if leaves.is_empty() {
         report.deleted_rows +=
@@ -645,6 +706,22 @@ pub async fn run_pruner(
             );
             said_no_time = true;
         }
+        // Read after the position: a refused row's aggregate is parked before
+        // the acknowledged position passes it.
+        let parked = match (acked, metrics.offset_store.get()) {
+            (None, _) => Vec::new(),
+            (Some(_), Some(store)) => match tokio::task::block_in_place(|| store.parked()) {
+                Ok(parked) => parked,
+                Err(e) => {
+                    warn!(error = %e, "pruner: cannot read the parked aggregates; retrying at the next interval");
+                    continue;
+                }
+            },
+            (Some(_), None) => {
+                debug!("pruner: the offset store is not open (yet); retrying at the next interval");
+                continue;
+            }
+        };
         let connected = match client.take() {
             Some(c) if !c.is_closed() => Ok(c),
             _ => pg.connect_sql().await,
@@ -656,7 +733,7 @@ pub async fn run_pruner(
                 continue;
             }
         };
-        let run = prune_once(&c, &config, acked, &metrics, Some(&shutdown));
+        let run = prune_once(&c, &config, acked, &parked, &metrics, Some(&shutdown));
         let outcome = tokio::select! {
             r = run => Some(r),
             _ = wait_true(shutdown.clone()) => None,
@@ -689,23 +766,33 @@ async fn wait_true(mut rx: watch::Receiver<bool>) {
 mod tests {
     use super::*;
 
+    const AGG: (&str, &str) = ("aggregate_type", "Aggregate Id");
+
     #[test]
     fn the_predicate_never_judges_acknowledgement_by_occurred_at() {
-        assert_eq!(qualifies(false, false), None);
-        let off = qualifies(false, true).unwrap();
+        assert_eq!(qualifies(false, false, AGG), None);
+        let off = qualifies(false, true, AGG).unwrap();
         assert!(!off.contains("pg_xact_commit_timestamp"), "{off}");
         assert!(off.starts_with("o.occurred_at < to_timestamp($1"), "{off}");
         assert_eq!(off.matches("occurred_at").count(), 1, "{off}");
         assert!(off.contains("age(o.xmin) > age($3::text::xid)"), "{off}");
-        let on = qualifies(true, false).unwrap();
+        let on = qualifies(true, false, AGG).unwrap();
         assert!(
             on.contains("pg_xact_commit_timestamp_origin(o.xmin)"),
             "{on}"
         );
         assert!(on.contains("c.roident = 0"), "{on}");
         assert_eq!(on.matches("occurred_at").count(), 1, "{on}");
-        let both = qualifies(true, true).unwrap();
+        let both = qualifies(true, true, AGG).unwrap();
         assert!(both.contains(") OR (age(o.xmin)"), "{both}");
+        // F5: the rows of parked aggregates are never chosen.
+        assert!(
+            both.ends_with(
+                "AND NOT EXISTS (SELECT FROM unnest($4::text[], $5::text[]) AS p(t, i) \
+                 WHERE p.t = o.\"aggregate_type\"::text AND p.i = o.\"Aggregate Id\"::text)"
+            ),
+            "{both}"
+        );
     }
 
     fn config(extra: &str) -> Config {

@@ -112,40 +112,8 @@ async fn prune_racing_writers_never_deletes_an_unpublished_row() {
     let (stop, writer) = spawn_writer(fx.table.clone(), "p");
     tokio::time::sleep(Duration::from_millis(1000)).await;
     // The rows written so far become provably committed before what the
-    // connector acknowledges: the slot confirms a running-transactions
-    // record (a checkpoint logs one) newer than them.
-    let newest: String = fx
-        .admin
-        .query_one(
-            &format!(
-                "SELECT max(xmin::text::int8)::text FROM public.{}",
-                fx.table
-            ),
-            &[],
-        )
-        .await
-        .expect("xmin")
-        .get(0);
-    eventually(
-        "the slot's catalog_xmin passes the first rows",
-        TIMEOUT,
-        || async {
-            fx.admin
-                .batch_execute("CHECKPOINT")
-                .await
-                .expect("checkpoint");
-            fx.admin
-                .query_one(
-                    "SELECT coalesce(age(catalog_xmin) < age($2::text::xid), false)
-                 FROM pg_replication_slots WHERE slot_name = $1",
-                    &[&fx.slot, &newest],
-                )
-                .await
-                .expect("slot")
-                .get::<_, bool>(0)
-        },
-    )
-    .await;
+    // connector acknowledges.
+    slot_passes_rows(&fx).await;
     running.stop().await.expect("graceful stop");
     // Unpublished from here on; older than the retention by the prune.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -359,7 +327,7 @@ async fn whole_partitions_are_dropped_only_when_every_row_qualifies() {
         .await
         .expect("connect as outbox");
     let metrics = Metrics::default();
-    let report = pipeline::prune_once(&client, &config, Some(acked), &metrics, None)
+    let report = pipeline::prune_once(&client, &config, Some(acked), &[], &metrics, None)
         .await
         .expect("prune");
 
@@ -482,9 +450,16 @@ async fn a_backdated_row_committed_after_the_acknowledged_position_is_kept() {
         .connect_sql()
         .await
         .expect("connect as outbox");
-    let report = pipeline::prune_once(&client, &config, Some(acked), &Metrics::default(), None)
-        .await
-        .expect("prune");
+    let report = pipeline::prune_once(
+        &client,
+        &config,
+        Some(acked),
+        &[],
+        &Metrics::default(),
+        None,
+    )
+    .await
+    .expect("prune");
     assert_eq!(
         rows_by_aggregate(&fx).await,
         vec![("late".to_owned(), 5)],
@@ -492,6 +467,45 @@ async fn a_backdated_row_committed_after_the_acknowledged_position_is_kept() {
     );
     assert_eq!(report.rows(), 5, "{report}");
     fx.cleanup().await;
+}
+
+/// Waits until the running connector's slot has confirmed a
+/// running-transactions record (a `CHECKPOINT` logs one) newer than every row
+/// now in the table: from then on they are provably committed before what
+/// the connector acknowledges.
+async fn slot_passes_rows(fx: &Fixture) {
+    let newest: String = fx
+        .admin
+        .query_one(
+            &format!(
+                "SELECT max(xmin::text::int8)::text FROM public.{}",
+                fx.table
+            ),
+            &[],
+        )
+        .await
+        .expect("xmin")
+        .get(0);
+    eventually(
+        "the slot's catalog_xmin passes the rows",
+        TIMEOUT,
+        || async {
+            fx.admin
+                .batch_execute("CHECKPOINT")
+                .await
+                .expect("checkpoint");
+            fx.admin
+                .query_one(
+                    "SELECT coalesce(age(catalog_xmin) < age($2::text::xid), false)
+                 FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&fx.slot, &newest],
+                )
+                .await
+                .expect("slot")
+                .get::<_, bool>(0)
+        },
+    )
+    .await;
 }
 
 /// Acknowledges every row now in the fixture's table as a connector would:
@@ -573,4 +587,64 @@ async fn rows_by_aggregate(fx: &Fixture) -> Vec<(String, i64)> {
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect()
+}
+
+/// Audit F5: a dead-lettered event's record may carry only "read it from the
+/// outbox table" (payload over max_record_bytes/2), so the row is the only
+/// full copy while its aggregate is parked awaiting `outbox-cdc release`: the
+/// rows of a parked aggregate are not pruned, whatever their age and however
+/// far the connector acknowledged; once released they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_aggregate_keeps_its_rows_until_released() {
+    init_tracing();
+    let fx = Fixture::new("pruneparked").await;
+    fx.admin
+        .batch_execute(&format!("GRANT DELETE ON public.{} TO outbox", fx.table))
+        .await
+        .expect("grant delete");
+    let env = format!(
+        "{PRUNE_ENV} OUTBOX_CDC__OUTBOX__ON_POISON=dead-letter \
+         OUTBOX_CDC__OUTBOX__DEAD_LETTER_TOPIC={p}.dlq OUTBOX_CDC__OUTBOX__MAX_RECORD_BYTES=2000",
+        p = fx.topic_prefix
+    );
+    let running = Running::start(fx.config_with(&env)).await;
+    let small = r#"{"n": 1}"#.to_owned();
+    let huge = format!(r#"{{"blob": "{}"}}"#, "x".repeat(5000));
+    fx.write_tx(&[("order", "a2", small.clone())], true).await;
+    fx.write_tx(&[("order", "a1", huge)], true).await;
+    fx.write_tx(&[("order", "a1", small.clone())], true).await;
+    let records = consume(&fx.topic_prefix, 3, TIMEOUT, Duration::from_secs(1));
+    assert_eq!(
+        records.iter().filter(|r| r.topic.ends_with(".dlq")).count(),
+        2,
+        "the poison event and the parked one are dead-lettered: {records:#?}"
+    );
+    // Acknowledged past every row, then past the retention (1 s).
+    slot_passes_rows(&fx).await;
+    fx.write_tx(&[("order", "a3", small)], true).await;
+    running.stop().await.expect("graceful stop");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let config = fx.config_with(&env);
+    let report = pipeline::prune_stored(&config, &Metrics::default())
+        .await
+        .expect("prune");
+    let left = rows_by_aggregate(&fx).await;
+    assert!(
+        left.contains(&("a1".to_owned(), 2)) && !left.iter().any(|(a, _)| a == "a2"),
+        "the parked aggregate's rows stay, the others go: {left:?}; {report}"
+    );
+    {
+        let store = OffsetStore::open(&fx.offsets_path()).expect("store");
+        assert!(store.release("order", "a1").expect("release"));
+    }
+    let report = pipeline::prune_stored(&config, &Metrics::default())
+        .await
+        .expect("prune");
+    let left = rows_by_aggregate(&fx).await;
+    assert!(
+        !left.iter().any(|(a, _)| a == "a1"),
+        "released: its rows go: {left:?}; {report}"
+    );
+    fx.cleanup().await;
 }
