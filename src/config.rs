@@ -302,6 +302,13 @@ pub struct PruneSettings {
     /// How often `run` prunes, same units as `retention`. Default `5m`.
     #[serde(default = "default_prune_interval")]
     pub interval: String,
+    /// The longest the pruner waits for a lock (PostgreSQL `lock_timeout`),
+    /// and so the longest an application insert can wait behind it while a
+    /// partition is detached without `CONCURRENTLY` (PostgreSQL 13, or a
+    /// partitioned table with a DEFAULT partition). Not granted in time: the
+    /// partition is left for a later prune. Default 1000.
+    #[serde(default = "default_prune_lock_timeout_ms")]
+    pub lock_timeout_ms: u64,
 }
 
 fn default_prune_batch_rows() -> u64 {
@@ -312,12 +319,17 @@ fn default_prune_interval() -> String {
     "5m".into()
 }
 
+fn default_prune_lock_timeout_ms() -> u64 {
+    1000
+}
+
 impl Default for PruneSettings {
     fn default() -> Self {
         PruneSettings {
             retention: String::new(),
             batch_rows: default_prune_batch_rows(),
             interval: default_prune_interval(),
+            lock_timeout_ms: default_prune_lock_timeout_ms(),
         }
     }
 }
@@ -356,6 +368,13 @@ impl PruneSettings {
                 "prune.batch_rows",
                 self.batch_rows,
                 "1 to 1000000",
+            ));
+        }
+        if !(1..=60_000).contains(&self.lock_timeout_ms) {
+            return Err(ConfigError::invalid(
+                "prune.lock_timeout_ms",
+                self.lock_timeout_ms,
+                "1 to 60000",
             ));
         }
         match parse_duration(&self.interval) {
@@ -1074,6 +1093,7 @@ const NUMBER_KEYS: &[&str] = &[
     "topics.partitions",
     "topics.replication_factor",
     "prune.batch_rows",
+    "prune.lock_timeout_ms",
 ];
 const BOOL_KEYS: &[&str] = &[
     "postgres.create_slot",
@@ -1282,6 +1302,7 @@ mod tests {
         assert_eq!(c.prune.retention(), None);
         assert_eq!(c.prune.batch_rows, 10_000);
         assert_eq!(c.prune.interval(), Duration::from_secs(300));
+        assert_eq!(c.prune.lock_timeout_ms, 1000);
         for (text, secs) in [
             ("7d", 604_800),
             ("36h", 129_600),
@@ -1303,6 +1324,11 @@ mod tests {
             ("OUTBOX_CDC__PRUNE__RETENTION", "0d", "prune.retention"),
             ("OUTBOX_CDC__PRUNE__RETENTION", "-1d", "prune.retention"),
             ("OUTBOX_CDC__PRUNE__BATCH_ROWS", "0", "prune.batch_rows"),
+            (
+                "OUTBOX_CDC__PRUNE__LOCK_TIMEOUT_MS",
+                "0",
+                "prune.lock_timeout_ms",
+            ),
             ("OUTBOX_CDC__PRUNE__INTERVAL", "0s", "prune.interval"),
             ("OUTBOX_CDC__PRUNE__INTERVAL", "2d", "prune.interval"),
         ] {

@@ -38,9 +38,21 @@
 //!
 //! Deletes go in batches of `batch_rows` rows, by `ctid` from an index scan on
 //! `occurred_at`, each batch its own statement (its own short transaction).
-//! A leaf partition whose every row qualifies is detached and dropped
-//! instead, under a `SHARE` lock on the leaf (which waits for its in-flight
-//! inserts and holds off new ones) and a short `lock_timeout`.
+//!
+//! A partition is dropped for its bounds, never for its rows alone (audit
+//! F3): only a leaf of a RANGE partitioning on `occurred_at` alone whose
+//! upper bound is at or before the retention cutoff (compared by PostgreSQL,
+//! in the key's type), so no row the application writes from now on can
+//! belong to it. HASH, LIST and DEFAULT leaves, and ranges reaching past the
+//! cutoff, only lose rows. Such a leaf is detached, then dropped only if
+//! every row in it still qualifies (else attached again). Writers never wait
+//! behind the pruner for longer than `prune.lock_timeout_ms`: PostgreSQL 14+
+//! detaches `CONCURRENTLY` (no lock that conflicts with inserts; an
+//! interrupted one stays pending and a later prune FINALIZEs it); PostgreSQL
+//! 13, or a partitioned table with a DEFAULT partition (where `CONCURRENTLY`
+//! is refused), detaches in a transaction whose lock wait and statement are
+//! bounded by that timeout, and leaves the partition for a later prune when
+//! the lock is not granted in time.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -117,6 +129,9 @@ pub struct PruneReport {
     pub witness: Option<String>,
     /// Parked aggregates whose rows were kept.
     pub parked_aggregates: usize,
+    /// Partitions that qualify for dropping but were left for a later
+    /// prune, and why (a lock not granted in time, a detach pending).
+    pub deferred_partitions: Vec<(String, String)>,
 }
 
 impl PruneReport {
@@ -144,6 +159,14 @@ impl std::fmt::Display for PruneReport {
         }
         if let Some(w) = &self.witness {
             write!(f, "; rows proven committed by {w}")?;
+        }
+        if !self.deferred_partitions.is_empty() {
+            let names: Vec<String> = self
+                .deferred_partitions
+                .iter()
+                .map(|(p, why)| format!("{p} ({why})"))
+                .collect();
+            write!(f, "; left for a later prune: {}", names.join(", "))?;
         }
         if self.parked_aggregates > 0 {
             write!(
@@ -456,28 +479,6 @@ async fn prune_rows(
         acked_commit_time = %micros_text(acked.commit_time.0), by_commit_time,
         witness = ?report.witness, "pruning the outbox");
 
-    // (leaf, its parent, whether it is the parent's DEFAULT partition)
-    let leaves: Vec<(String, String, bool)> = client
-        .query(
-            "SELECT t.relid::regclass::text, t.parentrelid::regclass::text, p.partdefid = t.relid \
-             FROM pg_partition_tree($1::text::regclass) t \
-             LEFT JOIN pg_partitioned_table p ON p.partrelid = t.parentrelid \
-             WHERE t.isleaf AND t.level > 0",
-            &[&table.to_string()],
-        )
-        .await
-        .map_err(&e)?
-        .iter()
-        .map(|r| {
-            Ok((
-                r.try_get(0).map_err(&e)?,
-                r.try_get(1).map_err(&e)?,
-                r.try_get::<_, Option<bool>>(2)
-                    .map_err(&e)?
-                    .unwrap_or(false),
-            ))
-        })
-        .collect::<Result<_, PipelineError>>()?;
     let params = Params {
         cutoff,
         commit_bound,
@@ -485,26 +486,384 @@ async fn prune_rows(
         parked_types: parked.iter().map(|p| p.aggregate_type.clone()).collect(),
         parked_ids: parked.iter().map(|p| p.aggregate_id.clone()).collect(),
     };
+    // Every lock the pruner waits for, for at most this long.
+    client
+        .batch_execute(&format!(
+            "SET lock_timeout = '{}ms'",
+            config.prune.lock_timeout_ms
+        ))
+        .await
+        .map_err(&e)?;
+    let outcome = prune_leaves(client, config, table, version, &pred, &params, report, stop).await;
+    let _ = client.batch_execute("RESET lock_timeout").await;
+    outcome
+}
+
+/// Deletes the qualifying rows of `table`, or of each of its leaf
+/// partitions, dropping the leaves that may go whole.
+#[allow(clippy::too_many_arguments)]
+async fn prune_leaves(
+    client: &Client,
+    config: &Config,
+    table: &QualifiedTable,
+    version: i32,
+    pred: &str,
+    params: &Params,
+    report: &mut PruneReport,
+    stop: Option<&watch::Receiver<bool>>,
+) -> Result<(), PruneError> {
+    let leaves = Leaf::list(client, table, version).await?;
     if leaves.is_empty() {
         report.deleted_rows +=
-            delete_batches(client, &table.to_string(), &pred, &params, config, stop).await?;
+            delete_batches(client, &table.to_string(), pred, params, config, stop).await?;
         return Ok(());
     }
-    for (leaf, parent, is_default) in leaves {
+    let detach = Detach {
+        client,
+        pred,
+        params,
+        concurrently: version >= 140000,
+        timeout_ms: config.prune.lock_timeout_ms,
+    };
+    for leaf in leaves {
         if stop.is_some_and(|s| *s.borrow()) {
             break;
         }
-        // A DEFAULT partition takes any row at any time: never dropped.
-        if !is_default
-            && let Some(rows) = drop_if_all_qualify(client, &parent, &leaf, &pred, &params).await?
-        {
-            info!(partition = %leaf, rows, "pruned: detached and dropped a partition whose every row is published and past retention");
-            report.dropped_partitions.push((leaf, rows));
+        let droppable = leaf.upper_bound_before(client, params.cutoff).await?;
+        if leaf.detach_pending {
+            // Not part of the outbox any more for new queries; ours (a range
+            // past the cutoff) is finished, anyone else's left alone.
+            if droppable {
+                match detach.finalize(&leaf).await? {
+                    Dropped(rows) => report.dropped_partitions.push((leaf.name, rows)),
+                    Kept(why) => report.deferred_partitions.push((leaf.name, why)),
+                }
+            }
             continue;
         }
-        report.deleted_rows += delete_batches(client, &leaf, &pred, &params, config, stop).await?;
+        if droppable {
+            match detach.drop_whole(&leaf).await? {
+                Dropped(rows) => {
+                    info!(partition = %leaf.name, rows, "pruned: detached and dropped a partition past the retention whose every row is published");
+                    report.dropped_partitions.push((leaf.name, rows));
+                    continue;
+                }
+                Kept(why) if why.is_empty() => {}
+                Kept(why) => {
+                    info!(partition = %leaf.name, reason = %why, "partition left for a later prune; deleting its rows in batches");
+                    report.deferred_partitions.push((leaf.name.clone(), why));
+                }
+            }
+        }
+        report.deleted_rows +=
+            delete_batches(client, &leaf.name, pred, params, config, stop).await?;
     }
     Ok(())
+}
+
+/// A leaf partition of the outbox, as the catalog describes it.
+#[derive(Debug)]
+struct Leaf {
+    name: String,
+    parent: String,
+    /// `FOR VALUES ...` or `DEFAULT`, as `pg_get_expr(relpartbound)` prints it.
+    bound: String,
+    /// The parent is partitioned BY RANGE on `occurred_at` alone, and this
+    /// is not its DEFAULT partition.
+    range_on_occurred_at: bool,
+    /// The parent has a DEFAULT partition (`DETACH CONCURRENTLY` is refused).
+    parent_has_default: bool,
+    /// The type of the parent's `occurred_at`.
+    key_type: Option<String>,
+    /// An interrupted `DETACH ... CONCURRENTLY` (PostgreSQL 14+).
+    detach_pending: bool,
+}
+
+impl Leaf {
+    /// Every leaf partition under `table` (none for a plain table), those
+    /// pending detach included (read from `pg_inherits`, which still holds
+    /// them).
+    async fn list(
+        client: &Client,
+        table: &QualifiedTable,
+        version: i32,
+    ) -> Result<Vec<Leaf>, PipelineError> {
+        let e = sql("listing the outbox partitions");
+        let pending = if version >= 140000 {
+            "i.inhdetachpending"
+        } else {
+            "false"
+        };
+        let rows = client
+            .query(
+                &format!(
+                    "WITH RECURSIVE tree(relid) AS ( \
+                       SELECT $1::text::regclass::oid \
+                       UNION ALL SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid \
+                       JOIN pg_class pc ON pc.oid = i.inhparent WHERE pc.relkind = 'p') \
+                     SELECT c.oid::regclass::text, i.inhparent::regclass::text, \
+                            coalesce(pg_get_expr(c.relpartbound, c.oid), ''), \
+                            coalesce(p.partstrat = 'r' AND p.partnatts = 1 AND p.partattrs[0] = a.attnum \
+                                     AND p.partdefid <> c.oid, false), \
+                            coalesce(p.partdefid <> 0, false), \
+                            format_type(a.atttypid, a.atttypmod), {pending} \
+                     FROM tree JOIN pg_class c ON c.oid = tree.relid \
+                     JOIN pg_inherits i ON i.inhrelid = c.oid \
+                     LEFT JOIN pg_partitioned_table p ON p.partrelid = i.inhparent \
+                     LEFT JOIN pg_attribute a ON a.attrelid = i.inhparent AND a.attname = 'occurred_at' \
+                          AND NOT a.attisdropped \
+                     WHERE c.relkind <> 'p' ORDER BY 1"
+                ),
+                &[&table.to_string()],
+            )
+            .await
+            .map_err(&e)?;
+        rows.iter()
+            .map(|r| {
+                Ok(Leaf {
+                    name: r.try_get(0).map_err(&e)?,
+                    parent: r.try_get(1).map_err(&e)?,
+                    bound: r.try_get(2).map_err(&e)?,
+                    range_on_occurred_at: r.try_get(3).map_err(&e)?,
+                    parent_has_default: r.try_get(4).map_err(&e)?,
+                    key_type: r.try_get(5).map_err(&e)?,
+                    detach_pending: r.try_get(6).map_err(&e)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Whether every value this leaf can ever hold is before `cutoff`
+    /// (microseconds since 2000-01-01): a RANGE leaf on `occurred_at` whose
+    /// upper bound, cast by PostgreSQL to the key's type, is at or before it.
+    async fn upper_bound_before(&self, client: &Client, cutoff: f64) -> Result<bool, PruneError> {
+        let (true, Some(key_type), Some(UpperBound::Value(upper))) = (
+            self.range_on_occurred_at,
+            &self.key_type,
+            upper_bound(&self.bound),
+        ) else {
+            return Ok(false);
+        };
+        let compared = client
+            .query_one(
+                &format!("SELECT $1::text::{key_type} <= {}", ts("$2")),
+                &[&upper, &cutoff],
+            )
+            .await
+            .and_then(|r| r.try_get::<_, bool>(0));
+        match compared {
+            Ok(before) => Ok(before),
+            Err(err) => {
+                warn!(partition = %self.name, bound = %self.bound, error = %err,
+                    "cannot compare the partition's upper bound with the retention; deleting its rows in batches");
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// The upper bound of a single-column RANGE partition, from its
+/// `FOR VALUES FROM (...) TO (...)`: a literal's text, or MAXVALUE/MINVALUE.
+#[derive(Debug, PartialEq, Eq)]
+enum UpperBound {
+    Value(String),
+    Unbounded,
+}
+
+fn upper_bound(bound: &str) -> Option<UpperBound> {
+    let to = &bound[bound.find(") TO (")? + ") TO (".len()..];
+    let inner = to.strip_suffix(')')?.trim();
+    if inner == "MAXVALUE" || inner == "MINVALUE" {
+        return Some(UpperBound::Unbounded);
+    }
+    // One quoted literal, '' for a quote inside; anything else (several
+    // columns, an expression) is not judged.
+    let body = inner.strip_prefix('\'')?.strip_suffix('\'')?;
+    if body.replace("''", "").contains('\'') {
+        return None;
+    }
+    Some(UpperBound::Value(body.replace("''", "'")))
+}
+
+/// What became of a leaf that may be dropped whole.
+enum DropOutcome {
+    Dropped(u64),
+    /// Rows deleted in batches instead; why it was not dropped when it
+    /// should have been (empty: it still holds rows that do not qualify).
+    Kept(String),
+}
+use DropOutcome::{Dropped, Kept};
+
+/// Detaching and dropping leaves without stalling the application.
+struct Detach<'a> {
+    client: &'a Client,
+    pred: &'a str,
+    params: &'a Params,
+    concurrently: bool,
+    timeout_ms: u64,
+}
+
+impl Detach<'_> {
+    /// `(rows that do not qualify, rows)` of `relation`.
+    async fn count(&self, relation: &str) -> Result<(i64, i64), tokio_postgres::Error> {
+        let statement = self
+            .client
+            .prepare_typed(
+                &format!(
+                    "SELECT count(*) FILTER (WHERE NOT coalesce({}, false)), count(*) FROM {relation} AS o",
+                    self.pred
+                ),
+                &Params::types(&[]),
+            )
+            .await?;
+        let row = self
+            .client
+            .query_one(&statement, &self.params.values(&[]))
+            .await?;
+        Ok((row.try_get(0)?, row.try_get(1)?))
+    }
+
+    /// Drops `leaf` (a range past the cutoff) when every row in it
+    /// qualifies: detached first, then checked again and dropped.
+    async fn drop_whole(&self, leaf: &Leaf) -> Result<DropOutcome, PruneError> {
+        let e = sql("checking a partition before dropping it");
+        let (not_yet, _) = self.count(&leaf.name).await.map_err(&e)?;
+        if not_yet > 0 {
+            return Ok(Kept(String::new()));
+        }
+        let (parent, name) = (&leaf.parent, &leaf.name);
+        let detached = if self.concurrently && !leaf.parent_has_default {
+            // Takes no lock that conflicts with inserts; waits (bounded by
+            // lock_timeout) for the transactions that use the table.
+            self.client
+                .batch_execute(&format!(
+                    "ALTER TABLE {parent} DETACH PARTITION {name} CONCURRENTLY"
+                ))
+                .await
+        } else {
+            self.in_bounded_transaction(&format!("ALTER TABLE {parent} DETACH PARTITION {name}"))
+                .await
+        };
+        if let Err(err) = detached {
+            let pending = self.concurrently && self.pending(name).await.map_err(&e)?;
+            return Ok(Kept(if pending {
+                format!(
+                    "detach pending, finished by a later prune: {}",
+                    error_text(&err)
+                )
+            } else {
+                format!("not detached: {}", error_text(&err))
+            }));
+        }
+        self.drop_detached(leaf).await
+    }
+
+    /// Finishes an interrupted `DETACH ... CONCURRENTLY` of `leaf`, then
+    /// drops it as [`Self::drop_whole`] does.
+    async fn finalize(&self, leaf: &Leaf) -> Result<DropOutcome, PruneError> {
+        let finalized = self
+            .client
+            .batch_execute(&format!(
+                "ALTER TABLE {} DETACH PARTITION {} FINALIZE",
+                leaf.parent, leaf.name
+            ))
+            .await;
+        match finalized {
+            Ok(()) => {
+                info!(partition = %leaf.name, "finished the pending detach of a partition");
+                self.drop_detached(leaf).await
+            }
+            Err(err) => Ok(Kept(format!(
+                "detach pending, not finished yet: {}",
+                error_text(&err)
+            ))),
+        }
+    }
+
+    /// `leaf` is detached: drop it if every row still qualifies, else attach
+    /// it again (rows that do not qualify arrived meanwhile).
+    async fn drop_detached(&self, leaf: &Leaf) -> Result<DropOutcome, PruneError> {
+        let dropped = async {
+            self.client
+                .batch_execute(&format!(
+                    "BEGIN; LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+                    leaf.name
+                ))
+                .await?;
+            let (not_yet, rows) = self.count(&leaf.name).await?;
+            if not_yet > 0 {
+                return Ok(None);
+            }
+            self.client
+                .batch_execute(&format!("DROP TABLE {}; COMMIT", leaf.name))
+                .await?;
+            Ok::<_, tokio_postgres::Error>(Some(rows as u64))
+        }
+        .await;
+        let why = match dropped {
+            Ok(Some(rows)) => return Ok(Dropped(rows)),
+            Ok(None) => "rows not yet prunable arrived while it was detached".to_owned(),
+            Err(err) => format!("not dropped: {}", error_text(&err)),
+        };
+        let _ = self.client.batch_execute("ROLLBACK").await;
+        let attach = format!(
+            "ALTER TABLE {} ATTACH PARTITION {} {}",
+            leaf.parent, leaf.name, leaf.bound
+        );
+        match self.client.batch_execute(&attach).await {
+            Ok(()) => Ok(Kept(format!("{why}; attached again"))),
+            Err(err) => Err(PruneError::Refused {
+                table: leaf.name.clone(),
+                reason: format!(
+                    "the partition was detached from {} to be dropped, but {why}, and attaching it \
+                     again failed: {}. Its rows are outside the outbox until it is attached",
+                    leaf.parent,
+                    error_text(&err)
+                ),
+                fix: format!("{attach};"),
+            }),
+        }
+    }
+
+    /// Runs `statement` in its own transaction, its lock waits and itself
+    /// bounded by the lock timeout (what writers queued behind it wait).
+    async fn in_bounded_transaction(&self, statement: &str) -> Result<(), tokio_postgres::Error> {
+        let run = async {
+            self.client
+                .batch_execute(&format!(
+                    "BEGIN; SET LOCAL statement_timeout = '{}ms'",
+                    self.timeout_ms
+                ))
+                .await?;
+            self.client.batch_execute(statement).await?;
+            self.client.batch_execute("COMMIT").await
+        }
+        .await;
+        if run.is_err() {
+            let _ = self.client.batch_execute("ROLLBACK").await;
+        }
+        run
+    }
+
+    async fn pending(&self, leaf: &str) -> Result<bool, tokio_postgres::Error> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT coalesce(bool_or(inhdetachpending), false) FROM pg_inherits \
+                 WHERE inhrelid = $1::text::regclass",
+                &[&leaf],
+            )
+            .await?;
+        row.try_get(0)
+    }
+}
+
+/// A PostgreSQL error's own message (tokio-postgres' Display says only "db error").
+fn error_text(err: &tokio_postgres::Error) -> String {
+    match err.as_db_error() {
+        Some(db) => db.message().to_owned(),
+        None => err.to_string(),
+    }
 }
 
 /// Deletes qualifying rows of one table (a plain table or a leaf), a batch
@@ -542,80 +901,6 @@ async fn delete_batches(
         }
         if (n as i64) < limit || stop.is_some_and(|s| *s.borrow()) {
             return Ok(total);
-        }
-    }
-}
-
-/// Detaches and drops `leaf` when it holds rows and every one qualifies;
-/// returns its row count, or `None` when it must be batch-deleted instead.
-async fn drop_if_all_qualify(
-    client: &Client,
-    parent: &str,
-    leaf: &str,
-    pred: &str,
-    params: &Params,
-) -> Result<Option<u64>, PruneError> {
-    let e = sql("dropping a pruned outbox partition");
-    // Cheap first (the occurred_at index): is the newest row past the cutoff?
-    let newest_ok: Option<bool> = client
-        .query_one(
-            &format!(
-                "SELECT max(occurred_at) < to_timestamp($1::float8 / 1e6 + 946684800) FROM {leaf}"
-            ),
-            &[&params.cutoff],
-        )
-        .await
-        .map_err(&e)?
-        .try_get(0)
-        .map_err(&e)?;
-    if newest_ok != Some(true) {
-        return Ok(None);
-    }
-    client
-        .batch_execute("BEGIN; SET LOCAL lock_timeout = '5s'")
-        .await
-        .map_err(&e)?;
-    let outcome = async {
-        // SHARE: waits for inserts in flight into this leaf, holds off new
-        // ones; readers (a gap repair, a replay) go on.
-        client
-            .batch_execute(&format!("LOCK TABLE {leaf} IN SHARE MODE"))
-            .await?;
-        let count = client
-            .prepare_typed(
-                &format!(
-                    "SELECT count(*) FILTER (WHERE NOT coalesce({pred}, false)), count(*) FROM {leaf} AS o"
-                ),
-                &Params::types(&[]),
-            )
-            .await?;
-        let row = client.query_one(&count, &params.values(&[])).await?;
-        let (not_yet, rows): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
-        if not_yet > 0 || rows == 0 {
-            return Ok(None);
-        }
-        client
-            .batch_execute(&format!(
-                "ALTER TABLE {parent} DETACH PARTITION {leaf}; DROP TABLE {leaf}"
-            ))
-            .await?;
-        Ok::<_, tokio_postgres::Error>(Some(rows as u64))
-    }
-    .await;
-    match outcome {
-        Ok(Some(rows)) => {
-            client.batch_execute("COMMIT").await.map_err(&e)?;
-            Ok(Some(rows))
-        }
-        Ok(None) => {
-            client.batch_execute("ROLLBACK").await.map_err(&e)?;
-            Ok(None)
-        }
-        Err(err) => {
-            let _ = client.batch_execute("ROLLBACK").await;
-            // Lock timeout, or not the owner: batch deletes reach the same rows.
-            warn!(partition = leaf, error = %err, "could not drop the partition; deleting its rows in batches instead");
-            Ok(None)
         }
     }
 }
@@ -793,6 +1078,32 @@ mod tests {
             ),
             "{both}"
         );
+    }
+
+    #[test]
+    fn only_a_single_literal_upper_bound_is_judged() {
+        assert_eq!(
+            upper_bound("FOR VALUES FROM ('2020-01-01 00:00:00+00') TO ('2021-01-01 00:00:00+00')"),
+            Some(UpperBound::Value("2021-01-01 00:00:00+00".into()))
+        );
+        assert_eq!(
+            upper_bound("FOR VALUES FROM ('2021-01-01 00:00:00+00') TO (MAXVALUE)"),
+            Some(UpperBound::Unbounded)
+        );
+        assert_eq!(
+            upper_bound("FOR VALUES FROM ('a') TO ('it''s')"),
+            Some(UpperBound::Value("it's".into()))
+        );
+        for other in [
+            "FOR VALUES WITH (modulus 2, remainder 0)",
+            "FOR VALUES IN ('order')",
+            "DEFAULT",
+            "",
+            "FOR VALUES FROM ('a', 1) TO ('b', 2)",
+            "FOR VALUES FROM ('a', 'b') TO ('c', 'd')",
+        ] {
+            assert_eq!(upper_bound(other), None, "{other}");
+        }
     }
 
     fn config(extra: &str) -> Config {

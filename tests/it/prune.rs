@@ -648,3 +648,288 @@ async fn a_parked_aggregate_keeps_its_rows_until_released() {
     );
     fx.cleanup().await;
 }
+
+/// Recreates the fixture's table as a partitioned outbox owned by the
+/// connector's role (dropping a partition needs ownership): `by` is the
+/// `PARTITION BY` clause, `key` the primary key's columns (they must include
+/// the partition key), `leaves` each leaf's suffix and bound clause.
+async fn partitioned(fx: &Fixture, by: &str, key: &str, leaves: &[(&str, String)]) {
+    let t = &fx.table;
+    let mut ddl = format!(
+        "DROP PUBLICATION {p}; DROP TABLE public.{t};
+         CREATE TABLE public.{t} (
+             event_id uuid NOT NULL, aggregate_type text NOT NULL, aggregate_id text NOT NULL,
+             aggregate_sequence bigint NOT NULL, event_type text NOT NULL,
+             schema_version integer NOT NULL DEFAULT 1, payload jsonb NOT NULL,
+             occurred_at timestamptz NOT NULL DEFAULT now(),
+             PRIMARY KEY ({key})) PARTITION BY {by};
+         CREATE INDEX ON public.{t} (occurred_at);
+         ALTER TABLE public.{t} OWNER TO outbox;",
+        p = fx.publication
+    );
+    for (suffix, bound) in leaves {
+        ddl.push_str(&format!(
+            "CREATE TABLE public.{t}_{suffix} PARTITION OF public.{t} {bound};
+             ALTER TABLE public.{t}_{suffix} OWNER TO outbox;"
+        ));
+    }
+    fx.admin
+        .batch_execute(&ddl)
+        .await
+        .expect("partitioned outbox");
+}
+
+/// Inserts `n` rows of aggregate `agg` with `occurred_at` = `at` (SQL).
+async fn insert_rows(fx: &Fixture, agg: &str, n: i32, at: &str) {
+    fx.admin
+        .batch_execute(&format!(
+            "INSERT INTO public.{t} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at)
+             SELECT gen_random_uuid(), 'order', '{agg}', n, 'E', '{{}}', {at} FROM generate_series(1, {n}) AS n;",
+            t = fx.table
+        ))
+        .await
+        .expect("insert rows");
+}
+
+/// The fixture's configuration with `env`, and a connection as the
+/// connector's role.
+async fn outbox_client(
+    fx: &Fixture,
+    env: &str,
+) -> (outbox_cdc::config::Config, tokio_postgres::Client) {
+    let config = fx.config_with(env);
+    let client = outbox_cdc::pg::PgConnectConfig::parse(&config.postgres.url)
+        .expect("url")
+        .connect_sql()
+        .await
+        .expect("connect as outbox");
+    (config, client)
+}
+
+/// Audit F3: a partition is dropped for its bounds, not for its rows. A
+/// quiet outbox whose current RANGE partition (FROM now-30d TO now+30d)
+/// holds only acknowledged rows past the retention keeps that partition (its
+/// rows are deleted): the application's next insert still finds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_current_range_partition_is_not_dropped() {
+    init_tracing();
+    let fx = Fixture::new("prunecurrent").await;
+    let row = fx
+        .admin
+        .query_one(
+            "SELECT (now() - interval '30 days')::text, (now() + interval '30 days')::text",
+            &[],
+        )
+        .await
+        .expect("clock");
+    let (from, to): (String, String) = (row.get(0), row.get(1));
+    partitioned(
+        &fx,
+        "RANGE (occurred_at)",
+        "event_id, occurred_at",
+        &[("cur", format!("FOR VALUES FROM ('{from}') TO ('{to}')"))],
+    )
+    .await;
+    insert_rows(&fx, "quiet", 10, "now() - interval '8 days'").await;
+    let acked = acknowledge_rows(&fx).await;
+    let (config, client) = outbox_client(&fx, "OUTBOX_CDC__PRUNE__RETENTION=7d").await;
+    let report = pipeline::prune_once(
+        &client,
+        &config,
+        Some(acked),
+        &[],
+        &Metrics::default(),
+        None,
+    )
+    .await
+    .expect("prune");
+    assert!(report.dropped_partitions.is_empty(), "{report}");
+    assert_eq!(report.deleted_rows, 10, "{report}");
+    fx.admin
+        .batch_execute(&format!(
+            "INSERT INTO public.{} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload)
+             VALUES (gen_random_uuid(), 'order', 'next', 1, 'E', '{{}}')",
+            fx.table
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("the application's insert after the prune failed: {e}; {report}"));
+    fx.cleanup().await;
+}
+
+/// Audit F3: HASH (and LIST) partitions take rows of any time: a bucket whose
+/// rows are all acknowledged and past the retention is emptied by batch
+/// deletes, never dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_hash_partition_is_not_dropped() {
+    init_tracing();
+    let fx = Fixture::new("prunehash").await;
+    partitioned(
+        &fx,
+        "HASH (aggregate_id)",
+        "event_id, aggregate_id",
+        &[
+            ("h0", "FOR VALUES WITH (MODULUS 2, REMAINDER 0)".into()),
+            ("h1", "FOR VALUES WITH (MODULUS 2, REMAINDER 1)".into()),
+        ],
+    )
+    .await;
+    for i in 0..10 {
+        insert_rows(&fx, &format!("q{i}"), 2, "now() - interval '8 days'").await;
+    }
+    // Which bucket each aggregate went to: "q0"'s bucket stays quiet, the
+    // other one also gets young rows.
+    let buckets: Vec<(String, String)> = fx
+        .admin
+        .query(
+            &format!(
+                "SELECT DISTINCT aggregate_id, tableoid::regclass::text FROM public.{}",
+                fx.table
+            ),
+            &[],
+        )
+        .await
+        .expect("buckets")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let quiet = &buckets.iter().find(|(a, _)| a == "q0").expect("q0").1;
+    let busy = buckets
+        .iter()
+        .find(|(_, b)| b != quiet)
+        .expect("both buckets used");
+    insert_rows(&fx, &busy.0, 3, "now()").await;
+    let acked = acknowledge_rows(&fx).await;
+    let (config, client) = outbox_client(&fx, "OUTBOX_CDC__PRUNE__RETENTION=7d").await;
+    let report = pipeline::prune_once(
+        &client,
+        &config,
+        Some(acked),
+        &[],
+        &Metrics::default(),
+        None,
+    )
+    .await
+    .expect("prune");
+    assert!(report.dropped_partitions.is_empty(), "{report}");
+    assert_eq!(report.deleted_rows, 20, "{report}");
+    assert_eq!(leaves(&fx).await.len(), 2, "{report}");
+    insert_rows(&fx, "q0", 1, "now()").await;
+    fx.cleanup().await;
+}
+
+/// Audit F3: pruning never makes the application's inserts wait longer than
+/// `prune.lock_timeout_ms`, even while another application transaction
+/// stays open on the outbox: detaching an old partition must not queue an
+/// ACCESS EXCLUSIVE lock on the partitioned table in front of the writers
+/// (PostgreSQL 14+ detaches CONCURRENTLY; an interrupted concurrent detach
+/// is finalized by a later prune).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_never_wait_longer_than_the_lock_timeout() {
+    init_tracing();
+    let fx = Fixture::new("prunelock").await;
+    let t = fx.table.clone();
+    partitioned(
+        &fx,
+        "RANGE (occurred_at)",
+        "event_id, occurred_at",
+        &[
+            (
+                "old",
+                "FOR VALUES FROM ('2020-01-01') TO ('2021-01-01')".into(),
+            ),
+            ("now", "FOR VALUES FROM ('2021-01-01') TO (MAXVALUE)".into()),
+        ],
+    )
+    .await;
+    insert_rows(&fx, "old", 10, "'2020-06-01'").await;
+    let acked = acknowledge_rows(&fx).await;
+    let lock_timeout = Duration::from_millis(1000);
+    let (config, client) = outbox_client(
+        &fx,
+        "OUTBOX_CDC__PRUNE__RETENTION=7d OUTBOX_CDC__PRUNE__LOCK_TIMEOUT_MS=1000",
+    )
+    .await;
+
+    // An application transaction that stays open on the outbox for 3 s.
+    let open = admin_client().await;
+    open.batch_execute(&format!(
+        "BEGIN; INSERT INTO public.{t} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload)
+         VALUES (gen_random_uuid(), 'order', 'open', 1, 'E', '{{}}')"
+    ))
+    .await
+    .expect("open transaction");
+    // Another application session inserting meanwhile, timing each insert.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let writer = tokio::spawn({
+        let t = t.clone();
+        async move {
+            let client = admin_client().await;
+            let mut slowest = Duration::ZERO;
+            let mut n = 0;
+            while !*stopped.borrow() {
+                let started = std::time::Instant::now();
+                client
+                    .batch_execute(&format!(
+                        "INSERT INTO public.{t} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload)
+                         VALUES (gen_random_uuid(), 'order', 'w', 1, 'E', '{{}}')"
+                    ))
+                    .await
+                    .expect("application insert");
+                slowest = slowest.max(started.elapsed());
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (slowest, n)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let prune = tokio::spawn({
+        let config = fx
+            .config_with("OUTBOX_CDC__PRUNE__RETENTION=7d OUTBOX_CDC__PRUNE__LOCK_TIMEOUT_MS=1000");
+        async move {
+            let report = pipeline::prune_once(
+                &client,
+                &config,
+                Some(acked),
+                &[],
+                &Metrics::default(),
+                None,
+            )
+            .await;
+            (client, report)
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    open.batch_execute("COMMIT").await.expect("commit");
+    let (client, first) = prune.await.expect("prune task");
+    let first = first.expect("prune while the transaction was open");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.send(true).expect("stop the writer");
+    let (slowest, inserts) = writer.await.expect("writer");
+    println!("{inserts} inserts, slowest {slowest:?}; first prune: {first}");
+    assert!(
+        slowest < lock_timeout + Duration::from_millis(500),
+        "an application insert waited {slowest:?} (lock timeout {lock_timeout:?}); {first}"
+    );
+    assert!(inserts > 20, "the writer hardly wrote: {inserts}");
+    // Once the transaction ended, a later prune finishes the job.
+    let second = pipeline::prune_once(
+        &client,
+        &config,
+        Some(acked),
+        &[],
+        &Metrics::default(),
+        None,
+    )
+    .await
+    .expect("prune after the transaction ended");
+    let dropped: Vec<&str> = first
+        .dropped_partitions
+        .iter()
+        .chain(&second.dropped_partitions)
+        .map(|(p, _)| p.as_str())
+        .collect();
+    assert_eq!(dropped, vec![format!("{t}_old")], "{first} / {second}");
+    assert_eq!(leaves(&fx).await.len(), 1);
+    fx.cleanup().await;
+}
