@@ -933,3 +933,44 @@ async fn writers_never_wait_longer_than_the_lock_timeout() {
     assert_eq!(leaves(&fx).await.len(), 1);
     fx.cleanup().await;
 }
+
+/// Audit F5 for `run`'s pruner, which cannot open the offset store (the
+/// pipeline holds it): it reads the parked aggregates from the store the
+/// pipeline opened, and keeps their rows while it deletes the others'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_running_pruner_keeps_the_rows_of_parked_aggregates() {
+    init_tracing();
+    let fx = Fixture::new("prunerunparked").await;
+    fx.admin
+        .batch_execute(&format!("GRANT DELETE ON public.{} TO outbox", fx.table))
+        .await
+        .expect("grant delete");
+    let env = format!(
+        "{PRUNE_ENV} OUTBOX_CDC__PRUNE__INTERVAL=1s OUTBOX_CDC__OUTBOX__ON_POISON=dead-letter \
+         OUTBOX_CDC__OUTBOX__DEAD_LETTER_TOPIC={p}.dlq OUTBOX_CDC__OUTBOX__MAX_RECORD_BYTES=2000",
+        p = fx.topic_prefix
+    );
+    let running = Running::start(fx.config_with(&env)).await;
+    let huge = format!(r#"{{"blob": "{}"}}"#, "x".repeat(5000));
+    fx.write_tx(&[("order", "a1", huge)], true).await;
+    fx.write_tx(&[("order", "a1", r#"{"n": 1}"#.to_owned())], true)
+        .await;
+    let (stop, writer) = spawn_writer(fx.table.clone(), "w");
+    let checkpoints = spawn_checkpoints();
+    let metrics = running.metrics.clone();
+    eventually("the pruner deleted rows", TIMEOUT, || {
+        let metrics = metrics.clone();
+        async move { metrics.pruned_rows() > 20 }
+    })
+    .await;
+    stop.send(true).expect("stop the writer");
+    checkpoints.abort();
+    writer.await.expect("writer");
+    running.stop().await.expect("graceful stop");
+    let left = rows_by_aggregate(&fx).await;
+    assert!(
+        left.contains(&("a1".to_owned(), 2)),
+        "the parked aggregate's rows stay: {left:?}"
+    );
+    fx.cleanup().await;
+}
