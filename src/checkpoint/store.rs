@@ -19,7 +19,7 @@ use std::sync::{PoisonError, RwLock};
 use serde::{Deserialize, Serialize};
 
 use crate::Disposition;
-use crate::pg::{DurableLsn, Lsn, PgTimestamp};
+use crate::pg::{DurableLsn, EventPosition, Lsn, PgTimestamp};
 
 const OFFSETS_TREE: &str = "offsets";
 const PARKED_TREE: &str = "parked";
@@ -79,9 +79,47 @@ pub struct ParkedAggregate {
     pub aggregate_type: String,
     pub aggregate_id: String,
     pub reason: String,
-    /// Commit LSN of the transaction holding the first poison event.
+    /// LSN of the first poison event (its change, not its commit).
     pub lsn: Lsn,
+    /// Commit LSN of that event's transaction; `None` in records written
+    /// before it was stored (they hold the change LSN only).
+    pub commit_lsn: Option<Lsn>,
     pub parked_at_unix_ms: i64,
+}
+
+impl ParkedAggregate {
+    pub fn parked_at(&self) -> ParkedAt {
+        ParkedAt {
+            commit: self.commit_lsn,
+            change: self.lsn,
+        }
+    }
+}
+
+/// Where an aggregate was parked: its events from there on, in commit order,
+/// go to the dead-letter topic; its earlier ones (met again on a replay) do not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParkedAt {
+    commit: Option<Lsn>,
+    change: Lsn,
+}
+
+impl ParkedAt {
+    /// Whether an event at `at` is the one that parked the aggregate or
+    /// follows it in commit order (audit F12: a later commit whose change has
+    /// a lower LSN follows it too).
+    pub fn covers(self, at: EventPosition) -> bool {
+        match self.commit {
+            Some(commit) => at >= EventPosition::new(commit, self.change),
+            // Parked by a version that kept only the change LSN: its rule.
+            None => at.change() >= self.change,
+        }
+    }
+
+    /// Whether `at` is the very event that parked the aggregate.
+    pub fn is(self, at: EventPosition) -> bool {
+        at.change() == self.change && self.commit.is_none_or(|c| c == at.commit())
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -180,6 +218,8 @@ struct ParkedRecordV1 {
     aggregate_id: String,
     reason: String,
     lsn: Lsn,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    commit_lsn: Option<Lsn>,
     parked_at_unix_ms: i64,
 }
 
@@ -209,8 +249,8 @@ pub struct OffsetStore {
     sequences: sled::Tree,
     /// aggregate_type → aggregate ids; mirrors the `parked` tree. Writers
     /// hold the write lock across the sled write and flush.
-    /// type -> id -> the LSN of the event that parked it.
-    parked_cache: RwLock<HashMap<String, HashMap<String, Lsn>>>,
+    /// type -> id -> the position of the event that parked it.
+    parked_cache: RwLock<HashMap<String, HashMap<String, ParkedAt>>>,
     /// Number of parked aggregates; lets `is_parked` skip the lock when zero.
     parked_count: AtomicUsize,
 }
@@ -285,13 +325,14 @@ impl OffsetStore {
             parked_cache: RwLock::new(HashMap::new()),
             parked_count: AtomicUsize::new(0),
         };
-        let mut cache = HashMap::<String, HashMap<String, Lsn>>::new();
+        let mut cache = HashMap::<String, HashMap<String, ParkedAt>>::new();
         let mut count = 0;
         for p in store.parked()? {
+            let at = p.parked_at();
             if cache
                 .entry(p.aggregate_type)
                 .or_default()
-                .insert(p.aggregate_id, p.lsn)
+                .insert(p.aggregate_id, at)
                 .is_none()
             {
                 count += 1;
@@ -546,7 +587,7 @@ impl OffsetStore {
         aggregate_type: &str,
         aggregate_id: &str,
         reason: &str,
-        lsn: Lsn,
+        at: EventPosition,
     ) -> Result<bool, StoreError> {
         let mut cache = self
             .parked_cache
@@ -563,7 +604,8 @@ impl OffsetStore {
             aggregate_type: aggregate_type.to_owned(),
             aggregate_id: aggregate_id.to_owned(),
             reason: reason.to_owned(),
-            lsn,
+            lsn: at.change(),
+            commit_lsn: Some(at.commit()),
             parked_at_unix_ms: PgTimestamp::now().unix_millis(),
         };
         let key = parked_key(aggregate_type, aggregate_id);
@@ -581,10 +623,13 @@ impl OffsetStore {
                 source,
             })?;
         self.flush("park", aggregate_key(aggregate_type, aggregate_id))?;
-        cache
-            .entry(aggregate_type.to_owned())
-            .or_default()
-            .insert(aggregate_id.to_owned(), lsn);
+        cache.entry(aggregate_type.to_owned()).or_default().insert(
+            aggregate_id.to_owned(),
+            ParkedAt {
+                commit: Some(at.commit()),
+                change: at.change(),
+            },
+        );
         self.parked_count.fetch_add(1, Ordering::Release);
         Ok(true)
     }
@@ -595,14 +640,14 @@ impl OffsetStore {
         Ok(self.parked_since(aggregate_type, aggregate_id)?.is_some())
     }
 
-    /// The LSN of the event that parked the aggregate, if it is parked: events
-    /// at or after it are dead-lettered, events before it (met again on a
+    /// Where the aggregate was parked, if it is: events at or after it in
+    /// commit order are dead-lettered, events before it (met again on a
     /// replay) are not.
     pub fn parked_since(
         &self,
         aggregate_type: &str,
         aggregate_id: &str,
-    ) -> Result<Option<Lsn>, StoreError> {
+    ) -> Result<Option<ParkedAt>, StoreError> {
         if self.parked_count.load(Ordering::Acquire) == 0 {
             return Ok(None);
         }
@@ -726,6 +771,7 @@ impl OffsetStore {
             aggregate_id: record.aggregate_id,
             reason: record.reason,
             lsn: record.lsn,
+            commit_lsn: record.commit_lsn,
             parked_at_unix_ms: record.parked_at_unix_ms,
         })
     }
@@ -1009,17 +1055,22 @@ mod tests {
         assert!(!store.is_parked("order", "42").unwrap());
         assert!(
             store
-                .park("order", "42", "null event_id", lsn(100))
+                .park("order", "42", "null event_id", EventPosition::at(lsn(100)))
                 .unwrap()
         );
         assert!(
             !store
-                .park("order", "42", "second reason", lsn(200))
+                .park("order", "42", "second reason", EventPosition::at(lsn(200)))
                 .unwrap()
         );
         assert!(
             store
-                .park("customer", "7", "topic not authorized", lsn(150))
+                .park(
+                    "customer",
+                    "7",
+                    "topic not authorized",
+                    EventPosition::at(lsn(150))
+                )
                 .unwrap()
         );
         assert!(store.is_parked("order", "42").unwrap());
@@ -1056,13 +1107,79 @@ mod tests {
         assert_eq!(store.parked_count.load(Ordering::Relaxed), 0);
     }
 
+    /// Audit F12: T1 inserts X's event at 0/100 and commits at 0/500; T2
+    /// inserts X's event at 0/300 and commits first, at 0/400, and parks X. T1's
+    /// event follows T2's in commit order, so it is dead-lettered too, though
+    /// its change LSN is lower; an event of a transaction committed before the
+    /// parking one is not.
+    #[test]
+    fn parking_follows_commit_order_not_change_lsns() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        let t2 = EventPosition::new(lsn(0x400), lsn(0x300));
+        assert!(store.park("order", "x", "refused", t2).unwrap());
+        drop(store);
+        let store = OffsetStore::open(dir.path()).unwrap();
+        let parked = store.parked_since("order", "x").unwrap().unwrap();
+        assert!(parked.is(t2));
+        assert!(parked.covers(t2), "the parking event itself");
+        let t1 = EventPosition::new(lsn(0x500), lsn(0x100));
+        assert!(parked.covers(t1), "a later commit with a lower change LSN");
+        assert!(!parked.is(t1));
+        let later_in_t2 = EventPosition::new(lsn(0x400), lsn(0x380));
+        assert!(parked.covers(later_in_t2));
+        let earlier_in_t2 = EventPosition::new(lsn(0x400), lsn(0x200));
+        assert!(!parked.covers(earlier_in_t2));
+        let committed_before = EventPosition::new(lsn(0x350), lsn(0x340));
+        assert!(
+            !parked.covers(committed_before),
+            "committed before the parking transaction, though inserted after it"
+        );
+        let record = store.parked_aggregate("order", "x").unwrap().unwrap();
+        assert_eq!(
+            (record.lsn, record.commit_lsn),
+            (lsn(0x300), Some(lsn(0x400)))
+        );
+    }
+
+    /// A record written before the commit LSN was stored keeps its old rule:
+    /// change LSNs compared.
+    #[test]
+    fn a_parked_record_without_a_commit_lsn_compares_change_lsns() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        let old = serde_json::json!({
+            "v": ENCODING_VERSION, "aggregate_type": "order", "aggregate_id": "x",
+            "reason": "refused", "lsn": "0/300", "parked_at_unix_ms": 1
+        });
+        store
+            .parked
+            .insert(parked_key("order", "x"), old.to_string().as_bytes())
+            .unwrap();
+        store.db.flush().unwrap();
+        drop(store);
+        let store = OffsetStore::open(dir.path()).unwrap();
+        let parked = store.parked_since("order", "x").unwrap().unwrap();
+        assert!(parked.covers(EventPosition::new(lsn(0x200), lsn(0x300))));
+        assert!(parked.is(EventPosition::new(lsn(0x900), lsn(0x300))));
+        assert!(!parked.covers(EventPosition::new(lsn(0x500), lsn(0x100))));
+        let record = store.parked_aggregate("order", "x").unwrap().unwrap();
+        assert_eq!(record.commit_lsn, None);
+    }
+
     #[test]
     fn parked_keys_are_unambiguous() {
         let dir = tempfile::tempdir().unwrap();
         let store = OffsetStore::open(dir.path()).unwrap();
-        store.park("ab", "c", "r", lsn(1)).unwrap();
+        store
+            .park("ab", "c", "r", EventPosition::at(lsn(1)))
+            .unwrap();
         assert!(!store.is_parked("a", "bc").unwrap());
-        assert!(store.park("a", "bc", "r", lsn(1)).unwrap());
+        assert!(
+            store
+                .park("a", "bc", "r", EventPosition::at(lsn(1)))
+                .unwrap()
+        );
         assert_eq!(store.parked().unwrap().len(), 2);
         assert_ne!(parked_key("ab", "c"), parked_key("a", "bc"));
     }
@@ -1091,7 +1208,9 @@ mod tests {
     fn parked_value_for_another_key_is_corrupt() {
         let dir = tempfile::tempdir().unwrap();
         let store = OffsetStore::open(dir.path()).unwrap();
-        store.park("order", "1", "r", lsn(1)).unwrap();
+        store
+            .park("order", "1", "r", EventPosition::at(lsn(1)))
+            .unwrap();
         let raw = store.parked.get(parked_key("order", "1")).unwrap().unwrap();
         store.parked.insert(parked_key("order", "2"), raw).unwrap();
         assert!(matches!(

@@ -33,6 +33,50 @@ impl Lsn {
     }
 }
 
+/// Where one change sits in the order consumers see events: its transaction's
+/// commit LSN first, then the change's own LSN inside that transaction.
+///
+/// Change LSNs alone are not commit order: two transactions interleave their
+/// changes in the WAL, and the one that commits first is sent (and published)
+/// first whatever its changes' LSNs.
+///
+/// ```
+/// use outbox_cdc::pg::{EventPosition, Lsn};
+///
+/// // T1 inserted at 0/100 and commits at 0/500; T2 inserted at 0/300 and committed at 0/400.
+/// let t1 = EventPosition::new(Lsn::new(0x500), Lsn::new(0x100));
+/// let t2 = EventPosition::new(Lsn::new(0x400), Lsn::new(0x300));
+/// assert!(t1 > t2);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EventPosition {
+    // Field order is the comparison order (derived `Ord`).
+    commit: Lsn,
+    change: Lsn,
+}
+
+impl EventPosition {
+    pub const fn new(commit: Lsn, change: Lsn) -> EventPosition {
+        EventPosition { commit, change }
+    }
+
+    /// Rows read back from the table (replay, gap repair) have no WAL
+    /// position of their own: they all sit at the position they were read at.
+    pub const fn at(lsn: Lsn) -> EventPosition {
+        EventPosition::new(lsn, lsn)
+    }
+
+    /// The commit LSN of the change's transaction.
+    pub const fn commit(self) -> Lsn {
+        self.commit
+    }
+
+    /// The change's own LSN.
+    pub const fn change(self) -> Lsn {
+        self.change
+    }
+}
+
 /// An LSN that is durable in the offset store: flushed to disk by a
 /// successful [`OffsetStore::persist`](crate::checkpoint::OffsetStore::persist),
 /// or read back by

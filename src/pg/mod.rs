@@ -36,7 +36,7 @@ pub use control::SlotInfo;
 pub use error::{PgError, ServerError};
 pub use feedback::FeedbackHandle;
 pub use ident::{QualifiedTable, quote_ident};
-pub use lsn::{DurableLsn, Lsn};
+pub use lsn::{DurableLsn, EventPosition, Lsn};
 pub use replication::{ReplicationConnection, ReplicationStream, StreamOptions, SystemIdentity};
 pub use time::PgTimestamp;
 pub use wire::{Tag, WireError};

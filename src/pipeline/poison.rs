@@ -16,9 +16,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use bytes::Bytes;
 
 use crate::Disposition;
-use crate::checkpoint::{OffsetStore, ParkedAggregate, StoreError};
+use crate::checkpoint::{OffsetStore, ParkedAggregate, ParkedAt, StoreError};
 use crate::outbox::{MapError, OutboxEvent, OutboxSettings, PoisonPolicy};
-use crate::pg::{Lsn, PgTimestamp};
+use crate::pg::{EventPosition, Lsn, PgTimestamp};
 use crate::pgoutput::{ColumnValue, Relation, TupleData};
 
 use super::PipelineError;
@@ -34,7 +34,7 @@ pub(crate) trait Parking {
         &self,
         aggregate_type: &str,
         aggregate_id: &str,
-    ) -> Result<Option<Lsn>, StoreError>;
+    ) -> Result<Option<ParkedAt>, StoreError>;
     fn parked_aggregate(
         &self,
         aggregate_type: &str,
@@ -45,31 +45,31 @@ pub(crate) trait Parking {
         aggregate_type: &str,
         aggregate_id: &str,
         reason: &str,
-        lsn: Lsn,
+        at: EventPosition,
     ) -> Result<bool, StoreError>;
 }
 
 impl Parking for OffsetStore {
-    fn parked_since(&self, t: &str, id: &str) -> Result<Option<Lsn>, StoreError> {
+    fn parked_since(&self, t: &str, id: &str) -> Result<Option<ParkedAt>, StoreError> {
         OffsetStore::parked_since(self, t, id)
     }
     fn parked_aggregate(&self, t: &str, id: &str) -> Result<Option<ParkedAggregate>, StoreError> {
         OffsetStore::parked_aggregate(self, t, id)
     }
-    fn park(&self, t: &str, id: &str, reason: &str, lsn: Lsn) -> Result<bool, StoreError> {
-        tokio::task::block_in_place(|| OffsetStore::park(self, t, id, reason, lsn))
+    fn park(&self, t: &str, id: &str, reason: &str, at: EventPosition) -> Result<bool, StoreError> {
+        tokio::task::block_in_place(|| OffsetStore::park(self, t, id, reason, at))
     }
 }
 
 impl<P: Parking + ?Sized> Parking for Arc<P> {
-    fn parked_since(&self, t: &str, id: &str) -> Result<Option<Lsn>, StoreError> {
+    fn parked_since(&self, t: &str, id: &str) -> Result<Option<ParkedAt>, StoreError> {
         (**self).parked_since(t, id)
     }
     fn parked_aggregate(&self, t: &str, id: &str) -> Result<Option<ParkedAggregate>, StoreError> {
         (**self).parked_aggregate(t, id)
     }
-    fn park(&self, t: &str, id: &str, reason: &str, lsn: Lsn) -> Result<bool, StoreError> {
-        (**self).park(t, id, reason, lsn)
+    fn park(&self, t: &str, id: &str, reason: &str, at: EventPosition) -> Result<bool, StoreError> {
+        (**self).park(t, id, reason, at)
     }
 }
 
@@ -81,14 +81,14 @@ pub(crate) struct MemoryParking {
 }
 
 impl Parking for MemoryParking {
-    fn parked_since(&self, t: &str, id: &str) -> Result<Option<Lsn>, StoreError> {
-        Ok(self.parked_aggregate(t, id)?.map(|p| p.lsn))
+    fn parked_since(&self, t: &str, id: &str) -> Result<Option<ParkedAt>, StoreError> {
+        Ok(self.parked_aggregate(t, id)?.map(|p| p.parked_at()))
     }
     fn parked_aggregate(&self, t: &str, id: &str) -> Result<Option<ParkedAggregate>, StoreError> {
         let parked = self.parked.lock().unwrap_or_else(PoisonError::into_inner);
         Ok(parked.get(&(t.to_owned(), id.to_owned())).cloned())
     }
-    fn park(&self, t: &str, id: &str, reason: &str, lsn: Lsn) -> Result<bool, StoreError> {
+    fn park(&self, t: &str, id: &str, reason: &str, at: EventPosition) -> Result<bool, StoreError> {
         let mut parked = self.parked.lock().unwrap_or_else(PoisonError::into_inner);
         let key = (t.to_owned(), id.to_owned());
         if parked.contains_key(&key) {
@@ -100,7 +100,8 @@ impl Parking for MemoryParking {
                 aggregate_type: t.to_owned(),
                 aggregate_id: id.to_owned(),
                 reason: reason.to_owned(),
-                lsn,
+                lsn: at.change(),
+                commit_lsn: Some(at.commit()),
                 parked_at_unix_ms: PgTimestamp::now().unix_millis(),
             },
         );
@@ -143,24 +144,26 @@ impl PoisonPolicyRouter {
         mapped: Result<OutboxEvent, MapError>,
         raw: impl FnOnce() -> Bytes,
         store: &(impl Parking + ?Sized),
-        lsn: Lsn,
+        at: EventPosition,
         commit_time: PgTimestamp,
     ) -> Result<Route, PipelineError> {
+        let lsn = at.change();
         match mapped {
             Ok(event) => {
-                // Only events at or after the one that parked the aggregate:
-                // a replay meets its earlier events again, and they are fine.
+                // Only events at or after the one that parked the aggregate,
+                // in commit order: a replay meets its earlier events again,
+                // and they are fine.
                 let parked = match self.dead_letters() {
                     true => store.parked_since(&event.aggregate_type, &event.aggregate_id)?,
                     false => None,
                 };
-                if parked.is_some_and(|since| lsn >= since) {
+                if parked.is_some_and(|since| since.covers(at)) {
                     let parked =
                         store.parked_aggregate(&event.aggregate_type, &event.aggregate_id)?;
                     let reason = match parked {
                         // The event Kafka refused (e.g. its topic is missing):
                         // its own reason, as recorded when it parked the aggregate.
-                        Some(p) if p.lsn == lsn => p.reason,
+                        Some(p) if p.parked_at().is(at) => p.reason,
                         Some(p) => format!(
                             "aggregate {}/{} is parked after an earlier poison event at LSN {} ({}); \
                              release it with `outbox-cdc release`",
@@ -187,7 +190,7 @@ impl PoisonPolicyRouter {
             Err(source) => {
                 let reason = source.to_string();
                 if let Some((agg_type, agg_id)) = source.aggregate() {
-                    store.park(agg_type, agg_id, &reason, lsn)?;
+                    store.park(agg_type, agg_id, &reason, at)?;
                 }
                 let mut raw = raw();
                 if raw.len() > self.max_raw_bytes {
@@ -367,7 +370,7 @@ mod tests {
                 Err(poison()),
                 Bytes::new,
                 &store,
-                Lsn::new(42),
+                EventPosition::at(Lsn::new(42)),
                 PgTimestamp(0),
             )
             .err()
@@ -389,13 +392,19 @@ mod tests {
                 "order",
                 "o1",
                 "Broker: Message size too large",
-                Lsn::new(50),
+                EventPosition::at(Lsn::new(50)),
             )
             .unwrap();
         let mut big = event("o1");
         big.payload = Bytes::from(vec![b'x'; router.max_raw_bytes + 1]);
         let Route::DeadLetter(dlq) = router
-            .route(Ok(big), Bytes::new, &store, Lsn::new(50), PgTimestamp(0))
+            .route(
+                Ok(big),
+                Bytes::new,
+                &store,
+                EventPosition::at(Lsn::new(50)),
+                PgTimestamp(0),
+            )
             .unwrap()
         else {
             panic!("the parked event must be dead-lettered");
@@ -411,14 +420,16 @@ mod tests {
         let store = OffsetStore::open(dir.path()).unwrap();
         let router = PoisonPolicyRouter::new(&settings("dead-letter"));
         // Parked by a broker refusal of its event at LSN 50 (session::refused).
-        store.park("order", "o1", "refused", Lsn::new(50)).unwrap();
+        store
+            .park("order", "o1", "refused", EventPosition::at(Lsn::new(50)))
+            .unwrap();
         let at = |lsn: u64| {
             router
                 .route(
                     Ok(event("o1")),
                     Bytes::new,
                     &store,
-                    Lsn::new(lsn),
+                    EventPosition::at(Lsn::new(lsn)),
                     PgTimestamp(0),
                 )
                 .unwrap()
@@ -431,10 +442,8 @@ mod tests {
         // Survives a reopen (the LSN comes from disk).
         drop(store);
         let store = OffsetStore::open(dir.path()).unwrap();
-        assert_eq!(
-            store.parked_since("order", "o1").unwrap(),
-            Some(Lsn::new(50))
-        );
+        let since = store.parked_since("order", "o1").unwrap().unwrap();
+        assert!(since.is(EventPosition::at(Lsn::new(50))));
     }
 
     #[test]
@@ -444,7 +453,13 @@ mod tests {
         let router = PoisonPolicyRouter::new(&settings("dead-letter"));
         let raw = || Bytes::from_static(b"{\"payload\":null}");
         let Route::DeadLetter(dlq) = router
-            .route(Err(poison()), raw, &store, Lsn::new(42), PgTimestamp(0))
+            .route(
+                Err(poison()),
+                raw,
+                &store,
+                EventPosition::at(Lsn::new(42)),
+                PgTimestamp(0),
+            )
             .unwrap()
         else {
             panic!("poison row must be dead-lettered");
@@ -465,7 +480,7 @@ mod tests {
                 Ok(event("o1")),
                 Bytes::new,
                 &store,
-                Lsn::new(50),
+                EventPosition::at(Lsn::new(50)),
                 PgTimestamp(0),
             )
             .unwrap()
@@ -487,7 +502,7 @@ mod tests {
                     Ok(event("o2")),
                     Bytes::new,
                     &store,
-                    Lsn::new(51),
+                    EventPosition::at(Lsn::new(51)),
                     PgTimestamp(0)
                 )
                 .unwrap(),
@@ -500,7 +515,7 @@ mod tests {
                     Ok(event("o1")),
                     Bytes::new,
                     &store,
-                    Lsn::new(52),
+                    EventPosition::at(Lsn::new(52)),
                     PgTimestamp(0)
                 )
                 .unwrap(),
@@ -517,7 +532,13 @@ mod tests {
         let router = PoisonPolicyRouter::new(&s);
         let big = || Bytes::from(vec![b'x'; 500]);
         let Route::DeadLetter(dlq) = router
-            .route(Err(poison()), big, &store, Lsn::new(42), PgTimestamp(0))
+            .route(
+                Err(poison()),
+                big,
+                &store,
+                EventPosition::at(Lsn::new(42)),
+                PgTimestamp(0),
+            )
             .unwrap()
         else {
             panic!("poison row must be dead-lettered");

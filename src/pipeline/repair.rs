@@ -36,7 +36,7 @@ use crate::config::Config;
 use crate::coverage;
 use crate::metrics::Metrics;
 use crate::outbox::ChangeContext;
-use crate::pg::{Lsn, PgTimestamp};
+use crate::pg::{EventPosition, Lsn, PgTimestamp};
 
 use super::PipelineError;
 use super::poison::{PoisonPolicyRouter, Route};
@@ -257,7 +257,7 @@ pub(crate) async fn publish(
         };
         let mapped = retained.map(&row, &ctx)?;
         let raw = || Bytes::from_static(b"{}");
-        let event = match router.route(mapped, raw, store, at, commit_time)? {
+        let event = match router.route(mapped, raw, store, EventPosition::at(at), commit_time)? {
             Route::Publish(event) | Route::DeadLetter(event) => event,
         };
         if let Some(seq) = event.aggregate_sequence {

@@ -34,7 +34,7 @@ use tracing::info;
 use crate::config::Config;
 use crate::outbox::ChangeContext;
 use crate::outbox::topic::validate_topic_name;
-use crate::pg::{Lsn, PgConnectConfig, PgTimestamp, quote_ident};
+use crate::pg::{EventPosition, Lsn, PgConnectConfig, PgTimestamp, quote_ident};
 
 use super::PipelineError;
 use super::poison::{MemoryParking, PoisonPolicyRouter, Route};
@@ -336,9 +336,10 @@ pub async fn replay_with(
             }
         }
         let raw = || Bytes::from_static(b"{}");
-        let mut event = match router.route(mapped, raw, &parking, at, commit_time)? {
-            Route::Publish(event) | Route::DeadLetter(event) => event,
-        };
+        let mut event =
+            match router.route(mapped, raw, &parking, EventPosition::at(at), commit_time)? {
+                Route::Publish(event) | Route::DeadLetter(event) => event,
+            };
         if !options.topic_suffix.is_empty() {
             event.topic.push_str(&options.topic_suffix);
             if let Err(reason) = validate_topic_name(&event.topic) {

@@ -17,8 +17,8 @@ use crate::metrics::{Metrics, Stage};
 use crate::outbox::{BoundRelation, ChangeContext, OutboxEvent, OutboxMapper};
 use crate::pg::control::{self, SlotLock};
 use crate::pg::{
-    FeedbackHandle, Lsn, PgConnectConfig, PgError, PgTimestamp, ReplicationConnection,
-    ReplicationEvent, StreamOptions,
+    EventPosition, FeedbackHandle, Lsn, PgConnectConfig, PgError, PgTimestamp,
+    ReplicationConnection, ReplicationEvent, StreamOptions,
 };
 use crate::pgoutput::{self, Message, RelationCache};
 use crate::sink::{DeliveryReport, KafkaSink, Marker};
@@ -35,7 +35,7 @@ use super::{PipelineError, RunOptions};
 pub(crate) struct InFlight {
     token: EventToken,
     commit_time: PgTimestamp,
-    lsn: Lsn,
+    at: EventPosition,
     /// Moved out of the event (the sink does not read them): what a broker-side
     /// poison failure parks under the dead-letter policy.
     aggregate_type: String,
@@ -49,6 +49,9 @@ pub(crate) struct InFlight {
 /// The transaction being received.
 struct OpenTx {
     commit_time: PgTimestamp,
+    /// Where its commit record starts (Begin's final_lsn): its events' place
+    /// in commit order.
+    commit_lsn: Lsn,
     /// Already acknowledged before a restart: its events are dropped, not re-sent.
     replayed: bool,
 }
@@ -697,6 +700,7 @@ impl<'a> Session<'a> {
                 }
                 self.open = Some(OpenTx {
                     commit_time: begin.commit_time,
+                    commit_lsn: begin.final_lsn,
                     replayed,
                 });
             }
@@ -795,15 +799,15 @@ impl<'a> Session<'a> {
                     }
                     return Ok(());
                 }
-                let commit_time = tx.commit_time;
+                let (commit_time, at) = (tx.commit_time, EventPosition::new(tx.commit_lsn, lsn));
                 let mapped = self.mapper.map_insert(bound, &insert.new, &ctx);
                 let relation = self.relations.get(insert.relation_oid);
                 let max_raw = self.config.outbox.max_record_bytes / 2;
                 let raw = || row_as_json(relation, &insert.new, max_raw);
                 let route = self
                     .poison
-                    .route(mapped, raw, self.store, lsn, commit_time)?;
-                self.publish(route, lsn, commit_time).await?;
+                    .route(mapped, raw, self.store, at, commit_time)?;
+                self.publish(route, at, commit_time).await?;
             }
             Message::Message(msg) => {
                 if self.mapper.is_stray_event_message(&msg) {
@@ -826,6 +830,7 @@ impl<'a> Session<'a> {
                     commit_time: tx.commit_time,
                 };
                 let (replayed, commit_time) = (tx.replayed, tx.commit_time);
+                let at = EventPosition::new(tx.commit_lsn, lsn);
                 match self.mapper.map_message(&msg, &ctx).transpose() {
                     None => {}
                     Some(mapped) if replayed => {
@@ -838,8 +843,8 @@ impl<'a> Session<'a> {
                         let raw = || msg.content.clone();
                         let route = self
                             .poison
-                            .route(mapped, raw, self.store, lsn, commit_time)?;
-                        self.publish(route, lsn, commit_time).await?;
+                            .route(mapped, raw, self.store, at, commit_time)?;
+                        self.publish(route, at, commit_time).await?;
                     }
                 }
             }
@@ -858,9 +863,10 @@ impl<'a> Session<'a> {
     async fn publish(
         &mut self,
         route: Route,
-        lsn: Lsn,
+        at: EventPosition,
         commit_time: PgTimestamp,
     ) -> Result<(), PipelineError> {
+        let lsn = at.change();
         let (mut event, dead_lettered) = match route {
             Route::Publish(event) => {
                 self.check_sequence(&event, lsn)?;
@@ -885,7 +891,7 @@ impl<'a> Session<'a> {
         let in_flight = InFlight {
             token,
             commit_time,
-            lsn,
+            at,
             aggregate_type: std::mem::take(&mut event.aggregate_type),
             aggregate_id: std::mem::take(&mut event.aggregate_id),
             dead_lettered,
@@ -899,7 +905,7 @@ impl<'a> Session<'a> {
                 .unwrap_or_default();
             return Err(self.refused(
                 source,
-                lsn,
+                at,
                 event.event_id.clone(),
                 aggregate_type,
                 aggregate_id,
@@ -983,12 +989,13 @@ impl<'a> Session<'a> {
     fn refused(
         &mut self,
         source: crate::sink::SinkError,
-        lsn: Lsn,
+        at: EventPosition,
         event_id: String,
         aggregate_type: String,
         aggregate_id: String,
         dead_lettered: bool,
     ) -> PipelineError {
+        let lsn = at.change();
         self.metrics.failed();
         match source.disposition() {
             Disposition::RecordRefused
@@ -996,8 +1003,7 @@ impl<'a> Session<'a> {
             {
                 let reason = source.to_string();
                 let parked = tokio::task::block_in_place(|| {
-                    self.store
-                        .park(&aggregate_type, &aggregate_id, &reason, lsn)
+                    self.store.park(&aggregate_type, &aggregate_id, &reason, at)
                 });
                 if let Err(e) = parked {
                     return e.into();
@@ -1033,7 +1039,7 @@ impl<'a> Session<'a> {
         let InFlight {
             token,
             commit_time,
-            lsn,
+            at: position,
             aggregate_type,
             aggregate_id,
             dead_lettered,
@@ -1065,7 +1071,7 @@ impl<'a> Session<'a> {
                 let event_id = source.event_id().unwrap_or("unknown").to_owned();
                 Err(self.refused(
                     source,
-                    lsn,
+                    position,
                     event_id,
                     aggregate_type,
                     aggregate_id,

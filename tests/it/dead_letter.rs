@@ -126,3 +126,71 @@ async fn poison_rows_are_dead_lettered_and_park_their_aggregate_until_released()
     running.stop().await.expect("graceful stop");
     fx.cleanup().await;
 }
+
+/// Audit F12: parking follows commit order, not the changes' own LSNs. T1
+/// inserts a1's first event and stays open; T2 inserts a poison event of a1
+/// (later in the WAL) and commits first, parking a1. T1 then commits: its event
+/// comes after the poison one in commit order, so it must follow it to the
+/// dead-letter topic, though its change LSN is lower. (Before, it went to the
+/// main topic: a1's events there continued past a poison event.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_committed_after_the_poison_one_follows_it_though_inserted_before() {
+    common::init_tracing();
+    let fx = Fixture::new("dlqorder").await;
+    let dlq_topic = format!("{}.dlq", fx.topic_prefix);
+    let env = format!(
+        "OUTBOX_CDC__OUTBOX__ON_POISON=dead-letter OUTBOX_CDC__OUTBOX__DEAD_LETTER_TOPIC={dlq_topic} \
+         OUTBOX_CDC__OUTBOX__MAX_RECORD_BYTES=2000"
+    );
+    let running = Running::start(fx.config_with(&env)).await;
+
+    let insert = format!(
+        "INSERT INTO public.{} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload)
+         VALUES (gen_random_uuid(), 'order', 'a1', $2, 'TestEvent', $1::text::jsonb)
+         RETURNING event_id::text",
+        fx.table
+    );
+    let t1 = common::admin_client().await;
+    t1.batch_execute("BEGIN").await.expect("T1 BEGIN");
+    let early: String = t1
+        .query_one(&insert, &[&r#"{"n": 1}"#, &1_i64])
+        .await
+        .expect("T1 insert")
+        .get(0);
+    let huge = format!(r#"{{"blob": "{}"}}"#, "x".repeat(5000));
+    let t2 = common::admin_client().await;
+    t2.batch_execute("BEGIN").await.expect("T2 BEGIN");
+    let poison: String = t2
+        .query_one(&insert, &[&huge, &2_i64])
+        .await
+        .expect("T2 insert")
+        .get(0);
+    t2.batch_execute("COMMIT").await.expect("T2 COMMIT");
+    t1.batch_execute("COMMIT").await.expect("T1 COMMIT");
+
+    let records = consume(&fx.topic_prefix, 2, TIMEOUT, Duration::from_secs(2));
+    let topic_of = |id: &str| -> Vec<&str> {
+        records
+            .iter()
+            .filter(|r| r.header("event_id") == id)
+            .map(|r| r.topic.as_str())
+            .collect()
+    };
+    assert_eq!(topic_of(&poison), vec![dlq_topic.as_str()], "{records:#?}");
+    assert_eq!(
+        topic_of(&early),
+        vec![dlq_topic.as_str()],
+        "the event committed after the poison one follows it to the dead-letter topic: {records:#?}"
+    );
+    let mut on_dlq: Vec<&Record> = records.iter().filter(|r| r.topic == dlq_topic).collect();
+    on_dlq.sort_by_key(|r| r.offset);
+    let order: Vec<&str> = on_dlq.iter().map(|r| r.header("event_id")).collect();
+    assert_eq!(order, vec![poison.as_str(), early.as_str()], "commit order");
+    assert!(
+        on_dlq[1].header("dlq_reason").contains("parked"),
+        "{}",
+        on_dlq[1].header("dlq_reason")
+    );
+    running.stop().await.expect("graceful stop");
+    fx.cleanup().await;
+}

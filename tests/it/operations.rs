@@ -754,7 +754,12 @@ async fn parked_and_release_work_on_a_stopped_connectors_store() {
             outbox_cdc::checkpoint::OffsetStore::open(&fx.offsets_path()).expect("open store");
         assert!(
             store
-                .park("order", "o-7", "payload is null", Lsn::new(0x1234))
+                .park(
+                    "order",
+                    "o-7",
+                    "payload is null",
+                    outbox_cdc::pg::EventPosition::at(Lsn::new(0x1234))
+                )
                 .expect("park")
         );
     }
