@@ -96,7 +96,7 @@ pub struct Config {
 /// whole PostgreSQL transactions plus a marker record in `offsets_topic`, and
 /// the acknowledged LSN is stored only after the Kafka transaction committed,
 /// so a `read_committed` consumer sees every event once across any crash.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeliverySettings {
     #[serde(default)]

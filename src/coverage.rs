@@ -599,6 +599,22 @@ pub struct Unaccounted {
 }
 
 impl Coverage {
+    /// The coverage of `table` alone (OID `root_oid`), published by itself:
+    /// for unit tests of what consumes a coverage.
+    #[cfg(test)]
+    pub(crate) fn of_table_alone(table: QualifiedTable, root_oid: u32) -> Coverage {
+        Coverage {
+            outbox: HashMap::from([(root_oid, table.clone())]),
+            table,
+            root_oid,
+            others: HashMap::new(),
+            mapped: Vec::new(),
+            identity: Vec::new(),
+            publication: PublicationIdentity::default(),
+            via_root: false,
+        }
+    }
+
     /// The configured table's OID at start-up.
     pub fn root_oid(&self) -> u32 {
         self.root_oid

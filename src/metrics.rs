@@ -91,6 +91,16 @@ type Label = [(&'static str, String); 1];
 type SecondsGauge = Gauge<f64, AtomicU64>;
 type UnsignedGauge = Gauge<u64, AtomicU64>;
 
+/// `outbox_cdc_kafka_transactions_total{outcome}` (shares the registered family).
+#[derive(Clone)]
+pub(crate) struct KafkaTransactionCounter(Family<Label, Counter>);
+
+impl KafkaTransactionCounter {
+    pub(crate) fn inc(&self, outcome: &'static str) {
+        self.0.get_or_create(&label("outcome", outcome)).inc();
+    }
+}
+
 /// All metrics of one process. The slot gauges read -1 (unknown) until the
 /// first poll, the outbox size gauges until the pruner measured the table.
 pub struct Metrics {
@@ -442,6 +452,12 @@ impl Metrics {
     }
 
     /// Kafka transactions that ended with `outcome`.
+    /// `outbox_cdc_kafka_transactions_total`, for the exactly-once delivery,
+    /// which outlives a borrow of the metrics.
+    pub(crate) fn kafka_transaction_counter(&self) -> KafkaTransactionCounter {
+        KafkaTransactionCounter(self.kafka_transactions.clone())
+    }
+
     pub fn kafka_transactions(&self, outcome: &'static str) -> u64 {
         self.kafka_transactions
             .get(&label("outcome", outcome))

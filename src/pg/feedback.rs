@@ -94,6 +94,13 @@ pub struct FeedbackHandle {
 }
 
 impl FeedbackHandle {
+    /// A handle no writer task serves: for unit tests that read back what
+    /// was reported.
+    #[cfg(test)]
+    pub(crate) fn detached() -> FeedbackHandle {
+        FeedbackHandle::new(Arc::new(FeedbackState::default()))
+    }
+
     pub(crate) fn new(state: Arc<FeedbackState>) -> FeedbackHandle {
         FeedbackHandle { state }
     }

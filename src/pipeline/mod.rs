@@ -10,7 +10,7 @@
 //! - any delivery failure stops the session without advancing; the next
 //!   session starts from the durable acked LSN, after a backoff with jitter.
 
-mod batch;
+mod delivery;
 mod poison;
 mod prune;
 mod repair;
@@ -254,9 +254,7 @@ pub async fn run(
         // Opened inside the loop: a `status` or `release` run may hold the store
         // for a moment (StoreError::Locked is retryable).
         let result = match &store {
-            Some(open) => {
-                session::Session::run(&config, options, open, &metrics, shutdown.clone()).await
-            }
+            Some(open) => session::run(&config, options, open, &metrics, shutdown.clone()).await,
             None => match open_store(&config) {
                 Ok(open) => {
                     let open = Arc::new(open);

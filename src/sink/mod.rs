@@ -42,4 +42,6 @@ pub use partition::{java_partition, murmur2};
 pub use producer::{Delivered, DeliveryReport, KafkaSink};
 pub use settings::{DEFAULT_MESSAGE_TIMEOUT_MS, KafkaSettings};
 pub use topics::{DEFAULT_PARTITIONS, DEFAULT_REPLICATION_FACTOR, TopicSettings};
-pub use transactional::{Marker, read_committed_config, read_marker, transactional_id};
+pub use transactional::{
+    Marker, TransactionalSink, read_committed_config, read_marker, transactional_id,
+};

@@ -236,8 +236,6 @@ pub struct KafkaSink<T: Send + 'static> {
     pub(super) producer: ThreadedProducer<SinkContext<T>>,
     pub(super) topics: Topics,
     queue_full_waits: AtomicU64,
-    /// Set for a transactional producer (`[delivery] mode = "exactly-once"`).
-    pub(super) transactional_id: Option<String>,
 }
 
 /// What [`KafkaSink::new`] and [`KafkaSink::with_topics`] return.
@@ -293,7 +291,6 @@ impl<T: Send + 'static> KafkaSink<T> {
                 producer,
                 topics,
                 queue_full_waits: AtomicU64::new(0),
-                transactional_id: transactional.map(|(id, _)| id.to_owned()),
             },
             rx,
         ))

@@ -35,7 +35,7 @@ use rdkafka::types::RDKafkaErrorCode;
 
 use super::error::{SinkError, retryable_code};
 use super::partition::java_partition;
-use super::producer::{KafkaSink, NewSink};
+use super::producer::KafkaSink;
 use super::settings::KafkaSettings;
 use super::topics::TopicSettings;
 use crate::outbox::OutboxEvent;
@@ -107,34 +107,73 @@ fn transaction_error(op: &'static str, err: KafkaError, transactional_id: &str) 
     }
 }
 
-impl<T: Send + 'static> KafkaSink<T> {
+/// A transactional producer (`[delivery] mode = "exactly-once"`): a
+/// [`KafkaSink`] with a transactional id. Transactions exist only on this
+/// type, so one cannot be begun on the idempotent producer of at-least-once
+/// delivery:
+///
+/// ```compile_fail,E0599
+/// fn begin(sink: &outbox_cdc::sink::KafkaSink<()>) {
+///     let _ = sink.begin_transaction();
+/// }
+/// ```
+///
+/// It sends records like any sink (it dereferences to one).
+pub struct TransactionalSink<T: Send + 'static> {
+    sink: KafkaSink<T>,
+    transactional_id: String,
+}
+
+impl<T: Send + 'static> std::ops::Deref for TransactionalSink<T> {
+    type Target = KafkaSink<T>;
+
+    fn deref(&self) -> &KafkaSink<T> {
+        &self.sink
+    }
+}
+
+impl<T: Send + 'static> TransactionalSink<T> {
     /// A transactional producer with `transactional_id` and `timeout` as its
     /// `transaction.timeout.ms`. Call [`init_transactions`](Self::init_transactions)
     /// before anything else.
-    pub fn transactional(
+    pub fn new(
         settings: &KafkaSettings,
         topics: &TopicSettings,
         transactional_id: &str,
         timeout: Duration,
-    ) -> Result<NewSink<T>, SinkError> {
-        KafkaSink::create(settings, topics, Some((transactional_id, timeout)))
+    ) -> Result<
+        (
+            TransactionalSink<T>,
+            tokio::sync::mpsc::UnboundedReceiver<super::DeliveryReport<T>>,
+        ),
+        SinkError,
+    > {
+        let (sink, reports) =
+            KafkaSink::create(settings, topics, Some((transactional_id, timeout)))?;
+        let sink = TransactionalSink {
+            sink,
+            transactional_id: transactional_id.to_owned(),
+        };
+        Ok((sink, reports))
     }
 
     fn id(&self) -> &str {
-        self.transactional_id.as_deref().unwrap_or("<none>")
+        &self.transactional_id
     }
 
     /// Registers the transactional id with its coordinator: fences older
     /// producers with the same id and completes or aborts their open
     /// transaction. Blocking.
     pub fn init_transactions(&self, timeout: Duration) -> Result<(), SinkError> {
-        self.producer
+        self.sink
+            .producer
             .init_transactions(timeout)
             .map_err(|e| transaction_error("init", e, self.id()))
     }
 
     pub fn begin_transaction(&self) -> Result<(), SinkError> {
-        self.producer
+        self.sink
+            .producer
             .begin_transaction()
             .map_err(|e| transaction_error("begin", e, self.id()))
     }
@@ -152,7 +191,7 @@ impl<T: Send + 'static> KafkaSink<T> {
     /// events/s against 112,461 at least once). librdkafka's commit flushes
     /// by itself while the polling thread serves the reports.
     pub fn commit_transaction(&self, timeout: Duration) -> Result<(), SinkError> {
-        let client = self.producer.client();
+        let client = self.sink.producer.client();
         let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
         // SAFETY: the handle is the live client of this producer (borrowed
         // for the call); librdkafka returns NULL or an error object that we
@@ -182,7 +221,8 @@ impl<T: Send + 'static> KafkaSink<T> {
     /// Aborts the open transaction (its records stay invisible to
     /// `read_committed` consumers). Blocking.
     pub fn abort_transaction(&self, timeout: Duration) -> Result<(), SinkError> {
-        self.producer
+        self.sink
+            .producer
             .abort_transaction(timeout)
             .map_err(|e| transaction_error("abort", e, self.id()))
     }
@@ -190,7 +230,7 @@ impl<T: Send + 'static> KafkaSink<T> {
     /// Makes sure the offsets topic exists (creating it compacted); returns
     /// the partition `marker`s of this stream go to.
     pub async fn offsets_partition(&self, topic: &str, key: &str) -> Result<i32, SinkError> {
-        let partitions = self.topics.ensure_compacted(topic).await?;
+        let partitions = self.sink.topics.ensure_compacted(topic).await?;
         Ok(java_partition(
             key.as_bytes(),
             i32::try_from(partitions).unwrap_or(i32::MAX),
@@ -220,7 +260,10 @@ impl<T: Send + 'static> KafkaSink<T> {
             lsn: marker.lsn,
             partition: Some(partition),
         };
-        self.send_record(&record, None).await.map_err(|(e, _)| e)
+        self.sink
+            .send_record(&record, None)
+            .await
+            .map_err(|(e, _)| e)
     }
 }
 

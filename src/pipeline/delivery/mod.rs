@@ -1,0 +1,142 @@
+//! How records reach Kafka: the one place that knows the delivery mode
+//! (`[delivery] mode`, DESIGN.md §6 and §14).
+//!
+//! The session hands each record to a [`Delivery`] with the token it wants
+//! back in the record's report, and tells it when a PostgreSQL transaction
+//! commits, on every tick and when the session ends. A delivery owns the
+//! producer and its report channel; exactly-once delivery also owns the open
+//! Kafka transaction, its batch policy and the marker. The session owns the
+//! ack tracker and lends it to each call: only a delivery may hold the
+//! acknowledged position back (exactly-once, until its Kafka commit).
+//!
+//! - [`AtLeastOnce`]: the idempotent producer; every hook but `send` does
+//!   nothing, and says so.
+//! - [`ExactlyOnce`]: the transactional producer, fenced at the start, and
+//!   the marker of the last commit adopted into the offset store.
+//! - `MemoryDelivery` (tests): acknowledges, refuses and delays on command.
+
+mod at_least_once;
+mod batch;
+mod exactly_once;
+#[cfg(test)]
+pub(super) mod memory;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+
+use crate::checkpoint::{AckTracker, EventToken, OffsetStore};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::outbox::OutboxEvent;
+use crate::pg::control::SlotInfo;
+use crate::pg::{EventPosition, Lsn, PgTimestamp};
+use crate::sink::{DeliveryReport, SinkError};
+
+use super::PipelineError;
+
+pub(super) use at_least_once::AtLeastOnce;
+pub(super) use exactly_once::ExactlyOnce;
+
+/// What travels with each record through the producer and comes back in its report.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    pub(super) token: EventToken,
+    pub(super) commit_time: PgTimestamp,
+    pub(super) at: EventPosition,
+    /// Moved out of the event (the sink does not read them): what a broker-side
+    /// poison failure parks under the dead-letter policy.
+    pub(super) aggregate_type: String,
+    pub(super) aggregate_id: String,
+    /// Already on its way to the dead-letter topic: a refusal now is final.
+    pub(super) dead_lettered: bool,
+    /// When it was handed to the producer.
+    pub(super) produced_at: Instant,
+}
+
+/// Why a record was not handed to the producer.
+pub(super) enum Unsent {
+    /// The sink refused this record before it left (e.g. over
+    /// `message.max.bytes`, a missing topic): the poison policy decides, as
+    /// for a refusal the broker reports. The token comes back when it can.
+    Refused(SinkError, Option<InFlight>),
+    /// Delivery itself failed (exactly-once: beginning the Kafka transaction).
+    Failed(PipelineError),
+}
+
+/// The tracker's acknowledged position moved: the session persists it.
+#[must_use]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Advanced(pub(super) bool);
+
+/// What a delivery needs from the session's start: the cluster and slot it
+/// streams, what the store holds, and whether the slot is held by another
+/// process (exactly-once must not fence an instance that streams).
+pub(super) struct StartContext<'s> {
+    pub(super) store: &'s Arc<OffsetStore>,
+    pub(super) system_id: &'s str,
+    pub(super) slot_info: Option<&'s SlotInfo>,
+    pub(super) repair_pending: bool,
+}
+
+/// A way of delivering records to Kafka. Every method is called from the
+/// session's one task, in the order of the stream.
+pub(super) trait Delivery: Sized + Send {
+    /// Creates the producer: a property librdkafka refuses fails here,
+    /// before the slot or the publication is touched. Nothing is sent yet.
+    fn create(config: &Config, metrics: &Metrics, system_id: &str) -> Result<Self, PipelineError>;
+
+    /// Once the slot was read, before the resume decision: whatever must
+    /// happen before the stored offset is loaded.
+    fn ready(
+        &mut self,
+        start: StartContext<'_>,
+    ) -> impl Future<Output = Result<(), PipelineError>> + Send;
+
+    /// Hands one record to the producer, in commit order; its report comes
+    /// back with `in_flight` on [`Delivery::reports`].
+    fn send(
+        &mut self,
+        event: &OutboxEvent,
+        in_flight: InFlight,
+        tracker: &mut AckTracker,
+    ) -> impl Future<Output = Result<(), Unsent>> + Send;
+
+    /// Kafka acknowledged one of the records at `now`.
+    fn delivered(&mut self, now: Instant);
+
+    /// A PostgreSQL transaction ending at `end`, committed at `commit_time`,
+    /// was read whole (the tracker has its commit).
+    fn committed(
+        &mut self,
+        end: Lsn,
+        commit_time: PgTimestamp,
+        tracker: &mut AckTracker,
+    ) -> impl Future<Output = Result<Advanced, PipelineError>> + Send;
+
+    /// The session's tick; `inside_transaction`: a PostgreSQL transaction is
+    /// being read (a batch may not end inside it).
+    fn tick(
+        &mut self,
+        inside_transaction: bool,
+        tracker: &mut AckTracker,
+    ) -> impl Future<Output = Result<Advanced, PipelineError>> + Send;
+
+    /// A graceful end: what was sent is finished at a transaction boundary
+    /// (`at_boundary`), or given up when the grace ran out inside one.
+    fn finish(
+        &mut self,
+        at_boundary: bool,
+        tracker: &mut AckTracker,
+    ) -> impl Future<Output = Result<Advanced, PipelineError>> + Send;
+
+    /// The session ends on an error: nothing more is committed.
+    fn abandon(&mut self);
+
+    /// The records' reports, in no particular order.
+    fn reports(&mut self) -> &mut mpsc::UnboundedReceiver<DeliveryReport<InFlight>>;
+
+    /// A fatal producer error, once the producer has one.
+    fn fatal_error(&self) -> Option<SinkError>;
+}

@@ -1,0 +1,250 @@
+//! Persisting the acknowledged position and reporting it to PostgreSQL
+//! (DESIGN.md §5): the tracker says what is acknowledged; this makes it
+//! durable in the offset store on a blocking thread, and only a durable
+//! position (a [`DurableLsn`]) ever reaches the feedback handle.
+//!
+//! With the sequence audit on, what is reported also waits for the
+//! aggregates' numbers: a position is reported only once every number
+//! recorded before it is in the store, because after a crash the server
+//! sends that stretch again and the numbers are read back from it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+
+use crate::checkpoint::{AckTracker, DurableLsn, OffsetStore, StoreError};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::pg::{FeedbackHandle, Lsn};
+
+use crate::pipeline::PipelineError;
+use crate::pipeline::sequences::SequenceWatch;
+
+/// What one persist made durable.
+pub(super) struct Persisted {
+    durable: DurableLsn,
+    /// Every number recorded before the persist was in the store with it:
+    /// the position may be reported to PostgreSQL.
+    reportable: bool,
+}
+
+pub(super) struct Checkpointer<'a> {
+    store: &'a Arc<OffsetStore>,
+    metrics: &'a Metrics,
+    slot: String,
+    system_id: String,
+    feedback: FeedbackHandle,
+    flush_every: Duration,
+    save_every: Duration,
+    durable: DurableLsn,
+    /// The last position given to the feedback handle. It trails `durable`
+    /// while numbers recorded for events before `durable` are not in the
+    /// store.
+    reported: Lsn,
+    /// The server is sending again what came before the stored offset (set at
+    /// the start when `reported` trails it): until the stream passes it, the
+    /// numbers it carries are not all recorded, and nothing newer than
+    /// `reported` may be reported.
+    replaying: bool,
+    /// Set when the tracker advanced past `durable`, or `durable` past `reported`.
+    dirty_since: Option<Instant>,
+    /// A persist running on a blocking thread (one at a time); its result is
+    /// the only way a new flush position reaches the feedback handle.
+    persisting: Option<JoinHandle<Result<Persisted, StoreError>>>,
+    /// When the numbers were last taken for the store (`audit.save_interval_ms`).
+    sequences_taken_at: Instant,
+}
+
+impl<'a> Checkpointer<'a> {
+    pub(super) fn new(
+        config: &Config,
+        store: &'a Arc<OffsetStore>,
+        metrics: &'a Metrics,
+        system_id: String,
+        feedback: FeedbackHandle,
+        durable: DurableLsn,
+        reported: Lsn,
+    ) -> Checkpointer<'a> {
+        let replaying = reported < durable.lsn();
+        Checkpointer {
+            store,
+            metrics,
+            slot: config.postgres.slot.clone(),
+            system_id,
+            feedback,
+            flush_every: Duration::from_millis(config.offsets.flush_interval_ms),
+            save_every: Duration::from_millis(config.audit.save_interval_ms),
+            durable,
+            reported,
+            replaying,
+            dirty_since: replaying.then(Instant::now),
+            persisting: None,
+            sequences_taken_at: Instant::now(),
+        }
+    }
+
+    pub(super) fn durable(&self) -> Lsn {
+        self.durable.lsn()
+    }
+
+    /// The flush position the feedback handle would send the server.
+    #[cfg(test)]
+    pub(super) fn reported_to_server(&self) -> Lsn {
+        self.feedback.flushed()
+    }
+
+    /// The stream passed what the server sends again after a restart.
+    pub(super) fn replay_done(&mut self) {
+        self.replaying = false;
+    }
+
+    /// Between transactions: the server's WAL end, as written (never behind
+    /// the durable position).
+    pub(super) fn written(&self, wal_end: Lsn) {
+        self.feedback.set_written(wal_end.max(self.durable.lsn()));
+    }
+
+    /// Something new may be persisted or reported.
+    pub(super) fn mark_dirty(&mut self) {
+        if self.dirty_since.is_none() {
+            self.dirty_since = Some(Instant::now());
+        }
+    }
+
+    /// On the tick: persists when something has waited `offsets.flush_interval_ms`.
+    pub(super) fn tick(&mut self, tracker: &AckTracker, sequences: &mut SequenceWatch) {
+        if self
+            .dirty_since
+            .is_some_and(|t| t.elapsed() >= self.flush_every)
+        {
+            self.persist(tracker, sequences);
+        }
+    }
+
+    pub(super) fn is_persisting(&self) -> bool {
+        self.persisting.is_some()
+    }
+
+    /// The running persist's result (pending while none runs).
+    pub(super) async fn persisted(&mut self) -> Result<Persisted, PipelineError> {
+        let Some(running) = self.persisting.as_mut() else {
+            return std::future::pending().await;
+        };
+        let done = running.await;
+        self.persisting = None;
+        Ok(done.map_err(|e| self.persist_failed(e))??)
+    }
+
+    /// Starts persisting the acked LSN on a blocking thread (sled flushes to
+    /// disk); the stream keeps moving meanwhile. PostgreSQL hears of it only
+    /// in [`Checkpointer::flushed`], after the flush.
+    fn persist(&mut self, tracker: &AckTracker, sequences: &mut SequenceWatch) {
+        if self.persisting.is_some() {
+            return; // the tick after it finishes picks up what is new
+        }
+        let acked = tracker.acked();
+        let save_due = !self.replaying
+            && (!sequences.has_unsaved() || self.sequences_taken_at.elapsed() >= self.save_every);
+        let report_due = save_due && self.reported < self.durable.lsn();
+        if acked <= self.durable.lsn() && !report_due {
+            if self.reported >= self.durable.lsn() {
+                self.dirty_since = None;
+            }
+            return;
+        }
+        if crate::failpoint::sabotaged("never-persist") {
+            self.dirty_since = None;
+            return;
+        }
+        self.dirty_since = None;
+        let acked = acked.max(self.durable.lsn());
+        let store = Arc::clone(self.store);
+        let slot = self.slot.clone();
+        let system_id = self.system_id.clone();
+        let commit_time = tracker.acked_commit_time();
+        let numbers = if save_due {
+            self.sequences_taken_at = Instant::now();
+            sequences.take_unsaved()
+        } else {
+            Vec::new()
+        };
+        let durable_commit_time = Arc::clone(&self.metrics.durable_commit_time);
+        self.persisting = Some(tokio::task::spawn_blocking(move || {
+            store.save_sequences(&numbers)?;
+            let durable = store.persist_acked(&slot, acked, &system_id, commit_time)?;
+            durable_commit_time.set(commit_time);
+            Ok(Persisted {
+                durable,
+                reportable: save_due,
+            })
+        }));
+    }
+
+    /// The persist task panicked or was cancelled: what was durable before it
+    /// still is, and nothing past it was reported to PostgreSQL.
+    fn persist_failed(&self, e: tokio::task::JoinError) -> PipelineError {
+        PipelineError::Internal {
+            what: format!(
+                "the offset persist task failed with the durable acked LSN at {}: {e}",
+                self.durable.lsn()
+            ),
+        }
+    }
+
+    /// A persist finished: the position is durable, so it may be reported.
+    pub(super) fn flushed(&mut self, persisted: Persisted, tracker: &AckTracker) {
+        let Persisted {
+            durable,
+            reportable,
+        } = persisted;
+        crate::failpoint!("after-persist-before-status-update");
+        if reportable {
+            self.feedback.set_flushed(durable);
+            self.reported = self.reported.max(durable.lsn());
+        }
+        self.metrics.set_acked(durable.lsn());
+        if durable.lsn() > self.durable.lsn() {
+            self.durable = durable;
+        }
+        if tracker.acked() > self.durable.lsn() || self.reported < self.durable.lsn() {
+            self.mark_dirty();
+        }
+    }
+
+    /// Persists synchronously (after any persist still running): for the
+    /// end of a session.
+    pub(super) async fn persist_now(
+        &mut self,
+        tracker: &AckTracker,
+        sequences: &mut SequenceWatch,
+    ) -> Result<(), PipelineError> {
+        if self.persisting.is_some() {
+            let persisted = self.persisted().await?;
+            self.flushed(persisted, tracker);
+        }
+        self.dirty_since = None;
+        let acked = tracker.acked().max(self.durable.lsn());
+        let behind = acked > self.durable.lsn() || self.reported < self.durable.lsn();
+        if behind && !crate::failpoint::sabotaged("never-persist") {
+            let commit_time = tracker.acked_commit_time();
+            let numbers = sequences.take_unsaved();
+            self.sequences_taken_at = Instant::now();
+            let durable = tokio::task::block_in_place(|| {
+                self.store.save_sequences(&numbers)?;
+                self.store
+                    .persist_acked(&self.slot, acked, &self.system_id, commit_time)
+            })?;
+            self.metrics.durable_commit_time.set(commit_time);
+            let reportable = !self.replaying;
+            self.flushed(
+                Persisted {
+                    durable,
+                    reportable,
+                },
+                tracker,
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,432 @@
+//! The session's rules, with the delivery in memory and no servers: what is
+//! persisted, what is reported to PostgreSQL and when, how a session ends.
+//! The same rules are proved end to end against real servers in `tests/`.
+
+use super::*;
+use crate::coverage::Coverage;
+use crate::pg::{FeedbackHandle, QualifiedTable};
+use crate::pgoutput::{Begin, ColumnValue, Commit, Insert, Relation, RelationColumn, TupleData};
+use crate::pipeline::delivery::memory::MemoryDelivery;
+use crate::sink::SinkError;
+use bytes::Bytes;
+use rdkafka::types::RDKafkaErrorCode;
+
+const SLOT: &str = "outbox_slot";
+const SYSTEM_ID: &str = "7301234567890123456";
+const OUTBOX_OID: u32 = 16400;
+const START: Lsn = Lsn::new(0x100);
+
+/// One session over a memory delivery, its store in a temporary directory.
+struct Harness {
+    session: Session<'static, MemoryDelivery>,
+    store: &'static Arc<OffsetStore>,
+    next_lsn: u64,
+    next_xid: u32,
+    next_sequence: u64,
+    _dir: tempfile::TempDir,
+}
+
+fn config(extra_env: &[(&str, &str)]) -> &'static Config {
+    config_with_kafka("", extra_env)
+}
+
+/// `kafka`: more `[kafka]` properties (TOML lines).
+fn config_with_kafka(kafka: &str, extra_env: &[(&str, &str)]) -> &'static Config {
+    let text = format!(
+        r#"
+        [postgres]
+        url = "postgres://outbox:secret@127.0.0.1:54329/app"
+        slot = "outbox_slot"
+        [kafka]
+        "bootstrap.servers" = "127.0.0.1:19092"
+        {kafka}
+        [offsets]
+        flush_interval_ms = 1
+        [audit]
+        save_interval_ms = 1
+    "#
+    );
+    let env = extra_env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+    let config = Config::from_sources("test.toml", &text, env).expect("a valid configuration");
+    Box::leak(Box::new(config))
+}
+
+impl Harness {
+    /// A session that started at [`START`] (stored, reported), with the
+    /// coverage of the default outbox table proved for good.
+    fn new(config: &'static Config, delivery: MemoryDelivery) -> Harness {
+        Harness::starting(config, delivery, START, START)
+    }
+
+    /// A session whose stored offset is `durable`, of which the server heard
+    /// `reported` (behind it while the sequence audit's numbers are replayed).
+    fn starting(
+        config: &'static Config,
+        delivery: MemoryDelivery,
+        durable: Lsn,
+        reported: Lsn,
+    ) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let store: &'static Arc<OffsetStore> =
+            Box::leak(Box::new(Arc::new(OffsetStore::open(dir.path()).unwrap())));
+        let metrics: &'static Metrics = Box::leak(Box::default());
+        let durable = store.persist(SLOT, durable, SYSTEM_ID).unwrap();
+        let feedback = FeedbackHandle::detached();
+        if reported >= durable.lsn() {
+            feedback.set_flushed(durable);
+        }
+        let mut tracker = AckTracker::new(durable.lsn());
+        tracker.lift_ceiling();
+        let table = QualifiedTable::new("public", "outbox_events");
+        let coverage = Coverage::of_table_alone(table, OUTBOX_OID);
+        let session = Session {
+            config,
+            store,
+            metrics,
+            delivery,
+            tracker,
+            checkpoint: Checkpointer::new(
+                config,
+                store,
+                metrics,
+                SYSTEM_ID.to_owned(),
+                feedback,
+                durable,
+                reported,
+            ),
+            coverage: CoverageWatch::without_catalog(config, coverage),
+            mapper: OutboxMapper::new(&config.outbox).unwrap(),
+            poison: PoisonPolicyRouter::new(&config.outbox),
+            sequences: SequenceWatch::new(&config.audit),
+            relations: RelationCache::new(),
+            other_tables: HashSet::new(),
+            bound: HashMap::new(),
+            open: None,
+            skip_through: durable.lsn(),
+            sent_at: PgTimestamp(0),
+            received_at: Instant::now(),
+        };
+        Harness {
+            session,
+            store,
+            next_lsn: durable.lsn().as_u64() + 0x100,
+            next_xid: 700,
+            next_sequence: 0,
+            _dir: dir,
+        }
+    }
+
+    fn lsn(&mut self) -> Lsn {
+        self.next_lsn += 0x10;
+        Lsn::new(self.next_lsn)
+    }
+
+    async fn message(&mut self, message: Message) -> Result<(), PipelineError> {
+        let lsn = self.lsn();
+        self.session.on_message(lsn, message).await
+    }
+
+    /// Describes the outbox table (once per session, as pgoutput does).
+    async fn describe_outbox(&mut self) {
+        let columns = [
+            "event_id",
+            "aggregate_type",
+            "aggregate_id",
+            "aggregate_sequence",
+            "event_type",
+            "schema_version",
+            "payload",
+            "occurred_at",
+        ];
+        let relation = Relation {
+            oid: OUTBOX_OID,
+            namespace: "public".into(),
+            name: "outbox_events".into(),
+            replica_identity: b'd',
+            columns: columns
+                .iter()
+                .map(|c| RelationColumn {
+                    flags: 0,
+                    name: (*c).into(),
+                    type_oid: 25,
+                    type_modifier: -1,
+                })
+                .collect(),
+        };
+        self.message(Message::Relation(relation)).await.unwrap();
+    }
+
+    /// One committed transaction of `events` outbox rows of aggregate `a1`;
+    /// returns its end LSN.
+    async fn transaction(&mut self, events: usize) -> Result<Lsn, PipelineError> {
+        let final_lsn = Lsn::new(self.next_lsn + 0x10 * (events as u64 + 2));
+        let end_lsn = Lsn::new(final_lsn.as_u64() + 0x8);
+        let commit_time = PgTimestamp::now();
+        self.next_xid += 1;
+        let xid = self.next_xid;
+        self.message(Message::Begin(Begin {
+            final_lsn,
+            commit_time,
+            xid,
+        }))
+        .await?;
+        for _ in 0..events {
+            let id = uuid_like(self.next_lsn);
+            self.next_sequence += 1;
+            let sequence = self.next_sequence.to_string();
+            let text = |s: &str| ColumnValue::Text(Bytes::copy_from_slice(s.as_bytes()));
+            let new = TupleData {
+                columns: vec![
+                    text(&id),
+                    text("order"),
+                    text("a1"),
+                    text(&sequence),
+                    text("Created"),
+                    text("1"),
+                    text("{}"),
+                    text("2026-01-01 00:00:00+00"),
+                ],
+            };
+            self.message(Message::Insert(Insert {
+                relation_oid: OUTBOX_OID,
+                new,
+            }))
+            .await?;
+        }
+        self.next_lsn = end_lsn.as_u64();
+        self.session
+            .on_message(
+                final_lsn,
+                Message::Commit(Commit {
+                    flags: 0,
+                    commit_lsn: final_lsn,
+                    end_lsn,
+                    commit_time,
+                }),
+            )
+            .await?;
+        Ok(end_lsn)
+    }
+
+    /// Takes the reports waiting on the delivery's channel, as the loop does.
+    fn take_reports(&mut self) -> Result<(), PipelineError> {
+        while let Ok(report) = self.session.delivery.reports().try_recv() {
+            self.session.on_report(report, Now::read())?;
+        }
+        Ok(())
+    }
+
+    /// A tick, and the persist it started run to its end.
+    async fn tick_and_persist(&mut self) {
+        // Past offsets.flush_interval_ms since anything became persistable.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        self.session.on_tick().await.unwrap();
+        if self.session.checkpoint.is_persisting() {
+            let persisted = self.session.checkpoint.persisted().await.unwrap();
+            self.session
+                .checkpoint
+                .flushed(persisted, &self.session.tracker);
+        }
+    }
+
+    fn stored(&self) -> Lsn {
+        self.store.load(SLOT).unwrap().expect("an offset").lsn
+    }
+
+    fn reported(&self) -> Lsn {
+        self.session.checkpoint.reported_to_server()
+    }
+}
+
+fn uuid_like(n: u64) -> String {
+    format!("00000000-0000-4000-8000-{n:012x}")
+}
+
+fn refused_for_size() -> SinkError {
+    SinkError::Delivery {
+        code: RDKafkaErrorCode::MessageSizeTooLarge,
+        topic: "outbox.event.order".into(),
+        event_id: Some("e".into()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_offset_is_persisted_only_once_kafka_acknowledged() {
+    let mut h = Harness::new(config(&[]), MemoryDelivery::new());
+    h.describe_outbox().await;
+    let end = h.transaction(2).await.unwrap();
+    h.tick_and_persist().await;
+    assert_eq!(h.stored(), START, "nothing acknowledged yet");
+    h.session.delivery.ack(1);
+    h.take_reports().unwrap();
+    h.tick_and_persist().await;
+    assert_eq!(
+        h.stored(),
+        START,
+        "one of the transaction's two records is out"
+    );
+    h.session.delivery.ack(1);
+    h.take_reports().unwrap();
+    h.tick_and_persist().await;
+    assert_eq!(h.stored(), end);
+    assert_eq!(h.session.delivery.sent.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_hears_of_a_position_only_after_it_is_persisted() {
+    let mut h = Harness::new(config(&[]), MemoryDelivery::new());
+    h.describe_outbox().await;
+    let end = h.transaction(1).await.unwrap();
+    h.session.delivery.ack(1);
+    h.take_reports().unwrap();
+    // The persist runs on its own thread; until its result is taken the
+    // server hears nothing new, even if the store already flushed.
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    h.session.on_tick().await.unwrap();
+    assert!(h.session.checkpoint.is_persisting());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(h.reported(), START);
+    let persisted = h.session.checkpoint.persisted().await.unwrap();
+    assert_eq!(h.stored(), end, "durable before it is reported");
+    assert_eq!(h.reported(), START);
+    h.session.checkpoint.flushed(persisted, &h.session.tracker);
+    assert_eq!(h.reported(), end);
+}
+
+/// With the sequence audit on, a session whose store was behind what the
+/// server had confirmed (the numbers of that stretch were lost) reports
+/// nothing newer until the stream passed the stored offset again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_newer_is_reported_while_the_stretch_before_the_offset_is_replayed() {
+    let config = config(&[("OUTBOX_CDC__AUDIT__SEQUENCES", "increasing")]);
+    let behind = Lsn::new(0x80);
+    let mut h = Harness::starting(config, MemoryDelivery::new(), START, behind);
+    h.describe_outbox().await;
+    h.tick_and_persist().await;
+    assert_eq!(
+        h.reported(),
+        Lsn::ZERO,
+        "the stored offset is not reported while replaying"
+    );
+    // The first transaction past the offset ends the replay.
+    let end = h.transaction(1).await.unwrap();
+    h.session.delivery.ack(1);
+    h.take_reports().unwrap();
+    h.tick_and_persist().await;
+    assert_eq!(h.reported(), end);
+}
+
+/// A refused record ends the session by itself, even when the producer's
+/// fatal error (which a refusal raises with the gapless guarantee) ended
+/// the loop first: ending on the fatal error would restart without parking
+/// or stopping, over and over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_decides_over_the_fatal_error_that_ended_the_loop() {
+    let mut h = Harness::new(config(&[]), MemoryDelivery::new());
+    h.describe_outbox().await;
+    h.transaction(1).await.unwrap();
+    h.transaction(1).await.unwrap();
+    h.session.delivery.fatal = Some(SinkError::Fatal {
+        code: RDKafkaErrorCode::MessageSizeTooLarge,
+        reason: "gapless guarantee".into(),
+        topic: None,
+        event_id: None,
+    });
+    let failure = h.session.on_tick().await.unwrap_err();
+    assert!(matches!(failure, PipelineError::Sink(_)), "{failure}");
+    // Reported from the other polling thread, newest first: the purged
+    // record's report arrives ahead of the refused one's.
+    h.session.delivery.refuse_newest(SinkError::Delivery {
+        code: RDKafkaErrorCode::PurgeQueue,
+        topic: "outbox.event.order".into(),
+        event_id: Some("e2".into()),
+    });
+    h.session.delivery.refuse(refused_for_size());
+    let ended = h.session.keep_acknowledged(failure).await;
+    assert!(matches!(ended, PipelineError::Poison { .. }), "{ended}");
+    assert_eq!(ended.disposition(), crate::Disposition::Stop);
+}
+
+/// A graceful stop waits for the reports of what is in flight and persists
+/// what they acknowledged; what stays unacknowledged at the deadline is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_drains_what_is_in_flight_and_persists_only_what_was_acknowledged() {
+    let config = config(&[("OUTBOX_CDC__LIMITS__SHUTDOWN_TIMEOUT_MS", "300")]);
+    let mut h = Harness::new(config, MemoryDelivery::new());
+    h.describe_outbox().await;
+    let first = h.transaction(1).await.unwrap();
+    h.transaction(1).await.unwrap();
+    // Acknowledged, its report not taken by the loop yet.
+    h.session.delivery.ack(1);
+    h.session.drain().await.unwrap();
+    assert_eq!(h.stored(), first);
+    assert_eq!(h.reported(), first);
+    assert_eq!(h.session.delivery.outstanding(), 1, "never acknowledged");
+}
+
+/// The stream is not read while the in-flight limits are reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_waits_while_the_in_flight_limit_is_reached() {
+    let config = config_with_kafka(
+        r#""queue.buffering.max.messages" = 3"#,
+        &[("OUTBOX_CDC__LIMITS__MAX_IN_FLIGHT_EVENTS", "3")],
+    );
+    let mut h = Harness::new(config, MemoryDelivery::new());
+    h.describe_outbox().await;
+    h.transaction(2).await.unwrap();
+    assert!(h.session.has_room());
+    h.transaction(1).await.unwrap();
+    assert!(!h.session.has_room(), "three events in flight");
+    h.session.delivery.ack(1);
+    h.take_reports().unwrap();
+    assert!(h.session.has_room());
+}
+
+/// Exactly-once: records sent in an open Kafka transaction are not
+/// acknowledged before it commits, however Kafka acknowledged them and
+/// however far the server's keepalives say it is; the commit releases them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_acknowledged_inside_an_open_kafka_transaction() {
+    let mut delivery = MemoryDelivery::new();
+    delivery.transactions = true;
+    delivery.commit_at_every_commit = false;
+    let mut h = Harness::new(config(&[]), delivery);
+    h.describe_outbox().await;
+    let end = h.transaction(2).await.unwrap();
+    h.session.delivery.ack(2);
+    h.take_reports().unwrap();
+    let wal_end = Lsn::new(end.as_u64() + 0x1000);
+    h.session
+        .on_replication_event(ReplicationEvent::Keepalive {
+            wal_end,
+            server_time: PgTimestamp::now(),
+            reply_requested: false,
+        })
+        .await
+        .unwrap();
+    h.tick_and_persist().await;
+    assert_eq!(
+        h.stored(),
+        START,
+        "held until the Kafka transaction commits"
+    );
+    let advanced = h.session.delivery.commit(&mut h.session.tracker);
+    if advanced.0 {
+        h.session.checkpoint.mark_dirty();
+    }
+    h.tick_and_persist().await;
+    assert_eq!(h.stored(), end);
+    // Between transactions, with nothing held, a keepalive moves it on.
+    h.session
+        .on_replication_event(ReplicationEvent::Keepalive {
+            wal_end,
+            server_time: PgTimestamp::now(),
+            reply_requested: false,
+        })
+        .await
+        .unwrap();
+    h.tick_and_persist().await;
+    assert_eq!(h.stored(), wal_end);
+}
