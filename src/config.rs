@@ -183,10 +183,6 @@ impl Default for DeliverySettings {
 }
 
 impl DeliverySettings {
-    pub fn exactly_once(&self) -> bool {
-        self.mode == DeliveryMode::ExactlyOnce
-    }
-
     pub fn transaction_timeout(&self) -> Duration {
         Duration::from_millis(self.transaction_timeout_ms)
     }
@@ -1237,20 +1233,23 @@ mod tests {
     #[test]
     fn delivery_defaults_to_at_least_once_and_takes_exactly_once_from_file_or_environment() {
         let c = parse(MINIMAL, &[]).unwrap();
-        assert!(!c.delivery.exactly_once());
+        assert_eq!(c.delivery.mode, DeliveryMode::AtLeastOnce);
         assert_eq!(c.delivery.offsets_topic, "outbox-cdc.offsets");
         assert_eq!(
             (c.delivery.max_batch_ms, c.delivery.transaction_timeout_ms),
             (100, 60_000)
         );
         let text = format!("{MINIMAL}\n[delivery]\nmode = \"exactly-once\"\n");
-        assert!(parse(&text, &[]).unwrap().delivery.exactly_once());
+        assert_eq!(
+            parse(&text, &[]).unwrap().delivery.mode,
+            DeliveryMode::ExactlyOnce
+        );
         let env = [
             ("OUTBOX_CDC__DELIVERY__MODE", "exactly-once"),
             ("OUTBOX_CDC__DELIVERY__MAX_BATCH_MS", "20"),
         ];
         let c = parse(MINIMAL, &env).unwrap();
-        assert!(c.delivery.exactly_once());
+        assert_eq!(c.delivery.mode, DeliveryMode::ExactlyOnce);
         assert_eq!(c.delivery.max_batch_ms, 20);
         let bad_mode = parse(&text.replace("exactly-once", "exactly_once"), &[]).unwrap_err();
         assert!(bad_mode.to_string().contains("at-least-once"), "{bad_mode}");

@@ -254,7 +254,9 @@ pub async fn run(
         // Opened inside the loop: a `status` or `release` run may hold the store
         // for a moment (StoreError::Locked is retryable).
         let result = match &store {
-            Some(open) => session::run(&config, options, open, &metrics, shutdown.clone()).await,
+            Some(open) => {
+                delivery::run_session(&config, options, open, &metrics, shutdown.clone()).await
+            }
             None => match open_store(&config) {
                 Ok(open) => {
                     let open = Arc::new(open);

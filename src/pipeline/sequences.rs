@@ -14,11 +14,15 @@
 
 use std::collections::HashMap;
 
-#[cfg(test)]
-use crate::checkpoint::OffsetStore;
-use crate::checkpoint::{StoreError, sequence_key};
+use tracing::warn;
+
+use crate::checkpoint::{OffsetStore, StoreError, sequence_key};
 use crate::config::AuditSettings;
+use crate::metrics::Metrics;
+use crate::outbox::OutboxEvent;
 use crate::pg::Lsn;
+
+use super::PipelineError;
 
 /// Aggregates kept in memory before the map is cleared (the store keeps all).
 const MAX_IN_MEMORY: usize = 200_000;
@@ -201,6 +205,42 @@ impl SequenceWatch {
             },
         );
         Ok(Some(last))
+    }
+
+    /// Follows one event's number, with the offset store as the source of
+    /// aggregates not in memory (read off the async worker). An event about
+    /// to be published is `judged`: a number that does not follow the
+    /// aggregate's last published one is counted and logged, and under
+    /// `on_gap = "stop"` ends the session before the event is produced. An
+    /// event sent again after a restart is only recorded.
+    pub(crate) fn follow_event(
+        &mut self,
+        store: &OffsetStore,
+        metrics: &Metrics,
+        event: &OutboxEvent,
+        lsn: Lsn,
+        judged: bool,
+    ) -> Result<(), PipelineError> {
+        let Some(seq) = event.aggregate_sequence else {
+            return Ok(());
+        };
+        let lookup = &mut |key: &[u8]| tokio::task::block_in_place(|| store.last_sequence(key));
+        let (kind, id) = (&event.aggregate_type, &event.aggregate_id);
+        if !judged {
+            self.replayed(lookup, kind, id, seq, lsn)?;
+            return Ok(());
+        }
+        let Some(gap) = self.observe(lookup, kind, id, seq, lsn)? else {
+            return Ok(());
+        };
+        metrics.record_sequence_gap(&gap.aggregate_type);
+        warn!(aggregate_type = %gap.aggregate_type, aggregate_id = %gap.aggregate_id,
+            previous = ?gap.previous, got = gap.got, lsn = %gap.lsn, kind = ?gap.kind,
+            "aggregate sequence gap");
+        if self.stop_on_gap {
+            return Err(PipelineError::SequenceGap(gap));
+        }
+        Ok(())
     }
 
     /// Whether some recorded numbers have not been taken for the store.

@@ -1,14 +1,19 @@
-//! Why a session ends, when delivery reports disagree: a record Kafka
-//! refused for good decides over any other failure (DESIGN.md §7).
+//! How a session ends: gracefully (drain) or after a failure (keep what was
+//! acknowledged), and which failure decides when delivery reports disagree:
+//! a record Kafka refused for good decides over any other (DESIGN.md §7).
 
-use tracing::warn;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info, warn};
 
 use crate::Disposition;
 use crate::checkpoint::OffsetStore;
 use crate::pg::EventPosition;
 use crate::sink::SinkError;
 
+use super::{Now, Session};
 use crate::pipeline::PipelineError;
+use crate::pipeline::delivery::Delivery;
 
 /// A record Kafka will not take. Under the dead-letter policy
 /// (`dead_letters`) a refused main-topic record parks its aggregate and ends
@@ -76,7 +81,7 @@ impl Refused {
 /// failure.
 /// Of the errors drained reports gave, the one kept: the first refused
 /// record (it decides how the session ends), else the first error.
-pub(super) fn keep_refusal(kept: Option<PipelineError>, next: PipelineError) -> PipelineError {
+fn keep_refusal(kept: Option<PipelineError>, next: PipelineError) -> PipelineError {
     let refused = |e: &PipelineError| {
         matches!(
             e,
@@ -89,10 +94,7 @@ pub(super) fn keep_refusal(kept: Option<PipelineError>, next: PipelineError) -> 
     }
 }
 
-pub(super) fn prefer_refusal(
-    failure: PipelineError,
-    drained: Option<PipelineError>,
-) -> PipelineError {
+fn prefer_refusal(failure: PipelineError, drained: Option<PipelineError>) -> PipelineError {
     match drained {
         Some(refused @ (PipelineError::Parked { .. } | PipelineError::Poison { .. })) => {
             if !matches!(
@@ -104,6 +106,106 @@ pub(super) fn prefer_refusal(
             refused
         }
         _ => failure,
+    }
+}
+
+impl<D: Delivery> Session<'_, D> {
+    /// Takes the reports that arrive before `deadline`, while any record is
+    /// outstanding. Every report still due is taken, not only those before
+    /// the first failure: reports come from two polling threads in any
+    /// order, and purged records reported ahead of a refused one must not
+    /// hide the refusal (audit F13). Returns the error to keep (a refusal
+    /// first).
+    async fn take_reports(&mut self, deadline: Instant) -> Option<PipelineError> {
+        let mut kept = None;
+        let mut outstanding = self.tracker.in_flight_events();
+        while outstanding > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.delivery.reports().recv()).await {
+                Ok(Some(report)) => {
+                    outstanding -= 1;
+                    if let Err(e) = self.on_report(report, Now::read()) {
+                        kept = Some(keep_refusal(kept, e));
+                    }
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        kept
+    }
+
+    /// After a session failed: take the delivery reports that arrive within a
+    /// short bound and persist the acknowledged prefix, so the next session
+    /// re-sends only what was really unacknowledged. It also waits for a
+    /// persist still running, so no write of this session can land after the
+    /// next one loaded the offset.
+    ///
+    /// Returns why the session ended: a record the broker refused for good
+    /// wins over the failure that ended the loop. With the gapless guarantee a
+    /// refusal also raises the producer's fatal error, which the tick may see
+    /// before the refused record's report arrives; ending on the fatal error
+    /// would restart without parking or stopping, over and over.
+    pub(super) async fn keep_acknowledged(&mut self, failure: PipelineError) -> PipelineError {
+        let bound = Duration::from_millis(self.config.limits.shutdown_timeout_ms.min(5_000));
+        let refusal = self.take_reports(Instant::now() + bound).await;
+        self.delivery.abandon();
+        if !matches!(
+            failure,
+            PipelineError::CoverageLost(_) | PipelineError::NotCovered(_)
+        ) {
+            self.coverage.final_proof(&mut self.tracker).await;
+        }
+        match self
+            .checkpoint
+            .persist_now(&self.tracker, &mut self.sequences)
+            .await
+        {
+            Ok(()) => {
+                debug!(acked = %self.checkpoint.durable(), error = %failure, "persisted the acknowledged prefix after a failure")
+            }
+            Err(e) => {
+                warn!(error = %e, "persisting the acknowledged prefix after a failure failed; the next session re-sends from the last durable LSN")
+            }
+        }
+        prefer_refusal(failure, refusal)
+    }
+
+    /// The graceful end: finishes the delivery at a transaction boundary (or
+    /// gives the open transaction up), waits (bounded) for the deliveries in
+    /// flight, proves coverage once more and persists the acknowledged
+    /// position. The caller closes the stream.
+    pub(super) async fn drain(&mut self) -> Result<(), PipelineError> {
+        let deadline =
+            Instant::now() + Duration::from_millis(self.config.limits.shutdown_timeout_ms);
+        info!(
+            in_flight = self.tracker.in_flight_events(),
+            "shutting down: waiting for in-flight deliveries"
+        );
+        let at_boundary = self.open.is_none();
+        if self
+            .delivery
+            .finish(at_boundary, &mut self.tracker)
+            .await?
+            .0
+        {
+            self.checkpoint.mark_dirty();
+        }
+        if let Some(e) = self.take_reports(deadline).await {
+            warn!(error = %e, "delivery failed during shutdown; it will be re-sent on the next start");
+        }
+        if self.tracker.in_flight_events() > 0 {
+            warn!(
+                in_flight = self.tracker.in_flight_events(),
+                "shutdown timeout: unacknowledged events will be re-sent on the next start"
+            );
+        }
+        crate::failpoint!("during-shutdown");
+        self.coverage.final_proof(&mut self.tracker).await;
+        self.checkpoint
+            .persist_now(&self.tracker, &mut self.sequences)
+            .await?;
+        info!(acked = %self.checkpoint.durable(), "final acknowledged position persisted");
+        Ok(())
     }
 }
 

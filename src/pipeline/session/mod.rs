@@ -16,55 +16,40 @@ mod bootstrap;
 mod checkpointer;
 mod coverage_watch;
 mod ending;
+mod relations;
+mod stages;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::checkpoint::{AckTracker, OffsetStore};
-use crate::config::{Config, DeliveryMode};
-use crate::coverage::RelationKind;
-use crate::metrics::{Metrics, Stage};
-use crate::outbox::{BoundRelation, ChangeContext, OutboxEvent, OutboxMapper};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::outbox::{ChangeContext, OutboxEvent, OutboxMapper};
 use crate::pg::{EventPosition, Lsn, PgTimestamp, ReplicationEvent, ReplicationStream};
-use crate::pgoutput::{self, Message, RelationCache};
+use crate::pgoutput::{self, Message};
 use crate::sink::DeliveryReport;
 
-use super::delivery::{AtLeastOnce, Delivery, ExactlyOnce, InFlight, Unsent};
+use super::delivery::{Delivery, InFlight, Unsent};
 use super::poison::{PoisonPolicyRouter, Route, row_as_json};
 use super::sequences::SequenceWatch;
 use super::{PipelineError, RunOptions};
 use bootstrap::Started;
 use checkpointer::Checkpointer;
 use coverage_watch::CoverageWatch;
-use ending::{Refused, keep_refusal, prefer_refusal};
+use ending::Refused;
+use relations::{StreamRelations, Target};
+use stages::{Now, StageClock};
 
-/// One session: bootstrap, stream until a stop is asked or an error ends
-/// it, drain. An error exit still persists what was acknowledged
-/// ([`Session::keep_acknowledged`]). The delivery mode is decided here, once.
-pub(crate) async fn run(
-    config: &Config,
-    options: RunOptions,
-    store: &Arc<OffsetStore>,
-    metrics: &Metrics,
-    shutdown: watch::Receiver<bool>,
-) -> Result<(), PipelineError> {
-    match config.delivery.mode {
-        DeliveryMode::AtLeastOnce => {
-            run_with::<AtLeastOnce>(config, options, store, metrics, shutdown).await
-        }
-        DeliveryMode::ExactlyOnce => {
-            run_with::<ExactlyOnce>(config, options, store, metrics, shutdown).await
-        }
-    }
-}
-
-async fn run_with<'a, D: Delivery>(
+/// One session delivering with `D` (chosen by `delivery::run`): bootstrap,
+/// stream until a stop is asked or an error ends it, drain. An error exit
+/// still persists what was acknowledged ([`Session::keep_acknowledged`]).
+pub(super) async fn run<'a, D: Delivery>(
     config: &'a Config,
     options: RunOptions,
     store: &'a Arc<OffsetStore>,
@@ -120,18 +105,10 @@ pub(super) struct Session<'a, D> {
     poison: PoisonPolicyRouter,
     /// Live gap detection over aggregate sequences.
     sequences: SequenceWatch,
-    /// Descriptions of the outbox relations (root, partitions), for the
-    /// dead-letter record of a row that cannot be mapped.
-    relations: RelationCache,
-    /// Relations positively known to be other tables: their changes are skipped.
-    other_tables: HashSet<u32>,
-    bound: HashMap<u32, BoundRelation>,
+    relations: StreamRelations,
     open: Option<OpenTx>,
     skip_through: Lsn,
-    /// The send time and arrival of the XLogData being handled (for
-    /// `outbox_cdc_stage_seconds`).
-    sent_at: PgTimestamp,
-    received_at: Instant,
+    stages: StageClock,
 }
 
 impl<'a, D: Delivery> Session<'a, D> {
@@ -171,13 +148,10 @@ impl<'a, D: Delivery> Session<'a, D> {
             mapper: started.mapper,
             poison: PoisonPolicyRouter::new(&config.outbox),
             sequences: SequenceWatch::new(&config.audit),
-            relations: RelationCache::new(),
-            other_tables: HashSet::new(),
-            bound: HashMap::new(),
+            relations: StreamRelations::default(),
             open: None,
             skip_through: started.skip_through,
-            sent_at: PgTimestamp(0),
-            received_at: Instant::now(),
+            stages: StageClock::new(),
         };
         (session, started.stream)
     }
@@ -261,16 +235,7 @@ impl<'a, D: Delivery> Session<'a, D> {
                 server_time,
                 data,
             } => {
-                // The stage clock is read only for the messages that can
-                // become events (Insert, Message): three per one-event
-                // transaction would be read otherwise.
-                if matches!(
-                    data.first(),
-                    Some(&(pgoutput::tag::INSERT | pgoutput::tag::MESSAGE))
-                ) {
-                    self.received_at = Instant::now();
-                }
-                self.sent_at = server_time;
+                self.stages.arrived(&data, server_time);
                 self.metrics.set_received(wal_end.max(wal_start));
                 let message = pgoutput::decode(&data).map_err(|source| PipelineError::Decode {
                     lsn: wal_start,
@@ -346,39 +311,18 @@ impl<'a, D: Delivery> Session<'a, D> {
                 }
                 self.checkpoint.written(commit.end_lsn);
             }
-            Message::Relation(relation) => match self.coverage.kind_of(&relation, lsn).await? {
-                RelationKind::Outbox => {
-                    let bound = self
-                        .mapper
-                        .bind(&relation)
-                        .map_err(|source| PipelineError::Mapping { lsn, source })?;
-                    self.bound.insert(relation.oid, bound);
-                    self.other_tables.remove(&relation.oid);
-                    self.relations.apply(relation);
-                }
-                RelationKind::Other => {
-                    // Only the OID is kept: under FOR ALL TABLES with table
-                    // churn, a full description per table ever seen would
-                    // grow without bound.
-                    self.bound.remove(&relation.oid);
-                    self.relations.remove(relation.oid);
-                    self.other_tables.insert(relation.oid);
-                }
-            },
+            Message::Relation(relation) => {
+                let kind = self.coverage.kind_of(&relation, lsn).await?;
+                self.relations
+                    .described(relation, kind, &self.mapper, lsn)?;
+            }
             Message::Insert(insert) => {
                 let Some(tx) = self.open.as_ref() else {
                     return Err(protocol(lsn, "Insert outside a transaction"));
                 };
-                let Some(bound) = self.bound.get(&insert.relation_oid) else {
-                    if !self.other_tables.contains(&insert.relation_oid) {
-                        return Err(protocol(
-                            lsn,
-                            format!(
-                                "Insert for relation OID {} that was never described",
-                                insert.relation_oid
-                            ),
-                        ));
-                    }
+                let Target::Outbox { bound, description } =
+                    self.relations.of_change(insert.relation_oid, lsn)?
+                else {
                     return Ok(()); // another table in the publication
                 };
                 let ctx = ChangeContext {
@@ -390,15 +334,20 @@ impl<'a, D: Delivery> Session<'a, D> {
                     if self.sequences.is_on()
                         && let Ok(event) = self.mapper.map_insert(bound, &insert.new, &ctx)
                     {
-                        self.follow_sequence(&event, lsn, false)?;
+                        self.sequences.follow_event(
+                            self.store,
+                            self.metrics,
+                            &event,
+                            lsn,
+                            false,
+                        )?;
                     }
                     return Ok(());
                 }
                 let (commit_time, at) = (tx.commit_time, EventPosition::new(tx.commit_lsn, lsn));
                 let mapped = self.mapper.map_insert(bound, &insert.new, &ctx);
-                let relation = self.relations.get(insert.relation_oid);
                 let max_raw = self.config.outbox.max_record_bytes / 2;
-                let raw = || row_as_json(relation, &insert.new, max_raw);
+                let raw = || row_as_json(description, &insert.new, max_raw);
                 let route = self
                     .poison
                     .route(mapped, raw, self.store, at, commit_time)?;
@@ -428,7 +377,13 @@ impl<'a, D: Delivery> Session<'a, D> {
                     Some(mapped) if replayed => {
                         self.metrics.deduplicated();
                         if let Ok(event) = mapped {
-                            self.follow_sequence(&event, lsn, false)?;
+                            self.sequences.follow_event(
+                                self.store,
+                                self.metrics,
+                                &event,
+                                lsn,
+                                false,
+                            )?;
                         }
                     }
                     Some(mapped) => {
@@ -461,7 +416,8 @@ impl<'a, D: Delivery> Session<'a, D> {
         let lsn = at.change();
         let (mut event, dead_lettered) = match route {
             Route::Publish(event) => {
-                self.follow_sequence(&event, lsn, true)?;
+                self.sequences
+                    .follow_event(self.store, self.metrics, &event, lsn, true)?;
                 (event, false)
             }
             Route::DeadLetter(event) => {
@@ -475,7 +431,7 @@ impl<'a, D: Delivery> Session<'a, D> {
             .add_event(event.size_bytes())
             .map_err(|e| protocol(lsn, e))?;
         let produced_at = Instant::now();
-        self.observe_arrival(commit_time, produced_at);
+        self.stages.produced(self.metrics, commit_time, produced_at);
         let in_flight = InFlight {
             token,
             commit_time,
@@ -517,55 +473,6 @@ impl<'a, D: Delivery> Session<'a, D> {
         Ok(())
     }
 
-    /// The stages of an event before the producer: commit to the walsender's
-    /// send, send to arrival (wall clocks), arrival to `produced_at`.
-    fn observe_arrival(&self, commit_time: PgTimestamp, produced_at: Instant) {
-        let seconds = |micros: i64| micros.max(0) as f64 / 1e6;
-        let handled = produced_at.duration_since(self.received_at);
-        // The wall clock is read once, here: the arrival is now minus the
-        // handling measured on the monotonic clock.
-        let arrived = PgTimestamp::now().0 - handled.as_micros() as i64;
-        let m = self.metrics;
-        m.stage(Stage::CommitToSend, seconds(self.sent_at.0 - commit_time.0));
-        m.stage(Stage::SendToReceive, seconds(arrived - self.sent_at.0));
-        m.stage(Stage::ReceiveToProduce, handled.as_secs_f64());
-    }
-
-    /// Live gap detection (`[audit]`). An event about to be published is
-    /// `judged`: a number that does not follow the aggregate's last published
-    /// one is counted and logged, and under `on_gap = "stop"` ends the
-    /// session before the event is produced. An event sent again after a
-    /// restart only moves the aggregate's state (it may not have reached the
-    /// store).
-    fn follow_sequence(
-        &mut self,
-        event: &OutboxEvent,
-        lsn: Lsn,
-        judged: bool,
-    ) -> Result<(), PipelineError> {
-        let Some(seq) = event.aggregate_sequence else {
-            return Ok(());
-        };
-        let store = self.store;
-        let lookup = &mut |key: &[u8]| tokio::task::block_in_place(|| store.last_sequence(key));
-        let (kind, id) = (&event.aggregate_type, &event.aggregate_id);
-        if !judged {
-            self.sequences.replayed(lookup, kind, id, seq, lsn)?;
-            return Ok(());
-        }
-        let Some(gap) = self.sequences.observe(lookup, kind, id, seq, lsn)? else {
-            return Ok(());
-        };
-        self.metrics.record_sequence_gap(&gap.aggregate_type);
-        warn!(aggregate_type = %gap.aggregate_type, aggregate_id = %gap.aggregate_id,
-            previous = ?gap.previous, got = gap.got, lsn = %gap.lsn, kind = ?gap.kind,
-            "aggregate sequence gap");
-        if self.sequences.stop_on_gap {
-            return Err(PipelineError::SequenceGap(gap));
-        }
-        Ok(())
-    }
-
     fn refused(&mut self, refused: Refused) -> PipelineError {
         self.metrics.failed();
         refused.into_error(self.poison.dead_letters(), self.store)
@@ -589,19 +496,7 @@ impl<'a, D: Delivery> Session<'a, D> {
         } = report.token;
         let source = match report.result {
             Ok(_) => {
-                let reported_at = report.reported_at;
-                let m = self.metrics;
-                m.stage(
-                    Stage::ProduceToAck,
-                    reported_at.duration_since(produced_at).as_secs_f64(),
-                );
-                m.stage(
-                    Stage::AckToTracker,
-                    now.instant
-                        .saturating_duration_since(reported_at)
-                        .as_secs_f64(),
-                );
-                m.published(now.wall.0.saturating_sub(commit_time.0).max(0) as u64);
+                now.acknowledged(self.metrics, report.reported_at, produced_at, commit_time);
                 self.delivery.delivered(now.instant);
                 if self.tracker.delivered(token).is_some() {
                     self.checkpoint.mark_dirty();
@@ -643,120 +538,6 @@ impl<'a, D: Delivery> Session<'a, D> {
             return Err(PipelineError::Sink(fatal));
         }
         Ok(())
-    }
-
-    /// Takes the reports that arrive before `deadline`, while any record is
-    /// outstanding. Every report still due is taken, not only those before
-    /// the first failure: reports come from two polling threads in any
-    /// order, and purged records reported ahead of a refused one must not
-    /// hide the refusal (audit F13). Returns the error to keep (a refusal
-    /// first).
-    async fn take_reports(&mut self, deadline: Instant) -> Option<PipelineError> {
-        let mut kept = None;
-        let mut outstanding = self.tracker.in_flight_events();
-        while outstanding > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, self.delivery.reports().recv()).await {
-                Ok(Some(report)) => {
-                    outstanding -= 1;
-                    if let Err(e) = self.on_report(report, Now::read()) {
-                        kept = Some(keep_refusal(kept, e));
-                    }
-                }
-                Ok(None) | Err(_) => break,
-            }
-        }
-        kept
-    }
-
-    /// After a session failed: take the delivery reports that arrive within a
-    /// short bound and persist the acknowledged prefix, so the next session
-    /// re-sends only what was really unacknowledged. It also waits for a
-    /// persist still running, so no write of this session can land after the
-    /// next one loaded the offset.
-    ///
-    /// Returns why the session ended: a record the broker refused for good
-    /// wins over the failure that ended the loop. With the gapless guarantee a
-    /// refusal also raises the producer's fatal error, which the tick may see
-    /// before the refused record's report arrives; ending on the fatal error
-    /// would restart without parking or stopping, over and over.
-    async fn keep_acknowledged(&mut self, failure: PipelineError) -> PipelineError {
-        let bound = Duration::from_millis(self.config.limits.shutdown_timeout_ms.min(5_000));
-        let refusal = self.take_reports(Instant::now() + bound).await;
-        self.delivery.abandon();
-        if !matches!(
-            failure,
-            PipelineError::CoverageLost(_) | PipelineError::NotCovered(_)
-        ) {
-            self.coverage.final_proof(&mut self.tracker).await;
-        }
-        match self
-            .checkpoint
-            .persist_now(&self.tracker, &mut self.sequences)
-            .await
-        {
-            Ok(()) => {
-                debug!(acked = %self.checkpoint.durable(), error = %failure, "persisted the acknowledged prefix after a failure")
-            }
-            Err(e) => {
-                warn!(error = %e, "persisting the acknowledged prefix after a failure failed; the next session re-sends from the last durable LSN")
-            }
-        }
-        prefer_refusal(failure, refusal)
-    }
-
-    /// The graceful end: finishes the delivery at a transaction boundary (or
-    /// gives the open transaction up), waits (bounded) for the deliveries in
-    /// flight, proves coverage once more and persists the acknowledged
-    /// position. The caller closes the stream.
-    async fn drain(&mut self) -> Result<(), PipelineError> {
-        let deadline =
-            Instant::now() + Duration::from_millis(self.config.limits.shutdown_timeout_ms);
-        info!(
-            in_flight = self.tracker.in_flight_events(),
-            "shutting down: waiting for in-flight deliveries"
-        );
-        let at_boundary = self.open.is_none();
-        if self
-            .delivery
-            .finish(at_boundary, &mut self.tracker)
-            .await?
-            .0
-        {
-            self.checkpoint.mark_dirty();
-        }
-        if let Some(e) = self.take_reports(deadline).await {
-            warn!(error = %e, "delivery failed during shutdown; it will be re-sent on the next start");
-        }
-        if self.tracker.in_flight_events() > 0 {
-            warn!(
-                in_flight = self.tracker.in_flight_events(),
-                "shutdown timeout: unacknowledged events will be re-sent on the next start"
-            );
-        }
-        crate::failpoint!("during-shutdown");
-        self.coverage.final_proof(&mut self.tracker).await;
-        self.checkpoint
-            .persist_now(&self.tracker, &mut self.sequences)
-            .await?;
-        info!(acked = %self.checkpoint.durable(), "final acknowledged position persisted");
-        Ok(())
-    }
-}
-
-/// Both clocks, read once for a batch of delivery reports.
-#[derive(Clone, Copy)]
-struct Now {
-    instant: Instant,
-    wall: PgTimestamp,
-}
-
-impl Now {
-    fn read() -> Now {
-        Now {
-            instant: Instant::now(),
-            wall: PgTimestamp::now(),
-        }
     }
 }
 

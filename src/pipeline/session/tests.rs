@@ -100,13 +100,10 @@ impl Harness {
             mapper: OutboxMapper::new(&config.outbox).unwrap(),
             poison: PoisonPolicyRouter::new(&config.outbox),
             sequences: SequenceWatch::new(&config.audit),
-            relations: RelationCache::new(),
-            other_tables: HashSet::new(),
-            bound: HashMap::new(),
+            relations: StreamRelations::default(),
             open: None,
             skip_through: durable.lsn(),
-            sent_at: PgTimestamp(0),
-            received_at: Instant::now(),
+            stages: StageClock::new(),
         };
         Harness {
             session,
