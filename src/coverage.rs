@@ -1117,7 +1117,6 @@ pub async fn lookup(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pgoutput::RelationColumn;
 
     const ROOT: u32 = 100;
     const LEAF_A: u32 = 101;
@@ -1185,21 +1184,7 @@ mod tests {
     }
 
     fn relation(oid: u32, name: &str, cols: &[&str]) -> Relation {
-        Relation {
-            oid,
-            namespace: "public".into(),
-            name: name.into(),
-            replica_identity: b'd',
-            columns: cols
-                .iter()
-                .map(|c| RelationColumn {
-                    flags: 0,
-                    name: (*c).to_owned(),
-                    type_oid: 25,
-                    type_modifier: -1,
-                })
-                .collect(),
-        }
+        Relation::of_text(oid, "public", name, cols)
     }
 
     const OUTBOX_COLS: [&str; 5] = [

@@ -865,6 +865,20 @@ fn lsn_text(lsn: Lsn) -> Bytes {
     Bytes::copy_from_slice(&out[..len])
 }
 
+/// The columns of the outbox table `migrations/` create, in order: for unit
+/// tests.
+#[cfg(test)]
+pub(crate) const SEED_COLS: [&str; 8] = [
+    "event_id",
+    "aggregate_type",
+    "aggregate_id",
+    "aggregate_sequence",
+    "event_type",
+    "schema_version",
+    "payload",
+    "occurred_at",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -887,38 +901,12 @@ mod tests {
             assert_eq!(lsn_text(lsn), Bytes::from(lsn.to_string()), "{raw:#x}");
         }
     }
-    use crate::pgoutput::RelationColumn;
 
     const UUID: &str = "0b7f1c1e-3d2a-4c55-9a8e-6f0d2b1c9e01";
 
     fn rel(oid: u32, namespace: &str, name: &str, cols: &[&str]) -> Relation {
-        Relation {
-            oid,
-            namespace: namespace.into(),
-            name: name.into(),
-            replica_identity: b'd',
-            columns: cols
-                .iter()
-                .map(|c| RelationColumn {
-                    flags: 0,
-                    name: (*c).into(),
-                    type_oid: 25,
-                    type_modifier: -1,
-                })
-                .collect(),
-        }
+        Relation::of_text(oid, namespace, name, cols)
     }
-
-    const SEED_COLS: [&str; 8] = [
-        "event_id",
-        "aggregate_type",
-        "aggregate_id",
-        "aggregate_sequence",
-        "event_type",
-        "schema_version",
-        "payload",
-        "occurred_at",
-    ];
 
     fn seed_rel() -> Relation {
         rel(16400, "public", "outbox_events", &SEED_COLS)

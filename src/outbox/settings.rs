@@ -931,7 +931,7 @@ mod standard_header_names {
     use super::*;
     use crate::outbox::mapper::{ChangeContext, OutboxMapper};
     use crate::pg::{Lsn, PgTimestamp};
-    use crate::pgoutput::{ColumnValue, Relation, RelationColumn, TupleData};
+    use crate::pgoutput::{ColumnValue, Relation, TupleData};
     use bytes::Bytes;
 
     fn parse(toml_text: &str) -> OutboxSettings {
@@ -985,21 +985,7 @@ extra_headers = ["aggregate_sequence"]"#,
     }
 
     fn relation(columns: &[&str]) -> Relation {
-        Relation {
-            oid: 1,
-            namespace: "public".into(),
-            name: "outbox_events".into(),
-            replica_identity: b'd',
-            columns: columns
-                .iter()
-                .map(|c| RelationColumn {
-                    flags: 0,
-                    name: (*c).into(),
-                    type_oid: 25,
-                    type_modifier: -1,
-                })
-                .collect(),
-        }
+        Relation::of_text(1, "public", "outbox_events", columns)
     }
 
     /// The record of the issue's configuration carries each header once,

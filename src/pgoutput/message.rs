@@ -129,6 +129,27 @@ pub struct Relation {
 }
 
 impl Relation {
+    /// A relation of `text` columns (type OID 25), replica identity default:
+    /// for unit tests.
+    #[cfg(test)]
+    pub(crate) fn of_text(oid: u32, namespace: &str, name: &str, columns: &[&str]) -> Relation {
+        Relation {
+            oid,
+            namespace: namespace.into(),
+            name: name.into(),
+            replica_identity: b'd',
+            columns: columns
+                .iter()
+                .map(|c| RelationColumn {
+                    flags: 0,
+                    name: (*c).into(),
+                    type_oid: 25,
+                    type_modifier: -1,
+                })
+                .collect(),
+        }
+    }
+
     /// Position of the column called `name` (exact, case-sensitive match).
     pub fn column_index(&self, name: &str) -> Option<usize> {
         self.columns.iter().position(|c| c.name == name)

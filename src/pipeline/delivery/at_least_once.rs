@@ -45,7 +45,7 @@ impl Delivery for AtLeastOnce {
         self.sink
             .send_or_return(event, in_flight)
             .await
-            .map_err(|(source, in_flight)| Unsent::Refused(source, in_flight))
+            .map_err(Unsent::refused)
     }
 
     /// Nothing is batched: acknowledgements need no bookkeeping here.

@@ -132,7 +132,7 @@ impl Delivery for ExactlyOnce {
         self.sink
             .send_or_return(event, in_flight)
             .await
-            .map_err(|(source, in_flight)| Unsent::Refused(source, in_flight))?;
+            .map_err(Unsent::refused)?;
         self.policy.added(size);
         Ok(())
     }

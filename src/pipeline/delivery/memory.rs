@@ -128,7 +128,7 @@ impl Delivery for MemoryDelivery {
         tracker: &mut AckTracker,
     ) -> Result<(), Unsent> {
         if let Some(error) = self.refuse_next.take() {
-            return Err(Unsent::Refused(error, Some(in_flight)));
+            return Err(Unsent::Refused(error, in_flight));
         }
         if self.transactions && !self.open {
             self.open = true;

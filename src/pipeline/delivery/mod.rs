@@ -78,10 +78,21 @@ pub(crate) struct InFlight {
 pub(super) enum Unsent {
     /// The sink refused this record before it left (e.g. over
     /// `message.max.bytes`, a missing topic): the poison policy decides, as
-    /// for a refusal the broker reports. The token comes back when it can.
-    Refused(SinkError, Option<InFlight>),
+    /// for a refusal the broker reports.
+    Refused(SinkError, InFlight),
     /// Delivery itself failed (exactly-once: beginning the Kafka transaction).
     Failed(PipelineError),
+}
+
+impl Unsent {
+    /// A record the sink gave back: the token always comes back with a
+    /// record it refused; without it, the sink failed.
+    fn refused((source, in_flight): (SinkError, Option<InFlight>)) -> Unsent {
+        match in_flight {
+            Some(in_flight) => Unsent::Refused(source, in_flight),
+            None => Unsent::Failed(source.into()),
+        }
+    }
 }
 
 /// The tracker's acknowledged position moved: the session persists it.

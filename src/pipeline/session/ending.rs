@@ -8,12 +8,11 @@ use tracing::{debug, info, warn};
 
 use crate::Disposition;
 use crate::checkpoint::OffsetStore;
-use crate::pg::EventPosition;
 use crate::sink::SinkError;
 
 use super::{Now, Session};
 use crate::pipeline::PipelineError;
-use crate::pipeline::delivery::Delivery;
+use crate::pipeline::delivery::{Delivery, InFlight};
 
 /// A record Kafka will not take. Under the dead-letter policy
 /// (`dead_letters`) a refused main-topic record parks its aggregate and ends
@@ -23,23 +22,23 @@ use crate::pipeline::delivery::Delivery;
 /// stops the session.
 pub(super) struct Refused {
     pub(super) source: SinkError,
-    pub(super) at: EventPosition,
     pub(super) event_id: String,
-    pub(super) aggregate_type: String,
-    pub(super) aggregate_id: String,
-    /// Already on its way to the dead-letter topic: a refusal now is final.
-    pub(super) dead_lettered: bool,
+    pub(super) record: InFlight,
 }
 
 impl Refused {
     pub(super) fn into_error(self, dead_letters: bool, store: &OffsetStore) -> PipelineError {
         let Refused {
             source,
-            at,
             event_id,
-            aggregate_type,
-            aggregate_id,
-            dead_lettered,
+            record:
+                InFlight {
+                    at,
+                    aggregate_type,
+                    aggregate_id,
+                    dead_lettered,
+                    ..
+                },
         } = self;
         let lsn = at.change();
         match source.disposition() {

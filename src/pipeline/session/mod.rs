@@ -30,7 +30,7 @@ use tracing::{debug, warn};
 use crate::checkpoint::{AckTracker, OffsetStore};
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::outbox::{ChangeContext, OutboxEvent, OutboxMapper};
+use crate::outbox::{ChangeContext, MapError, OutboxEvent, OutboxMapper};
 use crate::pg::{EventPosition, Lsn, PgTimestamp, ReplicationEvent, ReplicationStream};
 use crate::pgoutput::{self, Message};
 use crate::sink::DeliveryReport;
@@ -330,19 +330,9 @@ impl<'a, D: Delivery> Session<'a, D> {
                     commit_time: tx.commit_time,
                 };
                 if tx.replayed {
-                    self.metrics.deduplicated();
-                    if self.sequences.is_on()
-                        && let Ok(event) = self.mapper.map_insert(bound, &insert.new, &ctx)
-                    {
-                        self.sequences.follow_event(
-                            self.store,
-                            self.metrics,
-                            &event,
-                            lsn,
-                            false,
-                        )?;
-                    }
-                    return Ok(());
+                    let mapped = (self.sequences.is_on())
+                        .then(|| self.mapper.map_insert(bound, &insert.new, &ctx));
+                    return self.replayed(mapped, lsn);
                 }
                 let (commit_time, at) = (tx.commit_time, EventPosition::new(tx.commit_lsn, lsn));
                 let mapped = self.mapper.map_insert(bound, &insert.new, &ctx);
@@ -374,18 +364,7 @@ impl<'a, D: Delivery> Session<'a, D> {
                 let at = EventPosition::new(tx.commit_lsn, lsn);
                 match self.mapper.map_message(&msg, &ctx).transpose() {
                     None => {}
-                    Some(mapped) if replayed => {
-                        self.metrics.deduplicated();
-                        if let Ok(event) = mapped {
-                            self.sequences.follow_event(
-                                self.store,
-                                self.metrics,
-                                &event,
-                                lsn,
-                                false,
-                            )?;
-                        }
-                    }
+                    Some(mapped) if replayed => self.replayed(Some(mapped), lsn)?,
                     Some(mapped) => {
                         let raw = || msg.content.clone();
                         let route = self
@@ -404,6 +383,23 @@ impl<'a, D: Delivery> Session<'a, D> {
             | Message::Origin(_) => {}
         }
         Ok(())
+    }
+
+    /// A change of a transaction acknowledged before the restart: dropped,
+    /// the number of its event (when mapped) still followed.
+    fn replayed(
+        &mut self,
+        mapped: Option<Result<OutboxEvent, MapError>>,
+        lsn: Lsn,
+    ) -> Result<(), PipelineError> {
+        self.metrics.deduplicated();
+        match mapped {
+            Some(Ok(event)) => {
+                self.sequences
+                    .follow_event(self.store, self.metrics, &event, lsn, false)
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Sends one routed record, in commit order.
@@ -450,17 +446,12 @@ impl<'a, D: Delivery> Session<'a, D> {
             Err(Unsent::Failed(e)) => return Err(e),
             // Refused before it left (e.g. over message.max.bytes): the same
             // policy as a refusal reported by the broker.
-            Err(Unsent::Refused(source, in_flight)) => {
-                let (aggregate_type, aggregate_id) = in_flight
-                    .map(|f| (f.aggregate_type, f.aggregate_id))
-                    .unwrap_or_default();
+            Err(Unsent::Refused(source, record)) => {
+                let event_id = event.event_id.clone();
                 return Err(self.refused(Refused {
                     source,
-                    at,
-                    event_id: event.event_id.clone(),
-                    aggregate_type,
-                    aggregate_id,
-                    dead_lettered,
+                    event_id,
+                    record,
                 }));
             }
         }
@@ -485,20 +476,13 @@ impl<'a, D: Delivery> Session<'a, D> {
         report: DeliveryReport<InFlight>,
         now: Now,
     ) -> Result<(), PipelineError> {
-        let InFlight {
-            token,
-            commit_time,
-            at,
-            aggregate_type,
-            aggregate_id,
-            dead_lettered,
-            produced_at,
-        } = report.token;
+        let record = report.token;
         let source = match report.result {
             Ok(_) => {
-                now.acknowledged(self.metrics, report.reported_at, produced_at, commit_time);
+                let (produced_at, committed) = (record.produced_at, record.commit_time);
+                now.acknowledged(self.metrics, report.reported_at, produced_at, committed);
                 self.delivery.delivered(now.instant);
-                if self.tracker.delivered(token).is_some() {
+                if self.tracker.delivered(record.token).is_some() {
                     self.checkpoint.mark_dirty();
                 }
                 crate::failpoint!("after-ack-before-persist");
@@ -509,11 +493,8 @@ impl<'a, D: Delivery> Session<'a, D> {
         let event_id = source.event_id().unwrap_or("unknown").to_owned();
         Err(self.refused(Refused {
             source,
-            at,
             event_id,
-            aggregate_type,
-            aggregate_id,
-            dead_lettered,
+            record,
         }))
     }
 

@@ -5,7 +5,7 @@
 use super::*;
 use crate::coverage::Coverage;
 use crate::pg::{FeedbackHandle, QualifiedTable};
-use crate::pgoutput::{Begin, ColumnValue, Commit, Insert, Relation, RelationColumn, TupleData};
+use crate::pgoutput::{Begin, ColumnValue, Commit, Insert, Relation, TupleData};
 use crate::pipeline::delivery::memory::MemoryDelivery;
 use crate::sink::SinkError;
 use bytes::Bytes;
@@ -127,31 +127,8 @@ impl Harness {
 
     /// Describes the outbox table (once per session, as pgoutput does).
     async fn describe_outbox(&mut self) {
-        let columns = [
-            "event_id",
-            "aggregate_type",
-            "aggregate_id",
-            "aggregate_sequence",
-            "event_type",
-            "schema_version",
-            "payload",
-            "occurred_at",
-        ];
-        let relation = Relation {
-            oid: OUTBOX_OID,
-            namespace: "public".into(),
-            name: "outbox_events".into(),
-            replica_identity: b'd',
-            columns: columns
-                .iter()
-                .map(|c| RelationColumn {
-                    flags: 0,
-                    name: (*c).into(),
-                    type_oid: 25,
-                    type_modifier: -1,
-                })
-                .collect(),
-        };
+        let columns = crate::outbox::mapper::SEED_COLS;
+        let relation = Relation::of_text(OUTBOX_OID, "public", "outbox_events", &columns);
         self.message(Message::Relation(relation)).await.unwrap();
     }
 
@@ -205,6 +182,15 @@ impl Harness {
             )
             .await?;
         Ok(end_lsn)
+    }
+
+    async fn keepalive(&mut self, wal_end: Lsn) {
+        let keepalive = ReplicationEvent::Keepalive {
+            wal_end,
+            server_time: PgTimestamp::now(),
+            reply_requested: false,
+        };
+        self.session.on_replication_event(keepalive).await.unwrap();
     }
 
     /// Takes the reports waiting on the delivery's channel, as the loop does.
@@ -395,14 +381,7 @@ async fn nothing_is_acknowledged_inside_an_open_kafka_transaction() {
     h.session.delivery.ack(2);
     h.take_reports().unwrap();
     let wal_end = Lsn::new(end.as_u64() + 0x1000);
-    h.session
-        .on_replication_event(ReplicationEvent::Keepalive {
-            wal_end,
-            server_time: PgTimestamp::now(),
-            reply_requested: false,
-        })
-        .await
-        .unwrap();
+    h.keepalive(wal_end).await;
     h.tick_and_persist().await;
     assert_eq!(
         h.stored(),
@@ -416,14 +395,7 @@ async fn nothing_is_acknowledged_inside_an_open_kafka_transaction() {
     h.tick_and_persist().await;
     assert_eq!(h.stored(), end);
     // Between transactions, with nothing held, a keepalive moves it on.
-    h.session
-        .on_replication_event(ReplicationEvent::Keepalive {
-            wal_end,
-            server_time: PgTimestamp::now(),
-            reply_requested: false,
-        })
-        .await
-        .unwrap();
+    h.keepalive(wal_end).await;
     h.tick_and_persist().await;
     assert_eq!(h.stored(), wal_end);
 }
