@@ -35,8 +35,8 @@ use tokio_postgres::Client;
 use crate::config::Config;
 use crate::outbox::ChangeContext;
 use crate::pg::{Lsn, PgConnectConfig, PgError, PgTimestamp, quote_ident};
-use crate::pipeline::retained::RetainedTable;
 use crate::pipeline::{EventIdSet, ReplayOptions, ReplayReport};
+use crate::retained::RetainedTable;
 
 /// What to audit.
 #[derive(Debug, Clone)]

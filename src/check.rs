@@ -14,7 +14,8 @@ use tokio_postgres::Client;
 use crate::checkpoint::OffsetStore;
 use crate::config::Config;
 use crate::coverage::{self, CheckItem, CoverageProblem};
-use crate::outbox::settings::{ColumnNames, TableName};
+use crate::outbox::settings::TableName;
+use crate::outbox::{ColumnRole, MappedColumn};
 use crate::pg::{PgConnectConfig, QualifiedTable, quote_ident};
 use crate::sink;
 
@@ -231,7 +232,6 @@ async fn check_kafka(settings: sink::KafkaSettings) -> CheckResult {
 struct Facts {
     user: String,
     table: TableName,
-    columns: ColumnNames,
 }
 
 async fn check_postgres(config: &Config) -> Vec<CheckResult> {
@@ -253,8 +253,8 @@ async fn check_postgres(config: &Config) -> Vec<CheckResult> {
     let skip_all = |results: &mut Vec<CheckResult>, why: &str| {
         results.extend(DB_CHECKS.iter().map(|item| skip(*item, why)));
     };
-    let (table, columns) = match (config.outbox.table_name(), config.outbox.column_names()) {
-        (Ok(t), Ok(c)) => (t, c),
+    let (table, mapped) = match (config.outbox.table_name(), config.outbox.mapped_columns()) {
+        (Ok(t), Ok(m)) => (t, m),
         // `Config::load` validated both already; kept for a library caller.
         (Err(e), _) | (_, Err(e)) => {
             results.push(fail(
@@ -312,11 +312,7 @@ async fn check_postgres(config: &Config) -> Vec<CheckResult> {
             return results;
         }
     };
-    let facts = Facts {
-        user,
-        table,
-        columns,
-    };
+    let facts = Facts { user, table };
     results.push(wal_level(&client).await);
     let (slots, slot) = replication_slots(&client, config).await;
     results.push(slots);
@@ -331,14 +327,9 @@ async fn check_postgres(config: &Config) -> Vec<CheckResult> {
     let table = QualifiedTable::new(facts.table.schema.clone(), facts.table.name.clone());
     let proof = match coverage::gather(&client, &table, &config.postgres.publication).await {
         Ok(catalog) => {
-            let problems = match coverage::mapped_columns(&config.outbox) {
-                Ok(mapped) => {
-                    coverage::judge(&catalog, &table, &config.postgres.publication, &mapped)
-                        .err()
-                        .unwrap_or_default()
-                }
-                Err(_) => Vec::new(), // validated at load; reported above for a library caller
-            };
+            let problems = coverage::judge(&catalog, &table, &config.postgres.publication, &mapped)
+                .err()
+                .unwrap_or_default();
             Ok(Proof { catalog, problems })
         }
         Err(e) => Err(e.to_string()),
@@ -348,17 +339,7 @@ async fn check_postgres(config: &Config) -> Vec<CheckResult> {
             let oid = p.catalog.table.as_ref().map_or(0, |t| t.oid);
             results.push(pass(Item::OutboxTable, p.table_detail(&facts)));
             results.push(select_privilege(&client, oid, &facts).await);
-            let mut extra: Vec<(&str, String)> = config
-                .outbox
-                .extra_headers
-                .iter()
-                .map(|h| ("outbox.extra_headers", h.clone()))
-                .collect();
-            // Validated when the configuration loaded.
-            for column in config.outbox.placement_columns().unwrap_or_default() {
-                extra.push(("outbox.additional_placement", column));
-            }
-            results.push(outbox_columns(&client, oid, &facts, &extra).await);
+            results.push(outbox_columns(&client, oid, &facts, &mapped).await);
         }
         Ok(p) => {
             results.push(fail_with(Item::OutboxTable, &p.table_problems()));
@@ -867,119 +848,11 @@ async fn select_privilege(client: &Client, oid: u32, facts: &Facts) -> CheckResu
     }
 }
 
-/// Which column types each mapped column may have. The mapper takes every
-/// value in PostgreSQL's text form; these are the types whose text form means
-/// what the record needs (a payload of type bytea would arrive as `\x...` hex).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ColumnRole {
-    /// event_id, aggregate_id: text-like, uuid or an integer.
-    Id,
-    /// aggregate_type, event_type: text-like (they become topic names and headers).
-    Name,
-    /// payload: JSON or text.
-    Payload,
-    /// aggregate_sequence, schema_version: an integer.
-    Integer,
-    /// extra header columns: any type.
-    Any,
-}
-
-const TEXT_TYPES: [&str; 5] = ["text", "varchar", "bpchar", "name", "citext"];
-const INT_TYPES: [&str; 3] = ["int2", "int4", "int8"];
-
-impl ColumnRole {
-    fn accepts(self, base_type: &str) -> bool {
-        let text = TEXT_TYPES.contains(&base_type);
-        let int = INT_TYPES.contains(&base_type);
-        match self {
-            ColumnRole::Id => text || int || base_type == "uuid",
-            ColumnRole::Name => text,
-            ColumnRole::Payload => text || base_type == "jsonb" || base_type == "json",
-            ColumnRole::Integer => int,
-            ColumnRole::Any => true,
-        }
-    }
-
-    fn allowed(self) -> &'static str {
-        match self {
-            ColumnRole::Id => "text, varchar, char, uuid or an integer type",
-            ColumnRole::Name => "text, varchar or char",
-            ColumnRole::Payload => "jsonb, json, text or varchar",
-            ColumnRole::Integer => "smallint, integer or bigint",
-            ColumnRole::Any => "any type",
-        }
-    }
-
-    /// The type a fix should create or convert to.
-    fn fix_type(self) -> &'static str {
-        match self {
-            ColumnRole::Id | ColumnRole::Name | ColumnRole::Any => "text",
-            ColumnRole::Payload => "jsonb",
-            ColumnRole::Integer => "bigint",
-        }
-    }
-}
-
-/// (config key, column name, role) for every column the mapping reads.
-fn mapped_columns(
-    columns: &ColumnNames,
-    extra: &[(&str, String)],
-) -> Vec<(String, String, ColumnRole)> {
-    let mut out = vec![
-        (
-            "outbox.columns.event_id".to_owned(),
-            columns.event_id.clone(),
-            ColumnRole::Id,
-        ),
-        (
-            "outbox.columns.aggregate_type".to_owned(),
-            columns.aggregate_type.clone(),
-            ColumnRole::Name,
-        ),
-        (
-            "outbox.columns.aggregate_id".to_owned(),
-            columns.aggregate_id.clone(),
-            ColumnRole::Id,
-        ),
-        (
-            "outbox.columns.event_type".to_owned(),
-            columns.event_type.clone(),
-            ColumnRole::Name,
-        ),
-        (
-            "outbox.columns.payload".to_owned(),
-            columns.payload.clone(),
-            ColumnRole::Payload,
-        ),
-    ];
-    if let Some(c) = &columns.aggregate_sequence {
-        out.push((
-            "outbox.columns.aggregate_sequence".to_owned(),
-            c.clone(),
-            ColumnRole::Integer,
-        ));
-    }
-    if let Some(c) = &columns.schema_version {
-        out.push((
-            "outbox.columns.schema_version".to_owned(),
-            c.clone(),
-            ColumnRole::Integer,
-        ));
-    }
-    for (key, column) in extra {
-        // A column read twice (the event type also placed in a header) is checked once.
-        if !out.iter().any(|(_, c, _)| c == column) {
-            out.push((key.to_string(), column.clone(), ColumnRole::Any));
-        }
-    }
-    out
-}
-
 async fn outbox_columns(
     client: &Client,
     oid: u32,
     facts: &Facts,
-    extra: &[(&str, String)],
+    mapped: &[MappedColumn],
 ) -> CheckResult {
     let rows = match client
         .query(
@@ -1003,7 +876,7 @@ async fn outbox_columns(
             base: r.get(2),
         })
         .collect();
-    judge_columns(&present, facts, extra)
+    judge_columns(&present, facts, mapped)
 }
 
 /// A column of the outbox table: its name, its type as `format_type` shows
@@ -1016,19 +889,27 @@ struct ColumnFact {
 }
 
 /// Every mapped column must exist with a type its role accepts.
-fn judge_columns(present: &[ColumnFact], facts: &Facts, extra: &[(&str, String)]) -> CheckResult {
+fn judge_columns(present: &[ColumnFact], facts: &Facts, mapped: &[MappedColumn]) -> CheckResult {
     const NAME: Item = Item::OutboxColumns;
     let table = facts.table.quoted();
     let mut found = Vec::new();
     let mut problems = Vec::new();
     let mut fixes = Vec::new();
-    for (key, column, role) in mapped_columns(&facts.columns, extra) {
-        match present.iter().find(|c| c.name == column) {
+    let mut judged: Vec<&str> = Vec::new();
+    for MappedColumn { key, column, role } in mapped {
+        // A column also read as a header or placement is checked once, for
+        // its standard role.
+        if *role == ColumnRole::Any && judged.contains(&column.as_str()) {
+            continue;
+        }
+        judged.push(column);
+        let role = *role;
+        match present.iter().find(|c| &c.name == column) {
             None => {
                 problems.push(format!("column {column:?} ({key}) is missing"));
                 fixes.push(format!(
                     "ALTER TABLE {table} ADD COLUMN {} {};  -- or set {key} to an existing column",
-                    quote_ident(&column),
+                    quote_ident(column),
                     role.fix_type()
                 ));
             }
@@ -1042,7 +923,7 @@ fn judge_columns(present: &[ColumnFact], facts: &Facts, extra: &[(&str, String)]
                 fixes.push(format!(
                     "ALTER TABLE {table} ALTER COLUMN {col} TYPE {to} USING {col}::{to};  -- or set {key} to a column of {}",
                     role.allowed(),
-                    col = quote_ident(&column),
+                    col = quote_ident(column),
                 ));
             }
             Some(c) => found.push(format!("{column} {}", c.shown)),
@@ -1070,7 +951,7 @@ async fn publication(
     let partitioned = proof
         .and_then(|p| p.catalog.table.as_ref())
         .is_some_and(|t| t.relkind == 'p');
-    let create_sql = coverage::create_publication_sql(
+    let create_sql = crate::pg::control::create_publication_sql(
         name,
         &QualifiedTable::new(facts.table.schema.clone(), facts.table.name.clone()),
         partitioned,
@@ -1449,7 +1330,6 @@ mod tests {
         Facts {
             user: "relay".into(),
             table: outbox.table_name().expect("default table"),
-            columns: outbox.column_names().expect("default columns"),
         }
     }
 
@@ -1498,10 +1378,13 @@ mod tests {
     #[test]
     fn mapped_columns_must_exist_with_a_type_their_role_accepts() {
         let facts = default_facts();
-        let all: Vec<ColumnFact> = mapped_columns(&facts.columns, &[])
-            .into_iter()
-            .map(|(_, column, role)| ColumnFact {
-                name: column,
+        let mapped = crate::outbox::OutboxSettings::default()
+            .mapped_columns()
+            .unwrap();
+        let all: Vec<ColumnFact> = mapped
+            .iter()
+            .map(|MappedColumn { column, role, .. }| ColumnFact {
+                name: column.clone(),
                 shown: role.fix_type().to_owned(),
                 // pg_type's name of what format_type shows as bigint
                 base: match role.fix_type() {
@@ -1511,15 +1394,18 @@ mod tests {
             })
             .collect();
         assert!(
-            matches!(judge_columns(&all, &facts, &[]).outcome, Outcome::Pass(_)),
+            matches!(
+                judge_columns(&all, &facts, &mapped).outcome,
+                Outcome::Pass(_)
+            ),
             "{:?}",
-            judge_columns(&all, &facts, &[])
+            judge_columns(&all, &facts, &mapped)
         );
         let mut broken = all.clone();
         let missing = broken.remove(0);
         broken[0].shown = "bytea".into();
         broken[0].base = "bytea".into();
-        let (problem, fix) = problem_and_fix(&judge_columns(&broken, &facts, &[]));
+        let (problem, fix) = problem_and_fix(&judge_columns(&broken, &facts, &mapped));
         assert!(
             problem.contains(&format!("column {:?}", missing.name))
                 && problem.contains("is missing"),

@@ -115,12 +115,7 @@ pub struct Restriction {
     pub columns: Option<Vec<String>>,
 }
 
-/// A column the mapping reads, with the configuration key that names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MappedColumn {
-    pub key: String,
-    pub column: String,
-}
+pub use crate::outbox::MappedColumn;
 
 /// One reason the stream cannot be proven to carry every outbox row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,7 +208,7 @@ impl CoverageProblem {
                 partitioned,
             } => format!(
                 "{}  -- as the table's owner\nor set postgres.create_publication = true",
-                create_publication_sql(publication, table, *partitioned)
+                crate::pg::control::create_publication_sql(publication, table, *partitioned)
             ),
             CoverageProblem::NoInserts { publication } => format!(
                 "ALTER PUBLICATION {} SET (publish = 'insert');",
@@ -373,25 +368,6 @@ fn render_problems(problems: &[CoverageProblem]) -> String {
         out.push_str(&format!("\n  - {p}\n    fix: {}", p.fix()));
     }
     out
-}
-
-/// `CREATE PUBLICATION` for the outbox, inserts only; a partitioned table is
-/// published under its root's name.
-pub fn create_publication_sql(
-    publication: &str,
-    table: &QualifiedTable,
-    partitioned: bool,
-) -> String {
-    let via_root = if partitioned {
-        ", publish_via_partition_root = true"
-    } else {
-        ""
-    };
-    format!(
-        "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert'{via_root});",
-        quote_ident(publication),
-        table
-    )
 }
 
 /// What start-up proved: the relations the stream may carry, by OID.
@@ -803,42 +779,6 @@ fn plain(table: &QualifiedTable) -> String {
     format!("{}.{}", part(&table.schema), part(&table.name))
 }
 
-/// Every column the mapping reads, with the key that names it.
-pub fn mapped_columns(settings: &OutboxSettings) -> Result<Vec<MappedColumn>, ConfigError> {
-    let c = settings.column_names()?;
-    let mut out: Vec<MappedColumn> = [
-        ("outbox.columns.event_id", Some(c.event_id)),
-        ("outbox.columns.aggregate_type", Some(c.aggregate_type)),
-        ("outbox.columns.aggregate_id", Some(c.aggregate_id)),
-        ("outbox.columns.aggregate_sequence", c.aggregate_sequence),
-        ("outbox.columns.event_type", Some(c.event_type)),
-        ("outbox.columns.schema_version", c.schema_version),
-        ("outbox.columns.payload", Some(c.payload)),
-    ]
-    .into_iter()
-    .filter_map(|(key, column)| {
-        column.map(|column| MappedColumn {
-            key: key.to_owned(),
-            column,
-        })
-    })
-    .collect();
-    out.extend(settings.extra_headers.iter().map(|h| MappedColumn {
-        key: "outbox.extra_headers".to_owned(),
-        column: h.clone(),
-    }));
-    out.extend(
-        settings
-            .placement_columns()?
-            .into_iter()
-            .map(|column| MappedColumn {
-                key: "outbox.additional_placement".to_owned(),
-                column,
-            }),
-    );
-    Ok(out)
-}
-
 /// The configured outbox table as the catalog spells it.
 pub fn configured_table(settings: &OutboxSettings) -> Result<QualifiedTable, ConfigError> {
     let t = settings.table_name()?;
@@ -1133,6 +1073,7 @@ mod tests {
             .map(|c| MappedColumn {
                 key: format!("outbox.columns.{c}"),
                 column: (*c).to_owned(),
+                role: crate::outbox::ColumnRole::Any,
             })
             .collect()
     }

@@ -24,6 +24,7 @@ pub mod pg;
 pub mod pgoutput;
 pub mod pipeline;
 pub mod relay;
+pub mod retained;
 pub(crate) mod setting;
 pub mod sink;
 pub mod status;

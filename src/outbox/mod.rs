@@ -1,12 +1,14 @@
 //! Outbox mapping and routing: pure functions from decoded rows to [`OutboxEvent`]s.
 //!
 //! - [`settings`]: the `[outbox]` configuration section and its validation.
+//! - [`columns`]: the columns the mapping reads, with their keys and roles.
 //! - `topic`: Kafka topic-name rules and the routing template.
 //! - [`cloudevents`]: CloudEvents headers (binary content mode), optional.
 //! - `placement`: Debezium's record shapes (placements, payload as a JSON string, regex routing).
 //! - [`mapper`]: rows of the outbox table and logical messages to events.
 
 pub mod cloudevents;
+pub mod columns;
 pub mod event;
 pub mod mapper;
 pub(crate) mod placement;
@@ -14,6 +16,7 @@ pub mod settings;
 pub(crate) mod topic;
 
 pub use cloudevents::CloudEventsSettings;
+pub use columns::{ColumnRole, MappedColumn};
 pub use event::OutboxEvent;
 pub use mapper::MapError;
 pub(crate) use mapper::{BoundRelation, ChangeContext, OutboxMapper};

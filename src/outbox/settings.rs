@@ -14,6 +14,7 @@ use serde::Deserialize;
 use super::cloudevents::{CLOUDEVENTS_HEADERS, CloudEvents, CloudEventsSettings};
 use super::placement::{PayloadFormat, Placement, RouteSettings, parse_placements};
 use super::topic::{self, TopicTemplate};
+use crate::pg::quote_ident;
 
 /// Largest `max_record_bytes` accepted: librdkafka's upper bound for `message.max.bytes`.
 const MAX_RECORD_BYTES_LIMIT: usize = 1_000_000_000;
@@ -256,10 +257,6 @@ impl fmt::Display for TableName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}.{}", self.schema, self.name)
     }
-}
-
-fn quote_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
 }
 
 /// Splits `schema.name` into catalog names: unquoted identifiers fold to ASCII

@@ -241,16 +241,35 @@ pub async fn publication_exists(client: &Client, publication: &str) -> Result<bo
     row.try_get(0).map_err(|e| PgError::sql(during(), e))
 }
 
+/// `CREATE PUBLICATION` for the outbox, inserts only; a partitioned table is
+/// published under its root's name.
+pub fn create_publication_sql(
+    publication: &str,
+    table: &QualifiedTable,
+    partitioned: bool,
+) -> String {
+    let via_root = if partitioned {
+        ", publish_via_partition_root = true"
+    } else {
+        ""
+    };
+    format!(
+        "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert'{via_root});",
+        super::quote_ident(publication),
+        table
+    )
+}
+
 /// Creates the outbox publication, inserts only (the outbox is append-only);
 /// a partitioned table is published under its root's name
-/// ([`crate::coverage::create_publication_sql`]).
+/// ([`create_publication_sql`]).
 pub async fn create_publication(
     client: &Client,
     publication: &str,
     table: &QualifiedTable,
     partitioned: bool,
 ) -> Result<(), PgError> {
-    let sql = crate::coverage::create_publication_sql(publication, table, partitioned);
+    let sql = create_publication_sql(publication, table, partitioned);
     client.batch_execute(&sql).await.map_err(|e| {
         PgError::sql(
             format!("creating publication {publication:?} for {table}"),
@@ -275,7 +294,6 @@ pub async fn system_identifier(client: &Client) -> Result<String, PgError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coverage::create_publication_sql;
 
     #[test]
     fn publication_ddl_quotes_every_name() {

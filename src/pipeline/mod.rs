@@ -11,12 +11,8 @@
 //!   session starts from the durable acked LSN, after a backoff with jitter.
 
 mod delivery;
-mod poison;
-mod prune;
-mod repair;
-mod replay;
+pub(crate) mod poison;
 mod resume;
-pub(crate) mod retained;
 mod sequences;
 mod session;
 
@@ -37,8 +33,11 @@ use crate::pg::{Lsn, PgError};
 use crate::pgoutput::DecodeError;
 use crate::sink::SinkError;
 
-pub use prune::{AckedPosition, PruneError, PruneReport, prune_once, prune_stored, run_pruner};
-pub use replay::{EventIdSet, ReplayError, ReplayOptions, ReplayReport, replay};
+// The retained-row commands' API, where callers have always found it.
+pub use crate::retained::{
+    AckedPosition, EventIdSet, PruneError, PruneReport, ReplayError, ReplayOptions, ReplayReport,
+    prune_once, prune_stored, replay, run_pruner,
+};
 pub use resume::StartRefused;
 pub use sequences::{GapKind, SequenceGap};
 

@@ -323,7 +323,7 @@ fn config_level_check(config: &Config) -> Result<(), String> {
     outbox_cdc::pg::PgConnectConfig::parse_with_env(&config.postgres.url, |_| None)
         .map_err(|e| format!("postgres.url: {e}"))?;
     outbox_cdc::coverage::configured_table(&config.outbox).map_err(|e| e.to_string())?;
-    outbox_cdc::coverage::mapped_columns(&config.outbox).map_err(|e| e.to_string())?;
+    config.outbox.mapped_columns().map_err(|e| e.to_string())?;
     let effective = config.kafka.effective().map_err(|e| e.to_string())?;
     let mut client = rdkafka::ClientConfig::new();
     for (k, v) in effective.iter() {

@@ -22,9 +22,9 @@ use crate::pg::{
 use super::coverage_watch::{self, ProofTarget};
 use super::protocol;
 use crate::pipeline::delivery::{Delivery, StartContext};
-use crate::pipeline::repair;
 use crate::pipeline::resume::{self, ResumeInputs, ResumePlan, StartRefused};
 use crate::pipeline::{PipelineError, RunOptions};
+use crate::retained::repair;
 
 /// What bootstrap hands to streaming.
 pub(super) struct Started<D> {

@@ -53,7 +53,7 @@ impl ProofTarget {
         Ok(ProofTarget {
             publication: config.postgres.publication.clone(),
             table: coverage::configured_table(&config.outbox)?,
-            mapped: coverage::mapped_columns(&config.outbox)?,
+            mapped: config.outbox.mapped_columns()?,
         })
     }
 

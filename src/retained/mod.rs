@@ -1,7 +1,13 @@
-//! Retained outbox rows as a second source (DESIGN.md §13): read them as text
-//! through a synthetic [`Relation`], map them like streamed inserts, and send
-//! them with bounded in-flight records. Shared by gap repair (`repair.rs`) and
-//! replay on demand (`replay.rs`).
+//! The outbox table as the second source of truth (DESIGN.md §13): the
+//! commands that work on retained rows rather than on the stream.
+//!
+//! - `repair`: after a lost slot, publish the rows committed after the
+//!   acknowledged position (run by the connector's start);
+//! - `replay`: publish retained rows on demand (`outbox-cdc replay`);
+//! - `prune`: delete rows provably published (`[prune]`, `outbox-cdc prune`);
+//! - here: reading rows as text through a synthetic [`Relation`], mapping
+//!   them like streamed inserts, and sending them with bounded in-flight
+//!   records (also used by `audit`).
 //!
 //! Rows are read with `query_raw`, which streams: memory holds at most the
 //! rows the connection has buffered plus `limits.max_in_flight_events`
@@ -16,11 +22,18 @@ use crate::config::Config;
 use crate::coverage;
 use crate::outbox::settings::ColumnNames;
 use crate::outbox::{BoundRelation, ChangeContext, MapError, OutboxEvent, OutboxMapper};
-use crate::pg::{Lsn, PgError, QualifiedTable, quote_ident};
+use crate::pg::{Lsn, PgError, PgTimestamp, QualifiedTable, quote_ident};
 use crate::pgoutput::{ColumnValue, Relation, RelationColumn, TupleData};
 use crate::sink::{DeliveryReport, KafkaSink};
 
-use super::PipelineError;
+use crate::pipeline::PipelineError;
+
+mod prune;
+pub(crate) mod repair;
+mod replay;
+
+pub use prune::{AckedPosition, PruneError, PruneReport, prune_once, prune_stored, run_pruner};
+pub use replay::{EventIdSet, ReplayError, ReplayOptions, ReplayReport, replay};
 
 pub(crate) fn sql(during: &str) -> impl Fn(tokio_postgres::Error) -> PipelineError + '_ {
     move |e| PipelineError::Pg(PgError::sql(during.to_owned(), e))
@@ -121,6 +134,40 @@ impl RetainedTable {
         let tuple = TupleData { columns: values };
         Ok(self.mapper.map_insert(&self.bound, &tuple, ctx))
     }
+}
+
+impl RetainedTable {
+    /// Maps one row read as `SELECT <select_list>, <commit time>::int8`: the
+    /// row's event (or why it is none) as if it had been streamed at `at`,
+    /// and its commit time.
+    pub(crate) fn read(
+        &self,
+        row: &Row,
+        at: Lsn,
+    ) -> Result<(Result<OutboxEvent, MapError>, PgTimestamp), PipelineError> {
+        let e = sql("reading retained outbox rows");
+        let commit_time = PgTimestamp(row.try_get::<_, i64>(self.columns.len()).map_err(&e)?);
+        let ctx = ChangeContext {
+            lsn: at,
+            commit_time,
+        };
+        Ok((self.map(row, &ctx)?, commit_time))
+    }
+}
+
+/// Whether the server keeps commit timestamps (`track_commit_timestamp`).
+pub(crate) async fn tracks_commit_timestamps(client: &Client) -> Result<bool, PipelineError> {
+    let e = sql("reading track_commit_timestamp");
+    let on: bool = client
+        .query_one(
+            "SELECT current_setting('track_commit_timestamp') = 'on'",
+            &[],
+        )
+        .await
+        .map_err(&e)?
+        .try_get(0)
+        .map_err(&e)?;
+    Ok(on)
 }
 
 /// A Kafka producer with at most `max` records in flight; a failed delivery

@@ -35,12 +35,14 @@ use crate::checkpoint::{OffsetStore, PendingRepair, StoredOffset};
 use crate::config::Config;
 use crate::coverage;
 use crate::metrics::Metrics;
-use crate::outbox::ChangeContext;
 use crate::pg::{EventPosition, Lsn, PgTimestamp};
 
-use super::PipelineError;
-use super::poison::{PoisonPolicyRouter, Route};
-use super::retained::{BoundedSender, RetainedTable, micros_of, micros_text, sql, table_columns};
+use super::{
+    BoundedSender, RetainedTable, micros_of, micros_text, sql, table_columns,
+    tracks_commit_timestamps,
+};
+use crate::pipeline::PipelineError;
+use crate::pipeline::poison::{PoisonPolicyRouter, Route};
 
 /// Which rows a repair publishes: committed at or after `since`, judged by
 /// the commit timestamp or by `occurred_at`.
@@ -76,15 +78,10 @@ pub(crate) async fn plan(
              lost\"), then start with --recreate-slot --accept-gap",
         ));
     };
-    let track: String = client
-        .query_one("SELECT current_setting('track_commit_timestamp')", &[])
-        .await
-        .map_err(&e)?
-        .try_get(0)
-        .map_err(&e)?;
+    let track = tracks_commit_timestamps(client).await?;
     let columns = table_columns(client, &table).await?;
     let has_occurred_at = columns.iter().any(|(name, _)| name == "occurred_at");
-    let (bound, margin_ms) = if track == "on" {
+    let (bound, margin_ms) = if track {
         (BY_COMMIT_TIMESTAMP, config.repair.commit_time_margin_ms)
     } else if has_occurred_at {
         (BY_OCCURRED_AT, config.repair.occurred_at_margin_ms)
@@ -249,13 +246,7 @@ pub(crate) async fn publish(
     let mut delivered: u64 = 0;
     let count = |n: u64| metrics.repair_published(n);
     while let Some(row) = rows.next().await {
-        let row = row.map_err(&e)?;
-        let commit_time = PgTimestamp(row.try_get::<_, i64>(retained.columns.len()).map_err(&e)?);
-        let ctx = ChangeContext {
-            lsn: at,
-            commit_time,
-        };
-        let mapped = retained.map(&row, &ctx)?;
+        let (mapped, commit_time) = retained.read(&row.map_err(&e)?, at)?;
         let raw = || Bytes::from_static(b"{}");
         let event = match router.route(mapped, raw, store, EventPosition::at(at), commit_time)? {
             Route::Publish(event) | Route::DeadLetter(event) => event,

@@ -68,8 +68,8 @@ use crate::coverage;
 use crate::metrics::Metrics;
 use crate::pg::{Lsn, PgConnectConfig, PgTimestamp, QualifiedTable, quote_ident};
 
-use super::PipelineError;
-use super::retained::{micros_text, sql, table_columns};
+use super::{micros_text, sql, table_columns};
+use crate::pipeline::PipelineError;
 
 /// Why pruning cannot run at all; the operator fixes the setup.
 #[derive(Debug, thiserror::Error)]

@@ -32,13 +32,12 @@ use tokio_postgres::Client;
 use tracing::info;
 
 use crate::config::Config;
-use crate::outbox::ChangeContext;
 use crate::outbox::topic::validate_topic_name;
-use crate::pg::{EventPosition, Lsn, PgConnectConfig, PgTimestamp, quote_ident};
+use crate::pg::{EventPosition, Lsn, PgConnectConfig, quote_ident};
 
-use super::PipelineError;
-use super::poison::{MemoryParking, PoisonPolicyRouter, Route};
-use super::retained::{BoundedSender, RetainedTable, micros_of, sql};
+use super::{BoundedSender, RetainedTable, micros_of, sql, tracks_commit_timestamps};
+use crate::pipeline::PipelineError;
+use crate::pipeline::poison::{MemoryParking, PoisonPolicyRouter, Route};
 
 /// What to replay (the command line of `outbox-cdc replay`).
 #[derive(Debug, Clone, Default)]
@@ -277,14 +276,8 @@ pub async fn replay_with(
         ));
     }
 
-    let track: String = client
-        .query_one("SELECT current_setting('track_commit_timestamp')", &[])
-        .await
-        .map_err(&e)?
-        .try_get(0)
-        .map_err(&e)?;
     // The record timestamp: the commit time when known, as streamed records have.
-    let time = if track == "on" {
+    let time = if tracks_commit_timestamps(client).await? {
         "coalesce(pg_xact_commit_timestamp(o.xmin), o.occurred_at)"
     } else {
         "o.occurred_at"
@@ -321,13 +314,7 @@ pub async fn replay_with(
     };
     let mut seen: u64 = 0;
     while let Some(row) = rows.next().await {
-        let row = row.map_err(&e)?;
-        let commit_time = PgTimestamp(row.try_get::<_, i64>(retained.columns.len()).map_err(&e)?);
-        let ctx = ChangeContext {
-            lsn: at,
-            commit_time,
-        };
-        let mapped = retained.map(&row, &ctx)?;
+        let (mapped, commit_time) = retained.read(&row.map_err(&e)?, at)?;
         if let Some(only) = &options.only {
             // An unmappable row has no event id to match; it is not wanted.
             match &mapped {
