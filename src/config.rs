@@ -97,29 +97,23 @@ pub struct Config {
 /// the acknowledged LSN is stored only after the Kafka transaction committed,
 /// so a `read_committed` consumer sees every event once across any crash.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct DeliverySettings {
-    #[serde(default)]
     pub mode: DeliveryMode,
     /// Kafka's `transaction.timeout.ms` (default 60000): the broker aborts a
     /// transaction open longer than this. One PostgreSQL transaction must be
     /// published within it (at most the broker's `transaction.max.timeout.ms`,
     /// 900000 by default).
-    #[serde(default = "default_transaction_timeout_ms")]
     pub transaction_timeout_ms: u64,
     /// The compacted topic of the markers (created if missing).
-    #[serde(default = "default_offsets_topic")]
     pub offsets_topic: String,
     /// A Kafka transaction is committed at the first PostgreSQL commit after
     /// it holds this many events (default 1000) ...
-    #[serde(default = "default_max_batch_events")]
     pub max_batch_events: usize,
     /// ... or this many bytes of records (default 4 MiB) ...
-    #[serde(default = "default_max_batch_bytes")]
     pub max_batch_bytes: usize,
     /// ... or has been open this long (default 100 ms): the latency bound at
     /// low traffic.
-    #[serde(default = "default_max_batch_ms")]
     pub max_batch_ms: u64,
 }
 
@@ -153,31 +147,15 @@ impl<'de> Deserialize<'de> for DeliveryMode {
     }
 }
 
-fn default_transaction_timeout_ms() -> u64 {
-    60_000
-}
-fn default_offsets_topic() -> String {
-    "outbox-cdc.offsets".into()
-}
-fn default_max_batch_events() -> usize {
-    1000
-}
-fn default_max_batch_bytes() -> usize {
-    4 * 1024 * 1024
-}
-fn default_max_batch_ms() -> u64 {
-    100
-}
-
 impl Default for DeliverySettings {
     fn default() -> Self {
         DeliverySettings {
             mode: DeliveryMode::default(),
-            transaction_timeout_ms: default_transaction_timeout_ms(),
-            offsets_topic: default_offsets_topic(),
-            max_batch_events: default_max_batch_events(),
-            max_batch_bytes: default_max_batch_bytes(),
-            max_batch_ms: default_max_batch_ms(),
+            transaction_timeout_ms: 60_000,
+            offsets_topic: "outbox-cdc.offsets".into(),
+            max_batch_events: 1000,
+            max_batch_bytes: 4 * 1024 * 1024,
+            max_batch_ms: 100,
         }
     }
 }
@@ -238,43 +216,28 @@ impl DeliverySettings {
 /// it publishes and counts (`outbox_cdc_sequence_gaps_total`) and logs every
 /// number that does not follow the last one published.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct AuditSettings {
     /// `consecutive` (default: 1, 2, 3, ... as `outbox_emit` numbers them),
     /// `increasing` (any larger number follows), or `off`.
-    #[serde(default = "default_sequences")]
     pub sequences: String,
     /// `warn` (default: count and log) or `stop` (stop before publishing the
     /// event, so nothing after it is acknowledged).
-    #[serde(default = "default_on_gap")]
     pub on_gap: String,
     /// How often the last numbers are written to the offset store (default
     /// 1000 ms). The position reported to PostgreSQL waits for them (so the
     /// slot's confirmed position may trail the stored offset by this much);
     /// after a crash the server sends that stretch again and the numbers are
     /// read back from it, not published again.
-    #[serde(default = "default_save_interval_ms")]
     pub save_interval_ms: u64,
-}
-
-fn default_save_interval_ms() -> u64 {
-    1000
-}
-
-fn default_sequences() -> String {
-    "consecutive".into()
-}
-
-fn default_on_gap() -> String {
-    "warn".into()
 }
 
 impl Default for AuditSettings {
     fn default() -> Self {
         AuditSettings {
-            sequences: default_sequences(),
-            on_gap: default_on_gap(),
-            save_interval_ms: default_save_interval_ms(),
+            sequences: "consecutive".into(),
+            on_gap: "warn".into(),
+            save_interval_ms: 1000,
         }
     }
 }
@@ -286,46 +249,30 @@ impl Default for AuditSettings {
 /// `batch_rows`, every `interval` while `run` streams, or once by
 /// `outbox-cdc prune`. Off by default.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct PruneSettings {
     /// How long rows are kept, as a number and a unit: `7d`, `36h`, `90m`,
     /// `600s`. Default `""`: pruning is off.
-    #[serde(default)]
     pub retention: String,
     /// Rows deleted per batch (one short transaction each). Default 10000.
-    #[serde(default = "default_prune_batch_rows")]
     pub batch_rows: u64,
     /// How often `run` prunes, same units as `retention`. Default `5m`.
-    #[serde(default = "default_prune_interval")]
     pub interval: String,
     /// The longest the pruner waits for a lock (PostgreSQL `lock_timeout`),
     /// and so the longest an application insert can wait behind it while a
     /// partition is detached without `CONCURRENTLY` (PostgreSQL 13, or a
     /// partitioned table with a DEFAULT partition). Not granted in time: the
     /// partition is left for a later prune. Default 1000.
-    #[serde(default = "default_prune_lock_timeout_ms")]
     pub lock_timeout_ms: u64,
-}
-
-fn default_prune_batch_rows() -> u64 {
-    10_000
-}
-
-fn default_prune_interval() -> String {
-    "5m".into()
-}
-
-fn default_prune_lock_timeout_ms() -> u64 {
-    1000
 }
 
 impl Default for PruneSettings {
     fn default() -> Self {
         PruneSettings {
             retention: String::new(),
-            batch_rows: default_prune_batch_rows(),
-            interval: default_prune_interval(),
-            lock_timeout_ms: default_prune_lock_timeout_ms(),
+            batch_rows: 10_000,
+            interval: "5m".into(),
+            lock_timeout_ms: 1000,
         }
     }
 }
@@ -410,33 +357,23 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// transaction's commit time minus a margin are published; duplicates are
 /// allowed by the contract, a row left out would be lost.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct RepairSettings {
     /// With `track_commit_timestamp = on`: the margin before the acknowledged
     /// commit time, for transactions whose commit timestamps and WAL order
     /// differ (concurrent commits). Milliseconds, default 10000.
-    #[serde(default = "default_commit_time_margin_ms")]
     pub commit_time_margin_ms: u64,
     /// Without it, rows are chosen by `occurred_at` (the writing
     /// transaction's start): the margin covers the longest transaction.
     /// Milliseconds, default 3600000 (one hour).
-    #[serde(default = "default_occurred_at_margin_ms")]
     pub occurred_at_margin_ms: u64,
-}
-
-fn default_commit_time_margin_ms() -> u64 {
-    10_000
-}
-
-fn default_occurred_at_margin_ms() -> u64 {
-    3_600_000
 }
 
 impl Default for RepairSettings {
     fn default() -> Self {
         RepairSettings {
-            commit_time_margin_ms: default_commit_time_margin_ms(),
-            occurred_at_margin_ms: default_occurred_at_margin_ms(),
+            commit_time_margin_ms: 10_000,
+            occurred_at_margin_ms: 3_600_000,
         }
     }
 }
@@ -526,86 +463,78 @@ impl fmt::Debug for PostgresSettings {
 
 /// `[offsets]`: the local sled store of acknowledged LSNs.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct OffsetSettings {
     /// Directory of the sled store. Default `./outbox-cdc-offsets`.
-    #[serde(default = "default_offsets_path")]
     pub path: PathBuf,
     /// Longest time an acknowledged LSN waits before it is persisted (and then
     /// reported to PostgreSQL), in milliseconds. Batching flushes keeps fsyncs off
     /// the per-transaction path; a crash replays at most this window. Default 200.
-    #[serde(default = "default_flush_interval_ms")]
     pub flush_interval_ms: u64,
 }
 
 impl Default for OffsetSettings {
     fn default() -> Self {
         OffsetSettings {
-            path: default_offsets_path(),
-            flush_interval_ms: default_flush_interval_ms(),
+            path: PathBuf::from("./outbox-cdc-offsets"),
+            flush_interval_ms: 200,
         }
     }
 }
 
 /// `[limits]`: bounds on work in flight to Kafka (backpressure).
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct LimitSettings {
     /// Events sent to Kafka and not yet acknowledged. Default 10000.
-    #[serde(default = "default_max_in_flight_events")]
     pub max_in_flight_events: usize,
     /// Bytes of those events. Default 64 MiB.
-    #[serde(default = "default_max_in_flight_bytes")]
     pub max_in_flight_bytes: usize,
     /// On SIGINT/SIGTERM, how long to wait for in-flight deliveries, in milliseconds. Default 30000.
-    #[serde(default = "default_shutdown_timeout_ms")]
     pub shutdown_timeout_ms: u64,
 }
 
 impl Default for LimitSettings {
     fn default() -> Self {
         LimitSettings {
-            max_in_flight_events: default_max_in_flight_events(),
-            max_in_flight_bytes: default_max_in_flight_bytes(),
-            shutdown_timeout_ms: default_shutdown_timeout_ms(),
+            max_in_flight_events: 10_000,
+            max_in_flight_bytes: 64 * 1024 * 1024,
+            shutdown_timeout_ms: 30_000,
         }
     }
 }
 
 /// `[http]`: metrics and health endpoints.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct HttpSettings {
     /// Listen address; empty disables the server. Default `127.0.0.1:9187`.
-    #[serde(default = "default_listen")]
     pub listen: String,
 }
 
 impl Default for HttpSettings {
     fn default() -> Self {
         HttpSettings {
-            listen: default_listen(),
+            listen: "127.0.0.1:9187".into(),
         }
     }
 }
 
 /// `[retry]`: reconnect backoff after a retryable failure.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct RetrySettings {
     /// First backoff, in milliseconds. Default 500.
-    #[serde(default = "default_initial_backoff_ms")]
     pub initial_backoff_ms: u64,
     /// Largest backoff, in milliseconds. Default 30000.
-    #[serde(default = "default_max_backoff_ms")]
     pub max_backoff_ms: u64,
 }
 
 impl Default for RetrySettings {
     fn default() -> Self {
         RetrySettings {
-            initial_backoff_ms: default_initial_backoff_ms(),
-            max_backoff_ms: default_max_backoff_ms(),
+            initial_backoff_ms: 500,
+            max_backoff_ms: 30_000,
         }
     }
 }
@@ -621,28 +550,25 @@ impl RetrySettings {
 
 /// `[monitor]`: the slot-lag poller and the optional heartbeat.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct MonitorSettings {
     /// How often `pg_replication_slots` and `pg_current_wal_lsn()` are polled for
     /// the slot gauges, in milliseconds. Default 5000.
-    #[serde(default = "default_slot_poll_interval_ms")]
     pub slot_poll_interval_ms: u64,
     /// Every this many milliseconds, `SELECT pg_logical_emit_message(false, <prefix>, now()::text)`
     /// writes a small WAL record into this database, so something reaches the
     /// connector and the slot advances while the outbox is quiet. Default 0: off.
-    #[serde(default)]
     pub heartbeat_interval_ms: u64,
     /// Prefix of the heartbeat messages. Default `outbox-cdc-heartbeat`.
-    #[serde(default = "default_heartbeat_prefix")]
     pub heartbeat_prefix: String,
 }
 
 impl Default for MonitorSettings {
     fn default() -> Self {
         MonitorSettings {
-            slot_poll_interval_ms: default_slot_poll_interval_ms(),
+            slot_poll_interval_ms: 5_000,
             heartbeat_interval_ms: 0,
-            heartbeat_prefix: default_heartbeat_prefix(),
+            heartbeat_prefix: "outbox-cdc-heartbeat".into(),
         }
     }
 }
@@ -655,13 +581,6 @@ impl MonitorSettings {
     pub fn heartbeat_interval(&self) -> Option<Duration> {
         (self.heartbeat_interval_ms > 0).then(|| Duration::from_millis(self.heartbeat_interval_ms))
     }
-}
-
-fn default_slot_poll_interval_ms() -> u64 {
-    5_000
-}
-fn default_heartbeat_prefix() -> String {
-    "outbox-cdc-heartbeat".into()
 }
 
 fn default_slot() -> String {
@@ -678,30 +597,6 @@ fn default_application_name() -> String {
 }
 fn default_status_interval_ms() -> u64 {
     10_000
-}
-fn default_offsets_path() -> PathBuf {
-    PathBuf::from("./outbox-cdc-offsets")
-}
-fn default_flush_interval_ms() -> u64 {
-    200
-}
-fn default_max_in_flight_events() -> usize {
-    10_000
-}
-fn default_max_in_flight_bytes() -> usize {
-    64 * 1024 * 1024
-}
-fn default_shutdown_timeout_ms() -> u64 {
-    30_000
-}
-fn default_listen() -> String {
-    "127.0.0.1:9187".into()
-}
-fn default_initial_backoff_ms() -> u64 {
-    500
-}
-fn default_max_backoff_ms() -> u64 {
-    30_000
 }
 
 impl Config {

@@ -1043,7 +1043,7 @@ async fn acked_from_metrics(addr: SocketAddr) -> Result<Option<Lsn>, String> {
 }
 
 /// The events the gap repair of the lost slot (stored offset `lost`)
-/// publishes again by its rule (src/pipeline/repair.rs): committed at or
+/// publishes again by its rule (src/retained/repair.rs): committed at or
 /// after the acknowledged commit time minus the margin, by the commit
 /// timestamp when tracked, else by `occurred_at`.
 async fn republished_by_repair(
@@ -1182,7 +1182,7 @@ async fn after_connector_death(
 }
 
 /// Whether `outbox-cdc repair` can prove the gap covered (the condition of
-/// `src/pipeline/repair.rs`): nothing acknowledged since the slot was made, or
+/// `src/retained/repair.rs`): nothing acknowledged since the slot was made, or
 /// the table still holds a row from at or before the acknowledged commit.
 async fn repair_can_prove(offsets: &Path, names: &Names, admin: &mut Admin) -> bool {
     let stored = match OffsetStore::open(offsets).and_then(|s| s.load(&names.slot)) {
