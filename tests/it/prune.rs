@@ -9,6 +9,10 @@
 //! `track_commit_timestamp = on`, by its commit timestamp:
 //! tests/prune_commit_ts.rs). The tests run `CHECKPOINT` (which logs a
 //! running-transactions record) where a busy server would have logged one.
+//!
+//! Issue 29: the last two run the pruner while transactions stay open across
+//! the acknowledged commit, and while a gap repair runs, and time every
+//! application insert against `prune.lock_timeout_ms`.
 
 use crate::common;
 
@@ -16,12 +20,14 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::relay::{Fixture, Running, consume, eventually};
+use common::relay::{Fixture, Running, consume, eventually, read_ids};
 use common::{admin_client, init_tracing};
-use outbox_cdc::checkpoint::OffsetStore;
+use outbox_cdc::checkpoint::{OffsetStore, StoreError};
 use outbox_cdc::metrics::Metrics;
 use outbox_cdc::pg::PgTimestamp;
-use outbox_cdc::pipeline::{self, AckedPosition, PruneError};
+use outbox_cdc::pipeline::{
+    self, AckedPosition, PipelineError, PruneError, PruneReport, RunOptions,
+};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -29,22 +35,58 @@ const TIMEOUT: Duration = Duration::from_secs(90);
 const PRUNE_ENV: &str = "OUTBOX_CDC__PRUNE__RETENTION=1s OUTBOX_CDC__PRUNE__BATCH_ROWS=7 \
                          OUTBOX_CDC__REPAIR__OCCURRED_AT_MARGIN_MS=200";
 
-/// A writer committing one event per transaction until stopped; returns the
-/// committed event ids.
-fn spawn_writer(
-    table: String,
-    tag: &'static str,
-) -> (
-    tokio::sync::watch::Sender<bool>,
-    tokio::task::JoinHandle<Vec<String>>,
-) {
+/// What a writer committed, and the longest any of its inserts took.
+struct Written {
+    ids: Vec<String>,
+    slowest: Duration,
+}
+
+/// A writer committing one event per transaction (a single-row INSERT, as an
+/// application does) until finished, timing each INSERT.
+struct Writer {
+    stop: tokio::sync::watch::Sender<bool>,
+    handle: tokio::task::JoinHandle<Written>,
+    /// When the INSERT in flight started; `None` between inserts.
+    inserting_since: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+}
+
+impl Writer {
+    /// Panics when the INSERT in flight has waited longer than `bound`.
+    fn assert_no_insert_waits_longer_than(&self, bound: Duration) {
+        let since = *self.inserting_since.lock().expect("writer state");
+        if let Some(waited) = since.map(|s| s.elapsed()).filter(|w| *w > bound) {
+            panic!("an application insert has been waiting for {waited:?} (bound {bound:?})");
+        }
+    }
+
+    /// Waits `how_long`, checking the INSERT in flight against `bound`.
+    async fn watch(&self, how_long: Duration, bound: Duration) {
+        let until = std::time::Instant::now() + how_long;
+        while std::time::Instant::now() < until {
+            self.assert_no_insert_waits_longer_than(bound);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn finish(self) -> Written {
+        self.stop.send(true).expect("stop the writer");
+        self.handle.await.expect("writer")
+    }
+}
+
+fn spawn_writer(table: String, tag: &'static str) -> Writer {
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let inserting_since = Arc::new(std::sync::Mutex::new(None));
+    let since = inserting_since.clone();
     let handle = tokio::spawn(async move {
         let client = admin_client().await;
         let mut ids = Vec::new();
+        let mut slowest = Duration::ZERO;
         let mut i = 0u64;
         while !*stopped.borrow_and_update() {
             let agg = format!("{tag}{}", i % 5);
+            let started = std::time::Instant::now();
+            *since.lock().expect("writer state") = Some(started);
             let row = client
                 .query_one(
                     &format!(
@@ -59,13 +101,19 @@ fn spawn_writer(
                 )
                 .await
                 .expect("writer insert");
+            *since.lock().expect("writer state") = None;
+            slowest = slowest.max(started.elapsed());
             ids.push(row.get(0));
             i += 1;
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        ids
+        Written { ids, slowest }
     });
-    (stop, handle)
+    Writer {
+        stop,
+        handle,
+        inserting_since,
+    }
 }
 
 /// `CHECKPOINT` every second (a busy server's checkpoint_timeout, shortened)
@@ -109,7 +157,7 @@ async fn prune_racing_writers_never_deletes_an_unpublished_row() {
         .await
         .expect("grant delete");
     let running = Running::start(fx.config_with(PRUNE_ENV)).await;
-    let (stop, writer) = spawn_writer(fx.table.clone(), "p");
+    let writer = spawn_writer(fx.table.clone(), "p");
     tokio::time::sleep(Duration::from_millis(1000)).await;
     // The rows written so far become provably committed before what the
     // connector acknowledges.
@@ -133,8 +181,7 @@ async fn prune_racing_writers_never_deletes_an_unpublished_row() {
         .await
         .expect("prune");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    stop.send(true).expect("stop the writer");
-    let committed: BTreeSet<String> = writer.await.expect("writer").into_iter().collect();
+    let committed: BTreeSet<String> = writer.finish().await.ids.into_iter().collect();
     let after = table_ids(&fx).await;
 
     let deleted: BTreeSet<&String> = committed.difference(&after).collect();
@@ -186,7 +233,7 @@ async fn the_running_pruner_deletes_only_published_rows() {
         running.metrics.clone(),
         pruner_rx,
     ));
-    let (stop, writer) = spawn_writer(fx.table.clone(), "r");
+    let writer = spawn_writer(fx.table.clone(), "r");
     let checkpoints = spawn_checkpoints();
     let metrics = running.metrics.clone();
     eventually("the pruner deleted rows", TIMEOUT, || {
@@ -194,9 +241,8 @@ async fn the_running_pruner_deletes_only_published_rows() {
         async move { metrics.pruned_rows() > 20 }
     })
     .await;
-    stop.send(true).expect("stop the writer");
+    let committed: BTreeSet<String> = writer.finish().await.ids.into_iter().collect();
     checkpoints.abort();
-    let committed: BTreeSet<String> = writer.await.expect("writer").into_iter().collect();
     stop_pruner.send(true).expect("stop the pruner");
     pruner.await.expect("pruner task");
     let after = table_ids(&fx).await;
@@ -955,7 +1001,7 @@ async fn the_running_pruner_keeps_the_rows_of_parked_aggregates() {
     fx.write_tx(&[("order", "a1", huge)], true).await;
     fx.write_tx(&[("order", "a1", r#"{"n": 1}"#.to_owned())], true)
         .await;
-    let (stop, writer) = spawn_writer(fx.table.clone(), "w");
+    let writer = spawn_writer(fx.table.clone(), "w");
     let checkpoints = spawn_checkpoints();
     let metrics = running.metrics.clone();
     eventually("the pruner deleted rows", TIMEOUT, || {
@@ -963,14 +1009,554 @@ async fn the_running_pruner_keeps_the_rows_of_parked_aggregates() {
         async move { metrics.pruned_rows() > 20 }
     })
     .await;
-    stop.send(true).expect("stop the writer");
+    writer.finish().await;
     checkpoints.abort();
-    writer.await.expect("writer");
     running.stop().await.expect("graceful stop");
     let left = rows_by_aggregate(&fx).await;
     assert!(
         left.contains(&("a1".to_owned(), 2)),
         "the parked aggregate's rows stay: {left:?}"
+    );
+    fx.cleanup().await;
+}
+
+/// `[prune] lock_timeout_ms` in the issue 29 tests below.
+const LOCK_TIMEOUT: Duration = Duration::from_millis(1000);
+
+/// What an application insert may take beyond the lock timeout: the test
+/// servers share two busy cores with the connector, the pruner, a CHECKPOINT
+/// every second and other tests, where a commit's fsync alone has taken
+/// hundreds of milliseconds. An insert queued behind a detach that does not
+/// bound its wait waits as long as the open transactions below (4 s and
+/// more), well past this.
+const SCHEDULING_ALLOWANCE: Duration = Duration::from_millis(1000);
+
+/// Inserts `n` rows of aggregate `agg` with `occurred_at` = `at` (SQL) on
+/// `client`, in its current transaction if one is open; returns their ids.
+async fn insert_ids(
+    client: &tokio_postgres::Client,
+    table: &str,
+    agg: &str,
+    n: i32,
+    at: &str,
+) -> Vec<String> {
+    client
+        .query(
+            &format!(
+                "INSERT INTO public.{table} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at)
+                 SELECT gen_random_uuid(), 'order', $1, n, 'E', '{{}}', {at} FROM generate_series(1, $2) AS n
+                 RETURNING event_id::text"
+            ),
+            &[&agg, &n],
+        )
+        .await
+        .expect("insert rows")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Which of `ids` never reached the topics of `fx` (read until all arrived,
+/// or [`TIMEOUT`]; duplicates do not end the read early).
+fn missing_from_kafka(fx: &Fixture, ids: &BTreeSet<String>) -> Vec<String> {
+    let records = read_ids(&fx.topic_prefix, ids, TIMEOUT, Duration::from_secs(1))
+        .unwrap_or_else(|partial| partial);
+    let seen: BTreeSet<&str> = records.iter().map(|r| r.header("event_id")).collect();
+    ids.iter()
+        .filter(|id| !seen.contains(id.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// The event ids in the topics of `fx`, read to their current end.
+fn published_ids(fx: &Fixture, expected: usize) -> BTreeSet<String> {
+    consume(&fx.topic_prefix, expected, TIMEOUT, Duration::from_secs(2))
+        .iter()
+        .map(|r| r.header("event_id").to_owned())
+        .collect()
+}
+
+/// `CHECKPOINT`, then waits until the running connector has acknowledged
+/// past it: from then on that checkpoint is at or before the acknowledged
+/// position. With `past_rows`, the checkpoint is repeated while an older
+/// transaction (here or elsewhere in the cluster) holds its oldest running
+/// xid before the rows now in the table: it then proves every one of them
+/// committed before the acknowledged position.
+async fn acknowledged_checkpoint(fx: &Fixture, metrics: &Metrics, past_rows: bool) {
+    let newest: Option<String> = fx
+        .admin
+        .query_one(
+            &format!(
+                "SELECT max(xmin::text::int8)::text FROM public.{}",
+                fx.table
+            ),
+            &[],
+        )
+        .await
+        .expect("xmin")
+        .get(0);
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let at: outbox_cdc::pg::Lsn = loop {
+        fx.admin
+            .batch_execute("CHECKPOINT")
+            .await
+            .expect("checkpoint");
+        let row = fx
+            .admin
+            .query_one(
+                "SELECT checkpoint_lsn::text, age(oldest_active_xid) < age($1::text::xid)
+                 FROM pg_control_checkpoint()",
+                &[&newest],
+            )
+            .await
+            .expect("pg_control_checkpoint");
+        if !past_rows || row.get::<_, Option<bool>>(1).unwrap_or(true) {
+            break row.get::<_, String>(0).parse().expect("an LSN");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the checkpoints' oldest running xid never passed the table's rows"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eventually(
+        "the connector acknowledges past the checkpoint",
+        TIMEOUT,
+        || async { metrics.acked() > at },
+    )
+    .await;
+}
+
+/// Issue 29: transactions that began (and wrote outbox rows, their
+/// `occurred_at` their start or earlier, past the retention) before the
+/// acknowledged commit and commit after it. While they are open the
+/// connector acknowledges later-starting transactions and `run`'s pruner
+/// prunes (and tries to drop the old partition, which these transactions
+/// hold: the detach waits at most the lock timeout); then the connector
+/// stops, they commit, and the one-shot prune runs before they are
+/// published. None of their rows is deleted, every deleted row was in Kafka
+/// (before the prune, for the one-shot), every row reaches Kafka once the
+/// connector runs again, and no application insert waited longer than
+/// `lock_timeout_ms` (plus [`SCHEDULING_ALLOWANCE`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_keeps_rows_of_transactions_open_across_the_acknowledged_commit() {
+    init_tracing();
+    let fx = Fixture::new("pruneopen").await;
+    let t = fx.table.clone();
+    partitioned(
+        &fx,
+        "RANGE (occurred_at)",
+        "event_id, occurred_at",
+        &[
+            (
+                "old",
+                "FOR VALUES FROM ('2020-01-01') TO ('2021-01-01')".into(),
+            ),
+            ("now", "FOR VALUES FROM ('2021-01-01') TO (MAXVALUE)".into()),
+        ],
+    )
+    .await;
+    fx.admin
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {} FOR TABLE public.{t} WITH (publish = 'insert', publish_via_partition_root = true)",
+            fx.publication
+        ))
+        .await
+        .expect("publication");
+    let env = format!(
+        "{PRUNE_ENV} OUTBOX_CDC__PRUNE__INTERVAL=1s OUTBOX_CDC__PRUNE__LOCK_TIMEOUT_MS={}",
+        LOCK_TIMEOUT.as_millis()
+    );
+    let running = Running::start(fx.config_with(&env)).await;
+    let metrics = running.metrics.clone();
+    let bound = LOCK_TIMEOUT + SCHEDULING_ALLOWANCE;
+    let writer = spawn_writer(t.clone(), "w");
+    // Published rows of the old partition, which the pruner wants to drop.
+    let old = insert_ids(&fx.admin, &t, "old", 10, "'2020-06-01'").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Open across the acknowledged commit: A's rows carry its start time
+    // (the column's default), B's an hour before it.
+    let open_a = admin_client().await;
+    open_a.batch_execute("BEGIN").await.expect("BEGIN");
+    let a = insert_ids(&open_a, &t, "open-a", 3, "now()").await;
+    let open_b = admin_client().await;
+    open_b.batch_execute("BEGIN").await.expect("BEGIN");
+    let b = insert_ids(&open_b, &t, "open-b", 3, "now() - interval '1 hour'").await;
+    let open: BTreeSet<String> = a.iter().chain(&b).cloned().collect();
+
+    // The connector acknowledges transactions that started after them, and
+    // the running pruner deletes rows while they are open.
+    let checkpoints = spawn_checkpoints();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let later = fx.wal_insert_lsn().await;
+    eventually(
+        "the connector acknowledges later transactions",
+        TIMEOUT,
+        || async {
+            writer.assert_no_insert_waits_longer_than(bound);
+            metrics.acked() > later
+        },
+    )
+    .await;
+    eventually("the running pruner deleted rows", TIMEOUT, || async {
+        writer.assert_no_insert_waits_longer_than(bound);
+        metrics.pruned_rows() >= old.len() as u64
+    })
+    .await;
+    // A few more passes while they stay open (each tries the detach).
+    writer.watch(Duration::from_secs(3), bound).await;
+    checkpoints.abort();
+    acknowledged_checkpoint(&fx, &metrics, false).await;
+    let pruned_while_open = metrics.pruned_rows();
+    running.stop().await.expect("graceful stop");
+
+    // They commit after the acknowledged position; the connector is stopped,
+    // so what Kafka holds now is final until it runs again.
+    let published = published_ids(&fx, 1);
+    assert!(
+        open.iter().all(|id| !published.contains(id)),
+        "the open transactions' rows were published before they committed"
+    );
+    open_a.batch_execute("COMMIT").await.expect("commit A");
+    open_b.batch_execute("COMMIT").await.expect("commit B");
+    writer.watch(Duration::from_millis(1200), bound).await;
+    let before = table_ids(&fx).await;
+    let report = pipeline::prune_stored(&fx.config_with(&env), &Metrics::default())
+        .await
+        .expect("the one-shot prune");
+    let after = table_ids(&fx).await;
+    assert!(report.skipped.is_none(), "{report}");
+    let gone: Vec<&String> = open.iter().filter(|id| !after.contains(*id)).collect();
+    assert!(
+        gone.is_empty(),
+        "rows of transactions committed after the acknowledged position were deleted before they \
+         were published: {gone:?}; {report}"
+    );
+    let unpublished: Vec<&String> = before
+        .difference(&after)
+        .filter(|id| !published.contains(*id))
+        .collect();
+    assert!(
+        unpublished.is_empty(),
+        "the one-shot prune deleted rows that were not in Kafka: {unpublished:?}; {report}"
+    );
+
+    // Running again, the connector publishes them; nothing was lost.
+    let running = Running::start(fx.config_with(&env)).await;
+    writer.watch(Duration::from_millis(500), bound).await;
+    let written = writer.finish().await;
+    let committed: BTreeSet<String> = written
+        .ids
+        .iter()
+        .chain(&old)
+        .chain(&open)
+        .cloned()
+        .collect();
+    let lost = missing_from_kafka(&fx, &committed);
+    running.stop().await.expect("graceful stop");
+    let remaining = table_ids(&fx).await;
+    println!(
+        "committed {}, pruned while open {pruned_while_open}, one-shot: {report}; deleted in all {}, \
+         leaves now {:?}; slowest insert {:?}",
+        committed.len(),
+        committed.difference(&remaining).count(),
+        leaves(&fx).await,
+        written.slowest
+    );
+    assert!(lost.is_empty(), "never published: {lost:?}");
+    assert!(
+        written.slowest < bound,
+        "an application insert waited {:?} (lock timeout {LOCK_TIMEOUT:?})",
+        written.slowest
+    );
+    fx.cleanup().await;
+}
+
+/// Issue 29: the slot is lost while the connector streams (its walsender
+/// ended, the slot dropped; a peer's repair lock, audit F6, keeps the
+/// connector from recreating it at once), rows are written in the gap, then
+/// the connector repairs it (`--recreate-slot`), and that repair is cut off
+/// half-way (its connection terminated) and resumed from the current state
+/// of the table: there a row deleted early is lost for good. Meanwhile
+/// `run`'s pruner goes on (every second, against the session's last durable
+/// position), and so does a pruner pass every 100 ms against the same
+/// acknowledged LSN, whose reports show what it could prove; the one-shot
+/// prune is refused (the connector holds the offset store).
+///
+/// No row of the repair window is deleted until the repair has finished (a
+/// sampler reads them every 50 ms; the pruner's proof may only move past them
+/// with the acknowledged position, which moves once the repair's offset is
+/// stored), every committed row reaches Kafka, and no application insert
+/// waited longer than `lock_timeout_ms` (plus [`SCHEDULING_ALLOWANCE`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_while_gap_repair_runs_keeps_the_repair_window() {
+    init_tracing();
+    let fx = Fixture::new("prunerepair").await;
+    let t = fx.table.clone();
+    fx.admin
+        .batch_execute(&format!("GRANT DELETE ON public.{t} TO outbox"))
+        .await
+        .expect("grant delete");
+    // Rows committed up to 10 s before the acknowledged commit are repaired
+    // (a slow insert on a busy machine is not a row the repair's margin
+    // leaves out), one record in flight at a time (the repair lasts seconds).
+    let env = format!(
+        "OUTBOX_CDC__PRUNE__RETENTION=1s OUTBOX_CDC__PRUNE__BATCH_ROWS=7 OUTBOX_CDC__PRUNE__INTERVAL=1s \
+         OUTBOX_CDC__PRUNE__LOCK_TIMEOUT_MS={} OUTBOX_CDC__REPAIR__OCCURRED_AT_MARGIN_MS=10000 \
+         OUTBOX_CDC__LIMITS__MAX_IN_FLIGHT_EVENTS=1",
+        LOCK_TIMEOUT.as_millis()
+    );
+    let bound = LOCK_TIMEOUT + SCHEDULING_ALLOWANCE;
+    let running = Running::spawn(
+        fx.config_with(&env),
+        RunOptions {
+            recreate_slot: true,
+            ..RunOptions::default()
+        },
+    );
+    running.wait_streaming().await;
+    let metrics = running.metrics.clone();
+
+    // Streaming: the running pruner deletes published rows.
+    let writer = spawn_writer(t.clone(), "w");
+    let checkpoints = spawn_checkpoints();
+    eventually("the running pruner deleted rows", TIMEOUT, || async {
+        writer.assert_no_insert_waits_longer_than(bound);
+        metrics.pruned_rows() > 0
+    })
+    .await;
+    checkpoints.abort();
+    // Acknowledged before the loss, past the retention only during the
+    // repair (a writer's clock 10 s ahead): the pruner may delete them then,
+    // if the last checkpoint is still the one acknowledged below.
+    let aging = insert_ids(&fx.admin, &t, "aging", 20, "now() + interval '10 s'").await;
+    acknowledged_checkpoint(&fx, &metrics, true).await;
+
+    // The slot is lost while the connector streams.
+    let peer = admin_client().await;
+    let lock = "hashtextextended('outbox-cdc slot ' || $1, 0)";
+    peer.query_one(
+        &format!("SELECT pg_advisory_lock({lock})::text"),
+        &[&fx.slot],
+    )
+    .await
+    .expect("a peer's repair lock");
+    fx.admin
+        .execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1",
+            &[&fx.slot],
+        )
+        .await
+        .expect("end the walsender");
+    eventually("the slot is dropped", TIMEOUT, || async {
+        writer.assert_no_insert_waits_longer_than(bound);
+        fx.admin
+            .execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+                 WHERE slot_name = $1 AND NOT active",
+                &[&fx.slot],
+            )
+            .await
+            .expect("drop the slot")
+            == 1
+    })
+    .await;
+    eventually("the session ended", TIMEOUT, || async {
+        !metrics.is_connected()
+    })
+    .await;
+    let acked_at_loss = metrics.acked();
+
+    // The repair window: rows committed from now on (after the last
+    // acknowledged commit), aggregates "g...".
+    let gap = spawn_writer(t.clone(), "g");
+    let sampler = tokio::spawn({
+        let (metrics, t) = (metrics.clone(), t.clone());
+        async move {
+            let client = admin_client().await;
+            let (mut seen, mut vanished) = (BTreeSet::new(), BTreeSet::new());
+            let mut samples = 0;
+            loop {
+                if metrics.is_connected() {
+                    return (seen, vanished, samples);
+                }
+                let now: BTreeSet<String> = client
+                    .query(
+                        &format!(
+                            "SELECT event_id::text FROM public.{t} WHERE aggregate_id LIKE 'g%'"
+                        ),
+                        &[],
+                    )
+                    .await
+                    .expect("sample the window")
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                // Read while the repair was unfinished from start to end.
+                if !metrics.is_connected() {
+                    vanished.extend(seen.difference(&now).cloned());
+                    seen.extend(now);
+                    samples += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
+    // The pruner `run` starts, with 100 ms between passes: the session's
+    // acknowledged LSN (its commit time matters only with
+    // track_commit_timestamp = on: none given, only the proof by xid).
+    let (stop_pruning, pruning_stopped) = tokio::sync::watch::channel(false);
+    let pruner = tokio::spawn({
+        let metrics = metrics.clone();
+        let (config, client) = outbox_client(&fx, &env).await;
+        async move {
+            let mut reports = Vec::new();
+            while !*pruning_stopped.borrow() {
+                let repairing = !metrics.is_connected();
+                let acked = AckedPosition {
+                    lsn: metrics.acked(),
+                    commit_time: PgTimestamp(0),
+                };
+                let report = pipeline::prune_once(
+                    &client,
+                    &config,
+                    Some(acked),
+                    &[],
+                    &Metrics::default(),
+                    None,
+                )
+                .await
+                .expect("prune");
+                reports.push((repairing && !metrics.is_connected(), report));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            reports
+        }
+    });
+    let bulk = insert_ids(&fx.admin, &t, "g-bulk", 300, "now()").await;
+    gap.watch(Duration::from_secs(2), bound).await;
+
+    // The one-shot prune cannot judge by a stale store: refused.
+    let one_shot = {
+        let config = fx.config_with(&env);
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(pipeline::prune_stored(&config, &Metrics::default()))
+        })
+        .join()
+        .expect("one-shot prune thread")
+    };
+    assert!(
+        matches!(
+            &one_shot,
+            Err(PruneError::Pipeline(PipelineError::Store(
+                StoreError::Locked { .. }
+            )))
+        ),
+        "the one-shot prune ran while the connector held the store: {one_shot:?}"
+    );
+
+    // The peer goes: the connector repairs; cut off half-way, it resumes.
+    peer.query_one(
+        &format!("SELECT pg_advisory_unlock({lock})::text"),
+        &[&fx.slot],
+    )
+    .await
+    .expect("release the repair lock");
+    eventually("the repair publishes", TIMEOUT, || async {
+        gap.assert_no_insert_waits_longer_than(bound);
+        assert!(
+            !metrics.is_connected(),
+            "the repair finished before it was cut off"
+        );
+        metrics.repair_rows() > 100
+    })
+    .await;
+    let cut = fx
+        .admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE usename = 'outbox' AND query LIKE 'SELECT %::int8 FROM %' || $1 || '% AS o WHERE % ORDER BY %'",
+            &[&t],
+        )
+        .await
+        .expect("terminate the repair's connection");
+    assert_eq!(cut, 1, "the repair's connection was not found");
+    let first_attempt = metrics.repair_rows();
+    eventually("the resumed repair finished", TIMEOUT, || async {
+        gap.assert_no_insert_waits_longer_than(bound);
+        metrics.is_connected()
+    })
+    .await;
+    gap.watch(Duration::from_millis(500), bound).await;
+    let (seen, vanished, samples) = sampler.await.expect("sampler");
+    stop_pruning.send(true).expect("stop pruning");
+    let reports = pruner.await.expect("pruner");
+    let in_gap = gap.finish().await;
+    let window: BTreeSet<String> = in_gap.ids.iter().cloned().chain(bulk).collect();
+    let before = writer.finish().await;
+    let slowest = before.slowest.max(in_gap.slowest);
+
+    let aging_left = table_ids(&fx).await;
+    let aging_deleted = aging.iter().filter(|id| !aging_left.contains(*id)).count();
+    let committed: BTreeSet<String> = before
+        .ids
+        .iter()
+        .chain(&window)
+        .chain(&aging)
+        .cloned()
+        .collect();
+    let lost = missing_from_kafka(&fx, &committed);
+    running.stop().await.expect("graceful stop");
+    let during: Vec<&PruneReport> = reports
+        .iter()
+        .filter(|(repairing, _)| *repairing)
+        .map(|(_, r)| r)
+        .collect();
+    println!(
+        "acked at the loss {acked_at_loss}; window {} rows ({} seen by {samples} samples); repair published \
+         {first_attempt} rows before it was cut off, {} in all; {} prune passes while repairing deleted {} rows \
+         (witnesses {:?}); rows acknowledged before the loss and past the retention only during the repair: \
+         {aging_deleted} of {} deleted by the end; slowest insert {slowest:?}",
+        window.len(),
+        seen.len(),
+        metrics.repair_rows(),
+        during.len(),
+        during.iter().map(|r| r.rows()).sum::<u64>(),
+        during
+            .iter()
+            .map(|r| r.witness.clone().unwrap_or_default())
+            .collect::<BTreeSet<_>>(),
+        aging.len(),
+    );
+    assert!(
+        vanished.is_empty(),
+        "{} rows of the repair window were deleted before the repair finished ({} rows never \
+         reached Kafka): {vanished:?}",
+        vanished.len(),
+        lost.len()
+    );
+    assert!(
+        during.len() >= 3 && samples >= 20,
+        "the pruner ({}) or the sampler ({samples}) hardly ran during the repair",
+        during.len()
+    );
+    let lost_in_window = lost.iter().filter(|id| window.contains(*id)).count();
+    let lost_aging = lost.iter().filter(|id| aging.contains(*id)).count();
+    let lost_left = lost.iter().filter(|id| aging_left.contains(*id)).count();
+    assert!(
+        lost.is_empty(),
+        "{} rows never published ({lost_in_window} of the window, {lost_aging} aging, {lost_left} \
+         still in the table): {lost:?}",
+        lost.len()
+    );
+    assert!(
+        slowest < bound,
+        "an application insert waited {slowest:?} (lock timeout {LOCK_TIMEOUT:?})"
     );
     fx.cleanup().await;
 }
