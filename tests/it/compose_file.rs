@@ -1,4 +1,5 @@
-//! docker-compose.yml and the Dockerfile stay in step with scripts/env.sh,
+//! docker-compose.yml and the Dockerfile stay in step with scripts/env.sh
+//! (its settings in scripts/env/common.sh, PostgreSQL's in scripts/env/pg.sh),
 //! Cargo.toml and config/docker.toml. No YAML parser is a dependency, so the
 //! compose file is read by indentation, which its layout (two spaces a level,
 //! block style) allows.
@@ -69,20 +70,23 @@ fn list<'a>(svc: &[&'a str], key: &str) -> Vec<&'a str> {
         .collect()
 }
 
-/// The value scripts/env.sh gives `NAME` by default, from a line such as
-/// `PG_PORT=54329` or `PG_PORT="${OUTBOX_CDC_PG_PORT:-54329}"`.
+/// The value scripts/env.sh gives `NAME` by default, from a line of its
+/// settings (scripts/env/common.sh) such as `PG_PORT=54329` or
+/// `PG_PORT="${OUTBOX_CDC_PG_PORT:-54329}"`.
 fn env_sh_value(env_sh: &str, name: &str) -> String {
     let prefix = format!("{name}=");
     let raw = env_sh
         .lines()
         .find_map(|l| l.strip_prefix(prefix.as_str()))
         .map(|v| v.trim().trim_matches('"'))
-        .unwrap_or_else(|| panic!("scripts/env.sh does not set {name}"));
+        .unwrap_or_else(|| panic!("scripts/env/common.sh does not set {name}"));
     match raw.strip_prefix("${").and_then(|r| r.strip_suffix('}')) {
         Some(expansion) => expansion
             .split_once(":-")
             .map(|(_, default)| default.to_string())
-            .unwrap_or_else(|| panic!("scripts/env.sh sets {name} without a default: {raw}")),
+            .unwrap_or_else(|| {
+                panic!("scripts/env/common.sh sets {name} without a default: {raw}")
+            }),
         None => raw.to_string(),
     }
 }
@@ -109,8 +113,9 @@ fn bin_name() -> String {
 fn postgres_service_matches_env_sh() {
     let compose = read("docker-compose.yml");
     let lines: Vec<&str> = compose.lines().collect();
-    let env_sh = read("scripts/env.sh");
-    let pg_port = env_sh_value(&env_sh, "PG_PORT");
+    let common_sh = read("scripts/env/common.sh");
+    let pg_port = env_sh_value(&common_sh, "PG_PORT");
+    let pg_sh = read("scripts/env/pg.sh");
     assert_eq!(pg_port, "54329");
 
     let pg = service(&lines, "postgres");
@@ -145,9 +150,9 @@ fn postgres_service_matches_env_sh() {
             "postgres command lacks -c {wanted}: {settings:?}"
         );
         assert!(
-            env_sh.contains(&wanted.replace('=', " = "))
-                || env_sh.contains(&wanted.replace("=", " = '")),
-            "scripts/env.sh does not set {wanted} like docker-compose.yml"
+            pg_sh.contains(&wanted.replace('=', " = "))
+                || pg_sh.contains(&wanted.replace("=", " = '")),
+            "scripts/env/pg.sh does not set {wanted} like docker-compose.yml"
         );
     }
 
@@ -220,10 +225,10 @@ fn migrations_are_mounted_and_applied_after_the_outbox_role() {
 fn kafka_service_matches_env_sh_and_connector_config() {
     let compose = read("docker-compose.yml");
     let lines: Vec<&str> = compose.lines().collect();
-    let env_sh = read("scripts/env.sh");
-    let kafka_port = env_sh_value(&env_sh, "KAFKA_PORT");
+    let common_sh = read("scripts/env/common.sh");
+    let kafka_port = env_sh_value(&common_sh, "KAFKA_PORT");
     assert_eq!(kafka_port, "19092");
-    let kafka_version = env_sh_value(&env_sh, "KAFKA_VERSION");
+    let kafka_version = env_sh_value(&common_sh, "KAFKA_VERSION");
 
     let kafka = service(&lines, "kafka");
     let image = scalar(&kafka, 4, "image").unwrap_or_default();
