@@ -10,7 +10,9 @@
 //! - `bootstrap`: everything before the first message;
 //! - `checkpointer`: persisting and reporting the acknowledged position;
 //! - `coverage_watch`: the publication's coverage, and what each relation is;
-//! - `ending`: which failure decides how a session ends.
+//! - `relations`: the outbox relations bound to the mapping, other tables' OIDs;
+//! - `stages`: `outbox_cdc_stage_seconds`;
+//! - `ending`: the drain, the error exit, and which failure decides.
 
 mod bootstrap;
 mod checkpointer;
@@ -46,7 +48,7 @@ use ending::Refused;
 use relations::{StreamRelations, Target};
 use stages::{Now, StageClock};
 
-/// One session delivering with `D` (chosen by `delivery::run`): bootstrap,
+/// One session delivering with `D` (chosen by `delivery::run_session`): bootstrap,
 /// stream until a stop is asked or an error ends it, drain. An error exit
 /// still persists what was acknowledged ([`Session::keep_acknowledged`]).
 pub(super) async fn run<'a, D: Delivery>(
