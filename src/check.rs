@@ -936,6 +936,11 @@ fn judge_columns(present: &[ColumnFact], facts: &Facts, mapped: &[MappedColumn])
     }
 }
 
+// The publication's three items, in publication() and judge_publication().
+const EXISTS: Item = Item::Publication;
+const TABLES: Item = Item::PublicationTables;
+const PUBLISHES: Item = Item::PublicationPublishes;
+
 /// Existence, tables (exactly the outbox table, all mapped columns, no row
 /// filter) and operations (inserts only) of the publication.
 async fn publication(
@@ -944,9 +949,6 @@ async fn publication(
     facts: &Facts,
     proof: Option<&Proof>,
 ) -> Vec<CheckResult> {
-    const EXISTS: Item = Item::Publication;
-    const TABLES: Item = Item::PublicationTables;
-    const PUBLISHES: Item = Item::PublicationPublishes;
     let name = &config.postgres.publication;
     let partitioned = proof
         .and_then(|p| p.catalog.table.as_ref())
@@ -1016,9 +1018,6 @@ fn judge_publication(
     facts: &Facts,
     proof: Option<&Proof>,
 ) -> Vec<CheckResult> {
-    const EXISTS: Item = Item::Publication;
-    const TABLES: Item = Item::PublicationTables;
-    const PUBLISHES: Item = Item::PublicationPublishes;
     let quoted = quote_ident(name);
     let mut results = vec![pass(EXISTS, format!("{name:?} exists"))];
 

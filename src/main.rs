@@ -87,15 +87,8 @@ enum Command {
     Audit {
         #[arg(long, short)]
         config: PathBuf,
-        /// Window start (RFC 3339, or anything PostgreSQL reads as timestamptz).
-        #[arg(long)]
-        since: String,
-        /// Window end, exclusive (default: now).
-        #[arg(long)]
-        until: Option<String>,
-        /// Only this aggregate type.
-        #[arg(long)]
-        aggregate_type: Option<String>,
+        #[command(flatten)]
+        window: RowWindow,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
@@ -111,17 +104,8 @@ enum Command {
     Replay {
         #[arg(long, short)]
         config: PathBuf,
-        /// An RFC 3339 time (rows with occurred_at at or after it), or an
-        /// event_id (its row and every later one: occurred_at at or after its
-        /// occurred_at, and for its own aggregate, sequence at or after its sequence).
-        #[arg(long)]
-        since: String,
-        /// Only rows with occurred_at before this RFC 3339 time.
-        #[arg(long)]
-        until: Option<String>,
-        /// Only this aggregate type.
-        #[arg(long)]
-        aggregate_type: Option<String>,
+        #[command(flatten)]
+        window: RowWindow,
         /// Only this aggregate id.
         #[arg(long)]
         aggregate_id: Option<String>,
@@ -156,6 +140,23 @@ enum Command {
         #[arg(long, short)]
         output: Option<PathBuf>,
     },
+}
+
+/// The retained rows `audit` and `replay` read, by their occurred_at.
+#[derive(clap::Args)]
+struct RowWindow {
+    /// Rows with occurred_at at or after this time (RFC 3339, such as
+    /// 2026-12-01T10:00:00Z). `replay` also takes an event_id: its row and
+    /// every later one (occurred_at at or after its occurred_at, and for its
+    /// own aggregate, sequence at or after its sequence).
+    #[arg(long)]
+    since: String,
+    /// Rows with occurred_at before this time (exclusive; default: now).
+    #[arg(long)]
+    until: Option<String>,
+    /// Only this aggregate type.
+    #[arg(long)]
+    aggregate_type: Option<String>,
 }
 
 impl Command {
@@ -341,9 +342,12 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
         }
         Command::Audit {
             config,
-            since,
-            until,
-            aggregate_type,
+            window:
+                RowWindow {
+                    since,
+                    until,
+                    aggregate_type,
+                },
             json,
             repair,
         } => {
@@ -382,9 +386,12 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
         }
         Command::Replay {
             config,
-            since,
-            until,
-            aggregate_type,
+            window:
+                RowWindow {
+                    since,
+                    until,
+                    aggregate_type,
+                },
             aggregate_id,
             topic_suffix,
             dry_run,

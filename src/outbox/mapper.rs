@@ -1066,6 +1066,13 @@ mod tests {
         }
     }
 
+    /// `public.outbox` with Debezium's column names and two more.
+    fn debezium_rel(more: [&str; 2]) -> Relation {
+        let mut columns = vec!["id", "aggregatetype", "aggregateid", "type", "payload"];
+        columns.extend(more);
+        rel(1, "public", "outbox", &columns)
+    }
+
     #[test]
     fn debezium_placements_payload_format_and_route() {
         let settings = OutboxSettings {
@@ -1084,21 +1091,7 @@ mod tests {
             ..OutboxSettings::default()
         };
         let m = mapper(settings);
-        let r = rel(
-            1,
-            "public",
-            "outbox",
-            &[
-                "id",
-                "aggregatetype",
-                "aggregateid",
-                "type",
-                "payload",
-                "tenant",
-                "shard",
-            ],
-        );
-        let bound = m.bind(&r).unwrap();
+        let bound = m.bind(&debezium_rel(["tenant", "shard"])).unwrap();
         let row = |shard: &str| TupleData {
             columns: vec![
                 text(UUID),
@@ -1151,21 +1144,7 @@ mod tests {
             ..OutboxSettings::default()
         };
         let m = mapper(settings);
-        let r = rel(
-            1,
-            "public",
-            "outbox",
-            &[
-                "id",
-                "aggregatetype",
-                "aggregateid",
-                "type",
-                "payload",
-                "tenant",
-                "trace_id",
-            ],
-        );
-        let bound = m.bind(&r).unwrap();
+        let bound = m.bind(&debezium_rel(["tenant", "trace_id"])).unwrap();
         let row = TupleData {
             columns: vec![
                 text(UUID),

@@ -137,15 +137,9 @@ impl ReplicationConnection {
             .session
             .simple_query(COMMAND, "running IDENTIFY_SYSTEM")
             .await?;
-        let bad = |message: String| PgError::BadReply {
-            addr: self.session.addr.clone(),
-            command: COMMAND,
-            message,
-        };
-        let [row] = rows.as_slice() else {
-            return Err(bad(format!("{} rows instead of 1", rows.len())));
-        };
-        let [Some(system_id), Some(timeline), Some(xlogpos), dbname, ..] = row.as_slice() else {
+        let bad = bad_reply(&self.session.addr, COMMAND);
+        let row = single_row(&rows, &bad)?;
+        let [Some(system_id), Some(timeline), Some(xlogpos), dbname, ..] = row else {
             return Err(bad(format!("unexpected columns {row:?}")));
         };
         Ok(SystemIdentity {
@@ -202,15 +196,9 @@ impl ReplicationConnection {
             }
             Err(e) => return Err(e),
         };
-        let bad = |message: String| PgError::BadReply {
-            addr: self.session.addr.clone(),
-            command: COMMAND,
-            message,
-        };
-        let [row] = rows.as_slice() else {
-            return Err(bad(format!("{} rows instead of 1", rows.len())));
-        };
-        let [_, Some(consistent_point), Some(snapshot), ..] = row.as_slice() else {
+        let bad = bad_reply(&self.session.addr, COMMAND);
+        let row = single_row(&rows, &bad)?;
+        let [_, Some(consistent_point), Some(snapshot), ..] = row else {
             return Err(bad(format!("unexpected columns {row:?}")));
         };
         Ok(ExportedSlot {
@@ -579,6 +567,26 @@ impl Drop for ReplicationStream {
         if let Some(writer) = self.writer.take() {
             writer.abort();
         }
+    }
+}
+
+/// Blames a malformed reply to `command` on the server at `addr`.
+fn bad_reply<'a>(addr: &'a str, command: &'static str) -> impl Fn(String) -> PgError + 'a {
+    move |message| PgError::BadReply {
+        addr: addr.to_owned(),
+        command,
+        message,
+    }
+}
+
+/// The one row a replication command answers with.
+fn single_row<'r>(
+    rows: &'r [Vec<Option<String>>],
+    bad: &impl Fn(String) -> PgError,
+) -> Result<&'r [Option<String>], PgError> {
+    match rows {
+        [row] => Ok(row),
+        _ => Err(bad(format!("{} rows instead of 1", rows.len()))),
     }
 }
 

@@ -85,11 +85,12 @@ pub(crate) fn client_config(
         .map_err(|e| TlsConfigError::Rustls(e.to_string()))?;
     let verifier: Arc<dyn ServerCertVerifier> = match settings.mode {
         SslMode::Disable => return Ok(None),
-        SslMode::Prefer | SslMode::Require => Arc::new(EncryptionOnly {
+        SslMode::Prefer | SslMode::Require => Arc::new(WithoutHostName {
+            roots: None,
             algorithms: provider.signature_verification_algorithms,
         }),
-        SslMode::VerifyCa => Arc::new(ChainOnly {
-            roots: Arc::new(load_roots(settings)?),
+        SslMode::VerifyCa => Arc::new(WithoutHostName {
+            roots: Some(Arc::new(load_roots(settings)?)),
             algorithms: provider.signature_verification_algorithms,
         }),
         SslMode::VerifyFull => {
@@ -129,55 +130,17 @@ fn load_roots(settings: &TlsSettings) -> Result<RootCertStore, TlsConfigError> {
     Ok(roots)
 }
 
-/// Accepts any certificate; checks that the handshake is signed by its key.
+/// prefer/require and verify-ca: the handshake must be signed by the key of
+/// the certificate presented; with `roots` (verify-ca) that certificate's
+/// chain must also reach one of them. The host name is never checked here
+/// (verify-full uses rustls' own verifier).
 #[derive(Debug)]
-struct EncryptionOnly {
+struct WithoutHostName {
+    roots: Option<Arc<RootCertStore>>,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
-impl ServerCertVerifier for EncryptionOnly {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, TlsError> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, TlsError> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, TlsError> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
-}
-
-/// verify-ca: the chain must reach a trusted root; any host name is accepted.
-#[derive(Debug)]
-struct ChainOnly {
-    roots: Arc<RootCertStore>,
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for WithoutHostName {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -186,14 +149,16 @@ impl ServerCertVerifier for ChainOnly {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, TlsError> {
-        let cert = ParsedCertificate::try_from(end_entity)?;
-        rustls::client::verify_server_cert_signed_by_trust_anchor(
-            &cert,
-            &self.roots,
-            intermediates,
-            now,
-            self.algorithms.all,
-        )?;
+        if let Some(roots) = &self.roots {
+            let cert = ParsedCertificate::try_from(end_entity)?;
+            rustls::client::verify_server_cert_signed_by_trust_anchor(
+                &cert,
+                roots,
+                intermediates,
+                now,
+                self.algorithms.all,
+            )?;
+        }
         Ok(ServerCertVerified::assertion())
     }
 

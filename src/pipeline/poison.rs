@@ -360,19 +360,29 @@ mod tests {
         }
     }
 
+    /// Routes `mapped`, a change at `lsn` committed at that LSN.
+    fn route_at(
+        router: &PoisonPolicyRouter,
+        store: &OffsetStore,
+        mapped: Result<OutboxEvent, MapError>,
+        raw: impl FnOnce() -> Bytes,
+        lsn: u64,
+    ) -> Result<Route, PipelineError> {
+        router.route(
+            mapped,
+            raw,
+            store,
+            EventPosition::at(Lsn::new(lsn)),
+            PgTimestamp(0),
+        )
+    }
+
     #[test]
     fn fail_policy_stops_with_event_id_and_lsn() {
         let dir = tempfile::tempdir().unwrap();
         let store = OffsetStore::open(dir.path()).unwrap();
         let router = PoisonPolicyRouter::new(&settings("fail"));
-        let err = router
-            .route(
-                Err(poison()),
-                Bytes::new,
-                &store,
-                EventPosition::at(Lsn::new(42)),
-                PgTimestamp(0),
-            )
+        let err = route_at(&router, &store, Err(poison()), Bytes::new, 42)
             .err()
             .expect("fail policy must stop");
         assert!(
@@ -397,15 +407,7 @@ mod tests {
             .unwrap();
         let mut big = event("o1");
         big.payload = Bytes::from(vec![b'x'; router.max_raw_bytes + 1]);
-        let Route::DeadLetter(dlq) = router
-            .route(
-                Ok(big),
-                Bytes::new,
-                &store,
-                EventPosition::at(Lsn::new(50)),
-                PgTimestamp(0),
-            )
-            .unwrap()
+        let Route::DeadLetter(dlq) = route_at(&router, &store, Ok(big), Bytes::new, 50).unwrap()
         else {
             panic!("the parked event must be dead-lettered");
         };
@@ -423,17 +425,7 @@ mod tests {
         store
             .park("order", "o1", "refused", EventPosition::at(Lsn::new(50)))
             .unwrap();
-        let at = |lsn: u64| {
-            router
-                .route(
-                    Ok(event("o1")),
-                    Bytes::new,
-                    &store,
-                    EventPosition::at(Lsn::new(lsn)),
-                    PgTimestamp(0),
-                )
-                .unwrap()
-        };
+        let at = |lsn: u64| route_at(&router, &store, Ok(event("o1")), Bytes::new, lsn).unwrap();
         // The replay from the durable LSN meets an earlier event first: it is
         // not poison and goes to its topic.
         assert!(matches!(at(40), Route::Publish(_)));
@@ -452,15 +444,7 @@ mod tests {
         let store = OffsetStore::open(dir.path()).unwrap();
         let router = PoisonPolicyRouter::new(&settings("dead-letter"));
         let raw = || Bytes::from_static(b"{\"payload\":null}");
-        let Route::DeadLetter(dlq) = router
-            .route(
-                Err(poison()),
-                raw,
-                &store,
-                EventPosition::at(Lsn::new(42)),
-                PgTimestamp(0),
-            )
-            .unwrap()
+        let Route::DeadLetter(dlq) = route_at(&router, &store, Err(poison()), raw, 42).unwrap()
         else {
             panic!("poison row must be dead-lettered");
         };
@@ -475,15 +459,8 @@ mod tests {
         assert!(store.is_parked("order", "o1").unwrap());
 
         // A later, valid event of the parked aggregate follows it.
-        let Route::DeadLetter(later) = router
-            .route(
-                Ok(event("o1")),
-                Bytes::new,
-                &store,
-                EventPosition::at(Lsn::new(50)),
-                PgTimestamp(0),
-            )
-            .unwrap()
+        let Route::DeadLetter(later) =
+            route_at(&router, &store, Ok(event("o1")), Bytes::new, 50).unwrap()
         else {
             panic!("events of a parked aggregate must be dead-lettered");
         };
@@ -497,28 +474,12 @@ mod tests {
 
         // Other aggregates are unaffected; a released one flows again.
         assert!(matches!(
-            router
-                .route(
-                    Ok(event("o2")),
-                    Bytes::new,
-                    &store,
-                    EventPosition::at(Lsn::new(51)),
-                    PgTimestamp(0)
-                )
-                .unwrap(),
+            route_at(&router, &store, Ok(event("o2")), Bytes::new, 51).unwrap(),
             Route::Publish(_)
         ));
         store.release("order", "o1").unwrap();
         assert!(matches!(
-            router
-                .route(
-                    Ok(event("o1")),
-                    Bytes::new,
-                    &store,
-                    EventPosition::at(Lsn::new(52)),
-                    PgTimestamp(0)
-                )
-                .unwrap(),
+            route_at(&router, &store, Ok(event("o1")), Bytes::new, 52).unwrap(),
             Route::Publish(_)
         ));
     }
@@ -531,15 +492,7 @@ mod tests {
         s.max_record_bytes = 100;
         let router = PoisonPolicyRouter::new(&s);
         let big = || Bytes::from(vec![b'x'; 500]);
-        let Route::DeadLetter(dlq) = router
-            .route(
-                Err(poison()),
-                big,
-                &store,
-                EventPosition::at(Lsn::new(42)),
-                PgTimestamp(0),
-            )
-            .unwrap()
+        let Route::DeadLetter(dlq) = route_at(&router, &store, Err(poison()), big, 42).unwrap()
         else {
             panic!("poison row must be dead-lettered");
         };
