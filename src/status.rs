@@ -60,6 +60,10 @@ pub struct ConnectorStatus {
     pub in_flight_events: Option<u64>,
     pub oldest_unacked_age_seconds: Option<f64>,
     pub reconnects: Option<u64>,
+    /// Streamed transactions not yet committed, their bytes, the largest's.
+    pub spill_transactions: Option<u64>,
+    pub spill_bytes: Option<u64>,
+    pub spill_largest_transaction_bytes: Option<u64>,
 }
 
 /// The slot's row with lags computed against `pg_current_wal_lsn()`.
@@ -238,6 +242,9 @@ fn connector_status(metrics_url: String, samples: &HashMap<&str, &str>) -> Conne
             .get(metrics::OLDEST_UNACKED_AGE)
             .and_then(|v| v.parse().ok()),
         reconnects: int(metrics::RECONNECTS),
+        spill_transactions: int(metrics::SPILL_TRANSACTIONS),
+        spill_bytes: int(metrics::SPILL_BYTES),
+        spill_largest_transaction_bytes: int(metrics::SPILL_LARGEST_BYTES),
     }
 }
 
@@ -298,6 +305,16 @@ impl StatusReport {
                     opt(c.oldest_unacked_age_seconds.map(|n| n.to_string())),
                 ));
                 rows.push(("  reconnects", opt(c.reconnects.map(|n| n.to_string()))));
+                rows.push((
+                    "  streamed, uncommitted",
+                    match (c.spill_transactions, c.spill_bytes) {
+                        (Some(n), Some(b)) => format!(
+                            "{n} transactions, {b} bytes (largest {})",
+                            c.spill_largest_transaction_bytes.unwrap_or(0)
+                        ),
+                        _ => "-".to_owned(),
+                    },
+                ));
             }
         }
         if let Some(e) = &self.database_error {
@@ -350,6 +367,7 @@ mod tests {
             m.published(1);
         }
         m.set_in_flight(0, 0, Some(1_500_000));
+        m.set_spill(2, 3000, 1000, 2500);
         let text = m.render();
         let samples = parse_samples(&text);
         let c = connector_status("u".into(), &samples);
@@ -365,6 +383,9 @@ mod tests {
                 in_flight_events: Some(0),
                 oldest_unacked_age_seconds: Some(1.5),
                 reconnects: Some(0),
+                spill_transactions: Some(2),
+                spill_bytes: Some(3000),
+                spill_largest_transaction_bytes: Some(2500),
             }
         );
         let idle = Metrics::default();
