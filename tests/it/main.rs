@@ -22,6 +22,7 @@ mod ha_takeover;
 mod import_debezium;
 mod kafka_security;
 mod kubernetes;
+mod large_transactions;
 mod migrations;
 mod missing_topics;
 mod no_silent_skip;
