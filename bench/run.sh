@@ -239,17 +239,17 @@ JAVA=${OUTBOX_CDC_JAVA:-java}
 ensure_debezium_jars() {
   local marker="$DBZ_JARS/.complete" want
   want=$(sha256sum bench/debezium/pom.xml | cut -c1-64)
-  command -v "$JAVA" >/dev/null || { peer_reason="not measured: $JAVA (Java) not found"; return 0; }
+  command -v "$JAVA" >/dev/null || { peer_reason="failed: $JAVA (Java) not found"; return 0; }
   [[ -r $marker && $(cat "$marker") == "$want" ]] && return 0
   command -v mvn >/dev/null ||
-    { peer_reason="not measured: Maven (mvn) not found on PATH: the Debezium jars cannot be resolved"; return 0; }
+    { peer_reason="failed: Maven (mvn) not found on PATH: the Debezium jars cannot be resolved"; return 0; }
   rm -rf "$DBZ_JARS"
   log "peer: resolving Kafka Connect and Debezium jars with Maven into $DBZ_JARS"
   if mvn -B -q -Dstyle.color=never -f bench/debezium/pom.xml dependency:copy-dependencies \
        -DincludeScope=runtime -DoutputDirectory="$DBZ_JARS" >"$run/mvn-debezium.log" 2>&1; then
     printf '%s' "$want" >"$marker"
   else
-    peer_reason="not measured: Maven could not resolve bench/debezium/pom.xml: $(grep -m1 ERROR "$run/mvn-debezium.log")"
+    peer_reason="failed: Maven could not resolve bench/debezium/pom.xml: $(grep -m1 ERROR "$run/mvn-debezium.log")"
   fi
 }
 if [[ -z $peer_reason ]]; then ensure_debezium_jars; fi

@@ -493,7 +493,7 @@ def cmd_watch_peer(a):
                                  a.slot, a.db_url, a.label, a.log, a.connect_url)
     except Failed as e:
         log(f"warning: {a.label}: not measured: {e}")
-        row.update(measured=False, reason=str(e))
+        row.update(measured=False, reason=f"failed: {e}")
     else:
         row.update(res)
         row.update(

@@ -297,10 +297,11 @@ def machine_facts(note, admin_url, kafka_classpath, pg_bin, java, debezium_jars=
 def backlog(db_url, start_lsn, started, events, tx, label):
     """After the backlog's writers: its size, WAL and write time; the end LSN."""
     t1 = time.time()
+    # The end position first: nothing after the writers belongs to the backlog.
+    end_lsn = psql(db_url, "SELECT pg_current_wal_insert_lsn()")
     count = int(psql(db_url, "SELECT count(*) FROM public.outbox_events"))
     if count != events:
         raise Failed(f"the backlog is {count} rows, not {events}")
-    end_lsn = psql(db_url, "SELECT pg_current_wal_insert_lsn()")
     wal_bytes = parse_lsn(end_lsn) - parse_lsn(start_lsn)
     write_s = elapsed(started, t1)
     log(f"{label}: backlog written in {write_s}s ({rate(events, write_s)} events/s), "
@@ -389,8 +390,8 @@ def wait_lsn(pid, metrics_url, end_lsn, events, started, timeout, label, log_pat
                      f"fewer than {expect_published}")
     log(f"{label}: outbox-cdc {res['connector_seconds']}s → {res['connector_events_per_s']} events/s "
         f"(all published after {res['connector_all_published_seconds']}s), peak RSS {rss} MiB")
-    log(f"{label}: CPU s: connector {res['connector_cpu_s']} + its walsender {res['connector_walsender_cpu_s']} "
-        f"+ Kafka broker {res['kafka_broker_cpu_s']}"
+    log(f"{label}: CPU s: connector {res['connector_cpu_s']} + its walsender {res['connector_walsender_cpu_s']}"
+        + (f" + Kafka broker {res['kafka_broker_cpu_s']}" if kpid else "")
         + (f"; connector threads {json.dumps(res['connector_threads'])}" if threads else ""))
     return res
 
@@ -527,32 +528,76 @@ def watch_steady(pid, db_url, latency_path, timeout, metrics_url, metrics_out, p
     return {"tps": tps, "events": events, "peak_rss_mib": peak_rss_mib(pid)}
 
 
+def _time_v(path):
+    """The figures of GNU time's -v report."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            key, _, value = line.strip().rpartition(": ")
+            if key == "Maximum resident set size (kbytes)":
+                out["peak_rss_kib"] = int(value)
+            elif key.startswith("Elapsed (wall clock) time"):
+                wall = 0.0
+                for part in value.split(":"):
+                    wall = wall * 60 + float(part)
+                out["wall_seconds"] = round(wall, 2)
+            elif key == "User time (seconds)":
+                out["user_cpu_seconds"] = float(value)
+            elif key == "System time (seconds)":
+                out["system_cpu_seconds"] = float(value)
+    return out
+
+
+def _child(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = f.read().split()
+        return int(kids[0]) if kids else 0
+    except OSError:
+        return 0
+
+
 def run_measured(cmd, timeout, stdout_path, stderr_path):
-    """Runs CMD to its end: peak RSS from wait4's rusage (ru_maxrss, what
-    /usr/bin/time -v reports), CPU seconds, wall time, exit status; VmHWM is
-    polled meanwhile as a cross-check."""
+    """Runs CMD to its end under /usr/bin/time -v: peak RSS (the kernel's
+    ru_maxrss of CMD), CPU seconds, wall time, exit status. VmHWM of CMD is
+    polled meanwhile as a cross-check, and is the figure where /usr/bin/time
+    is missing. (A child forked from this Python would report Python's own
+    RSS as its peak: the maximum survives exec.)"""
+    time_file = stdout_path + ".time"
+    timed = os.access("/usr/bin/time", os.X_OK)
+    argv = ["/usr/bin/time", "-v", "-o", time_file] + cmd if timed else cmd
     t0 = time.monotonic()
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err)
-    polled = 0
-    while True:
-        wpid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if wpid:
-            break
+        proc = subprocess.Popen(argv, stdout=out, stderr=err)
+    polled, target, ticks = 0, 0 if timed else proc.pid, (0, 0)
+    while proc.poll() is None:
         if time.monotonic() - t0 > timeout:
             proc.kill()
             proc.wait()
             raise Failed(f"{os.path.basename(cmd[0])} did not finish within {timeout}s")
-        polled = max(polled, peak_rss_kib(proc.pid))
+        target = target or _child(proc.pid)
+        if target:
+            polled = max(polled, peak_rss_kib(target))
+            try:
+                f = _stat_fields(f"/proc/{target}/stat")
+                ticks = (int(f[11]), int(f[12]))
+            except (OSError, ValueError):
+                pass
         time.sleep(0.02)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return {
-        "peak_rss_kib": usage.ru_maxrss,
+    res = {
+        "peak_rss_kib": polled,
         "peak_rss_kib_polled": polled,
         "wall_seconds": round(time.monotonic() - t0, 2),
-        "user_cpu_seconds": round(usage.ru_utime, 2),
-        "system_cpu_seconds": round(usage.ru_stime, 2),
+        "user_cpu_seconds": round(ticks[0] / CLK_TCK, 2),
+        "system_cpu_seconds": round(ticks[1] / CLK_TCK, 2),
         "exit_status": proc.returncode,
-        "measured_with": "wait4-rusage",
+        "measured_with": "proc-VmHWM-poll",
     }
-
+    if timed:
+        try:
+            res.update(_time_v(time_file), measured_with="/usr/bin/time-v")
+        except OSError:
+            pass
+        with open(time_file) as t, open(stderr_path, "a") as err:
+            err.write(t.read())
+    return res
