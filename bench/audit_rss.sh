@@ -185,8 +185,10 @@ timeout "$TIMEOUT" "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 "$ADMIN_DB_URL" \
   -c "SET synchronous_commit = off" \
   -c "CALL bench_fill($ROWS, $TX_SIZE, '$AGG_TYPE', $AGGREGATES)" >/dev/null ||
   die "writing the backlog failed or took over ${TIMEOUT}s"
-end_lsn=$(bench backlog --db-url "$ADMIN_DB_URL" --start-lsn "$start_lsn" --started "$started" --events "$ROWS" \
-            --tx "$TX_SIZE" --label backlog --out "$run/backlog.json") || die "the backlog"
+ended=$EPOCHREALTIME
+end_lsn=$(sql -c "SELECT pg_current_wal_insert_lsn()")
+bench backlog --db-url "$ADMIN_DB_URL" --start-lsn "$start_lsn" --end-lsn "$end_lsn" --started "$started" \
+  --ended "$ended" --events "$ROWS" --tx "$TX_SIZE" --label backlog --out "$run/backlog.json" || die "the backlog"
 
 # --- 3. publish ---------------------------------------------------------------------
 log "waiting until the connector's acked LSN >= $end_lsn"

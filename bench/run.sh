@@ -404,7 +404,7 @@ drain() {
   if [[ -z $peer_reason ]]; then create_slot "bench_${id}_dbz$tx"; fi
 
   log "drain tx=$tx: writing $EVENTS events in transactions of $tx"
-  local start_lsn end_lsn started
+  local start_lsn end_lsn started ended
   start_lsn=$(sql -c "SELECT pg_current_wal_insert_lsn()")
   started=$EPOCHREALTIME
   local writers=() w
@@ -414,8 +414,10 @@ drain() {
     writers+=($!)
   done
   for w in "${writers[@]}"; do wait "$w" || die "writing the backlog failed"; done
-  end_lsn=$(bench backlog --db-url "$ADMIN_DB_URL" --start-lsn "$start_lsn" --started "$started" \
-              --events "$EVENTS" --tx "$tx" --label "drain tx=$tx" --out "$run/backlog-$tx.json") ||
+  ended=$EPOCHREALTIME
+  end_lsn=$(sql -c "SELECT pg_current_wal_insert_lsn()")
+  bench backlog --db-url "$ADMIN_DB_URL" --start-lsn "$start_lsn" --end-lsn "$end_lsn" --started "$started" \
+    --ended "$ended" --events "$EVENTS" --tx "$tx" --label "drain tx=$tx" --out "$run/backlog-$tx.json" ||
     die "drain tx=$tx: the backlog"
 
   # (a) pg_recvlogical

@@ -6,8 +6,7 @@ in measure.py, Kafka and the report in this file). `bench.py --help` and
 `bench.py COMMAND --help` list the commands and their arguments:
 
   machine, config            the run's machine facts and versions, its settings
-  backlog                    a written backlog: rows checked, WAL bytes, write time;
-                             prints the end LSN
+  backlog                    a written backlog: rows checked, WAL bytes, write time
   watch-recvlogical          pg_recvlogical until it exits: rate, CPU, RSS, walsender CPU
   wait-lsn                   the connector until its acked LSN (/metrics) reaches an end
                              LSN: rate, CPU (and per thread), RSS, walsender and broker CPU
@@ -455,9 +454,8 @@ def cmd_config(a):
 
 
 def cmd_backlog(a):
-    end_lsn, res = measure.backlog(a.db_url, a.start_lsn, measure.epoch(a.started), a.events, a.tx, a.label)
-    write_json(a.out, res)
-    print(end_lsn)
+    write_json(a.out, measure.backlog(a.db_url, a.start_lsn, a.end_lsn, measure.epoch(a.started),
+                                      measure.epoch(a.ended), a.events, a.tx, a.label))
 
 
 def cmd_watch_recvlogical(a):
@@ -669,8 +667,8 @@ def parser():
     add(c, "tx-sizes", "variants", "steady-variants", "overrides", "peer")
     add(c, "rate", required=False, default="")
 
-    c = command("backlog", cmd_backlog, "check and measure a written backlog; print its end LSN")
-    add(c, "db-url", "start-lsn", "started", "label", "out")
+    c = command("backlog", cmd_backlog, "check and measure a written backlog")
+    add(c, "db-url", "start-lsn", "end-lsn", "started", "ended", "label", "out")
     add(c, "events", "tx", type=int)
 
     c = command("watch-recvlogical", cmd_watch_recvlogical, "pg_recvlogical until it exits")

@@ -294,19 +294,19 @@ def machine_facts(note, admin_url, kafka_classpath, pg_bin, java, debezium_jars=
 # --- phases -----------------------------------------------------------------------------
 
 
-def backlog(db_url, start_lsn, started, events, tx, label):
-    """After the backlog's writers: its size, WAL and write time; the end LSN."""
-    t1 = time.time()
-    # The end position first: nothing after the writers belongs to the backlog.
-    end_lsn = psql(db_url, "SELECT pg_current_wal_insert_lsn()")
+def backlog(db_url, start_lsn, end_lsn, started, ended, events, tx, label):
+    """A written backlog: its rows counted, its WAL and write time. The caller
+    reads the end position as soon as the writers are done: WAL written after
+    the last commit (autovacuum, the bgwriter's running-xacts record) can only
+    be acknowledged on an idle keepalive, up to wal_sender_timeout / 2 later."""
     count = int(psql(db_url, "SELECT count(*) FROM public.outbox_events"))
     if count != events:
         raise Failed(f"the backlog is {count} rows, not {events}")
     wal_bytes = parse_lsn(end_lsn) - parse_lsn(start_lsn)
-    write_s = elapsed(started, t1)
+    write_s = elapsed(started, ended)
     log(f"{label}: backlog written in {write_s}s ({rate(events, write_s)} events/s), "
         f"WAL {start_lsn}..{end_lsn} ({wal_bytes} bytes)")
-    return end_lsn, {"tx_size": tx, "events": events, "wal_bytes": wal_bytes, "write_seconds": write_s}
+    return {"tx_size": tx, "events": events, "wal_bytes": wal_bytes, "write_seconds": write_s}
 
 
 def watch_recvlogical(pid, slot, db_url, started, timeout, time_file, events, label):
