@@ -249,7 +249,8 @@ ensure_debezium_jars() {
        -DincludeScope=runtime -DoutputDirectory="$DBZ_JARS" >"$run/mvn-debezium.log" 2>&1; then
     printf '%s' "$want" >"$marker"
   else
-    peer_reason="failed: Maven could not resolve bench/debezium/pom.xml: $(grep -m1 ERROR "$run/mvn-debezium.log")"
+    peer_reason="failed: Maven could not resolve bench/debezium/pom.xml: $(grep -m1 ERROR "$run/mvn-debezium.log" ||
+                                                                          tail -1 "$run/mvn-debezium.log")"
   fi
 }
 if [[ -z $peer_reason ]]; then ensure_debezium_jars; fi
