@@ -16,6 +16,7 @@ are rounded to 1 ms and rates to whole events per second.
 
 import datetime
 import glob
+import http.client
 import json
 import os
 import platform
@@ -162,7 +163,7 @@ def scrape(url, timeout=2.0):
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.read().decode()
-    except OSError:
+    except (OSError, http.client.HTTPException):
         return None
 
 
