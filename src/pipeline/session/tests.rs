@@ -154,27 +154,8 @@ impl Harness {
         }))
         .await?;
         for _ in 0..events {
-            let id = uuid_like(self.next_lsn);
-            self.next_sequence += 1;
-            let sequence = self.next_sequence.to_string();
-            let text = |s: &str| ColumnValue::Text(Bytes::copy_from_slice(s.as_bytes()));
-            let new = TupleData {
-                columns: vec![
-                    text(&id),
-                    text("order"),
-                    text("a1"),
-                    text(&sequence),
-                    text("Created"),
-                    text("1"),
-                    text("{}"),
-                    text("2026-01-01 00:00:00+00"),
-                ],
-            };
-            self.message(Message::Insert(Insert {
-                relation_oid: OUTBOX_OID,
-                new,
-            }))
-            .await?;
+            let row = self.outbox_row();
+            self.message(row).await?;
         }
         self.next_lsn = end_lsn.as_u64();
         self.session
