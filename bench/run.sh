@@ -77,6 +77,8 @@
 #   BENCH_PHASES="drain steady bigtx"
 #   BENCH_BIGTX_ROWS=1000000  rows of the bigtx phase's one transaction
 #   BENCH_BIGTX_RUNS=3        runs of each streaming setting (off, on, off, on, ...)
+#   BENCH_BIGTX_STREAMING="off on"  the [postgres] streaming settings compared, in
+#                             the order of each run (protocol 1 = off, 2 = on)
 #   BENCH_REPORT=latest       the report's name: <BENCH_OUT>/<name>.json and .png
 #                             (default "bigtx" when BENCH_PHASES is bigtx alone)
 #   BENCH_STEADY_SECONDS=60  BENCH_CLIENTS=4  BENCH_THREADS=2  BENCH_RATE=(unset: max)
@@ -139,6 +141,7 @@ PARTITIONS=${BENCH_PARTITIONS:-3}
 PHASES=${BENCH_PHASES:-"drain steady bigtx"}
 BIGTX_ROWS=${BENCH_BIGTX_ROWS:-1000000}
 BIGTX_RUNS=${BENCH_BIGTX_RUNS:-3}
+BIGTX_STREAMING=${BENCH_BIGTX_STREAMING:-"off on"}
 REPORT=${BENCH_REPORT:-latest}
 read -r -a phase_list <<<"$PHASES"
 if [[ -z ${BENCH_REPORT:-} && ${#phase_list[@]} -eq 1 && ${phase_list[0]} == bigtx ]]; then REPORT=bigtx; fi
@@ -174,6 +177,11 @@ export BENCH_PSQL="$PG_BIN/psql"
 [[ "$EVENTS" =~ ^[0-9]+$ && "$EVENTS" -gt 0 ]] || die "BENCH_EVENTS must be a positive integer"
 [[ "$BIGTX_ROWS" =~ ^[0-9]+$ && "$BIGTX_ROWS" -gt 0 ]] || die "BENCH_BIGTX_ROWS must be a positive integer"
 [[ "$BIGTX_RUNS" =~ ^[0-9]+$ && "$BIGTX_RUNS" -gt 0 ]] || die "BENCH_BIGTX_RUNS must be a positive integer"
+read -r -a bigtx_modes <<<"$BIGTX_STREAMING"
+(( ${#bigtx_modes[@]} )) || die "BENCH_BIGTX_STREAMING is empty"
+for mode in "${bigtx_modes[@]}"; do
+  [[ $mode == off || $mode == on ]] || die "BENCH_BIGTX_STREAMING: $mode is neither off nor on"
+done
 has_drain=0
 for phase in "${phase_list[@]}"; do
   [[ $phase == drain || $phase == steady || $phase == bigtx ]] || die "unknown phase $phase (drain, steady, bigtx)"
@@ -715,8 +723,9 @@ for phase in "${phase_list[@]}"; do
       fi ;;
     bigtx)
       for (( r = 1; r <= BIGTX_RUNS; r++ )); do
-        bigtx "$r" off 0
-        bigtx "$r" on 1
+        for mode in "${bigtx_modes[@]}"; do
+          if [[ $mode == off ]]; then bigtx "$r" off 0; else bigtx "$r" on 1; fi
+        done
       done ;;
   esac
 done

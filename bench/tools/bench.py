@@ -619,7 +619,9 @@ def cmd_watch_bigtx(a):
     row = {"run": a.run, "streaming": a.streaming, "protocol": 2 if a.streaming == "on" else 1,
            "variant": a.variant, "variant_settings": a.settings,
            "logical_decoding_work_mem": measure.server_setting(a.db_url, "logical_decoding_work_mem"),
-           "max_spill_memory_bytes": spill_budget(a.settings)}
+           "max_spill_memory_bytes": spill_budget(a.settings),
+           # glibc malloc tunables the connector inherited (none in a plain run).
+           "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"}}
     row.update(measure.watch_bigtx(a.pid, a.metrics, a.slot, a.db_url, a.commit_file, a.first_file, a.rows,
                                    a.timeout, a.label, a.log, a.kafka_pid))
     write_json(a.out, row)
