@@ -44,12 +44,12 @@
 #     (bench_insert) in one session, at the server's logical_decoding_work_mem
 #     (64MB by default). Measured from the COMMIT returning: the first record
 #     in Kafka, every event published, the acked LSN reaching the end of the
-#     transaction's commit record (drain); the connector's
-#     peak RSS and CPU seconds, its largest outbox_cdc_spill_bytes, and the
-#     slot's spill_* and stream_* deltas from pg_stat_replication_slots
-#     (reset before the write). Medians and every run go to the report's
-#     "bigtx" key, with the targets (peak RSS <= 64 MiB; with streaming, no
-#     spill_bytes on the server) met or not.
+#     transaction's commit record (drain); the connector's peak RSS and CPU
+#     seconds, its largest outbox_cdc_spill_bytes, and the slot's spill_* and
+#     stream_* deltas from pg_stat_replication_slots (reset before the
+#     write). Medians and every run go to the report's "bigtx" key, with the
+#     targets (peak RSS <= 64 MiB; with streaming, no spill_bytes on the
+#     server) met or not.
 #
 # This script starts and stops processes; every figure (rates, CPU, RSS,
 # /metrics, the latency quantiles, the JSON) is taken by bench/tools/bench.py.
