@@ -35,12 +35,28 @@
 #     makes no difference); the connector's own commit-to-ack histogram is
 #     reported beside it. Slot lag (pg_current_wal_lsn - confirmed_flush_lsn)
 #     is sampled every 200 ms.
+#  3. One large transaction, pgoutput protocol 1 vs 2 (BENCH_PHASES=bigtx).
+#     Alternating [postgres] streaming = off and on, BENCH_BIGTX_RUNS times
+#     each: a slot and a topic of its own, the connector (the first variant,
+#     plus the streaming setting) started and streaming, a consumer waiting
+#     for the topic's first record, then one transaction of BENCH_BIGTX_ROWS
+#     outbox rows (shaped like the backlog's) written by server-side SQL
+#     (bench_insert) in one session, at the server's logical_decoding_work_mem
+#     (64MB by default). Measured from the COMMIT returning: the first record
+#     in Kafka, every event published, the acked LSN reaching the end of the
+#     transaction's commit record (drain); the connector's peak RSS and CPU
+#     seconds, its largest outbox_cdc_spill_bytes, and the slot's spill_* and
+#     stream_* deltas from pg_stat_replication_slots (reset before the
+#     write). Medians and every run go to the report's "bigtx" key, with the
+#     targets (peak RSS <= 64 MiB; with streaming, no spill_bytes on the
+#     server) met or not.
 #
 # This script starts and stops processes; every figure (rates, CPU, RSS,
 # /metrics, the latency quantiles, the JSON) is taken by bench/tools/bench.py.
 #
 # Output: bench/results/latest.json, bench/results/latest.png (BENCH_OUT sets
-# the directory); intermediate files and logs in target/bench/run-<id>/.
+# the directory; BENCH_PHASES=bigtx alone writes bigtx.json instead, and no
+# plot); intermediate files and logs in target/bench/run-<id>/.
 # latest.json's machine.versions records what ran: the outbox-cdc commit, the
 # PostgreSQL server, pg_recvlogical, pgbench, Kafka, librdkafka, Java, Debezium
 # and Kafka Connect (when the peer ran), rustc, the bench's consumer.
@@ -50,6 +66,7 @@
 #   BENCH_EVENTS=200000 BENCH_STEADY_SECONDS=30 bench/run.sh   # quicker
 #   BENCH_PHASES=drain bench/run.sh                   # only the catch-up
 #   BENCH_VARIANTS=at-least-once bench/run.sh         # one delivery mode only
+#   BENCH_PHASES=bigtx bench/run.sh                   # only the large transaction (bigtx.json)
 #
 # Settings (environment):
 #   BENCH_EVENTS=1000000      backlog size per transaction size
@@ -57,7 +74,13 @@
 #   BENCH_AGGREGATES=10000    distinct aggregate ids
 #   BENCH_WRITERS=2           parallel sessions writing a backlog
 #   BENCH_PARTITIONS=3        partitions of each benchmark topic
-#   BENCH_PHASES="drain steady"
+#   BENCH_PHASES="drain steady bigtx"
+#   BENCH_BIGTX_ROWS=1000000  rows of the bigtx phase's one transaction
+#   BENCH_BIGTX_RUNS=3        runs of each streaming setting (off, on, off, on, ...)
+#   BENCH_BIGTX_STREAMING="off on"  the [postgres] streaming settings compared, in
+#                             the order of each run (protocol 1 = off, 2 = on)
+#   BENCH_REPORT=latest       the report's name: <BENCH_OUT>/<name>.json and .png
+#                             (default "bigtx" when BENCH_PHASES is bigtx alone)
 #   BENCH_STEADY_SECONDS=60  BENCH_CLIENTS=4  BENCH_THREADS=2  BENCH_RATE=(unset: max)
 #   BENCH_DRAIN_TIMEOUT=1800  seconds allowed for one drain
 #   BENCH_NO_BUILD=1          use target/release/outbox-cdc as it is
@@ -115,7 +138,13 @@ TX_SIZES=${BENCH_TX_SIZES:-"1 100"}
 AGGREGATES=${BENCH_AGGREGATES:-10000}
 WRITERS=${BENCH_WRITERS:-2}
 PARTITIONS=${BENCH_PARTITIONS:-3}
-PHASES=${BENCH_PHASES:-"drain steady"}
+PHASES=${BENCH_PHASES:-"drain steady bigtx"}
+BIGTX_ROWS=${BENCH_BIGTX_ROWS:-1000000}
+BIGTX_RUNS=${BENCH_BIGTX_RUNS:-3}
+BIGTX_STREAMING=${BENCH_BIGTX_STREAMING:-"off on"}
+REPORT=${BENCH_REPORT:-latest}
+read -r -a phase_list <<<"$PHASES"
+if [[ -z ${BENCH_REPORT:-} && ${#phase_list[@]} -eq 1 && ${phase_list[0]} == bigtx ]]; then REPORT=bigtx; fi
 STEADY_SECONDS=${BENCH_STEADY_SECONDS:-60}
 CLIENTS=${BENCH_CLIENTS:-4}
 THREADS=${BENCH_THREADS:-2}
@@ -146,6 +175,18 @@ done
 [[ -x /usr/bin/time ]] || die "/usr/bin/time not found (Debian's package time)"
 export BENCH_PSQL="$PG_BIN/psql"
 [[ "$EVENTS" =~ ^[0-9]+$ && "$EVENTS" -gt 0 ]] || die "BENCH_EVENTS must be a positive integer"
+[[ "$BIGTX_ROWS" =~ ^[0-9]+$ && "$BIGTX_ROWS" -gt 0 ]] || die "BENCH_BIGTX_ROWS must be a positive integer"
+[[ "$BIGTX_RUNS" =~ ^[0-9]+$ && "$BIGTX_RUNS" -gt 0 ]] || die "BENCH_BIGTX_RUNS must be a positive integer"
+read -r -a bigtx_modes <<<"$BIGTX_STREAMING"
+(( ${#bigtx_modes[@]} )) || die "BENCH_BIGTX_STREAMING is empty"
+for mode in "${bigtx_modes[@]}"; do
+  [[ $mode == off || $mode == on ]] || die "BENCH_BIGTX_STREAMING: $mode is neither off nor on"
+done
+has_drain=0
+for phase in "${phase_list[@]}"; do
+  [[ $phase == drain || $phase == steady || $phase == bigtx ]] || die "unknown phase $phase (drain, steady, bigtx)"
+  if [[ $phase == drain ]]; then has_drain=1; fi
+done
 
 id="$(date +%Y%m%d%H%M%S)_$$"
 DB="bench_$id"
@@ -218,7 +259,7 @@ if [[ "${BENCH_NO_BUILD:-0}" != 1 ]]; then
 fi
 [[ -x "$BIN" ]] || die "$BIN not found (cargo build --release)"
 FLOOR_BIN="$root/target/release/examples/produce_floor"
-[[ $FLOOR == 0 || -x "$FLOOR_BIN" ]] || die "$FLOOR_BIN not found (cargo build --release --example produce_floor)"
+[[ $FLOOR == 0 || $has_drain == 0 || -x "$FLOOR_BIN" ]] || die "$FLOOR_BIN not found (cargo build --release --example produce_floor)"
 
 bench() { "$PY" bench/tools/bench.py "$@"; }
 free_port() { bench free-port; }
@@ -232,6 +273,7 @@ case $PEER in
           peer_reason="skipped: a quicker run (BENCH_EVENTS=$EVENTS < 1000000); BENCH_PEER=debezium measures it"
         fi ;;
 esac
+(( has_drain )) || peer_reason="skipped: no drain phase (BENCH_PHASES=$PHASES)"
 DBZ_JARS="$root/target/bench/debezium-jars"
 JAVA=${OUTBOX_CDC_JAVA:-java}
 # Kafka Connect and Debezium from Maven Central into $DBZ_JARS, once per
@@ -266,13 +308,16 @@ env | grep '^OUTBOX_CDC__' | sed 's|://[^@]*@|://***@|' | sort >"$run/connector_
 bench config "$run/config.json" --events "$EVENTS" --tx-sizes "$TX_SIZES" --aggregates "$AGGREGATES" \
   --partitions "$PARTITIONS" --writers "$WRITERS" --steady-seconds "$STEADY_SECONDS" --clients "$CLIENTS" \
   --threads "$THREADS" --rate "$RATE" --variants "$VARIANTS" --steady-variants "$STEADY_VARIANTS" \
-  --overrides "$run/connector_env_overrides.txt" --peer "$PEER" --floor "$FLOOR"
+  --overrides "$run/connector_env_overrides.txt" --peer "$PEER" --floor "$FLOOR" --phases "$PHASES" \
+  --bigtx-rows "$BIGTX_ROWS" --bigtx-runs "$BIGTX_RUNS"
 
 # --- database and topics -------------------------------------------------------
 log "run $id: database $DB, topics $topic_prefix.*, files $run"
 "$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 "$ADMIN_URL" -c "CREATE DATABASE $DB" >/dev/null
 created_db=1
 for f in migrations/*.sql bench/sql/setup.sql; do sql -f "$f" >/dev/null; done
+# The bigtx phase finds its transaction's commit record with it (PostgreSQL 15+).
+sql -c "CREATE EXTENSION IF NOT EXISTS pg_walinspect" >/dev/null 2>&1 || log "no pg_walinspect: bigtx ends at the insert LSN"
 sql -c "GRANT SELECT ON public.outbox_events TO outbox" >/dev/null
 
 create_slot() { sql -c "SELECT lsn FROM pg_create_logical_replication_slot('$1', 'pgoutput')" >/dev/null; }
@@ -603,16 +648,87 @@ SQL
   drop_slot "$slot"
 }
 
-for phase in $PHASES; do
+# --- 3. one large transaction, protocol 1 vs 2 ---------------------------------------
+# Run $1 of streaming setting $2 (off or on; k = 0 or 1 orders the files): a
+# slot and a topic of its own, the first variant's connector with
+# OUTBOX_CDC__POSTGRES__STREAMING=$2 streaming before the transaction is
+# written, a consumer waiting for the topic's first record. Writes
+# bigtx_r<run>_v<k>.json.
+bigtx() {
+  local r=$1 mode=$2 k=$3
+  local name="bigtx${r}_$mode" slot="bench_${id}_bigtx${r}_$mode" topic="$topic_prefix.bigtx.r$r.$mode"
+  local commit="$run/$name.commit" first="$run/$name.first" clog="$run/consumer-$name.log"
+  local wlog="$run/watch-$name.log" settings
+  use_variant 0
+  conn_env+=("OUTBOX_CDC__POSTGRES__STREAMING=$mode")
+  settings=$(IFS=,; printf '%s' "${conn_env[*]}")
+  bench topics-create "$OUTBOX_CDC_TEST_KAFKA" "$PARTITIONS" "$topic" >&2
+  topics+=("$topic")
+  sql -c "TRUNCATE public.outbox_events, public.outbox_aggregate_sequences" >/dev/null
+  # Each run starts from a checkpoint: the full-page images after it are
+  # part of every run's WAL alike.
+  sql -c "CHECKPOINT" >/dev/null
+  create_slot "$slot"
+  log "bigtx run $r [streaming $mode]: outbox-cdc on slot $slot → $topic"
+  start_connector "$slot" "$name" "$topic"
+  bench wait-metric --pid "$conn_pid" --metrics "http://127.0.0.1:$conn_port/metrics" \
+    --name outbox_cdc_connected --at-least 1 --timeout 60 --log "$run/connector-$name.log" \
+    --slot "$slot" --db-url "$ADMIN_DB_URL" || die "bigtx [streaming $mode]: the connector did not connect"
+
+  "$PY" -u bench/tools/bench.py first-record "$OUTBOX_CDC_TEST_KAFKA" "$topic" "$first" "$DRAIN_TIMEOUT" \
+    >"$clog" 2>&1 &
+  local consumer_pid=$!
+  pids+=("$consumer_pid")
+  "$PY" -u bench/tools/bench.py watch-bigtx --pid "$conn_pid" --metrics "http://127.0.0.1:$conn_port/metrics" \
+    --slot "$slot" --db-url "$ADMIN_DB_URL" --commit-file "$commit" --first-file "$first" --rows "$BIGTX_ROWS" \
+    --run "$r" --streaming "$mode" --variant "$variant_name" --settings "$settings" --timeout "$DRAIN_TIMEOUT" \
+    --kafka-pid "$(kafka_pid)" --log "$run/connector-$name.log" --label "bigtx run $r [streaming $mode]" \
+    --out "$run/bigtx_r${r}_v$k.json" >"$wlog" 2>&1 &
+  local watch_pid=$!
+  pids+=("$watch_pid")
+  local deadline=$(( SECONDS + 60 ))
+  until grep -q 'consumer ready' "$clog" && grep -q 'bench: watching' "$wlog"; do
+    kill -0 "$consumer_pid" 2>/dev/null || die "the consumer exited: $(tail -5 "$clog")"
+    kill -0 "$watch_pid" 2>/dev/null || die "bigtx [streaming $mode]: $(tail -5 "$wlog")"
+    (( SECONDS < deadline )) || die "the consumer or the watcher did not start within 60 s"
+    sleep 0.1
+  done
+
+  log "bigtx run $r [streaming $mode]: writing one transaction of $BIGTX_ROWS rows"
+  # Before and after (once COMMIT has returned), in the writer's session:
+  # the WAL insert position and the server's clock.
+  local at="SELECT pg_current_wal_insert_lsn(), extract(epoch FROM clock_timestamp())"
+  sql -c "$at" -c "BEGIN" -c "SELECT bench_insert($BIGTX_ROWS, 'bigtx', $AGGREGATES)" -c "COMMIT" -c "$at" \
+    >"$commit.tmp" || die "bigtx [streaming $mode]: writing the transaction failed"
+  mv "$commit.tmp" "$commit"
+  wait "$watch_pid" || die "bigtx run $r [streaming $mode]: $(grep -m1 'error' "$wlog" || tail -3 "$wlog")"
+  cat "$wlog" >&2
+  wait "$consumer_pid" || log "warning: the consumer failed: $(tail -3 "$clog")"
+  stop_pid "$conn_pid"
+  drop_slot "$slot"
+  rm -rf "$run/offsets-$name"
+  # A million records a run: the topic goes now, not at the end.
+  bench topics-delete "$OUTBOX_CDC_TEST_KAFKA" "$topic" >&2
+  local t kept=()
+  for t in "${topics[@]}"; do [[ $t == "$topic" ]] || kept+=("$t"); done
+  topics=("${kept[@]}")
+}
+
+for phase in "${phase_list[@]}"; do
   case $phase in
     drain) for tx in $TX_SIZES; do drain "$tx"; done ;;
     steady)
       if [[ $STEADY_VARIANTS == first ]]; then steady 0
       else for k in "${!variants[@]}"; do steady "$k"; done
       fi ;;
-    *) die "unknown phase $phase (drain, steady)" ;;
+    bigtx)
+      for (( r = 1; r <= BIGTX_RUNS; r++ )); do
+        for mode in "${bigtx_modes[@]}"; do
+          if [[ $mode == off ]]; then bigtx "$r" off 0; else bigtx "$r" on 1; fi
+        done
+      done ;;
   esac
 done
 
-bench report "$run" "$OUT/latest.json" "$OUT/latest.png"
-log "results: $OUT/latest.json, $OUT/latest.png"
+bench report "$run" "$OUT/$REPORT.json" "$OUT/$REPORT.png"
+log "results: $OUT/$REPORT.json"

@@ -21,6 +21,9 @@ in measure.py, Kafka and the report in this file). `bench.py --help` and
   audit-report               bench/results/audit_rss.json
   free-port                  a free loopback TCP port
   topics-create, topics-delete, consume   Kafka (the venv's confluent-kafka)
+  watch-bigtx                the connector while one large transaction is written, then
+                             from its COMMIT to its first record in Kafka and its acked LSN
+  first-record               the first record on a topic (the bigtx phase's consumer)
   histogram METRICS_FILE     quantiles of the connector's commit-to-ack histogram
   report RUN_DIR JSON_OUT PNG_OUT         combine a run's fragments
 
@@ -116,6 +119,48 @@ def consume(bootstrap, topic, out_path, stop_file, max_seconds):
                 break
     consumer.close()
     print(f"bench: consumer read {n} records", flush=True)
+
+
+def first_record(bootstrap, topic, out_path, max_seconds):
+    """The first record on TOPIC (read from its beginning, read_committed):
+    its receive time (when the client returned it), record timestamp,
+    partition and offset, as JSON in OUT_PATH; then exit (reading the rest
+    would take CPU from the relay being measured)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{os.getpid()}",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 5,
+            "fetch.min.bytes": 1,
+            "isolation.level": "read_committed",
+        }
+    )
+    meta = consumer.list_topics(topic, timeout=30)
+    parts = meta.topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+    deadline = time.monotonic() + float(max_seconds)
+    print("bench: consumer ready", flush=True)
+    msg = None
+    while time.monotonic() < deadline:
+        msg = consumer.poll(0.05)
+        if msg is not None and not msg.error():
+            break
+        msg = None
+    received = time.time()
+    consumer.close()
+    if msg is None:
+        print(f"bench: no record on {topic} within {max_seconds} s", flush=True)
+        return 1
+    _, ts = msg.timestamp()
+    with open(out_path + ".tmp", "w") as f:
+        json.dump({"received": round(received, 4), "timestamp_ms": ts, "partition": msg.partition(),
+                   "offset": msg.offset()}, f)
+    os.replace(out_path + ".tmp", out_path)  # the watcher reads it whole or not at all
+    print(f"bench: first record: partition {msg.partition()} offset {msg.offset()}", flush=True)
+    return 0
 
 
 def parse_histogram(text, name="outbox_cdc_commit_to_ack_seconds", labels=""):
@@ -253,11 +298,18 @@ def report(run_dir, json_out, png_out):
                 flush=True,
             )
     cdfs = [(s.get("variant", "default"), l) for s, _, l, _ in steady_runs]
+    bigtx_runs = [load_json(p) for p in sorted(glob.glob(os.path.join(run_dir, "bigtx_r*_v*.json")))]
+    if bigtx_runs:
+        result["bigtx"] = bigtx_summary(bigtx_runs)
 
     with open(json_out, "w") as f:
         json.dump(result, f, indent=2, sort_keys=False)
         f.write("\n")
-    print(json.dumps({k: v for k, v in result.items() if k in ("drain", "steady", "steady_variants")}, indent=2))
+    headline = {k: v for k, v in result.items() if k in ("drain", "steady", "steady_variants")}
+    if headline:
+        print(json.dumps(headline, indent=2))
+    if "bigtx" in result:
+        print(bigtx_table(result["bigtx"], result["machine"]), flush=True)
     for d in sorted(runs, key=lambda d: d["tx_size"]):
         print(
             f"bench: drain tx={d['tx_size']} [{d['variant']}]: {d['connector_events_per_s']} events/s "
@@ -272,7 +324,104 @@ def report(run_dir, json_out, png_out):
                   f"CPU s {p['cpu_s']}, peak RSS {p['peak_rss_mib']} MiB", flush=True)
         else:
             print(f"bench: drain tx={p['tx_size']} [{p['name']}]: not measured: {p['reason']}", flush=True)
-    plot(result, samples, lat_sorted, lags, cdfs, png_out)
+    if "drain" in result or "steady" in result:
+        plot(result, samples, lat_sorted, lags, cdfs, png_out)
+    else:
+        print("bench: no drain or steady phase ran: no plot", flush=True)
+
+
+BIGTX_TARGET_RSS_MIB = 64
+BIGTX_MEDIANS = ("write_seconds", "transaction_wal_bytes", "first_record_seconds", "all_published_seconds",
+                 "drain_seconds", "connector_peak_rss_mib", "connector_cpu_s", "connector_walsender_cpu_s",
+                 "kafka_broker_cpu_s", "connector_max_spill_bytes", "connector_max_spill_memory_bytes")
+
+
+def bigtx_summary(runs):
+    """The bigtx phase: per streaming setting, the medians over its runs and
+    the issue's targets (peak RSS <= 64 MiB; with streaming, nothing spilled
+    on the server), met when every run meets them."""
+    import statistics
+
+    first = runs[0]
+    variants = []
+    for mode in dict.fromkeys(r["streaming"] for r in runs):
+        rs = [r for r in runs if r["streaming"] == mode]
+        med = {k: statistics.median(r[k] for r in rs) for k in BIGTX_MEDIANS}
+        for k in first["slot_stats_delta"]:
+            med["server_" + k] = statistics.median(r["slot_stats_delta"][k] for r in rs)
+        worst_rss = max(r["connector_peak_rss_mib"] for r in rs)
+        targets = {"connector_peak_rss": {"target": f"<= {BIGTX_TARGET_RSS_MIB} MiB", "worst_mib": worst_rss,
+                                          "met": worst_rss <= BIGTX_TARGET_RSS_MIB}}
+        if mode == "on":
+            worst_spill = max(r["slot_stats_delta"]["spill_bytes"] for r in rs)
+            targets["server_spill_bytes"] = {"target": "0 with streaming", "worst": worst_spill,
+                                             "met": worst_spill == 0}
+        variants.append({"streaming": mode, "protocol": rs[0]["protocol"], "runs": len(rs),
+                         "median": med, "targets": targets})
+    return {
+        "rows": first["rows"],
+        "transaction": "one transaction of `rows` outbox rows (~300-byte JSON payloads) written by "
+                       "BEGIN; SELECT bench_insert(rows, ...); COMMIT in one session (synchronous_commit on) while the "
+                       "connector streams from a slot created before it; a fresh transaction per run",
+        "logical_decoding_work_mem": first["logical_decoding_work_mem"],
+        "max_spill_memory_bytes": first["max_spill_memory_bytes"],
+        "order": "runs alternate between the settings in the order listed; each run has its own slot, "
+                 "topic and connector process",
+        "measured_from": "the COMMIT returning: the server's clock_timestamp() right after it in the writer's "
+                         "session; first record = the consumer's receive time of the transaction's first "
+                         "record (read_committed, started before the write); drain = the connector's "
+                         "outbox_cdc_acked_lsn reaching the end of the transaction's commit record (end_lsn, found with "
+                         "pg_walinspect; see each run's end_lsn_source)",
+        "targets": {"connector_peak_rss_mib": BIGTX_TARGET_RSS_MIB, "server_spill_bytes_with_streaming": 0},
+        "variants": variants,
+        "runs": runs,
+    }
+
+
+def _mib(b):
+    return f"{b / 1048576:,.1f} MiB"
+
+
+def bigtx_table(bigtx, machine):
+    """The side-by-side table (Markdown), medians first, then every run."""
+    wm = bigtx["logical_decoding_work_mem"]
+    lines = [
+        f"bench: bigtx: {bigtx['rows']:,} rows in one transaction, logical_decoding_work_mem = {wm['value']} "
+        f"({wm['source']}), connector spill memory budget {_mib(bigtx['max_spill_memory_bytes']['bytes'])} "
+        f"({bigtx['max_spill_memory_bytes']['source']}); {machine.get('date_utc')}, commit "
+        f"{machine.get('git_commit')}{' (dirty)' if machine.get('git_dirty') else ''}, "
+        f"PostgreSQL {machine.get('postgresql')}, Kafka {machine.get('kafka')}",
+        "",
+        "| streaming | run | write | COMMIT → first record | COMMIT → all published | COMMIT → acked (drain) "
+        "| connector peak RSS | connector CPU s | its walsender CPU s | server spill_bytes (txns) "
+        "| server stream_bytes (txns) | connector largest spill_bytes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def row(name, run, r, s):
+        return (f"| {name} | {run} | {r['write_seconds']:.3f} s | {r['first_record_seconds']:.3f} s "
+                f"| {r['all_published_seconds']:.3f} s | {r['drain_seconds']:.3f} s "
+                f"| {r['connector_peak_rss_mib']:.1f} MiB | {r['connector_cpu_s']:.2f} "
+                f"| {r['connector_walsender_cpu_s']:.2f} | {s['spill_bytes']:,} B ({s['spill_txns']:g}) "
+                f"| {s['stream_bytes']:,} B ({s['stream_txns']:g}) | {r['connector_max_spill_bytes']:,} B |")
+
+    for v in bigtx["variants"]:
+        m = v["median"]
+        name = f"{v['streaming']} (protocol {v['protocol']})"
+        s = {k: m["server_" + k] for k in ("spill_bytes", "spill_txns", "stream_bytes", "stream_txns")}
+        s = {k: int(x) if float(x).is_integer() else x for k, x in s.items()}
+        lines.append(row(f"**{name}**", f"**median of {v['runs']}**",
+                         dict(m, connector_max_spill_bytes=int(m["connector_max_spill_bytes"])), s))
+        for r in bigtx["runs"]:
+            if r["streaming"] == v["streaming"]:
+                lines.append(row("", r["run"], r, r["slot_stats_delta"]))
+    lines.append("")
+    for v in bigtx["variants"]:
+        for name, t in v["targets"].items():
+            worst = t.get("worst_mib", t.get("worst"))
+            lines.append(f"bench: bigtx [streaming {v['streaming']}]: {name} {t['target']}: "
+                         f"{'met' if t['met'] else 'NOT met'} (worst run: {worst})")
+    return "\n".join(lines)
 
 
 def load_steady(run_dir, path, k):
@@ -450,7 +599,32 @@ def cmd_config(a):
         "connector_env_overrides": overrides,
         "variants": a.variants.split(), "steady_variants": a.steady_variants,
         "peer": a.peer, "producer_floor": bool(a.floor),
+        "phases": a.phases.split(), "bigtx_rows": a.bigtx_rows, "bigtx_runs": a.bigtx_runs,
     })
+
+
+def spill_budget(settings):
+    """The connector's [limits] max_spill_memory_bytes in a run: the variant's
+    override, the environment's, or the default."""
+    for kv in settings.split(","):
+        if kv.startswith("OUTBOX_CDC__LIMITS__MAX_SPILL_MEMORY_BYTES="):
+            return {"bytes": int(kv.split("=", 1)[1]), "source": "variant"}
+    env = os.environ.get("OUTBOX_CDC__LIMITS__MAX_SPILL_MEMORY_BYTES")
+    if env:
+        return {"bytes": int(env), "source": "environment"}
+    return {"bytes": 16 * 1024 * 1024, "source": "default"}
+
+
+def cmd_watch_bigtx(a):
+    row = {"run": a.run, "streaming": a.streaming, "protocol": 2 if a.streaming == "on" else 1,
+           "variant": a.variant, "variant_settings": a.settings,
+           "logical_decoding_work_mem": measure.server_setting(a.db_url, "logical_decoding_work_mem"),
+           "max_spill_memory_bytes": spill_budget(a.settings),
+           # glibc malloc tunables the connector inherited (none in a plain run).
+           "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"}}
+    row.update(measure.watch_bigtx(a.pid, a.metrics, a.slot, a.db_url, a.commit_file, a.first_file, a.rows,
+                                   a.timeout, a.label, a.log, a.kafka_pid))
+    write_json(a.out, row)
 
 
 def cmd_backlog(a):
@@ -666,6 +840,8 @@ def parser():
         type=int)
     add(c, "tx-sizes", "variants", "steady-variants", "overrides", "peer")
     add(c, "rate", required=False, default="")
+    add(c, "phases", required=False, default="drain steady")
+    add(c, "bigtx-rows", "bigtx-runs", required=False, type=int, default=0)
 
     c = command("backlog", cmd_backlog, "check and measure a written backlog")
     add(c, "db-url", "start-lsn", "end-lsn", "started", "ended", "label", "out")
@@ -683,6 +859,15 @@ def parser():
     add(c, "log", "slot", "db-url", required=False)
     add(c, "kafka-pid", "expect-published", required=False, type=int, default=0)
     c.add_argument("--no-threads", action="store_true")
+
+    c = command("watch-bigtx", cmd_watch_bigtx,
+                "the connector while one large transaction is written, until its acked LSN reaches its end")
+    add(c, "pid", "rows", "run", type=int)
+    add(c, "timeout", type=float)
+    add(c, "metrics", "slot", "db-url", "commit-file", "first-file", "streaming", "variant", "label", "out")
+    add(c, "log", required=False)
+    add(c, "settings", required=False, default="")
+    add(c, "kafka-pid", required=False, type=int, default=0)
 
     c = command("drain-run", cmd_drain_run, "one drain row from its fragments")
     add(c, "backlog", "recvlogical", "connector", "variant", "out")
@@ -748,6 +933,11 @@ def parser():
                 "read TOPIC from its beginning (read_committed); per record write '<commit_ms> <consume_ms>' "
                 "to OUT; stop when STOP_FILE exists and nothing arrived for 2 s, or after MAX_S seconds")
     for n in ("bootstrap", "topic", "out", "stop_file", "max_seconds"):
+        c.add_argument(n)
+    c = command("first-record", lambda a: first_record(a.bootstrap, a.topic, a.out, a.max_seconds),
+                "wait for the first record on TOPIC (from its beginning, read_committed); write its receive "
+                "time, timestamp, partition and offset as JSON to OUT; give up after MAX_S seconds")
+    for n in ("bootstrap", "topic", "out", "max_seconds"):
         c.add_argument(n)
     c = command("histogram", lambda a: print(json.dumps(histogram_summary(a.metrics_file))),
                 "quantiles of the connector's commit-to-ack histogram (Prometheus text) as JSON")

@@ -602,3 +602,196 @@ def run_measured(cmd, timeout, stdout_path, stderr_path):
         with open(time_file) as t, open(stderr_path, "a") as err:
             err.write(t.read())
     return res
+
+
+# --- one large transaction (the bigtx phase) ------------------------------------------------
+
+SLOT_STATS = ("spill_txns", "spill_count", "spill_bytes", "stream_txns", "stream_count", "stream_bytes",
+              "total_txns", "total_bytes")
+
+
+def slot_stats(url, slot):
+    """The slot's row of pg_stat_replication_slots (PostgreSQL 14+): what the
+    walsender spilled to the server's disk, streamed in progress, decoded."""
+    row = psql(url, f"SELECT {', '.join(SLOT_STATS)} FROM pg_stat_replication_slots WHERE slot_name = '{slot}'")
+    if not row:
+        raise Failed(f"pg_stat_replication_slots has no row for {slot}")
+    return dict(zip(SLOT_STATS, (int(x) for x in row.split("|"))))
+
+
+def server_setting(url, name):
+    """A server setting as shown (e.g. 64MB) and where its value comes from."""
+    value, source = psql(url, f"SELECT current_setting('{name}'), source FROM pg_settings WHERE name = '{name}'").split("|")
+    return {"value": value, "source": source}
+
+
+def memory_kib(pid):
+    """VmRSS and its parts (anonymous, file-backed), in KiB; zeros when gone."""
+    out = {}
+    for key in ("VmRSS", "RssAnon", "RssFile"):
+        v = _status_field(pid, key)
+        out[key] = int(v[0]) if v else 0
+    return out
+
+
+def _written_transaction(path):
+    """The writer's lines: pg_current_wal_insert_lsn() | clock_timestamp() as
+    epoch before BEGIN, the transaction's id, the same pair once its COMMIT
+    returned."""
+    with open(path) as f:
+        lines = [l for l in f.read().split("\n") if l]
+    pairs = [l.split("|") for l in lines if "|" in l]
+    xids = [l for l in lines if "|" not in l]
+    if len(pairs) != 2 or len(xids) != 1:
+        raise Failed(f"{path}: expected 'lsn|epoch', the xid, 'lsn|epoch'; got {lines}")
+    (start_lsn, started), (end_lsn, committed) = pairs
+    return {"start_lsn": start_lsn, "started": float(started), "insert_lsn_after_commit": end_lsn,
+            "committed": float(committed), "xid": int(xids[0])}
+
+
+def commit_end_lsn(url, xid, start_lsn, insert_lsn):
+    """The end of transaction XID's commit record, found with pg_walinspect in
+    the last 64 KiB before INSERT_LSN (the insert position read right after
+    the COMMIT; other sessions' WAL may follow the commit record), and where
+    the figure came from. Without the extension: INSERT_LSN itself."""
+    try:
+        end = psql(url, f"""SELECT end_lsn FROM pg_get_wal_records_info(
+                                greatest('{start_lsn}'::pg_lsn, '{insert_lsn}'::pg_lsn - 65536), '{insert_lsn}')
+                             WHERE resource_manager = 'Transaction' AND record_type = 'COMMIT'
+                               AND xid = '{xid % (1 << 32)}'::xid""")
+    except Failed as e:
+        return insert_lsn, f"pg_current_wal_insert_lsn() after COMMIT (pg_walinspect: {e})"
+    if not end:
+        return insert_lsn, "pg_current_wal_insert_lsn() after COMMIT (pg_walinspect found no commit record)"
+    return end, "pg_walinspect: the end of the transaction's commit record"
+
+
+def watch_bigtx(pid, metrics_url, slot, db_url, commit_path, first_path, rows, timeout, label,
+                log_path=None, kpid=0, sample_s=0.5):
+    """The connector while one transaction of ROWS outbox rows is written and
+    after it commits, until its acked LSN reaches the transaction's end.
+
+    Before the write: resets the slot's statistics, takes the CPU baselines,
+    then prints `bench: watching` (the script writes the transaction only
+    then). The writer leaves COMMIT_PATH (see _written_transaction) once its
+    COMMIT has returned; the drain ends when the acked LSN reaches the end of
+    the commit record (commit_end_lsn); the consumer leaves FIRST_PATH with the first record
+    it read. Every figure is measured from the COMMIT returning (the server's
+    clock_timestamp() right after, in the same session)."""
+    psql(db_url, f"SELECT pg_stat_reset_replication_slot('{slot}')")
+    stats0 = slot_stats(db_url, slot)
+    wpid = slot_pid(db_url, slot)
+    if not wpid:
+        raise Failed(f"no walsender serves {slot}: the connector is not streaming")
+    c0, w0, k0 = cpu_s(pid), cpu_s(wpid), cpu_s(kpid)
+    text = scrape(metrics_url)
+    if text is None:
+        raise Failed(f"{metrics_url} did not answer")
+    published0 = samples(text).get("outbox_cdc_events_published_total", 0)
+    print("bench: watching", flush=True)
+
+    deadline = time.monotonic() + timeout
+    peaks = {"outbox_cdc_spill_bytes": 0, "outbox_cdc_spill_memory_bytes": 0,
+             "outbox_cdc_spill_largest_transaction_bytes": 0, "outbox_cdc_spill_transactions": 0,
+             "outbox_cdc_in_flight_events": 0}
+    peak_rss_anon = 0
+    timeline = []
+    t0 = time.time()
+    next_sample = t0
+    tx = None
+    pub_t = ack_t = None
+    m = {}
+    while ack_t is None:
+        if not alive(pid):
+            raise Failed(f"the connector exited: {log_tail(log_path)}")
+        if time.monotonic() > deadline:
+            raise Failed(f"the connector did not acknowledge the transaction within {timeout}s"
+                         + (f" (end {tx['end_lsn']})" if tx else " (the transaction did not commit)"))
+        text = scrape(metrics_url)
+        now = time.time()
+        if text is not None:
+            m = samples(text)
+            for k in peaks:
+                peaks[k] = max(peaks[k], int(m.get(k, 0)))
+        mem = memory_kib(pid)
+        peak_rss_anon = max(peak_rss_anon, mem["RssAnon"])
+        if tx is None and os.path.exists(commit_path):
+            tx = _written_transaction(commit_path)
+            tx["end_lsn"], tx["end_lsn_source"] = commit_end_lsn(db_url, tx["xid"], tx["start_lsn"],
+                                                                 tx["insert_lsn_after_commit"])
+        if now >= next_sample:
+            next_sample += sample_s
+            timeline.append([round(now - t0, 2), round(mem["VmRSS"] / 1024, 1), round(mem["RssAnon"] / 1024, 1),
+                             round(mem["RssFile"] / 1024, 1),
+                             round(m.get("outbox_cdc_spill_bytes", 0) / 1048576, 1),
+                             round(m.get("outbox_cdc_spill_memory_bytes", 0) / 1048576, 1),
+                             int(m.get("outbox_cdc_events_published_total", 0) - published0),
+                             cpu_s(pid)])
+        if tx is not None and text is not None:
+            if pub_t is None and m.get("outbox_cdc_events_published_total", 0) - published0 >= rows:
+                pub_t = now
+            if m.get("outbox_cdc_acked_lsn", 0) >= parse_lsn(tx["end_lsn"]):
+                ack_t = now
+        time.sleep(0.05)
+    hwm = peak_rss_kib(pid)
+    cpu, wcpu, kcpu = round(cpu_s(pid) - c0, 2), round(cpu_s(wpid) - w0, 2), round(cpu_s(kpid) - k0, 2)
+    published = int(m.get("outbox_cdc_events_published_total", 0) - published0)
+    if published < rows:
+        raise Failed(f"the connector acknowledged {tx['end_lsn']} having published {published} of {rows} events")
+
+    first = None
+    wait_until = time.monotonic() + 60
+    while first is None:
+        try:
+            first = load_json(first_path)
+        except (OSError, ValueError):
+            if time.monotonic() > wait_until:
+                raise Failed(f"the consumer read no record within 60 s of the drain ({first_path})")
+            time.sleep(0.1)
+    stats = slot_stats(db_url, slot)
+    for _ in range(50):  # reported at the end of the transaction's decoding; normally there already
+        if stats["total_txns"] > stats0["total_txns"]:
+            break
+        time.sleep(0.1)
+        stats = slot_stats(db_url, slot)
+    delta = {k: stats[k] - stats0[k] for k in SLOT_STATS}
+
+    committed = tx["committed"]
+    res = {
+        "rows": rows,
+        "transaction_wal_bytes": parse_lsn(tx["end_lsn"]) - parse_lsn(tx["start_lsn"]),
+        "write_seconds": elapsed(tx["started"], committed),
+        "first_record_seconds": elapsed(committed, first["received"]),
+        "first_record_commit_ts_lag_seconds": elapsed(first["timestamp_ms"] / 1000.0, first["received"]),
+        "all_published_seconds": elapsed(committed, pub_t),
+        "drain_seconds": elapsed(committed, ack_t),
+        "connector_peak_rss_mib": round(hwm / 1024, 1),
+        "connector_peak_rss_kib": hwm,
+        "connector_peak_rss_anon_mib_polled": round(peak_rss_anon / 1024, 1),
+        "connector_cpu_s": cpu,
+        "connector_walsender_cpu_s": wcpu,
+        "kafka_broker_cpu_s": kcpu,
+        "connector_published_events": published,
+        "connector_max_spill_bytes": peaks["outbox_cdc_spill_bytes"],
+        "connector_max_spill_memory_bytes": peaks["outbox_cdc_spill_memory_bytes"],
+        "connector_max_spill_largest_transaction_bytes": peaks["outbox_cdc_spill_largest_transaction_bytes"],
+        "connector_max_spill_transactions": peaks["outbox_cdc_spill_transactions"],
+        "connector_max_in_flight_events": peaks["outbox_cdc_in_flight_events"],
+        "slot_stats_delta": delta,
+        "start_lsn": tx["start_lsn"],
+        "end_lsn": tx["end_lsn"],
+        "end_lsn_source": tx["end_lsn_source"],
+        "insert_lsn_after_commit": tx["insert_lsn_after_commit"],
+        "xid": tx["xid"],
+        "first_record": first,
+        "timeline_columns": ["s", "rss_mib", "rss_anon_mib", "rss_file_mib", "spill_mib", "spill_memory_mib",
+                             "published", "connector_cpu_s"],
+        "timeline": timeline,
+    }
+    log(f"{label}: written in {res['write_seconds']}s ({res['transaction_wal_bytes']} B of WAL); from COMMIT: "
+        f"first record {res['first_record_seconds']}s, all published {res['all_published_seconds']}s, "
+        f"acked {res['drain_seconds']}s; peak RSS {res['connector_peak_rss_mib']} MiB, CPU s {cpu} "
+        f"(walsender {wcpu}); server spill {delta['spill_bytes']} B in {delta['spill_txns']} tx, "
+        f"streamed {delta['stream_bytes']} B in {delta['stream_txns']} tx; connector spill max "
+        f"{res['connector_max_spill_bytes']} B")
+    return res
