@@ -20,7 +20,8 @@
 #                       commits (block 2, Stream Commit)
 #   savepoint_rollback  row 201, then SAVEPOINT and rows 211..219 (streamed with
 #                       201), ROLLBACK TO the savepoint (Stream Abort of the
-#                       subtransaction), row 202, COMMIT
+#                       subtransaction), row 202 (in a new subtransaction: the
+#                       savepoint stays), COMMIT
 #   late_rollback       rows 401..410, ROLLBACK (Stream Abort of the whole
 #                       transaction after a block without changes, see below)
 #   rollback            row 300 committed, then rows 301..310 (streamed),
