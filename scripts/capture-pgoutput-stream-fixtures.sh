@@ -22,8 +22,9 @@
 #                       201), ROLLBACK TO the savepoint (Stream Abort of the
 #                       subtransaction), row 202 (in a new subtransaction: the
 #                       savepoint stays), COMMIT
-#   late_rollback       rows 401..410, ROLLBACK (Stream Abort of the whole
-#                       transaction after a block without changes, see below)
+#   late_rollback       rows 401..410, ROLLBACK (up to 17, Stream Abort of the
+#                       whole transaction after a block without changes; 18
+#                       sends nothing; see below)
 #   rollback            row 300 committed, then rows 301..310 (streamed),
 #                       ROLLBACK (Stream Abort of the whole transaction; on 18
 #                       every row in a block of its own, see below)
