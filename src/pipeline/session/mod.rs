@@ -12,7 +12,8 @@
 //! - `coverage_watch`: the publication's coverage, and what each relation is;
 //! - `relations`: the outbox relations bound to the mapping, other tables' OIDs;
 //! - `stages`: `outbox_cdc_stage_seconds`;
-//! - `ending`: the drain, the error exit, and which failure decides.
+//! - `ending`: the drain, the error exit, and which failure decides;
+//! - `streamed`: transactions streamed while in progress (protocol 2).
 //!
 //! With pgoutput protocol 2 (`[postgres] streaming`) a large transaction
 //! arrives in blocks while in progress: its messages go to the [`Spill`]
@@ -26,6 +27,7 @@ mod coverage_watch;
 mod ending;
 mod relations;
 mod stages;
+mod streamed;
 #[cfg(test)]
 mod tests;
 
@@ -40,13 +42,13 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::outbox::{ChangeContext, MapError, OutboxEvent, OutboxMapper};
 use crate::pg::{EventPosition, Lsn, PgTimestamp, ReplicationEvent, ReplicationStream};
-use crate::pgoutput::{self, Commit, Message, StreamAbort, StreamStart};
+use crate::pgoutput::{self, Message};
 use crate::sink::DeliveryReport;
 
 use super::delivery::{Delivery, InFlight, Unsent};
 use super::poison::{PoisonPolicyRouter, Route, row_as_json};
 use super::sequences::SequenceWatch;
-use super::spill::{Spill, SpillReader};
+use super::spill::Spill;
 use super::{PipelineError, RunOptions};
 use bootstrap::Started;
 use checkpointer::Checkpointer;
@@ -54,6 +56,7 @@ use coverage_watch::CoverageWatch;
 use ending::Refused;
 use relations::{StreamRelations, Target};
 use stages::{Now, StageClock};
+use streamed::Replay;
 
 /// One session delivering with `D` (chosen by `delivery::run_session`): bootstrap,
 /// stream until a stop is asked or an error ends it, drain. An error exit
@@ -96,12 +99,6 @@ struct OpenTx {
     commit_lsn: Lsn,
     /// Already acknowledged before a restart: its events are dropped, not re-sent.
     replayed: bool,
-}
-
-/// A committed streamed transaction being read back from the spill.
-struct Replay {
-    reader: SpillReader,
-    commit: Commit,
 }
 
 /// Where the streaming loop is.
@@ -407,29 +404,14 @@ impl<'a, D: Delivery> Session<'a, D> {
             Message::StreamStop => {
                 return Err(protocol(lsn, "Stream Stop outside a streamed block"));
             }
-            Message::StreamCommit(stream_commit) => {
-                let xid = stream_commit.xid;
-                let reader = match self.spill.as_mut() {
-                    Some(spill) if self.open.is_none() => spill.commit(xid)?,
-                    _ => None,
-                };
-                let Some(reader) = reader else {
-                    return Err(protocol(
-                        lsn,
-                        format!("Stream Commit of transaction {xid}, which was not being streamed"),
-                    ));
-                };
-                let commit = stream_commit.commit;
-                self.begin(lsn, commit.commit_lsn, commit.commit_time)?;
-                self.replay = Some(Replay { reader, commit });
-            }
+            Message::StreamCommit(commit) => self.stream_commit(lsn, commit)?,
             Message::StreamAbort(abort) => self.stream_abort(lsn, abort)?,
         }
         Ok(())
     }
 
     /// A transaction whose commit record starts at `commit_lsn` begins.
-    fn begin(
+    pub(super) fn begin(
         &mut self,
         lsn: Lsn,
         commit_lsn: Lsn,
@@ -454,120 +436,6 @@ impl<'a, D: Delivery> Session<'a, D> {
             replayed,
         });
         Ok(())
-    }
-
-    /// Stream Start: a block of one in-progress transaction follows.
-    fn stream_start(&mut self, lsn: Lsn, start: StreamStart) -> Result<(), PipelineError> {
-        let xid = start.xid;
-        let Some(spill) = self.spill.as_mut().filter(|_| self.open.is_none()) else {
-            return Err(protocol(
-                lsn,
-                format!(
-                    "Stream Start of transaction {xid} inside a transaction or without streaming asked for"
-                ),
-            ));
-        };
-        let known = match start.first_segment {
-            true => spill.begin(xid),
-            false => spill.is_open(xid),
-        };
-        if !known {
-            return Err(protocol(
-                lsn,
-                match start.first_segment {
-                    true => format!("a second first segment of streamed transaction {xid}"),
-                    false => format!(
-                        "a later segment of streamed transaction {xid} whose first segment was not received"
-                    ),
-                },
-            ));
-        }
-        self.block = Some(xid);
-        Ok(())
-    }
-
-    /// A message inside the streamed block of transaction `xid`: changes that
-    /// may be outbox rows, and the Relations that describe them, are spilled
-    /// as received; nothing else in a block is ever an event.
-    fn on_streamed(
-        &mut self,
-        lsn: Lsn,
-        xid: u32,
-        streamed: pgoutput::Streamed,
-        data: &bytes::Bytes,
-    ) -> Result<(), PipelineError> {
-        let spill = self
-            .spill
-            .as_mut()
-            .expect("a block is only opened with a spill");
-        match (&streamed.message, streamed.xid) {
-            (Message::StreamStop, _) => self.block = None,
-            (Message::Relation(_) | Message::Insert(_), Some(sub)) => {
-                if !tokio::task::block_in_place(|| spill.append(xid, sub, lsn, data))? {
-                    return Err(protocol(
-                        lsn,
-                        format!("a change of streamed transaction {xid}, which is not open"),
-                    ));
-                }
-            }
-            // Not events: updates, deletes and truncates never are; a
-            // logical message is not, since streaming is refused with a
-            // message_prefix (config); Type and Origin describe nothing we map.
-            (
-                Message::Update(_)
-                | Message::Delete(_)
-                | Message::Truncate(_)
-                | Message::Message(_)
-                | Message::Type(_),
-                Some(_),
-            )
-            | (Message::Origin(_), None) => {}
-            (other, _) => {
-                return Err(protocol(
-                    lsn,
-                    format!(
-                        "message {:?} inside the streamed block of transaction {xid}",
-                        other.tag() as char
-                    ),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Stream Abort: the transaction or one of its subtransactions rolled
-    /// back; its spilled changes are never read.
-    fn stream_abort(&mut self, lsn: Lsn, abort: StreamAbort) -> Result<(), PipelineError> {
-        let Some(spill) = self.spill.as_mut().filter(|_| self.open.is_none()) else {
-            return Err(protocol(
-                lsn,
-                "Stream Abort inside a transaction or without streaming asked for",
-            ));
-        };
-        let known = spill.abort(abort.xid, abort.subxid);
-        debug!(
-            xid = abort.xid,
-            subxid = abort.subxid,
-            known,
-            "streamed transaction rolled back"
-        );
-        Ok(())
-    }
-
-    /// The next spilled message of the committed streamed transaction being
-    /// read back, or its commit once all were read.
-    async fn replay_next(&mut self) -> Result<(), PipelineError> {
-        let replay = self.replay.as_mut().expect("called while replaying");
-        let next = tokio::task::block_in_place(|| replay.reader.next_record())?;
-        let Some((lsn, data)) = next else {
-            let commit = self.replay.take().expect("replaying").commit;
-            return self
-                .on_message(commit.commit_lsn, Message::Commit(commit))
-                .await;
-        };
-        let streamed = pgoutput::decode_streamed(&data)
-            .map_err(|source| PipelineError::Decode { lsn, source })?;
-        self.on_message(lsn, streamed.message).await
     }
 
     /// A change of a transaction acknowledged before the restart: dropped,
