@@ -60,6 +60,9 @@ pub struct ConnectorStatus {
     pub in_flight_events: Option<u64>,
     pub oldest_unacked_age_seconds: Option<f64>,
     pub reconnects: Option<u64>,
+    /// Its `/health/ready`: whether it is ready, and each reason with what
+    /// holds or what to do (`None` when it did not answer with one).
+    pub readiness: Option<crate::health::Readiness>,
 }
 
 /// The slot's row with lags computed against `pg_current_wal_lsn()`.
@@ -220,7 +223,12 @@ async fn running_connector(listen: &str) -> Option<ConnectorStatus> {
     let samples = parse_samples(&body);
     // Something else may listen there; only our own exposition counts.
     samples.get(metrics::CONNECTED)?;
-    Some(connector_status(format!("http://{addr}/metrics"), &samples))
+    let mut status = connector_status(format!("http://{addr}/metrics"), &samples);
+    status.readiness = http::get_any(addr, "/health/ready", METRICS_TIMEOUT)
+        .await
+        .ok()
+        .and_then(|(_, body)| serde_json::from_str(&body).ok());
+    Some(status)
 }
 
 fn connector_status(metrics_url: String, samples: &HashMap<&str, &str>) -> ConnectorStatus {
@@ -238,6 +246,7 @@ fn connector_status(metrics_url: String, samples: &HashMap<&str, &str>) -> Conne
             .get(metrics::OLDEST_UNACKED_AGE)
             .and_then(|v| v.parse().ok()),
         reconnects: int(metrics::RECONNECTS),
+        readiness: None,
     }
 }
 
@@ -298,6 +307,17 @@ impl StatusReport {
                     opt(c.oldest_unacked_age_seconds.map(|n| n.to_string())),
                 ));
                 rows.push(("  reconnects", opt(c.reconnects.map(|n| n.to_string()))));
+                if let Some(r) = &c.readiness {
+                    let ready = if r.ready { "yes" } else { "NO" };
+                    rows.push(("  ready", ready.to_owned()));
+                    for reason in &r.reasons {
+                        let ok = if reason.ok { "ok" } else { "NOT OK" };
+                        rows.push((
+                            reason_label(&reason.name),
+                            format!("{ok}: {}", reason.message),
+                        ));
+                    }
+                }
             }
         }
         if let Some(e) = &self.database_error {
@@ -335,6 +355,17 @@ impl StatusReport {
     }
 }
 
+/// A readiness reason's row label in the table.
+fn reason_label(name: &str) -> &'static str {
+    match name {
+        crate::health::STREAMING => "    streaming",
+        crate::health::KAFKA_REACHABLE => "    kafka_reachable",
+        crate::health::ACKNOWLEDGING => "    acknowledging",
+        crate::health::SEQUENCE_GAPS => "    sequence_gaps",
+        _ => "    (reason)",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,6 +396,7 @@ mod tests {
                 in_flight_events: Some(0),
                 oldest_unacked_age_seconds: Some(1.5),
                 reconnects: Some(0),
+                readiness: None,
             }
         );
         let idle = Metrics::default();
