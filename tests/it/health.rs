@@ -206,15 +206,14 @@ async fn a_slot_taken_by_another_process_turns_readiness_red_then_green() {
     let theirs = slot_pid(&fx).await.unwrap();
     let (took, r) = until_reason(port, "streaming", false, Duration::from_secs(10)).await;
     assert!(took < Duration::from_secs(10));
-    // The first reconnect names the holder.
+    // The first reconnect names the holder, as a standby's wait.
     let started = Instant::now();
     let mut r = r;
-    while !r
-        .reason("streaming")
-        .unwrap()
-        .message
-        .contains(&format!("PID {theirs}"))
-    {
+    let standby = |r: &Readiness| {
+        let message = &r.reason("streaming").unwrap().message;
+        message.starts_with("standby:") && message.contains(&format!("PID {theirs}"))
+    };
+    while !standby(&r) {
         assert!(started.elapsed() < Duration::from_secs(15), "{r:#?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
         r = ready(port).await.unwrap().1;
