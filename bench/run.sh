@@ -17,7 +17,12 @@
 #           of its own. In exactly-once mode the acked LSN moves only after
 #           each Kafka commit, so the figure includes the last commit.
 #     Reported: events/s of both (from process start), their ratio, the
-#     connector's peak RSS (VmHWM).
+#     connector's peak RSS (VmHWM). Then, on the same backlog:
+#       (c) the producer floor: examples/produce_floor.rs sends as many records
+#           through the connector's KafkaSink alone (no PostgreSQL);
+#       (d) the peer: Debezium (Kafka Connect standalone) drains a slot of its own.
+#     Both rows are in every run's latest.json: a row that could not be
+#     measured (or was skipped) says so ("measured": false, "reason").
 #  2. Steady state, once per variant (BENCH_STEADY_VARIANTS), each with its
 #     own slot and topic and the same pgbench settings. pgbench
 #     (bench/steady.pgbench: an order row plus its outbox row through
@@ -30,15 +35,38 @@
 #     makes no difference); the connector's own commit-to-ack histogram is
 #     reported beside it. Slot lag (pg_current_wal_lsn - confirmed_flush_lsn)
 #     is sampled every 200 ms.
+#  3. One large transaction, pgoutput protocol 1 vs 2 (BENCH_PHASES=bigtx).
+#     Alternating [postgres] streaming = off and on, BENCH_BIGTX_RUNS times
+#     each: a slot and a topic of its own, the connector (the first variant,
+#     plus the streaming setting) started and streaming, a consumer waiting
+#     for the topic's first record, then one transaction of BENCH_BIGTX_ROWS
+#     outbox rows (shaped like the backlog's) written by server-side SQL
+#     (bench_insert) in one session, at the server's logical_decoding_work_mem
+#     (64MB by default). Measured from the COMMIT returning: the first record
+#     in Kafka, every event published, the acked LSN reaching the end of the
+#     transaction's commit record (drain); the connector's peak RSS and CPU
+#     seconds, its largest outbox_cdc_spill_bytes, and the slot's spill_* and
+#     stream_* deltas from pg_stat_replication_slots (reset before the
+#     write). Medians and every run go to the report's "bigtx" key, with the
+#     targets (peak RSS <= 64 MiB; with streaming, no spill_bytes on the
+#     server) met or not.
+#
+# This script starts and stops processes; every figure (rates, CPU, RSS,
+# /metrics, the latency quantiles, the JSON) is taken by bench/tools/bench.py.
 #
 # Output: bench/results/latest.json, bench/results/latest.png (BENCH_OUT sets
-# the directory); intermediate files and logs in target/bench/run-<id>/.
+# the directory; BENCH_PHASES=bigtx alone writes bigtx.json instead, and no
+# plot); intermediate files and logs in target/bench/run-<id>/.
+# latest.json's machine.versions records what ran: the outbox-cdc commit, the
+# PostgreSQL server, pg_recvlogical, pgbench, Kafka, librdkafka, Java, Debezium
+# and Kafka Connect (when the peer ran), rustc, the bench's consumer.
 #
 # Usage:
 #   scripts/env.sh up && bench/run.sh                 # full run (1,000,000 events)
 #   BENCH_EVENTS=200000 BENCH_STEADY_SECONDS=30 bench/run.sh   # quicker
 #   BENCH_PHASES=drain bench/run.sh                   # only the catch-up
 #   BENCH_VARIANTS=at-least-once bench/run.sh         # one delivery mode only
+#   BENCH_PHASES=bigtx bench/run.sh                   # only the large transaction (bigtx.json)
 #
 # Settings (environment):
 #   BENCH_EVENTS=1000000      backlog size per transaction size
@@ -46,23 +74,35 @@
 #   BENCH_AGGREGATES=10000    distinct aggregate ids
 #   BENCH_WRITERS=2           parallel sessions writing a backlog
 #   BENCH_PARTITIONS=3        partitions of each benchmark topic
-#   BENCH_PHASES="drain steady"
+#   BENCH_PHASES="drain steady bigtx"
+#   BENCH_BIGTX_ROWS=1000000  rows of the bigtx phase's one transaction
+#   BENCH_BIGTX_RUNS=3        runs of each streaming setting (off, on, off, on, ...)
+#   BENCH_BIGTX_STREAMING="off on"  the [postgres] streaming settings compared, in
+#                             the order of each run (protocol 1 = off, 2 = on)
+#   BENCH_REPORT=latest       the report's name: <BENCH_OUT>/<name>.json and .png
+#                             (default "bigtx" when BENCH_PHASES is bigtx alone)
 #   BENCH_STEADY_SECONDS=60  BENCH_CLIENTS=4  BENCH_THREADS=2  BENCH_RATE=(unset: max)
 #   BENCH_DRAIN_TIMEOUT=1800  seconds allowed for one drain
 #   BENCH_NO_BUILD=1          use target/release/outbox-cdc as it is
 #   BENCH_OUT=bench/results   where latest.json / latest.png go
 #   BENCH_PERF=1              record a perf profile (cpu-clock, DWARF stacks) of the
 #                             connector during each drain into the run dir
-#   BENCH_PEER=               "debezium": after the connector's drains, Debezium 3.6.1
+#   BENCH_PEER=auto           the peer: after the connector's drains, Debezium 3.6.1
 #                             (Kafka Connect 4.1.1 standalone, PostgreSQL connector,
 #                             Outbox Event Router routed like ours, StringConverter)
 #                             drains the same backlog from its own slot; its events/s,
-#                             CPU seconds and peak RSS go to latest.json as peer.*.
-#                             Jars from Maven Central (bench/debezium/pom.xml, mvn)
-#   BENCH_FLOOR=1             after the connector's drains, the producer alone
-#                             (examples/produce_floor.rs) sends as many records shaped
-#                             like the backlog's through the connector's KafkaSink;
-#                             its CPU seconds go to latest.json as producer_floor[]
+#                             CPU seconds and peak RSS go to latest.json as peer[].
+#                             Jars from Maven Central (bench/debezium/pom.xml, mvn).
+#                             "auto": measured when BENCH_EVENTS >= 1000000 (a full
+#                             run), skipped by a quicker run; "debezium": always;
+#                             "none": never. Skipped or failed (no mvn, jars not
+#                             resolved, Connect failed), peer[] keeps a row per
+#                             transaction size with "measured": false and "reason"
+#   BENCH_FLOOR=1             the producer floor: after the connector's drains, the
+#                             producer alone (examples/produce_floor.rs) sends as many
+#                             records shaped like the backlog's through the connector's
+#                             KafkaSink; its CPU seconds go to latest.json as
+#                             producer_floor[] (0: a row with "measured": false)
 #   BENCH_KEEP_RUN_DIR=0      1 keeps target/bench/run-<id>/ (latency samples, logs)
 #   BENCH_VARIANTS="at-least-once exactly-once:OUTBOX_CDC__DELIVERY__MODE=exactly-once"
 #                             connector variants draining the same backlogs, each
@@ -87,8 +127,8 @@
 # Everything the run creates has a unique name (database bench_<id>, slots
 # bench_<id>_*, topics bench.<id>.*) and is dropped at the end, also on failure
 # or Ctrl-C. Needs: psql, pgbench, pg_recvlogical (PostgreSQL 15 client
-# binaries), curl, python3 (a venv with confluent-kafka and matplotlib is made
-# under target/bench/venv on first use).
+# binaries), /usr/bin/time, python3 (a venv with confluent-kafka and matplotlib
+# is made under target/bench/venv on first use); for the peer, java and mvn.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -98,16 +138,23 @@ TX_SIZES=${BENCH_TX_SIZES:-"1 100"}
 AGGREGATES=${BENCH_AGGREGATES:-10000}
 WRITERS=${BENCH_WRITERS:-2}
 PARTITIONS=${BENCH_PARTITIONS:-3}
-PHASES=${BENCH_PHASES:-"drain steady"}
+PHASES=${BENCH_PHASES:-"drain steady bigtx"}
+BIGTX_ROWS=${BENCH_BIGTX_ROWS:-1000000}
+BIGTX_RUNS=${BENCH_BIGTX_RUNS:-3}
+BIGTX_STREAMING=${BENCH_BIGTX_STREAMING:-"off on"}
+REPORT=${BENCH_REPORT:-latest}
+read -r -a phase_list <<<"$PHASES"
+if [[ -z ${BENCH_REPORT:-} && ${#phase_list[@]} -eq 1 && ${phase_list[0]} == bigtx ]]; then REPORT=bigtx; fi
 STEADY_SECONDS=${BENCH_STEADY_SECONDS:-60}
 CLIENTS=${BENCH_CLIENTS:-4}
 THREADS=${BENCH_THREADS:-2}
 RATE=${BENCH_RATE:-}
 DRAIN_TIMEOUT=${BENCH_DRAIN_TIMEOUT:-1800}
-PEER=${BENCH_PEER:-}
+PEER=${BENCH_PEER:-auto}
 FLOOR=${BENCH_FLOOR:-1}
 [[ $FLOOR == 0 || $FLOOR == 1 ]] || { echo "bench: BENCH_FLOOR=$FLOOR: 0 or 1" >&2; exit 2; }
-[[ -z $PEER || $PEER == debezium ]] || { echo "bench: BENCH_PEER=$PEER: only debezium is known" >&2; exit 2; }
+[[ $PEER == auto || $PEER == debezium || $PEER == none ]] ||
+  { echo "bench: BENCH_PEER=$PEER: auto, debezium or none" >&2; exit 2; }
 VARIANTS=${BENCH_VARIANTS:-"at-least-once exactly-once:OUTBOX_CDC__DELIVERY__MODE=exactly-once"}
 STEADY_VARIANTS=${BENCH_STEADY_VARIANTS:-all}
 [[ $STEADY_VARIANTS == all || $STEADY_VARIANTS == first ]] ||
@@ -125,8 +172,21 @@ PG_BIN=${OUTBOX_CDC_PG_BIN:-$PG_BIN}
 for tool in psql pgbench pg_recvlogical; do
   [[ -x "$PG_BIN/$tool" ]] || die "$PG_BIN/$tool not found (PostgreSQL 15 client binaries)"
 done
-command -v curl >/dev/null || die "curl not found"
+[[ -x /usr/bin/time ]] || die "/usr/bin/time not found (Debian's package time)"
+export BENCH_PSQL="$PG_BIN/psql"
 [[ "$EVENTS" =~ ^[0-9]+$ && "$EVENTS" -gt 0 ]] || die "BENCH_EVENTS must be a positive integer"
+[[ "$BIGTX_ROWS" =~ ^[0-9]+$ && "$BIGTX_ROWS" -gt 0 ]] || die "BENCH_BIGTX_ROWS must be a positive integer"
+[[ "$BIGTX_RUNS" =~ ^[0-9]+$ && "$BIGTX_RUNS" -gt 0 ]] || die "BENCH_BIGTX_RUNS must be a positive integer"
+read -r -a bigtx_modes <<<"$BIGTX_STREAMING"
+(( ${#bigtx_modes[@]} )) || die "BENCH_BIGTX_STREAMING is empty"
+for mode in "${bigtx_modes[@]}"; do
+  [[ $mode == off || $mode == on ]] || die "BENCH_BIGTX_STREAMING: $mode is neither off nor on"
+done
+has_drain=0
+for phase in "${phase_list[@]}"; do
+  [[ $phase == drain || $phase == steady || $phase == bigtx ]] || die "unknown phase $phase (drain, steady, bigtx)"
+  if [[ $phase == drain ]]; then has_drain=1; fi
+done
 
 id="$(date +%Y%m%d%H%M%S)_$$"
 DB="bench_$id"
@@ -172,7 +232,7 @@ cleanup() {
       && log "dropped database $DB and its slots"
   fi
   if (( ${#topics[@]} )); then
-    "$PY" bench/tools/bench.py topics-delete "$OUTBOX_CDC_TEST_KAFKA" "${topics[@]}" >&2
+    bench topics-delete "$OUTBOX_CDC_TEST_KAFKA" "${topics[@]}" >&2
   fi
   if [[ "${BENCH_KEEP_RUN_DIR:-0}" != 1 && $status -eq 0 ]]; then
     rm -rf "$run"
@@ -199,65 +259,66 @@ if [[ "${BENCH_NO_BUILD:-0}" != 1 ]]; then
 fi
 [[ -x "$BIN" ]] || die "$BIN not found (cargo build --release)"
 FLOOR_BIN="$root/target/release/examples/produce_floor"
-[[ $FLOOR == 0 || -x "$FLOOR_BIN" ]] || die "$FLOOR_BIN not found (cargo build --release --example produce_floor)"
+[[ $FLOOR == 0 || $has_drain == 0 || -x "$FLOOR_BIN" ]] || die "$FLOOR_BIN not found (cargo build --release --example produce_floor)"
 
-free_port() {
-  "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+bench() { "$PY" bench/tools/bench.py "$@"; }
+free_port() { bench free-port; }
+
+# --- the peer's jars -------------------------------------------------------------
+# peer_reason: why the peer is not measured in this run (empty: it is).
+peer_reason=""
+case $PEER in
+  none) peer_reason="skipped: BENCH_PEER=none" ;;
+  auto) if (( EVENTS < 1000000 )); then
+          peer_reason="skipped: a quicker run (BENCH_EVENTS=$EVENTS < 1000000); BENCH_PEER=debezium measures it"
+        fi ;;
+esac
+(( has_drain )) || peer_reason="skipped: no drain phase (BENCH_PHASES=$PHASES)"
+DBZ_JARS="$root/target/bench/debezium-jars"
+JAVA=${OUTBOX_CDC_JAVA:-java}
+# Kafka Connect and Debezium from Maven Central into $DBZ_JARS, once per
+# bench/debezium/pom.xml; sets peer_reason when they cannot be had.
+ensure_debezium_jars() {
+  local marker="$DBZ_JARS/.complete" want
+  want=$(sha256sum bench/debezium/pom.xml | cut -c1-64)
+  command -v "$JAVA" >/dev/null || { peer_reason="failed: $JAVA (Java) not found"; return 0; }
+  [[ -r $marker && $(cat "$marker") == "$want" ]] && return 0
+  command -v mvn >/dev/null ||
+    { peer_reason="failed: Maven (mvn) not found on PATH: the Debezium jars cannot be resolved"; return 0; }
+  rm -rf "$DBZ_JARS"
+  log "peer: resolving Kafka Connect and Debezium jars with Maven into $DBZ_JARS"
+  if mvn -B -q -Dstyle.color=never -f bench/debezium/pom.xml dependency:copy-dependencies \
+       -DincludeScope=runtime -DoutputDirectory="$DBZ_JARS" >"$run/mvn-debezium.log" 2>&1; then
+    printf '%s' "$want" >"$marker"
+  else
+    peer_reason="failed: Maven could not resolve bench/debezium/pom.xml: $(grep -m1 ERROR "$run/mvn-debezium.log" ||
+                                                                          tail -1 "$run/mvn-debezium.log")"
+  fi
 }
+if [[ -z $peer_reason ]]; then ensure_debezium_jars; fi
+if [[ -n $peer_reason ]]; then log "peer: $peer_reason"; fi
 
 # --- machine -----------------------------------------------------------------
 "$PG_BIN/psql" -X -q -At "$ADMIN_URL" -c 'SELECT 1' >/dev/null || die "PostgreSQL is not reachable: scripts/env.sh status"
-pg_version=$("$PG_BIN/psql" -X -q -At "$ADMIN_URL" -c 'SHOW server_version')
-kafka_version=$(sed -n 's|.*kafka-\([0-9][0-9.]*\).*|\1|p' <<<"${OUTBOX_CDC_KAFKA_CLASSPATH:-}")
-"$PY" - "$run/machine.json" "$pg_version" "${kafka_version:-unknown}" <<'PY'
-import json, os, platform, subprocess, sys, datetime
-def first(path, key):
-    with open(path) as f:
-        for line in f:
-            if line.startswith(key):
-                return line.split(":", 1)[1].strip()
-mem_kib = int(first("/proc/meminfo", "MemTotal").split()[0])
-def out(*cmd):
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
-    except Exception:
-        return None
-json.dump({
-    "nproc": os.cpu_count(),
-    "cpu_model": first("/proc/cpuinfo", "model name"),
-    "memory_gib": round(mem_kib / 1024 / 1024, 1),
-    "kernel": platform.release(),
-    "postgresql": sys.argv[2],
-    "kafka": sys.argv[3],
-    "rustc": out("rustc", "--version"),
-    "git_commit": out("git", "rev-parse", "--short", "HEAD"),
-    "loadavg_at_start": open("/proc/loadavg").read().split()[:3],
-    "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    "note": "PostgreSQL, Kafka, the connector, pgbench and the consumer share these cores",
-}, open(sys.argv[1], "w"), indent=2)
-PY
+jars_args=()
+if [[ -z $peer_reason ]]; then jars_args=(--debezium-jars "$DBZ_JARS"); fi
+bench machine "$run/machine.json" --admin-url "$ADMIN_URL" --kafka-classpath "${OUTBOX_CDC_KAFKA_CLASSPATH:-}" \
+  --pg-bin "$PG_BIN" --java "$JAVA" "${jars_args[@]}"
 env | grep '^OUTBOX_CDC__' | sed 's|://[^@]*@|://***@|' | sort >"$run/connector_env_overrides.txt" || true
-"$PY" - "$run/config.json" "$run/connector_env_overrides.txt" "$VARIANTS" "$STEADY_VARIANTS" <<PY
-import json, sys
-overrides = dict(l.rstrip("\n").split("=", 1) for l in open(sys.argv[2]) if "=" in l)
-json.dump({
-    "events": $EVENTS, "tx_sizes": [int(x) for x in "$TX_SIZES".split()],
-    "aggregates": $AGGREGATES, "partitions": $PARTITIONS, "backlog_writers": $WRITERS,
-    "steady_seconds": $STEADY_SECONDS, "clients": $CLIENTS, "threads": $THREADS,
-    "rate": "${RATE:-max}", "connector_config": "config/example.toml",
-    "connector_env_overrides": overrides,
-    "variants": sys.argv[3].split(), "steady_variants": sys.argv[4],
-}, open(sys.argv[1], "w"), indent=2)
-PY
+bench config "$run/config.json" --events "$EVENTS" --tx-sizes "$TX_SIZES" --aggregates "$AGGREGATES" \
+  --partitions "$PARTITIONS" --writers "$WRITERS" --steady-seconds "$STEADY_SECONDS" --clients "$CLIENTS" \
+  --threads "$THREADS" --rate "$RATE" --variants "$VARIANTS" --steady-variants "$STEADY_VARIANTS" \
+  --overrides "$run/connector_env_overrides.txt" --peer "$PEER" --floor "$FLOOR" --phases "$PHASES" \
+  --bigtx-rows "$BIGTX_ROWS" --bigtx-runs "$BIGTX_RUNS"
 
 # --- database and topics -------------------------------------------------------
 log "run $id: database $DB, topics $topic_prefix.*, files $run"
 "$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 "$ADMIN_URL" -c "CREATE DATABASE $DB" >/dev/null
 created_db=1
 for f in migrations/*.sql bench/sql/setup.sql; do sql -f "$f" >/dev/null; done
+# The bigtx phase finds its transaction's commit record with it (PostgreSQL 15+).
+sql -c "CREATE EXTENSION IF NOT EXISTS pg_walinspect" >/dev/null 2>&1 || log "no pg_walinspect: bigtx ends at the insert LSN"
 sql -c "GRANT SELECT ON public.outbox_events TO outbox" >/dev/null
-
-lsn_num() { sql -c "SELECT pg_wal_lsn_diff('$1', '0/0')::numeric(20,0)"; }
 
 create_slot() { sql -c "SELECT lsn FROM pg_create_logical_replication_slot('$1', 'pgoutput')" >/dev/null; }
 drop_slot() {
@@ -274,43 +335,7 @@ drop_slot() {
   log "warning: slot $slot still exists; dropped at cleanup"
 }
 
-now() { date +%s.%N; }
-tck=$(getconf CLK_TCK)
-# CPU seconds (user + system, all threads) a process has used so far; 0 when gone.
-cpu_secs() {
-  local stat
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || { echo 0; return; }
-  awk -v t="$tck" '{ printf "%.2f", ($12 + $13) / t }' <<<"${stat##*) }"
-}
-# Per-thread CPU seconds and context switches of a process, as JSON members.
-thread_stats() {
-  local pid=$1 t name stat ctx
-  local -A cpu=() sw=()
-  for t in /proc/"$pid"/task/*; do
-    name=$(cat "$t/comm" 2>/dev/null) || continue
-    name=${name//[^A-Za-z0-9:_-]/_}
-    name=${name%%[0-9]*}  # rdk:broker1 / sled-io-3 → one bucket per kind
-    stat=$(cat "$t/stat" 2>/dev/null) || continue
-    ctx=$(awk '/ctxt_switches/ { n += $2 } END { print n + 0 }' "$t/status" 2>/dev/null)
-    stat=${stat##*) }
-    read -r -a f <<<"$stat"
-    cpu[$name]=$(( ${cpu[$name]:-0} + f[11] + f[12] ))
-    sw[$name]=$(( ${sw[$name]:-0} + ctx ))
-  done
-  local first=1
-  printf '{'
-  for name in "${!cpu[@]}"; do
-    (( first )) || printf ', '
-    first=0
-    printf '"%s": {"cpu_s": %s, "context_switches": %s}' "$name" \
-      "$(awk -v c="${cpu[$name]}" -v t="$tck" 'BEGIN { printf "%.2f", c / t }')" "${sw[$name]}"
-  done
-  printf '}'
-}
 kafka_pid() { cat "${OUTBOX_CDC_ENV_DIR:-target/env}/kafka.pid" 2>/dev/null || echo 0; }
-slot_pid() { sql -c "SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = '$1'"; }
-elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
-rate() { awk -v n="$1" -v s="$2" 'BEGIN { printf "%.0f", n / s }'; }
 
 conn_env=()
 conn_bin=$BIN
@@ -353,14 +378,6 @@ start_connector() {
     [[ -n "$conn_pid" ]] || die "the connector did not start under perf: $(tail -3 "$run/connector-$name.log")"
     pids+=("$conn_pid")
   fi
-}
-
-metric() { # metric NAME < metrics text
-  awk -v n="$1" '$1 == n { printf "%.0f", $2; found = 1 } END { if (!found) print 0 }'
-}
-
-peak_rss_mib() {
-  awk '/^VmHWM:/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status" 2>/dev/null || echo 0
 }
 
 stop_pid() {
@@ -421,20 +438,21 @@ for k in "${!variants[@]}"; do use_variant "$k"; done  # refuse a malformed list
 # --- 1. catch-up ---------------------------------------------------------------
 drain() {
   local tx=$1
-  local agg_type="drain$tx" rl_slot="bench_${id}_rl$tx" topic="$topic_prefix.drain$tx"
+  local agg_type="drain$tx" rl_slot="bench_${id}_rl$tx" topic="$topic_prefix.drain$tx" f4
   local v k
-  "$PY" bench/tools/bench.py topics-create "$OUTBOX_CDC_TEST_KAFKA" "$PARTITIONS" "$topic" >&2
+  f4=$(printf '%04d' "$tx")
+  bench topics-create "$OUTBOX_CDC_TEST_KAFKA" "$PARTITIONS" "$topic" >&2
   topics+=("$topic")
   sql -c "TRUNCATE public.outbox_events, public.outbox_aggregate_sequences" >/dev/null
   # Every slot exists before the backlog is written, so each sees all of it.
   create_slot "$rl_slot"
   for k in "${!variants[@]}"; do create_slot "bench_${id}_cdc${tx}_$k"; done
-  if [[ -n $PEER ]]; then create_slot "bench_${id}_dbz$tx"; fi
+  if [[ -z $peer_reason ]]; then create_slot "bench_${id}_dbz$tx"; fi
 
   log "drain tx=$tx: writing $EVENTS events in transactions of $tx"
-  local start_lsn end_lsn end_num t0 t1
+  local start_lsn end_lsn started ended
   start_lsn=$(sql -c "SELECT pg_current_wal_insert_lsn()")
-  t0=$(now)
+  started=$EPOCHREALTIME
   local writers=() w
   for (( w = 0; w < WRITERS; w++ )); do
     sql -c "SET synchronous_commit = off" \
@@ -442,66 +460,49 @@ drain() {
     writers+=($!)
   done
   for w in "${writers[@]}"; do wait "$w" || die "writing the backlog failed"; done
-  [[ $(sql -c "SELECT count(*) FROM public.outbox_events") == "$EVENTS" ]] || die "the backlog is not $EVENTS rows"
-  t1=$(now)
+  ended=$EPOCHREALTIME
   end_lsn=$(sql -c "SELECT pg_current_wal_insert_lsn()")
-  end_num=$(lsn_num "$end_lsn")
-  local write_s wal_bytes
-  write_s=$(elapsed "$t0" "$t1")
-  wal_bytes=$(sql -c "SELECT pg_wal_lsn_diff('$end_lsn', '$start_lsn')::bigint")
-  log "drain tx=$tx: backlog written in ${write_s}s ($(rate "$EVENTS" "$write_s") events/s), WAL $start_lsn..$end_lsn ($wal_bytes bytes)"
+  bench backlog --db-url "$ADMIN_DB_URL" --start-lsn "$start_lsn" --end-lsn "$end_lsn" --started "$started" \
+    --ended "$ended" --events "$EVENTS" --tx "$tx" --label "drain tx=$tx" --out "$run/backlog-$tx.json" ||
+    die "drain tx=$tx: the backlog"
 
   # (a) pg_recvlogical
   log "drain tx=$tx: pg_recvlogical → /dev/null up to $end_lsn"
-  local wpid=0 wcpu=0 c
-  t0=$(now)
+  started=$EPOCHREALTIME
   /usr/bin/time -f '%M %U %S' -o "$run/recvlogical-$tx.rss" \
     "$PG_BIN/pg_recvlogical" -d "$DB_URL" --slot="$rl_slot" --start --no-loop \
       --endpos="$end_lsn" -F 0 -f /dev/null \
       -o proto_version=1 -o publication_names=outbox_pub 2>"$run/recvlogical-$tx.log" &
   local rl_pid=$!
   pids+=("$rl_pid")
-  local rl_deadline=$(( SECONDS + DRAIN_TIMEOUT ))
-  while kill -0 "$rl_pid" 2>/dev/null; do
-    (( SECONDS < rl_deadline )) || die "pg_recvlogical did not reach $end_lsn within ${DRAIN_TIMEOUT}s"
-    # The walsender exits with pg_recvlogical: keep its last CPU reading.
-    if (( wpid == 0 )); then wpid=$(slot_pid "$rl_slot"); fi
-    if (( wpid != 0 )); then c=$(cpu_secs "$wpid"); [[ "$c" == 0 ]] || wcpu=$c; fi
-    sleep 0.05
-  done
+  bench watch-recvlogical --pid "$rl_pid" --slot "$rl_slot" --db-url "$ADMIN_DB_URL" --started "$started" \
+    --timeout "$DRAIN_TIMEOUT" --time-file "$run/recvlogical-$tx.rss" --events "$EVENTS" \
+    --label "drain tx=$tx" --out "$run/recvlogical-$tx.json" || die "drain tx=$tx: pg_recvlogical"
   wait "$rl_pid" || die "pg_recvlogical failed: $(tail -5 "$run/recvlogical-$tx.log")"
-  t1=$(now)
-  local rl_s rl_rss rl_cpu rl_wal_cpu=$wcpu
-  rl_s=$(elapsed "$t0" "$t1")
-  rl_rss=$(awk '{ printf "%.1f", $1 / 1024 }' "$run/recvlogical-$tx.rss")
-  rl_cpu=$(awk '{ printf "%.2f", $2 + $3 }' "$run/recvlogical-$tx.rss")
-  log "drain tx=$tx: pg_recvlogical ${rl_s}s → $(rate "$EVENTS" "$rl_s") events/s"
   drop_slot "$rl_slot"
 
   # (b) the connector, once per variant
   for k in "${!variants[@]}"; do
     v=${variants[$k]}
     use_variant "$k"
-    drain_connector "$tx" "$variant_name" "bench_${id}_cdc${tx}_$k" "$end_lsn" "$end_num" "$k"
-    cat >"$run/drain_tx$(printf '%04d' "$tx")_v$k.json" <<JSON
-{
-  "tx_size": $tx,
-  "variant": "${v%%:*}",
-  "variant_settings": "$( [[ $v == *:* ]] && printf '%s' "${v#*:}" )",
-  "events": $EVENTS,
-  "wal_bytes": $wal_bytes,
-  "write_seconds": $write_s,
-  "pg_recvlogical_seconds": $rl_s,
-  "pg_recvlogical_events_per_s": $(rate "$EVENTS" "$rl_s"),
-  "pg_recvlogical_peak_rss_mib": $rl_rss,
-  "pg_recvlogical_cpu_s": $rl_cpu,
-  "pg_recvlogical_walsender_cpu_s": $rl_wal_cpu,
-$(cat "$run/connector-drain${tx}_$k.json")
-}
-JSON
+    drain_connector "$tx" "$variant_name" "bench_${id}_cdc${tx}_$k" "$end_lsn" "$k"
+    bench drain-run --backlog "$run/backlog-$tx.json" --recvlogical "$run/recvlogical-$tx.json" \
+      --connector "$run/connector-drain${tx}_$k.json" --variant "${v%%:*}" \
+      --settings "$( [[ $v == *:* ]] && printf '%s' "${v#*:}" )" --out "$run/drain_tx${f4}_v$k.json"
   done
-  if [[ $FLOOR == 1 ]]; then producer_floor "$tx"; fi
-  if [[ -n $PEER ]]; then peer_debezium "$tx" "bench_${id}_dbz$tx" "$rl_s"; fi
+  # (c) the producer floor, (d) the peer: a row each, measured or not.
+  if [[ $FLOOR == 1 ]]; then
+    producer_floor "$tx"
+  else
+    bench unmeasured floor --tx "$tx" --events "$EVENTS" --reason "skipped: BENCH_FLOOR=0" \
+      --out "$run/floor_tx$f4.json"
+  fi
+  if [[ -z $peer_reason ]]; then
+    peer_debezium "$tx" "bench_${id}_dbz$tx"
+  else
+    bench unmeasured peer --tx "$tx" --events "$EVENTS" --reason "$peer_reason" --jars "$DBZ_JARS" \
+      --out "$run/peer_tx$f4.json"
+  fi
   sql -c "TRUNCATE public.outbox_events, public.outbox_aggregate_sequences" >/dev/null
 }
 
@@ -511,62 +512,31 @@ JSON
 # is the part of the connector's that no change before the producer can save.
 # Writes floor_tx<tx>.json.
 producer_floor() {
-  local tx=$1 topic="$topic_prefix.floor$tx" out="$run/floor-$tx.out" pid line=""
-  "$PY" bench/tools/bench.py topics-create "$OUTBOX_CDC_TEST_KAFKA" "$PARTITIONS" "$topic" >&2
+  local tx=$1
+  local topic="$topic_prefix.floor$tx" pid
+  bench topics-create "$OUTBOX_CDC_TEST_KAFKA" "$PARTITIONS" "$topic" >&2
   topics+=("$topic")
   log "drain tx=$tx [producer floor]: $EVENTS records through the KafkaSink alone → $topic"
-  local kpid k0
-  kpid=$(kafka_pid)
-  k0=$(cpu_secs "$kpid")
+  : >"$run/floor-$tx.out"
   OUTBOX_CDC__POSTGRES__URL="$DB_URL" \
   OUTBOX_CDC__KAFKA__BOOTSTRAP_SERVERS="$OUTBOX_CDC_TEST_KAFKA" \
-    "$FLOOR_BIN" config/example.toml "$topic" "$EVENTS" "$AGGREGATES" >"$out" 2>"$run/floor-$tx.log" &
+    "$FLOOR_BIN" config/example.toml "$topic" "$EVENTS" "$AGGREGATES" >"$run/floor-$tx.out" 2>"$run/floor-$tx.log" &
   pid=$!
   pids+=("$pid")
-  local deadline=$(( SECONDS + DRAIN_TIMEOUT ))
-  while [[ -z $line ]]; do
-    kill -0 "$pid" 2>/dev/null || die "produce_floor exited: $(tail -5 "$run/floor-$tx.log")"
-    (( SECONDS < deadline )) || die "produce_floor did not finish within ${DRAIN_TIMEOUT}s"
-    sleep 0.1
-    line=$(head -1 "$out")
-  done
-  local cpu rss kafka_cpu
-  cpu=$(cpu_secs "$pid")
-  rss=$(peak_rss_mib "$pid")
-  kafka_cpu=$(awk -v a="$k0" -v b="$(cpu_secs "$kpid")" 'BEGIN { printf "%.2f", b - a }')
+  bench watch-floor --pid "$pid" --kafka-pid "$(kafka_pid)" --stdout "$run/floor-$tx.out" --timeout "$DRAIN_TIMEOUT" \
+    --tx "$tx" --label "drain tx=$tx [producer floor]" --log "$run/floor-$tx.log" \
+    --out "$run/floor_tx$(printf '%04d' "$tx").json" || die "drain tx=$tx: the producer floor"
   stop_pid "$pid"
-  log "drain tx=$tx [producer floor]: $line, CPU s $cpu + Kafka broker $kafka_cpu, peak RSS $rss MiB"
-  "$PY" - "$line" "$tx" "$cpu" "$rss" "$kafka_cpu" >"$run/floor_tx$(printf '%04d' "$tx").json" <<'PY'
-import json, sys
-r = json.loads(sys.argv[1])
-r.update(tx_size=int(sys.argv[2]), cpu_s=float(sys.argv[3]), peak_rss_mib=float(sys.argv[4]),
-         kafka_broker_cpu_s=float(sys.argv[5]))
-print(json.dumps(r))
-PY
-}
-
-DBZ_JARS="$root/target/bench/debezium-jars"
-ensure_debezium_jars() {
-  local marker="$DBZ_JARS/.complete" want
-  want=$(sha256sum bench/debezium/pom.xml | cut -c1-64)
-  [[ -r $marker && $(cat "$marker") == "$want" ]] && return 0
-  command -v mvn >/dev/null || die "BENCH_PEER=debezium needs Maven (mvn) to fetch the Debezium jars"
-  rm -rf "$DBZ_JARS"
-  log "peer: resolving Kafka Connect and Debezium jars with Maven into $DBZ_JARS"
-  mvn -B -q -Dstyle.color=never -f bench/debezium/pom.xml dependency:copy-dependencies \
-    -DincludeScope=runtime -DoutputDirectory="$DBZ_JARS" >"$run/mvn-debezium.log" 2>&1 ||
-    die "Maven could not resolve the Debezium jars: $(tail -5 "$run/mvn-debezium.log")"
-  printf '%s' "$want" >"$marker"
 }
 
 # Debezium drains the backlog from SLOT into its own topic, routed by the
 # Outbox Event Router like ours (key = aggregate_id, value = payload as text,
-# id header); done when the topic holds every event. Writes peer_tx<tx>.json.
+# id header); done when the topic holds every event. Writes peer_tx<tx>.json,
+# with "measured": false and the reason when Connect or the connector fails.
 peer_debezium() {
-  local tx=$1 slot=$2 rl_s=$3
+  local tx=$1 slot=$2
   local topic="$topic_prefix.dbz$tx" dir="$run/debezium-$tx"
-  ensure_debezium_jars
-  "$PY" bench/tools/bench.py topics-create "$OUTBOX_CDC_TEST_KAFKA" "$PARTITIONS" "$topic" >&2
+  bench topics-create "$OUTBOX_CDC_TEST_KAFKA" "$PARTITIONS" "$topic" >&2
   topics+=("$topic")
   mkdir -p "$dir"
   local port
@@ -580,129 +550,43 @@ offset.flush.interval.ms=1000
 listeners=http://127.0.0.1:$port
 plugin.path=
 PROPS
-  "$PY" - "$DB_URL" "$slot" "$topic" >"$dir/connector.properties" <<'PY'
-import sys, urllib.parse
-u = urllib.parse.urlparse(sys.argv[1])
-print(f"""name=bench-debezium
-connector.class=io.debezium.connector.postgresql.PostgresConnector
-tasks.max=1
-database.hostname={u.hostname}
-database.port={u.port}
-database.user={urllib.parse.unquote(u.username)}
-database.password={urllib.parse.unquote(u.password or '')}
-database.dbname={u.path.lstrip('/')}
-topic.prefix=benchdbz
-plugin.name=pgoutput
-slot.name={sys.argv[2]}
-publication.name=outbox_pub
-publication.autocreate.mode=disabled
-snapshot.mode=no_data
-table.include.list=public.outbox_events
-transforms=outbox
-transforms.outbox.type=io.debezium.transforms.outbox.EventRouter
-transforms.outbox.table.field.event.id=event_id
-transforms.outbox.table.field.event.key=aggregate_id
-transforms.outbox.table.field.event.payload=payload
-transforms.outbox.route.by.field=aggregate_type
-transforms.outbox.route.topic.replacement={sys.argv[3]}""")
-PY
+  bench peer-config --db-url "$DB_URL" --slot "$slot" --topic "$topic" --out "$dir/connector.properties"
   log "drain tx=$tx [peer debezium]: Kafka Connect standalone → $topic until it holds $EVENTS records"
-  local t0 t1 pid cpu=0 c rss=0 r n=0
-  t0=$(now)
-  java -Xmx1g -Dlog4j2.level=WARN -cp "$DBZ_JARS/*" org.apache.kafka.connect.cli.ConnectStandalone \
+  local started pid
+  started=$EPOCHREALTIME
+  "$JAVA" -Xmx1g -Dlog4j2.level=WARN -cp "$DBZ_JARS/*" org.apache.kafka.connect.cli.ConnectStandalone \
     "$dir/worker.properties" "$dir/connector.properties" >"$dir/connect.log" 2>&1 &
   pid=$!
   pids+=("$pid")
-  local deadline=$(( SECONDS + DRAIN_TIMEOUT ))
-  while :; do
-    kill -0 "$pid" 2>/dev/null || die "Debezium exited: $(grep -m3 -E 'ERROR|Exception' "$dir/connect.log")"
-    (( SECONDS < deadline )) || die "Debezium did not deliver $EVENTS records within ${DRAIN_TIMEOUT}s ($n so far)"
-    c=$(cpu_secs "$pid"); [[ $c == 0 ]] || cpu=$c
-    r=$(peak_rss_mib "$pid"); [[ $r == 0 ]] || rss=$r
-    n=$("$PY" bench/tools/bench.py end-offsets "$OUTBOX_CDC_TEST_KAFKA" "$topic")
-    (( n >= EVENTS )) && break
-    sleep 0.5
-  done
-  t1=$(now)
-  c=$(cpu_secs "$pid"); [[ $c == 0 ]] || cpu=$c
-  r=$(peak_rss_mib "$pid"); [[ $r == 0 ]] || rss=$r
-  local wcpu
-  wcpu=$(cpu_secs "$(slot_pid "$slot")")
+  bench watch-peer --pid "$pid" --tx "$tx" --events "$EVENTS" --timeout "$DRAIN_TIMEOUT" \
+    --bootstrap "$OUTBOX_CDC_TEST_KAFKA" --topic "$topic" --started "$started" --slot "$slot" \
+    --db-url "$ADMIN_DB_URL" --label "drain tx=$tx [peer debezium]" --recvlogical "$run/recvlogical-$tx.json" \
+    --log "$dir/connect.log" --connect-url "http://127.0.0.1:$port" --jars "$DBZ_JARS" \
+    --out "$run/peer_tx$(printf '%04d' "$tx").json" || die "drain tx=$tx: watching the peer"
   stop_pid "$pid"
   drop_slot "$slot"
-  local s
-  s=$(elapsed "$t0" "$t1")
-  log "drain tx=$tx [peer debezium]: ${s}s → $(rate "$EVENTS" "$s") events/s, CPU s $cpu (its walsender $wcpu), peak RSS $rss MiB"
-  cat >"$run/peer_tx$(printf '%04d' "$tx").json" <<JSON
-{
-  "name": "debezium",
-  "version": "Debezium 3.6.1.Final, Kafka Connect 4.1.1 standalone, Outbox Event Router",
-  "tx_size": $tx,
-  "events": $EVENTS,
-  "records": $n,
-  "seconds": $s,
-  "events_per_s": $(rate "$EVENTS" "$s"),
-  "cpu_s": $cpu,
-  "walsender_cpu_s": ${wcpu:-0},
-  "peak_rss_mib": $rss,
-  "pg_recvlogical_events_per_s": $(rate "$EVENTS" "$rl_s"),
-  "note": "from process start (JVM start-up included) until the topic holds every event; records counted by end offsets"
-}
-JSON
 }
 
 # Runs the connector (conn_bin, conn_env) on one slot until its acked LSN
-# reaches the end; writes its figures as JSON members to connector-drain<tx>_<k>.json.
+# reaches the end; its figures go to connector-drain<tx>_<k>.json.
 drain_connector() {
-  local tx=$1 variant=$2 slot=$3 end_lsn=$4 end_num=$5 k=$6
-  local name="drain${tx}_$k" kpid k0 k1 t0 wpid=0
+  local tx=$1 variant=$2 slot=$3 end_lsn=$4 k=$5
+  local name="drain${tx}_$k" started kpid
   log "drain tx=$tx [$variant]: outbox-cdc → Kafka (acks=all) until acked LSN >= $end_lsn"
   kpid=$(kafka_pid)
-  k0=$(cpu_secs "$kpid")
-  t0=$(now)
+  started=$EPOCHREALTIME
   start_connector "$slot" "$name"
-  local pub_t="" ack_t="" m acked published deadline=$(( SECONDS + DRAIN_TIMEOUT ))
-  while :; do
-    kill -0 "$conn_pid" 2>/dev/null || die "the connector exited: $(tail -5 "$run/connector-$name.log")"
-    (( SECONDS < deadline )) || die "the connector did not reach $end_lsn within ${DRAIN_TIMEOUT}s"
-    if m=$(curl -fsS --max-time 2 "http://127.0.0.1:$conn_port/metrics" 2>/dev/null); then
-      published=$(metric outbox_cdc_events_published_total <<<"$m")
-      acked=$(metric outbox_cdc_acked_lsn <<<"$m")
-      if [[ -z "$pub_t" ]] && (( published >= EVENTS )); then pub_t=$(now); fi
-      if (( wpid == 0 )); then wpid=$(slot_pid "$slot"); fi
-      if awk -v a="$acked" -v e="$end_num" 'BEGIN { exit !(a >= e) }'; then ack_t=$(now); break; fi
-    fi
-    sleep 0.1
-  done
-  local conn_rss conn_s pub_s conn_cpu conn_wal_cpu kafka_cpu
-  conn_rss=$(peak_rss_mib "$conn_pid")
-  conn_cpu=$(cpu_secs "$conn_pid")
-  local threads
-  threads=$(thread_stats "$conn_pid")
-  conn_wal_cpu=$(cpu_secs "$wpid")
-  k1=$(cpu_secs "$kpid")
-  kafka_cpu=$(awk -v a="$k0" -v b="$k1" 'BEGIN { printf "%.2f", b - a }')
+  bench wait-lsn --pid "$conn_pid" --metrics "http://127.0.0.1:$conn_port/metrics" --end-lsn "$end_lsn" \
+    --events "$EVENTS" --started "$started" --timeout "$DRAIN_TIMEOUT" --slot "$slot" --db-url "$ADMIN_DB_URL" \
+    --kafka-pid "$kpid" --log "$run/connector-$name.log" --label "drain tx=$tx [$variant]" \
+    --out "$run/connector-$name.json" || die "drain tx=$tx [$variant]: the connector"
   stop_pid "$conn_pid"
   if (( perf_pid != 0 )); then
     # perf writes its data and exits once its child has.
     for _ in $(seq 1 200); do kill -0 "$perf_pid" 2>/dev/null || break; sleep 0.1; done
     stop_pid "$perf_pid"
   fi
-  conn_s=$(elapsed "$t0" "$ack_t")
-  pub_s=$(elapsed "$t0" "${pub_t:-$ack_t}")
-  log "drain tx=$tx [$variant]: outbox-cdc ${conn_s}s → $(rate "$EVENTS" "$conn_s") events/s (all published after ${pub_s}s), peak RSS ${conn_rss} MiB"
-  log "drain tx=$tx [$variant]: CPU s: connector ${conn_cpu} + its walsender ${conn_wal_cpu} + Kafka broker ${kafka_cpu}; connector threads $threads"
   drop_slot "$slot"
-  cat >"$run/connector-$name.json" <<JSON
-  "connector_seconds": $conn_s,
-  "connector_events_per_s": $(rate "$EVENTS" "$conn_s"),
-  "connector_all_published_seconds": $pub_s,
-  "connector_cpu_s": $conn_cpu,
-  "connector_walsender_cpu_s": $conn_wal_cpu,
-  "kafka_broker_cpu_s": $kafka_cpu,
-  "connector_threads": $threads,
-  "peak_rss_mib": $conn_rss
-JSON
 }
 
 # --- 2. steady state -------------------------------------------------------------
@@ -714,19 +598,15 @@ steady() {
   local slot="bench_${id}_steady$k" topic="$topic_prefix.v$k.steady" sfx="_v$k"
   use_variant "$k"
   local variant=$variant_name
-  "$PY" bench/tools/bench.py topics-create "$OUTBOX_CDC_TEST_KAFKA" "$PARTITIONS" "$topic" >&2
+  bench topics-create "$OUTBOX_CDC_TEST_KAFKA" "$PARTITIONS" "$topic" >&2
   topics+=("$topic")
   sql -c "TRUNCATE public.outbox_events, public.outbox_aggregate_sequences, public.orders" >/dev/null
   create_slot "$slot"
   log "steady [$variant]: outbox-cdc on slot $slot → $topic"
   start_connector "$slot" "steady$k" "$topic_prefix.v$k.{aggregate_type}"
-  local deadline=$(( SECONDS + 60 )) m
-  until m=$(curl -fsS --max-time 2 "http://127.0.0.1:$conn_port/metrics" 2>/dev/null) \
-        && [[ $(metric outbox_cdc_connected <<<"$m") == 1 ]]; do
-    kill -0 "$conn_pid" 2>/dev/null || die "the connector exited: $(tail -5 "$run/connector-steady$k.log")"
-    (( SECONDS < deadline )) || die "the connector did not connect within 60 s"
-    sleep 0.1
-  done
+  bench wait-metric --pid "$conn_pid" --metrics "http://127.0.0.1:$conn_port/metrics" \
+    --name outbox_cdc_connected --at-least 1 --timeout 60 --log "$run/connector-steady$k.log" ||
+    die "steady [$variant]: the connector did not connect"
 
   local lat="$run/latency$sfx.txt" stop="$run/consumer$sfx.stop" clog="$run/consumer$sfx.log"
   rm -f "$stop"
@@ -734,7 +614,7 @@ steady() {
     "$stop" $(( STEADY_SECONDS + 300 )) >"$clog" 2>&1 &
   local consumer_pid=$!
   pids+=("$consumer_pid")
-  deadline=$(( SECONDS + 60 ))
+  local deadline=$(( SECONDS + 60 ))
   until grep -q 'consumer ready' "$clog"; do
     kill -0 "$consumer_pid" 2>/dev/null || die "the consumer exited: $(tail -5 "$clog")"
     (( SECONDS < deadline )) || die "the consumer did not start within 60 s"
@@ -755,49 +635,100 @@ SQL
   "$PG_BIN/pgbench" -n -M prepared -f bench/steady.pgbench -c "$CLIENTS" -j "$THREADS" \
     -T "$STEADY_SECONDS" -P 5 "${rate_args[@]}" "$ADMIN_DB_URL" >"$run/pgbench$sfx.log" 2>&1 \
     || die "pgbench failed: $(tail -5 "$run/pgbench$sfx.log")"
-  local tps events
-  tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p' "$run/pgbench$sfx.log")
-  events=$(sql -c "SELECT count(*) FROM public.outbox_events")
-  log "steady [$variant]: pgbench $tps tps, $events events; waiting for the consumer to read them all"
-  deadline=$(( SECONDS + 300 ))
-  while (( $(wc -l <"$lat") < events )); do
-    kill -0 "$conn_pid" 2>/dev/null || die "the connector exited: $(tail -3 "$run/connector-steady$k.log")"
-    if (( SECONDS >= deadline )); then log "warning: the consumer read $(wc -l <"$lat") of $events events in 300 s"; break; fi
-    sleep 0.5
-  done
-  curl -fsS --max-time 5 "http://127.0.0.1:$conn_port/metrics" >"$run/steady_metrics$sfx.txt"
-  local rss
-  rss=$(peak_rss_mib "$conn_pid")
+  bench watch-steady --pid "$conn_pid" --db-url "$ADMIN_DB_URL" --latency "$lat" --timeout 300 \
+    --metrics "http://127.0.0.1:$conn_port/metrics" --metrics-out "$run/steady_metrics$sfx.txt" \
+    --pgbench-log "$run/pgbench$sfx.log" --log "$run/connector-steady$k.log" --label "steady [$variant]" \
+    --variant "$variant" --settings "$( [[ ${variants[$k]} == *:* ]] && printf '%s' "${variants[$k]#*:}" )" \
+    --seconds "$STEADY_SECONDS" --clients "$CLIENTS" --threads "$THREADS" --rate "$RATE" \
+    --out "$run/steady$sfx.json" || die "steady [$variant]"
   touch "$stop"
   wait "$consumer_pid" || log "warning: the consumer failed: $(tail -3 "$clog")"
   stop_pid "$watch_pid"
   stop_pid "$conn_pid"
   drop_slot "$slot"
-  cat >"$run/steady$sfx.json" <<JSON
-{
-  "variant": "$variant",
-  "variant_settings": "$( [[ ${variants[$k]} == *:* ]] && printf '%s' "${variants[$k]#*:}" )",
-  "tps": ${tps:-0},
-  "events": $events,
-  "seconds": $STEADY_SECONDS,
-  "clients": $CLIENTS,
-  "threads": $THREADS,
-  "rate_limit_tps": "${RATE:-none}",
-  "peak_rss_mib": $rss
-}
-JSON
 }
 
-for phase in $PHASES; do
+# --- 3. one large transaction, protocol 1 vs 2 ---------------------------------------
+# Run $1 of streaming setting $2 (off or on; k = 0 or 1 orders the files): a
+# slot and a topic of its own, the first variant's connector with
+# OUTBOX_CDC__POSTGRES__STREAMING=$2 streaming before the transaction is
+# written, a consumer waiting for the topic's first record. Writes
+# bigtx_r<run>_v<k>.json.
+bigtx() {
+  local r=$1 mode=$2 k=$3
+  local name="bigtx${r}_$mode" slot="bench_${id}_bigtx${r}_$mode" topic="$topic_prefix.bigtx.r$r.$mode"
+  local commit="$run/$name.commit" first="$run/$name.first" clog="$run/consumer-$name.log"
+  local wlog="$run/watch-$name.log" settings
+  use_variant 0
+  conn_env+=("OUTBOX_CDC__POSTGRES__STREAMING=$mode")
+  settings=$(IFS=,; printf '%s' "${conn_env[*]}")
+  bench topics-create "$OUTBOX_CDC_TEST_KAFKA" "$PARTITIONS" "$topic" >&2
+  topics+=("$topic")
+  sql -c "TRUNCATE public.outbox_events, public.outbox_aggregate_sequences" >/dev/null
+  # Each run starts from a checkpoint: the full-page images after it are
+  # part of every run's WAL alike.
+  sql -c "CHECKPOINT" >/dev/null
+  create_slot "$slot"
+  log "bigtx run $r [streaming $mode]: outbox-cdc on slot $slot → $topic"
+  start_connector "$slot" "$name" "$topic"
+  bench wait-metric --pid "$conn_pid" --metrics "http://127.0.0.1:$conn_port/metrics" \
+    --name outbox_cdc_connected --at-least 1 --timeout 60 --log "$run/connector-$name.log" \
+    --slot "$slot" --db-url "$ADMIN_DB_URL" || die "bigtx [streaming $mode]: the connector did not connect"
+
+  "$PY" -u bench/tools/bench.py first-record "$OUTBOX_CDC_TEST_KAFKA" "$topic" "$first" "$DRAIN_TIMEOUT" \
+    >"$clog" 2>&1 &
+  local consumer_pid=$!
+  pids+=("$consumer_pid")
+  "$PY" -u bench/tools/bench.py watch-bigtx --pid "$conn_pid" --metrics "http://127.0.0.1:$conn_port/metrics" \
+    --slot "$slot" --db-url "$ADMIN_DB_URL" --commit-file "$commit" --first-file "$first" --rows "$BIGTX_ROWS" \
+    --run "$r" --streaming "$mode" --variant "$variant_name" --settings "$settings" --timeout "$DRAIN_TIMEOUT" \
+    --kafka-pid "$(kafka_pid)" --log "$run/connector-$name.log" --label "bigtx run $r [streaming $mode]" \
+    --out "$run/bigtx_r${r}_v$k.json" >"$wlog" 2>&1 &
+  local watch_pid=$!
+  pids+=("$watch_pid")
+  local deadline=$(( SECONDS + 60 ))
+  until grep -q 'consumer ready' "$clog" && grep -q 'bench: watching' "$wlog"; do
+    kill -0 "$consumer_pid" 2>/dev/null || die "the consumer exited: $(tail -5 "$clog")"
+    kill -0 "$watch_pid" 2>/dev/null || die "bigtx [streaming $mode]: $(tail -5 "$wlog")"
+    (( SECONDS < deadline )) || die "the consumer or the watcher did not start within 60 s"
+    sleep 0.1
+  done
+
+  log "bigtx run $r [streaming $mode]: writing one transaction of $BIGTX_ROWS rows"
+  # Before and after (once COMMIT has returned), in the writer's session:
+  # the WAL insert position and the server's clock.
+  local at="SELECT pg_current_wal_insert_lsn(), extract(epoch FROM clock_timestamp())"
+  sql -c "$at" -c "BEGIN" -c "SELECT bench_insert($BIGTX_ROWS, 'bigtx', $AGGREGATES)" -c "COMMIT" -c "$at" \
+    >"$commit.tmp" || die "bigtx [streaming $mode]: writing the transaction failed"
+  mv "$commit.tmp" "$commit"
+  wait "$watch_pid" || die "bigtx run $r [streaming $mode]: $(grep -m1 'error' "$wlog" || tail -3 "$wlog")"
+  cat "$wlog" >&2
+  wait "$consumer_pid" || log "warning: the consumer failed: $(tail -3 "$clog")"
+  stop_pid "$conn_pid"
+  drop_slot "$slot"
+  rm -rf "$run/offsets-$name"
+  # A million records a run: the topic goes now, not at the end.
+  bench topics-delete "$OUTBOX_CDC_TEST_KAFKA" "$topic" >&2
+  local t kept=()
+  for t in "${topics[@]}"; do [[ $t == "$topic" ]] || kept+=("$t"); done
+  topics=("${kept[@]}")
+}
+
+for phase in "${phase_list[@]}"; do
   case $phase in
     drain) for tx in $TX_SIZES; do drain "$tx"; done ;;
     steady)
       if [[ $STEADY_VARIANTS == first ]]; then steady 0
       else for k in "${!variants[@]}"; do steady "$k"; done
       fi ;;
-    *) die "unknown phase $phase (drain, steady)" ;;
+    bigtx)
+      for (( r = 1; r <= BIGTX_RUNS; r++ )); do
+        for mode in "${bigtx_modes[@]}"; do
+          if [[ $mode == off ]]; then bigtx "$r" off 0; else bigtx "$r" on 1; fi
+        done
+      done ;;
   esac
 done
 
-"$PY" bench/tools/bench.py report "$run" "$OUT/latest.json" "$OUT/latest.png"
-log "results: $OUT/latest.json, $OUT/latest.png"
+bench report "$run" "$OUT/$REPORT.json" "$OUT/$REPORT.png"
+log "results: $OUT/$REPORT.json"

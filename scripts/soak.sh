@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Soak run of the chaos harness (tests/chaos.rs, or with --mode exactly-once
-# tests/chaos_exactly_once.rs): N kill/restart cycles of the connector and the
-# reference consumer at every failpoint and at random moments, with Kafka
-# stopped/started and PostgreSQL restarted on the way (once per 500 cycles, at
-# least once), then the four invariants checked.
+# Soak run of the chaos harness (tests/chaos/at_least_once.rs, or with --mode
+# exactly-once tests/chaos/exactly_once.rs): N kill/restart cycles of the
+# connector and the reference consumer at every failpoint and at random
+# moments, with Kafka stopped/started and PostgreSQL restarted on the way (once
+# per 500 cycles, at least once), then the four invariants checked.
 #
 #   scripts/soak.sh --cycles N [--seed S] [--mode at-least-once|exactly-once]
 #
 # --mode picks the connector's [delivery] mode (default at-least-once) and sets
-# OUTBOX_CDC_CHAOS_MODE. at-least-once runs tests/chaos.rs (a slot is lost and
-# repaired once; duplicates must each follow a crash); exactly-once runs
-# tests/chaos_exactly_once.rs (two more crash points around the Kafka commit,
-# no slot loss, and duplicates must be 0 as read by a read_committed reader).
+# OUTBOX_CDC_CHAOS_MODE. at-least-once runs `at_least_once::` of tests/chaos
+# (a slot is lost and repaired once; duplicates must each follow a crash);
+# exactly-once runs its `exactly_once::` (two more crash points around the
+# Kafka commit, no slot loss, and duplicates must be 0 as read_committed reads).
 #
 # Brings the test environment up when it is not running, and down again
 # afterwards in that case only. The full output goes to target/soak-<time>.log
@@ -52,8 +52,8 @@ done
 [[ "$cycles" =~ ^[1-9][0-9]*$ ]] || { echo "soak.sh: --cycles needs a positive integer, got '${cycles}'" >&2; usage; }
 [[ -z "$seed" || "$seed" =~ ^[0-9]+$ ]] || { echo "soak.sh: --seed needs a non-negative integer, got '$seed'" >&2; exit 2; }
 case "$mode" in
-    at-least-once) test_binary=chaos; must_be_zero=(lost order_violations double_effects) ;;
-    exactly-once) test_binary=chaos_exactly_once; must_be_zero=(duplicates lost order_violations double_effects) ;;
+    at-least-once) test_filter=at_least_once::; must_be_zero=(lost order_violations double_effects) ;;
+    exactly-once) test_filter=exactly_once::; must_be_zero=(duplicates lost order_violations double_effects) ;;
     *) echo "soak.sh: --mode needs at-least-once or exactly-once, got '$mode'" >&2; exit 2 ;;
 esac
 
@@ -84,7 +84,7 @@ scripts/env.sh up >&2
 
 status=0
 env OUTBOX_CDC_SOAK_CYCLES="$cycles" OUTBOX_CDC_CHAOS_MODE="$mode" ${seed:+OUTBOX_CDC_CHAOS_SEED="$seed"} \
-    cargo test --features failpoints --test "$test_binary" -- --nocapture 2>&1 | tee "$log" >&2 || status=$?
+    cargo test --features failpoints --test chaos -- --nocapture "$test_filter" 2>&1 | tee "$log" >&2 || status=$?
 
 found="$(grep -E '^soak: cycles=[0-9]+ ' "$log" | tail -n 1 || true)"
 if [[ -z "$found" ]]; then

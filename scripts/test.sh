@@ -23,7 +23,7 @@
 # (e.g. `OUTBOX_CDC_TEST_FULL=0 OUTBOX_CDC_TEST_PG_MATRIX=17 scripts/test.sh`).
 #
 # The tests are built with the cargo features in OUTBOX_CDC_TEST_FEATURES
-# (default `failpoints`: tests/chaos.rs needs the crash points compiled in; they
+# (default `failpoints`: tests/chaos needs the crash points compiled in; they
 # stay inert unless OUTBOX_CDC_FAILPOINT arms one, so every other test sees the
 # connector as shipped). Both runs use the same features so nothing is rebuilt.
 #
@@ -34,10 +34,11 @@
 # `none` included), OUTBOX_CDC_TEST_FEATURES without `failpoints` (cargo then
 # leaves out the test binaries that require it). Outside CI these are the
 # developer's choices; with CI=true (set by .ci/run) the script refuses them:
-# it runs nothing and exits 1. These fail the run everywhere: a matrix module
-# filter (MATRIX_IT_MODULES) that names no test of tests/it (checked with
-# `--list` before the matrix and in each major's output), and a cargo test run
-# that printed no `test result:` line. The closing line stays
+# it runs nothing and exits 1. These fail the run everywhere: a test filter of
+# the matrix (MATRIX_IT_MODULES, MATRIX_TESTS, STANDBY_TESTS, FAILOVER_TESTS)
+# that names no test of its binary (checked with `--list` before the matrix and
+# in each run's output), and a cargo test run that printed no `test result:`
+# line. The closing line stays
 # `tests: N passed, M failed` (CI reads it).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -135,49 +136,72 @@ for a in "$@"; do
     cargo_args+=("$a")
 done
 
-# check_it_filters: `cargo test --test it -- --list`; each module filter must
-# name at least one of its tests (a renamed module would otherwise run nothing
-# in every major, and pass).
-check_it_filters() {
-    local list="$ROOT/target/it-tests.list" tests f rc=0
-    echo "test.sh: checking that each matrix module filter names a test of tests/it (cargo test --test it -- --list)"
-    if ! cargo test ${cargo_args[@]+"${cargo_args[@]}"} --features "$features" --test it -- --list >"$list" </dev/null; then
-        not_run missing "the version matrix's tests/it modules: \`cargo test --test it -- --list\` failed (output above)"
-        return 1
-    fi
-    tests="$(sed -n 's/: test$//p' "$list")"
-    for f in "${it_filters[@]}"; do
-        if ! grep -qF -- "$f" <<<"$tests"; then
-            not_run missing "tests/it module filter '$f' (MATRIX_IT_MODULES in scripts/test.sh) names no test of tests/it: renamed or removed?"
+# A test filter is "BINARY FILTER": the tests of tests/BINARY whose names
+# contain FILTER (libtest's name filter, e.g. `server_shutdown::` for a module).
+
+# check_filters SPEC...: `cargo test --test BINARY -- --list` for each binary
+# named; each filter must name at least one of its tests (a renamed module
+# would otherwise run nothing in every major, and pass).
+check_filters() {
+    local spec bin filter list tests rc=0
+    local -A listed=()
+    echo "test.sh: checking that each test filter of the matrix names a test (cargo test --test BINARY -- --list)"
+    for spec in "$@"; do
+        read -r bin filter <<<"$spec"
+        list="$ROOT/target/$bin-tests.list"
+        if [[ -z "${listed[$bin]+set}" ]]; then
+            listed[$bin]=1
+            if ! cargo test ${cargo_args[@]+"${cargo_args[@]}"} --features "$features" --test "$bin" -- --list >"$list" </dev/null; then
+                not_run missing "the version matrix's tests of tests/$bin: \`cargo test --test $bin -- --list\` failed (output above)"
+                rc=1
+                continue
+            fi
+        fi
+        [[ -s "$list" ]] || continue
+        tests="$(sed -n 's/: test$//p' "$list")"
+        if ! grep -qF -- "$filter" <<<"$tests"; then
+            not_run missing "test filter '$filter' of tests/$bin (scripts/test.sh) names no test of it: renamed or removed?"
             rc=1
         fi
     done
     return "$rc"
 }
 
-# check_it_ran MAJOR: in the output of the last run (the matrix's tests/it run
-# against MAJOR), at least one test of each module filter ran.
-check_it_ran() {
-    local major="$1" names f total=0 p f2 rc=0
+# check_ran WHAT FILTER...: in the output of the last run (WHAT, e.g.
+# "PostgreSQL 17: tests/it core suite"), at least one test of each filter ran.
+check_ran() {
+    local what="$1" names f total=0 p f2 rc=0
+    shift
     while read -r p f2; do total=$((total + p + f2)); done < <(
         sed -n 's/^test result: [A-Za-z]*\. \([0-9]*\) passed; \([0-9]*\) failed;.*/\1 \2/p' "$last")
     if [[ "$total" == 0 ]]; then
-        not_run missing "PostgreSQL $major: the tests/it core suite ran no test (filters: ${it_filters[*]})"
+        not_run missing "$what ran no test (filters: $*)"
         return 1
     fi
     # `test NAME ... ok|FAILED|ignored`: the ignored ones did not run.
     names="$(sed -n 's/^test \([^ ]*\) \.\.\. .*/\1/p' "$last" | sort -u)"
     names="$(comm -23 <(printf '%s\n' "$names") <(sed -n 's/^test \([^ ]*\) \.\.\. ignored.*/\1/p' "$last" | sort -u))"
     if [[ -z "$names" ]]; then
-        echo "test.sh: PostgreSQL $major: the output names no test (a quiet format?); each module filter was checked by --list only"
+        echo "test.sh: $what: the output names no test (a quiet format?); each filter was checked by --list only"
         return 0
     fi
-    for f in "${it_filters[@]}"; do
+    for f in "$@"; do
         if ! grep -qF -- "$f" <<<"$names"; then
-            not_run missing "PostgreSQL $major: no test of tests/it module filter '$f' ran"
+            not_run missing "$what: no test of filter '$f' ran"
             rc=1
         fi
     done
+    return "$rc"
+}
+
+# run_filtered WHAT SPEC [CARGO ARGS...]: the tests of one filter
+# ("BINARY FILTER"), then check_ran.
+run_filtered() {
+    local what="$1" bin filter rc=0
+    read -r bin filter <<<"$2"
+    shift 2
+    run_cargo test --no-fail-fast --features "$features" --test "$bin" "$@" -- "$filter" || rc=$?
+    check_ran "$what" "$filter" || { if [[ "$rc" == 0 ]]; then rc=1; fi; }
     return "$rc"
 }
 
@@ -189,18 +213,21 @@ if [[ "${OUTBOX_CDC_TEST_FULL:-1}" == 0 ]]; then run_full=0; fi
 # The version matrix's core suite: the pipeline end to end (with the resume
 # refusals), pgoutput decoded live, replication resume, the control SQL,
 # `check`/`status` catalog queries, the partitioned outbox (no silent skip),
-# version-dependent features, the server's major, and a 10-cycle chaos run.
-# The first eight are modules of the shared test binary (tests/it), picked by
-# name filter; server_shutdown and chaos are binaries of their own.
+# version-dependent features, the server's major, large transactions (streamed
+# from 14 on, whole on 13), a server restart under streaming, and a 10-cycle
+# chaos run. The first nine are modules of the
+# shared test binary (tests/it), picked by name filter, in one run; the last
+# two are test filters ("BINARY FILTER") of tests/disruptive and tests/chaos,
+# a run each.
 MATRIX_IT_MODULES=(env_servers pipeline pgoutput_live pg_replication pg_control operations
-    no_silent_skip version_features)
-MATRIX_TESTS=(server_shutdown chaos)
-# Failover tests (not default cargo targets: they stop the primary), run per
-# major from 17 on, each on a fresh `scripts/env.sh up --standby`.
-FAILOVER_TESTS=(failover failover_unsynced)
-# Decoding from a standby (16+): not a default cargo target either (it
-# restarts the standby), run per major from 16 on a fresh pair.
-STANDBY_TESTS=(standby_decoding)
+    no_silent_skip version_features large_transactions)
+MATRIX_TESTS=("disruptive server_shutdown::" "chaos at_least_once::")
+# Failover tests (tests/standby, not a default cargo target: they stop the
+# primary), run per major from 17 on, each on a fresh `scripts/env.sh up --standby`.
+FAILOVER_TESTS=("standby failover::" "standby failover_unsynced::")
+# Decoding from a standby (16+, tests/standby too: it restarts the standby),
+# run per major from 16 on a fresh pair.
+STANDBY_TESTS=("standby standby_decoding::")
 default_matrix=""
 for m in 13 14 15 16 17 18; do
     if [[ "$m" != "$full_major" ]]; then default_matrix+="${default_matrix:+ }$m"; fi
@@ -229,11 +256,14 @@ if [[ ",${features//[[:space:]]/,}," != *,failpoints,* ]]; then
         /^\[/ { in_test = 0 }
         in_test && /^name *=/ { name = $0; sub(/^name *= *"/, "", name); sub(/".*/, "", name) }
         in_test && /^required-features *=.*"failpoints"/ && name != "" { print name }' Cargo.toml | xargs)"
-    not_run reduced "the test binaries that require the failpoints feature (${needs_failpoints:-see Cargo.toml})" \
+    # The test files that keep some tests behind #[cfg(feature = "failpoints")].
+    gated_tests="$(grep -rlF --include='*.rs' '#[cfg(feature = "failpoints")]' tests | sort | xargs)"
+    not_run reduced "the test binaries that require the failpoints feature (${needs_failpoints:-see Cargo.toml})," \
+        "the tests behind #[cfg(feature = \"failpoints\")] (in ${gated_tests:-no file})" \
         "and the matrix's chaos run: OUTBOX_CDC_TEST_FEATURES='$features' lacks failpoints"
     kept=()
     for t in "${MATRIX_TESTS[@]}"; do
-        if [[ " $needs_failpoints " != *" $t "* ]]; then kept+=("$t"); fi
+        if [[ " $needs_failpoints " != *" ${t%% *} "* ]]; then kept+=("$t"); fi
     done
     MATRIX_TESTS=(${kept[@]+"${kept[@]}"})
 fi
@@ -271,16 +301,17 @@ if [[ "$run_full" == 1 ]]; then
     fi
 fi
 
-test_args=()
-for t in ${MATRIX_TESTS[@]+"${MATRIX_TESTS[@]}"}; do test_args+=(--test "$t"); done
 it_filters=()
 for m in "${MATRIX_IT_MODULES[@]}"; do it_filters+=("$m::"); done
 if [[ -n "$matrix" ]]; then
-    check_it_filters || status=1
+    all_filters=()
+    for f in "${it_filters[@]}"; do all_filters+=("it $f"); done
+    check_filters "${all_filters[@]}" ${MATRIX_TESTS[@]+"${MATRIX_TESTS[@]}"} \
+        "${STANDBY_TESTS[@]}" "${FAILOVER_TESTS[@]}" || status=1
 fi
 for major in $matrix; do
     t0=$SECONDS
-    echo "test.sh: PostgreSQL $major: core suite (${MATRIX_IT_MODULES[*]} ${MATRIX_TESTS[*]-})"
+    echo "test.sh: PostgreSQL $major: core suite (${MATRIX_IT_MODULES[*]}; ${MATRIX_TESTS[*]-})"
     scripts/env.sh down >"$ROOT/target/env-down.log" 2>&1 || { cat "$ROOT/target/env-down.log" >&2; }
     if ! OUTBOX_CDC_PG_VERSION="$major" scripts/env.sh up; then
         echo "test.sh: PostgreSQL $major: scripts/env.sh up failed (output above): the core suite did not run"
@@ -295,11 +326,12 @@ for major in $matrix; do
     export OUTBOX_CDC_SOAK_CYCLES=10 OUTBOX_CDC_CHAOS_EVERY_FAILPOINT=0
     it_status=0
     run_cargo test --no-fail-fast --features "$features" --test it "$@" -- "${it_filters[@]}" || it_status=$?
-    check_it_ran "$major" || { if [[ "$it_status" == 0 ]]; then it_status=1; fi; }
+    check_ran "PostgreSQL $major: the tests/it core suite" "${it_filters[@]}" ||
+        { if [[ "$it_status" == 0 ]]; then it_status=1; fi; }
     if [[ "$it_status" != 0 ]]; then major_status=$it_status; fi
-    if ((${#test_args[@]} > 0)); then
-        run_cargo test --no-fail-fast --features "$features" "${test_args[@]}" "$@" || major_status=$?
-    fi
+    for t in ${MATRIX_TESTS[@]+"${MATRIX_TESTS[@]}"}; do
+        run_filtered "PostgreSQL $major: tests/$t" "$t" "$@" || major_status=$?
+    done
     unset OUTBOX_CDC_SOAK_CYCLES OUTBOX_CDC_CHAOS_EVERY_FAILPOINT
     if [[ "$major_status" != 0 ]]; then status=$major_status; fi
     timings+=("PostgreSQL $major core suite: $([[ "$major_status" == 0 ]] && echo passed || echo FAILED) in $((SECONDS - t0))s (servers up in ${up}s)")
@@ -311,19 +343,21 @@ for major in $matrix; do
     if ((${#ha_tests[@]} > 0)); then
         for t in "${ha_tests[@]}"; do
             t0=$SECONDS
-            echo "test.sh: PostgreSQL $major: $t (primary and standby)"
+            name="${t#* }"
+            name="${name%::}"
+            echo "test.sh: PostgreSQL $major: $name (primary and standby; tests/$t)"
             scripts/env.sh down >"$ROOT/target/env-down.log" 2>&1 || { cat "$ROOT/target/env-down.log" >&2; }
             ha_status=0
             if OUTBOX_CDC_PG_VERSION="$major" scripts/env.sh up --standby; then
                 # shellcheck source=/dev/null
                 . target/env/test.env
-                run_cargo test --no-fail-fast --features "$features" --test "$t" "$@" || ha_status=$?
+                run_filtered "PostgreSQL $major: tests/$t" "$t" "$@" || ha_status=$?
             else
                 echo "test.sh: PostgreSQL $major: scripts/env.sh up --standby failed (output above)"
                 ha_status=1
             fi
             if [[ "$ha_status" != 0 ]]; then status=$ha_status; fi
-            timings+=("PostgreSQL $major $t: $([[ "$ha_status" == 0 ]] && echo passed || echo FAILED) in $((SECONDS - t0))s")
+            timings+=("PostgreSQL $major $name: $([[ "$ha_status" == 0 ]] && echo passed || echo FAILED) in $((SECONDS - t0))s")
         done
     fi
 done

@@ -445,6 +445,26 @@ pub struct PostgresSettings {
     /// milliseconds. Must stay well under the server's wal_sender_timeout. Default 10000.
     #[serde(default = "default_status_interval_ms")]
     pub status_interval_ms: u64,
+    /// Whether the server sends a transaction larger than its
+    /// logical_decoding_work_mem while it is still in progress (pgoutput
+    /// protocol 2), instead of writing it to files on its own disk and
+    /// sending nothing until it commits. The connector keeps such a
+    /// transaction in a local spill ([limits] max_spill_memory_bytes in
+    /// memory, the rest in files under [offsets] path) and publishes it at
+    /// its commit. Default `auto`: `on` from PostgreSQL 14 when no
+    /// [outbox] message_prefix is set, `off` otherwise.
+    #[serde(default)]
+    pub streaming: Streaming,
+}
+
+/// `[postgres] streaming`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Streaming {
+    #[default]
+    Auto,
+    On,
+    Off,
 }
 
 impl fmt::Debug for PostgresSettings {
@@ -460,6 +480,7 @@ impl fmt::Debug for PostgresSettings {
             .field("primary_url", &self.primary_url.as_deref().map(redact_url))
             .field("application_name", &self.application_name)
             .field("status_interval_ms", &self.status_interval_ms)
+            .field("streaming", &self.streaming)
             .finish()
     }
 }
@@ -495,6 +516,10 @@ pub struct LimitSettings {
     pub max_in_flight_bytes: usize,
     /// On SIGINT/SIGTERM, how long to wait for in-flight deliveries, in milliseconds. Default 30000.
     pub shutdown_timeout_ms: u64,
+    /// Bytes of streamed, not yet committed transactions kept in memory
+    /// ([postgres] streaming); beyond them the largest goes to a file under
+    /// [offsets] path. Default 16 MiB.
+    pub max_spill_memory_bytes: usize,
 }
 
 impl Default for LimitSettings {
@@ -503,6 +528,7 @@ impl Default for LimitSettings {
             max_in_flight_events: 10_000,
             max_in_flight_bytes: 64 * 1024 * 1024,
             shutdown_timeout_ms: 30_000,
+            max_spill_memory_bytes: 16 * 1024 * 1024,
         }
     }
 }
@@ -786,6 +812,23 @@ impl Config {
             ));
         }
         self.monitor.validate(&self.outbox.message_prefix)?;
+        if self.postgres.streaming == Streaming::On && !self.outbox.message_prefix.is_empty() {
+            // pgoutput sends a streamed logical message with its top-level
+            // xid: one written inside a savepoint that rolls back could not
+            // be told apart from the others.
+            return Err(ConfigError::invalid(
+                "postgres.streaming",
+                "on",
+                "auto or off while outbox.message_prefix is set (a streamed logical message does not say which savepoint wrote it)",
+            ));
+        }
+        if self.limits.max_spill_memory_bytes == 0 {
+            return Err(ConfigError::invalid(
+                "limits.max_spill_memory_bytes",
+                "0",
+                "at least 1 byte",
+            ));
+        }
         self.prune.validate()?;
         self.delivery.validate()?;
         self.topics.validate()?;

@@ -118,16 +118,20 @@ mod tests {
     }
 
     /// Plain `cargo test --all-targets` (no features) must not build a test
-    /// that only works with crash points compiled in: every test file that
-    /// needs the feature is declared with `required-features`, so cargo skips
-    /// it there and scripts/test.sh (which passes `--features failpoints`)
-    /// still runs it.
+    /// that only works with crash points compiled in: every file under
+    /// tests/ that arms one (sets `OUTBOX_CDC_FAILPOINT`) or refuses to run
+    /// without them belongs to a test binary declared with
+    /// `required-features = ["failpoints"]` (cargo skips it there), or keeps
+    /// such tests behind `#[cfg(feature = "failpoints")]`; scripts/test.sh
+    /// passes `--features failpoints` and runs them.
     #[test]
     fn tests_needing_failpoints_declare_the_feature() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let manifest: toml::Table =
             toml::from_str(&std::fs::read_to_string(root.join("Cargo.toml")).unwrap()).unwrap();
-        let gated: Vec<String> = manifest
+        // The folder (tests/NAME/main.rs) or file (tests/NAME.rs) of each
+        // gated binary.
+        let gated: Vec<std::path::PathBuf> = manifest
             .get("test")
             .and_then(|t| t.as_array())
             .into_iter()
@@ -137,29 +141,46 @@ mod tests {
                     .and_then(|f| f.as_array())
                     .is_some_and(|f| f.iter().any(|f| f.as_str() == Some("failpoints")))
             })
-            .filter_map(|t| t.get("path").and_then(|p| p.as_str()).map(str::to_owned))
+            .filter_map(|t| t.get("path").and_then(|p| p.as_str()))
+            .map(|p| match p.strip_suffix("/main.rs") {
+                Some(dir) => root.join(dir),
+                None => root.join(p),
+            })
             .collect();
-        let mut needing = Vec::new();
-        for entry in std::fs::read_dir(root.join("tests")).unwrap() {
-            let path = entry.unwrap().path();
-            if path.extension().is_none_or(|e| e != "rs") {
-                continue;
+        let mut files = Vec::new();
+        let mut dirs = vec![root.join("tests")];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    files.push(path);
+                }
             }
+        }
+        let mut needing = Vec::new();
+        for path in files {
             let text = std::fs::read_to_string(&path).unwrap();
-            let file = format!("tests/{}", path.file_name().unwrap().to_string_lossy());
-            // chaos_support is compiled only into the chaos test, and refuses
-            // to run without the feature.
-            if text.contains("failpoints") || text.contains("mod chaos_support") {
-                needing.push(file);
+            if text.contains("\"OUTBOX_CDC_FAILPOINT\"")
+                || text.contains("cfg!(feature = \"failpoints\")")
+            {
+                needing.push(path);
             }
         }
         needing.sort();
         assert!(!needing.is_empty());
-        for file in &needing {
+        for path in &needing {
+            let in_gated_binary = gated.iter().any(|g| path.starts_with(g));
+            let gated_itself = std::fs::read_to_string(path)
+                .unwrap()
+                .contains("#[cfg(feature = \"failpoints\")]");
             assert!(
-                gated.contains(file),
-                "{file} needs --features failpoints: declare it in Cargo.toml as \
-                 [[test]] name = ..., path = {file:?}, required-features = [\"failpoints\"]"
+                in_gated_binary || gated_itself,
+                "{} needs --features failpoints: put its tests behind \
+                 #[cfg(feature = \"failpoints\")], or in a test binary declared in Cargo.toml \
+                 with required-features = [\"failpoints\"]",
+                path.strip_prefix(root).unwrap_or(path).display()
             );
         }
     }

@@ -342,16 +342,16 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
         }
         Command::Audit {
             config,
-            window:
-                RowWindow {
-                    since,
-                    until,
-                    aggregate_type,
-                },
+            window,
             json,
             repair,
         } => {
             let config = load(&config)?;
+            let RowWindow {
+                since,
+                until,
+                aggregate_type,
+            } = window;
             let options = outbox_cdc::audit::AuditOptions {
                 since,
                 until,
@@ -386,21 +386,16 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
         }
         Command::Replay {
             config,
-            window:
-                RowWindow {
-                    since,
-                    until,
-                    aggregate_type,
-                },
+            window,
             aggregate_id,
             topic_suffix,
             dry_run,
         } => {
             let config = load(&config)?;
             let options = pipeline::ReplayOptions {
-                since,
-                until,
-                aggregate_type,
+                since: window.since,
+                until: window.until,
+                aggregate_type: window.aggregate_type,
                 aggregate_id,
                 topic_suffix,
                 dry_run,

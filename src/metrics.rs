@@ -28,6 +28,9 @@ pub const IN_FLIGHT_EVENTS: &str = "outbox_cdc_in_flight_events";
 pub const OLDEST_UNACKED_AGE: &str = "outbox_cdc_oldest_unacked_age_seconds";
 pub const CONNECTED: &str = "outbox_cdc_connected";
 pub const RECONNECTS: &str = "outbox_cdc_reconnects_total";
+pub const SPILL_TRANSACTIONS: &str = "outbox_cdc_spill_transactions";
+pub const SPILL_BYTES: &str = "outbox_cdc_spill_bytes";
+pub const SPILL_LARGEST_BYTES: &str = "outbox_cdc_spill_largest_transaction_bytes";
 
 /// Upper bounds of the commit-to-ack histogram buckets, in seconds.
 const LATENCY_BUCKETS: [f64; 14] = [
@@ -126,6 +129,8 @@ pub struct Metrics {
     in_flight_events: UnsignedGauge,
     in_flight_bytes: UnsignedGauge,
     oldest_unacked_age: SecondsGauge,
+    /// Streamed transactions not yet committed (pgoutput protocol 2).
+    spill: [UnsignedGauge; 4],
     commit_to_ack: Histogram,
     /// `outbox_cdc_stage_seconds`, one histogram per [`Stage`], in its order.
     stages: [Histogram; 5],
@@ -276,6 +281,24 @@ impl Default for Metrics {
             "Age in seconds of the commit time of the oldest transaction not yet acknowledged (0 when none)",
             0.0,
         );
+        let spill = [
+            r.unsigned(
+                SPILL_TRANSACTIONS,
+                "Streamed transactions received in part and not yet committed or rolled back ([postgres] streaming)",
+            ),
+            r.unsigned(
+                SPILL_BYTES,
+                "Bytes of those transactions' changes held by the connector, in memory and in spill files",
+            ),
+            r.unsigned(
+                "outbox_cdc_spill_memory_bytes",
+                "Bytes of those changes held in memory (bounded by [limits] max_spill_memory_bytes)",
+            ),
+            r.unsigned(
+                SPILL_LARGEST_BYTES,
+                "Bytes of the largest of those transactions (0 when none)",
+            ),
+        ];
         let commit_to_ack = r.add(
             "outbox_cdc_commit_to_ack_seconds",
             "Seconds from a transaction's commit to Kafka acknowledging all of its events",
@@ -373,6 +396,7 @@ impl Default for Metrics {
             in_flight_events,
             in_flight_bytes,
             oldest_unacked_age,
+            spill,
             commit_to_ack,
             stages,
             connected,
@@ -570,6 +594,14 @@ impl Metrics {
         }
     }
 
+    /// What the spill of streamed transactions holds.
+    pub fn set_spill(&self, transactions: usize, bytes: u64, memory_bytes: usize, largest: u64) {
+        let values = [transactions as u64, bytes, memory_bytes as u64, largest];
+        for (gauge, value) in self.spill.iter().zip(values) {
+            gauge.inner().store(value, Ordering::Relaxed);
+        }
+    }
+
     pub fn in_flight_events(&self) -> u64 {
         self.in_flight_events.get()
     }
@@ -724,7 +756,7 @@ mod tests {
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .filter_map(|l| l.split(' ').next())
             .collect();
-        assert_eq!(typed.len(), 34, "metrics exported:\n{text}");
+        assert_eq!(typed.len(), 38, "metrics exported:\n{text}");
         for name in typed {
             assert!(
                 text.contains(&format!("# HELP {name} ")),

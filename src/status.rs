@@ -60,6 +60,10 @@ pub struct ConnectorStatus {
     pub in_flight_events: Option<u64>,
     pub oldest_unacked_age_seconds: Option<f64>,
     pub reconnects: Option<u64>,
+    /// Streamed transactions not yet committed, their bytes, the largest's.
+    pub spill_transactions: Option<u64>,
+    pub spill_bytes: Option<u64>,
+    pub spill_largest_transaction_bytes: Option<u64>,
     /// Its `/health/ready`: whether it is ready, and each reason with what
     /// holds or what to do (`None` when it did not answer with one).
     pub readiness: Option<crate::health::Readiness>,
@@ -246,6 +250,9 @@ fn connector_status(metrics_url: String, samples: &HashMap<&str, &str>) -> Conne
             .get(metrics::OLDEST_UNACKED_AGE)
             .and_then(|v| v.parse().ok()),
         reconnects: int(metrics::RECONNECTS),
+        spill_transactions: int(metrics::SPILL_TRANSACTIONS),
+        spill_bytes: int(metrics::SPILL_BYTES),
+        spill_largest_transaction_bytes: int(metrics::SPILL_LARGEST_BYTES),
         readiness: None,
     }
 }
@@ -307,6 +314,16 @@ impl StatusReport {
                     opt(c.oldest_unacked_age_seconds.map(|n| n.to_string())),
                 ));
                 rows.push(("  reconnects", opt(c.reconnects.map(|n| n.to_string()))));
+                rows.push((
+                    "  streamed, uncommitted",
+                    match (c.spill_transactions, c.spill_bytes) {
+                        (Some(n), Some(b)) => format!(
+                            "{n} transactions, {b} bytes (largest {})",
+                            c.spill_largest_transaction_bytes.unwrap_or(0)
+                        ),
+                        _ => "-".to_owned(),
+                    },
+                ));
                 if let Some(r) = &c.readiness {
                     let ready = if r.ready { "yes" } else { "NO" };
                     rows.push(("  ready", ready.to_owned()));
@@ -381,6 +398,7 @@ mod tests {
             m.published(1);
         }
         m.set_in_flight(0, 0, Some(1_500_000));
+        m.set_spill(2, 3000, 1000, 2500);
         let text = m.render();
         let samples = parse_samples(&text);
         let c = connector_status("u".into(), &samples);
@@ -396,6 +414,9 @@ mod tests {
                 in_flight_events: Some(0),
                 oldest_unacked_age_seconds: Some(1.5),
                 reconnects: Some(0),
+                spill_transactions: Some(2),
+                spill_bytes: Some(3000),
+                spill_largest_transaction_bytes: Some(2500),
                 readiness: None,
             }
         );

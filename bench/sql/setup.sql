@@ -51,3 +51,19 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- The bigtx phase's one large transaction: rows 0..p_rows-1 shaped like
+-- bench_fill's, inserted in the caller's transaction (BEGIN; SELECT
+-- bench_insert(...); COMMIT), whose id it returns (to find its commit
+-- record in the WAL).
+CREATE OR REPLACE FUNCTION bench_insert(p_rows bigint, p_aggregate_type text, p_aggregates integer)
+RETURNS xid8
+LANGUAGE sql
+AS $$
+    INSERT INTO public.outbox_events
+        (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload)
+    SELECT gen_random_uuid(), p_aggregate_type, 'agg-' || (i % p_aggregates),
+           i / p_aggregates + 1, 'OrderPlaced', bench_payload(i)
+    FROM generate_series(0, p_rows - 1) AS i;
+    SELECT pg_current_xact_id();
+$$;

@@ -540,7 +540,7 @@ fn parse_data_row(frame: &Frame) -> Result<Vec<Option<String>>, super::wire::Wir
 /// AuthenticationOk after a password, and only SASLContinue, SASLFinal, Ok
 /// after SASL (`connect_raw.rs`, `authenticate` and `authenticate_sasl`), so a
 /// second method request mid-login is refused (audit F4, proven by
-/// tests/pg_auth_downgrade.rs). Reads also record whether the
+/// tests/it/pg_auth_downgrade.rs). Reads also record whether the
 /// socket failed, so that a startup failure on a healthy socket is known to
 /// be tokio-postgres refusing the server (e.g. a wrong SCRAM server
 /// signature), not a retryable network error.

@@ -37,7 +37,9 @@ pub use error::{PgError, ServerError};
 pub use feedback::FeedbackHandle;
 pub use ident::{QualifiedTable, quote_ident};
 pub use lsn::{DurableLsn, EventPosition, Lsn};
-pub use replication::{ReplicationConnection, ReplicationStream, StreamOptions, SystemIdentity};
+pub use replication::{
+    ReplicationConnection, ReplicationStream, StartOptions, StreamOptions, SystemIdentity,
+};
 pub use time::PgTimestamp;
 pub use wire::{Tag, WireError};
 

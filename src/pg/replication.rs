@@ -218,18 +218,36 @@ impl ReplicationConnection {
         Ok(())
     }
 
-    /// Starts logical decoding from `slot` with pgoutput protocol version 1.
-    /// `start` = 0/0 lets the server start at the slot's confirmed position;
-    /// the server never sends a transaction that ends before the slot's
-    /// confirmed_flush_lsn, whatever `start` says.
+    /// Starts logical decoding from `slot` with pgoutput protocol version 1
+    /// (logical decoding messages too with `messages`). `start` = 0/0 lets
+    /// the server start at the slot's confirmed position; the server never
+    /// sends a transaction that ends before the slot's confirmed_flush_lsn,
+    /// whatever `start` says.
     pub async fn start_logical(
-        mut self,
+        self,
         slot: &str,
         start: Lsn,
         publication: &str,
         messages: bool,
     ) -> Result<ReplicationStream, PgError> {
-        let command = start_replication_command(slot, start, publication, messages);
+        let options = StartOptions {
+            messages,
+            streaming: false,
+        };
+        self.start_logical_with(slot, start, publication, options)
+            .await
+    }
+
+    /// [`start_logical`](Self::start_logical) with protocol version 2 when
+    /// `options.streaming`.
+    pub async fn start_logical_with(
+        mut self,
+        slot: &str,
+        start: Lsn,
+        publication: &str,
+        options: StartOptions,
+    ) -> Result<ReplicationStream, PgError> {
+        let command = start_replication_command(slot, start, publication, options);
         let mut out = BytesMut::new();
         encode::query(&command, &mut out)?;
         self.session.send(&out).await?;
@@ -253,21 +271,42 @@ impl ReplicationConnection {
     }
 }
 
+/// pgoutput options of START_REPLICATION beyond the publication.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StartOptions {
+    /// Logical decoding messages (`messages 'true'`).
+    pub messages: bool,
+    /// In-progress transactions streamed (`proto_version '2', streaming
+    /// 'on'`, PostgreSQL 14+).
+    pub streaming: bool,
+}
+
 /// The START_REPLICATION command. The slot is a quoted identifier; the
 /// publication list is a string literal holding a quoted identifier (pgoutput
-/// splits it like SQL identifiers). `messages` is sent only when wanted: it is
-/// off by default, and PostgreSQL 13's pgoutput refuses the option altogether.
+/// splits it like SQL identifiers). `messages` and `streaming` are sent only
+/// when wanted: both are off by default, and PostgreSQL 13's pgoutput refuses
+/// them altogether.
 pub(crate) fn start_replication_command(
     slot: &str,
     start: Lsn,
     publication: &str,
-    messages: bool,
+    options: StartOptions,
 ) -> String {
     format!(
-        "START_REPLICATION SLOT {} LOGICAL {start} (proto_version '1', publication_names {}{})",
+        "START_REPLICATION SLOT {} LOGICAL {start} (proto_version '{}', publication_names {}{}{})",
         quote_ident(slot),
+        if options.streaming { 2 } else { 1 },
         quote_replication_literal(&quote_ident(publication)),
-        if messages { ", messages 'true'" } else { "" },
+        if options.messages {
+            ", messages 'true'"
+        } else {
+            ""
+        },
+        if options.streaming {
+            ", streaming 'on'"
+        } else {
+            ""
+        },
     )
 }
 
@@ -596,12 +635,24 @@ mod tests {
 
     #[test]
     fn start_command_quotes_names() {
+        let messages = StartOptions {
+            messages: true,
+            streaming: false,
+        };
+        let streaming = StartOptions {
+            messages: false,
+            streaming: true,
+        };
         assert_eq!(
-            start_replication_command("s1", Lsn::new(0x1_0000_00A0), "pub", true),
+            start_replication_command("s1", Lsn::new(0x1_0000_00A0), "pub", messages),
             "START_REPLICATION SLOT \"s1\" LOGICAL 1/A0 (proto_version '1', publication_names '\"pub\"', messages 'true')"
         );
         assert_eq!(
-            start_replication_command("s", Lsn::ZERO, "it's \"x\"", false),
+            start_replication_command("s1", Lsn::new(0x1_0000_00A0), "pub", streaming),
+            "START_REPLICATION SLOT \"s1\" LOGICAL 1/A0 (proto_version '2', publication_names '\"pub\"', streaming 'on')"
+        );
+        assert_eq!(
+            start_replication_command("s", Lsn::ZERO, "it's \"x\"", StartOptions::default()),
             "START_REPLICATION SLOT \"s\" LOGICAL 0/0 (proto_version '1', publication_names '\"it''s \"\"x\"\"\"')"
         );
     }

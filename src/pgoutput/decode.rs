@@ -5,7 +5,8 @@ use bytes::Bytes;
 use super::error::{DecodeError, DecodeErrorKind};
 use super::message::{
     Begin, ColumnValue, Commit, Delete, Insert, LogicalMessage, Message, OldTuple, Origin,
-    Relation, RelationColumn, Truncate, TupleData, TypeInfo, Update, tag,
+    Relation, RelationColumn, StreamAbort, StreamCommit, StreamStart, Truncate, TupleData,
+    TypeInfo, Update, tag,
 };
 use super::reader::Reader;
 use crate::pg::PgTimestamp;
@@ -17,34 +18,92 @@ const MIN_RELATION_COLUMN_LEN: usize = 1 + 1 + 4 + 4;
 const MIN_TUPLE_COLUMN_LEN: usize = 1;
 const OID_LEN: usize = 4;
 
-/// Decodes one pgoutput protocol v1 message: the payload of one XLogData.
+/// Decodes one pgoutput message read outside a streamed block: the payload of
+/// one XLogData.
 ///
 /// Text and binary column values and message content are slices of `data`
 /// (no copy). The whole payload must be one message: leftover bytes are an
 /// error. Never panics, whatever the input.
 pub fn decode(data: &Bytes) -> Result<Message, DecodeError> {
     let mut r = Reader::new(data);
-    let message = match r.tag()? {
-        tag::BEGIN => Message::Begin(begin(&mut r)?),
-        tag::COMMIT => Message::Commit(commit(&mut r)?),
-        tag::ORIGIN => Message::Origin(origin(&mut r)?),
-        tag::RELATION => Message::Relation(relation(&mut r)?),
-        tag::TYPE => Message::Type(type_info(&mut r)?),
-        tag::INSERT => Message::Insert(insert(&mut r)?),
-        tag::UPDATE => Message::Update(update(&mut r)?),
-        tag::DELETE => Message::Delete(delete(&mut r)?),
-        tag::TRUNCATE => Message::Truncate(truncate(&mut r)?),
-        tag::MESSAGE => Message::Message(logical_message(&mut r)?),
+    let tag = r.tag()?;
+    let message = body(&mut r, tag)?;
+    r.finish()?;
+    Ok(message)
+}
+
+/// A message read between Stream Start and Stream Stop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Streamed {
+    /// The (sub)transaction that made the change; `None` for the messages
+    /// that carry none (Origin, Stream Stop, and those not allowed here,
+    /// which the caller refuses).
+    pub xid: Option<u32>,
+    pub message: Message,
+}
+
+/// Decodes one pgoutput message read inside a streamed block, where changes,
+/// Relation and Type messages carry the xid of their (sub)transaction.
+pub fn decode_streamed(data: &Bytes) -> Result<Streamed, DecodeError> {
+    let mut r = Reader::new(data);
+    let tag = r.tag()?;
+    let xid = match tag {
+        tag::RELATION
+        | tag::TYPE
+        | tag::INSERT
+        | tag::UPDATE
+        | tag::DELETE
+        | tag::TRUNCATE
+        | tag::MESSAGE => Some(r.u32("xid")?),
+        _ => None,
+    };
+    let message = body(&mut r, tag)?;
+    r.finish()?;
+    Ok(Streamed { xid, message })
+}
+
+/// The fields after the tag (and after a streamed change's xid).
+fn body(r: &mut Reader<'_>, tag: u8) -> Result<Message, DecodeError> {
+    Ok(match tag {
+        tag::BEGIN => Message::Begin(begin(r)?),
+        tag::COMMIT => Message::Commit(commit(r)?),
+        tag::ORIGIN => Message::Origin(origin(r)?),
+        tag::RELATION => Message::Relation(relation(r)?),
+        tag::TYPE => Message::Type(type_info(r)?),
+        tag::INSERT => Message::Insert(insert(r)?),
+        tag::UPDATE => Message::Update(update(r)?),
+        tag::DELETE => Message::Delete(delete(r)?),
+        tag::TRUNCATE => Message::Truncate(truncate(r)?),
+        tag::MESSAGE => Message::Message(logical_message(r)?),
+        tag::STREAM_START => Message::StreamStart(StreamStart {
+            xid: r.u32("xid")?,
+            first_segment: r.u8("first segment")? == 1,
+        }),
+        tag::STREAM_STOP => Message::StreamStop,
+        tag::STREAM_COMMIT => Message::StreamCommit(StreamCommit {
+            xid: r.u32("xid")?,
+            commit: commit(r)?,
+        }),
+        tag::STREAM_ABORT => {
+            let abort = StreamAbort {
+                xid: r.u32("xid")?,
+                subxid: r.u32("subtransaction xid")?,
+            };
+            // proto_version 4 (streaming 'parallel') adds the abort's LSN and time.
+            if r.remaining() == 16 {
+                r.lsn("abort LSN")?;
+                r.i64("abort time")?;
+            }
+            Message::StreamAbort(abort)
+        }
         other => {
-            let kind = match tag::NOT_IN_V1.iter().find(|(t, _)| *t == other) {
+            let kind = match tag::NOT_DECODED.iter().find(|(t, _)| *t == other) {
                 Some((_, what)) => DecodeErrorKind::Unsupported(what),
                 None => DecodeErrorKind::UnknownTag,
             };
             return Err(r.error_at(0, "message tag", kind));
         }
-    };
-    r.finish()?;
-    Ok(message)
+    })
 }
 
 fn begin(r: &mut Reader<'_>) -> Result<Begin, DecodeError> {
@@ -592,8 +651,8 @@ mod tests {
     }
 
     #[test]
-    fn stream_and_two_phase_tags_are_unsupported_in_v1() {
-        for t in *b"SEcAbPKrp" {
+    fn two_phase_tags_are_unsupported() {
+        for t in *b"bPKrp" {
             let e = err(&[&[t], &[0; 30]]);
             assert!(
                 matches!(e.kind(), DecodeErrorKind::Unsupported(_)),
@@ -603,9 +662,9 @@ mod tests {
             assert_eq!(e.tag(), Some(t));
         }
         assert!(
-            err(&[b"S"])
+            err(&[b"b"])
                 .to_string()
-                .contains("Stream Start (proto_version 2+) is not expected with proto_version 1")
+                .contains("Begin Prepare (proto_version 3+) is not expected")
         );
     }
 

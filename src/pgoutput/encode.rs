@@ -16,12 +16,7 @@ pub(crate) fn encode(msg: &Message, out: &mut BytesMut) {
             out.put_i64(b.commit_time.0);
             out.put_u32(b.xid);
         }
-        Message::Commit(c) => {
-            out.put_u8(c.flags);
-            out.put_u64(c.commit_lsn.as_u64());
-            out.put_u64(c.end_lsn.as_u64());
-            out.put_i64(c.commit_time.0);
-        }
+        Message::Commit(c) => commit(out, c),
         Message::Origin(o) => {
             out.put_u64(o.commit_lsn.as_u64());
             cstring(out, &o.name);
@@ -75,7 +70,48 @@ pub(crate) fn encode(msg: &Message, out: &mut BytesMut) {
             out.put_i32(m.content.len() as i32);
             out.put_slice(&m.content);
         }
+        Message::StreamStart(s) => {
+            out.put_u32(s.xid);
+            out.put_u8(u8::from(s.first_segment));
+        }
+        Message::StreamStop => {}
+        Message::StreamCommit(s) => {
+            out.put_u32(s.xid);
+            commit(out, &s.commit);
+        }
+        Message::StreamAbort(a) => {
+            out.put_u32(a.xid);
+            out.put_u32(a.subxid);
+        }
     }
+}
+
+/// Appends `msg` as pgoutput writes it inside a streamed block: changes,
+/// Relation and Type messages carry `xid` after the tag.
+pub(crate) fn encode_streamed(xid: u32, msg: &Message, out: &mut BytesMut) {
+    let mut plain = BytesMut::new();
+    encode(msg, &mut plain);
+    out.put_u8(plain[0]);
+    if matches!(
+        msg,
+        Message::Relation(_)
+            | Message::Type(_)
+            | Message::Insert(_)
+            | Message::Update(_)
+            | Message::Delete(_)
+            | Message::Truncate(_)
+            | Message::Message(_)
+    ) {
+        out.put_u32(xid);
+    }
+    out.put_slice(&plain[1..]);
+}
+
+fn commit(out: &mut BytesMut, c: &super::message::Commit) {
+    out.put_u8(c.flags);
+    out.put_u64(c.commit_lsn.as_u64());
+    out.put_u64(c.end_lsn.as_u64());
+    out.put_i64(c.commit_time.0);
 }
 
 /// Convenience: the encoding of `msg` as frozen bytes.

@@ -68,9 +68,9 @@ pub enum DecodeErrorKind {
     /// The first byte is not a pgoutput message tag.
     #[error("unknown message tag")]
     UnknownTag,
-    /// A real pgoutput tag that only protocol versions above 1 send
-    /// (streaming of in-progress transactions, two-phase commit).
-    #[error("{0} is not expected with proto_version 1")]
+    /// A real pgoutput tag of a protocol feature the connector never asks
+    /// for (two-phase commit).
+    #[error("{0} is not expected: the connector asks for proto_version 1 or 2 without two_phase")]
     Unsupported(&'static str),
     #[error("truncated: needed {needed} bytes, {available} available")]
     Truncated { needed: usize, available: usize },

@@ -15,6 +15,7 @@ pub(crate) mod poison;
 mod resume;
 mod sequences;
 mod session;
+mod spill;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,6 +66,11 @@ pub enum PipelineError {
     Sink(#[from] SinkError),
     #[error("offset store: {0}")]
     Store(#[from] StoreError),
+    /// The local spill of streamed transactions could not be written or read
+    /// (a full or failing disk under [offsets] path): retried, since the
+    /// server sends those transactions again.
+    #[error("{0}; check the disk under [offsets] path")]
+    Spill(#[from] spill::SpillError),
     #[error("cannot decode pgoutput message at LSN {lsn}: {source}")]
     Decode {
         lsn: Lsn,
@@ -214,6 +220,7 @@ impl PipelineError {
                 Retry | Stop => Retry,
             },
             PipelineError::StreamEnded
+            | PipelineError::Spill(_)
             | PipelineError::Parked { .. }
             | PipelineError::SlotBusy { .. }
             | PipelineError::RepairRunning { .. }

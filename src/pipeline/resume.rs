@@ -123,6 +123,11 @@ pub enum StartRefused {
          add target_session_attrs=read-write to a multi-host URL"
     )]
     StandbyDecodingUnsupported { server_version: i32 },
+    #[error(
+        "postgres.streaming = \"on\" needs PostgreSQL 14 or later (pgoutput protocol 2; the server's \
+         server_version_num is {server_version}): set it to \"auto\" or \"off\", or upgrade the server"
+    )]
+    StreamingUnsupported { server_version: i32 },
 }
 
 /// Inputs of the decision.

@@ -49,7 +49,7 @@ pub async fn slot_on_standby(
 /// Commits one outbox row per transaction on its own connection to the
 /// primary, until the primary stops answering or `stop` is set; returns the
 /// event ids whose COMMIT succeeded.
-pub fn spawn_writer(
+pub fn spawn_primary_writer(
     table: String,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<Vec<String>> {

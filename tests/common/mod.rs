@@ -4,8 +4,10 @@
 //! with the variables read here. A missing variable is a test failure, never a skip.
 #![allow(dead_code)]
 
+pub mod fake_pg;
 pub mod ha;
 pub mod relay;
+pub mod writer;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -57,6 +59,48 @@ pub async fn admin_client() -> tokio_postgres::Client {
         let _ = conn.await;
     });
     client
+}
+
+/// A superuser client under `application_name` (how the server lists it, so
+/// that its sessions can be found), or the error while the server is unreachable.
+pub async fn try_admin_client_named(
+    application_name: &str,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let mut config: tokio_postgres::Config = pg_admin_url().parse()?;
+    config.application_name(application_name);
+    let (client, conn) = config.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(client)
+}
+
+/// [`try_admin_client_named`], retried for up to 60 s: for tests that
+/// restart PostgreSQL under it.
+pub async fn admin_client_named_retried(application_name: &str) -> tokio_postgres::Client {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match try_admin_client_named(application_name).await {
+            Ok(c) => return c,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => panic!(
+                "cannot connect to the test PostgreSQL as admin ({}): {e}",
+                pg_admin_url()
+            ),
+        }
+    }
+}
+
+/// Holds the test binary's one lock: for the tests that stop, restart or
+/// reconfigure a shared server (tests/disruptive, tests/chaos, tests/standby),
+/// each for its whole run. libtest runs the tests of a binary in parallel;
+/// cargo runs the binaries one after another, so a test holding it runs
+/// alone.
+pub async fn alone() -> tokio::sync::MutexGuard<'static, ()> {
+    static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    ALONE.lock().await
 }
 
 /// Creates `topic` on the test broker (replication factor 1) with
@@ -131,8 +175,8 @@ pub fn topic_partitions(topic: &str) -> Option<usize> {
 }
 
 /// Runs `scripts/env.sh ARG` (stop or start a shared server); a failure is a
-/// test failure. Tests that call it stop shared servers: each must be the only
-/// test in its file. The script is the one of the environment the tests
+/// test failure. Tests that call it stop shared servers: they are in
+/// tests/disruptive, tests/chaos or tests/standby and hold [`alone`]. The script is the one of the environment the tests
 /// were given (`OUTBOX_CDC_ENV_SH`, written to test.env by `up`: a second
 /// checkout's servers on other ports), else this checkout's.
 pub fn env_sh(arg: &str) {
@@ -148,7 +192,7 @@ pub fn env_sh(arg: &str) {
 
 /// The shared Kafka broker stopped (`scripts/env.sh kafka-stop`) until
 /// [`KafkaStopped::restore`] or the end of the value's scope, so that a test
-/// failing half-way still starts it again. For tests alone in their file.
+/// failing half-way still starts it again. For tests that hold [`alone`].
 pub struct KafkaStopped {
     restored: bool,
 }
@@ -175,8 +219,7 @@ impl Drop for KafkaStopped {
 }
 
 /// Turns `track_commit_timestamp` on or off (ALTER SYSTEM, then
-/// `scripts/env.sh pg-restart`): for tests that must be the only one in
-/// their file.
+/// `scripts/env.sh pg-restart`): for tests that hold [`alone`].
 pub fn set_track_commit_timestamp(on: bool) {
     admin_statements(&[if on {
         "ALTER SYSTEM SET track_commit_timestamp = on"

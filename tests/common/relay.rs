@@ -196,6 +196,17 @@ max_backoff_ms = 2000
         text.parse().expect("an LSN")
     }
 
+    /// `pg_current_wal_lsn()` now: the end of the WAL written so far.
+    pub async fn current_wal_lsn(&self) -> Lsn {
+        let text: String = self
+            .admin
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await
+            .expect("pg_current_wal_lsn")
+            .get(0);
+        text.parse().expect("an LSN")
+    }
+
     /// Waits until the slot exists (a connector process created it).
     pub async fn wait_for_slot(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -417,6 +428,11 @@ pub fn spawn_binary_with(config: &Path, env: &[(&str, &str)]) -> ChildProcess {
     ChildProcess(child)
 }
 
+/// What the binary started with `config` logged so far (empty before its first line).
+pub fn log_of(config: &Path) -> String {
+    std::fs::read_to_string(config.with_file_name("connector.log")).unwrap_or_default()
+}
+
 /// Reads every record of topics matching `^<prefix>\.` until `expected`
 /// records have arrived and then `settle` more time without new ones; panics
 /// with what it has if `timeout` passes first.
@@ -536,6 +552,18 @@ pub fn assert_exactly_once(
     );
     let seen: std::collections::BTreeSet<String> = copies.keys().map(|s| (*s).to_owned()).collect();
     assert_eq!(&seen, committed, "{when}: committed versus read");
+}
+
+/// Reads (`read_committed`) from the fixture's topics until every committed
+/// id arrived, within `timeout`; each must be there exactly once.
+pub fn read_exactly_once(
+    fx: &Fixture,
+    committed: &std::collections::BTreeSet<String>,
+    timeout: Duration,
+    when: &str,
+) {
+    let records = consume_ids(&fx.topic_prefix, committed, timeout, Duration::from_secs(3));
+    assert_exactly_once(&records, committed, when);
 }
 
 /// Every record of topics matching `^<prefix>\.`, those of aborted Kafka

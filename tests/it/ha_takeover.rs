@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::relay::{ChildProcess, Fixture, consume, eventually, free_port, spawn_binary};
+use common::relay::{ChildProcess, Fixture, consume, eventually, free_port, log_of, spawn_binary};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -56,10 +56,6 @@ async fn gauge(port: u16, name: &str) -> Option<f64> {
     let body = get(port, "/metrics").await?;
     body.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-}
-
-fn log_of(config: &Path) -> String {
-    std::fs::read_to_string(config.with_file_name("connector.log")).unwrap_or_default()
 }
 
 async fn slot_active_pid(fx: &Fixture) -> Option<i32> {

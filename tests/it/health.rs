@@ -4,7 +4,7 @@
 //! by another replication client turns readiness red and green again; a
 //! stalled acknowledgement (a topic that needs more in-sync replicas than
 //! the broker has) turns `acknowledging` red within its bound and green
-//! once Kafka acknowledges. Kafka stopped: `tests/health_ready.rs`.
+//! once Kafka acknowledges. Kafka stopped: `tests/disruptive/health_ready.rs`.
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};

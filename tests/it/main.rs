@@ -1,10 +1,12 @@
 //! The integration tests that share the test servers without stopping or
-//! reconfiguring them, in one test binary so that they link once. Tests that
-//! stop a server, restart it, or change a server-wide setting
-//! (chaos, outage_kafka, ops_kafka_down, server_shutdown, fenced_primary,
-//! pg_auth_tls, slot_invalidated, *_commit_ts, failover, standby_decoding)
-//! stay in their own files: libtest runs the tests of one binary in parallel.
-//! So does gap_repair, whose crash test needs the `failpoints` feature.
+//! reconfiguring them, in one test binary so that they link once; libtest
+//! runs them in parallel. Tests that stop a server, restart it, or change a
+//! server-wide setting are in tests/disruptive; the chaos runs in tests/chaos;
+//! those that need a standby in tests/standby.
+//!
+//! The few tests that arm the connector's crash points (in exactly_once and
+//! gap_repair) are compiled only with the `failpoints` feature
+//! (`#[cfg(feature = "failpoints")]`), which scripts/test.sh passes.
 //!
 //! Run one module with `cargo test --test it pipeline::`.
 
@@ -18,15 +20,18 @@ mod dead_letter;
 mod debezium_shape;
 mod env_servers;
 mod exactly_once;
+mod gap_repair;
 mod ha_takeover;
 mod health;
 mod import_debezium;
 mod kafka_security;
 mod kubernetes;
+mod large_transactions;
 mod migrations;
 mod missing_topics;
 mod no_silent_skip;
 mod operations;
+mod pg_auth_downgrade;
 mod pg_control;
 mod pg_replication;
 mod pgoutput_golden;

@@ -11,6 +11,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::relay::eventually;
 use outbox_cdc::Disposition;
 use outbox_cdc::checkpoint::OffsetStore;
 use outbox_cdc::pg::control;
@@ -188,18 +189,6 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-async fn wait_for<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + WAIT;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test]
 async fn identify_system_matches_the_server() {
     common::init_tracing();
@@ -258,20 +247,24 @@ async fn streams_confirms_shuts_down_and_resumes_without_resending() {
     // Only what the caller reports as flushed is confirmed.
     let feedback = stream.feedback();
     feedback.set_flushed(durable(txn.end_lsn));
-    wait_for("confirmed_flush_lsn to reach the commit end", || async {
-        let s = control::slot_info(&fx.admin, &fx.slot)
-            .await
-            .unwrap()
-            .unwrap();
-        s.confirmed_flush_lsn == Some(txn.end_lsn)
-    })
+    eventually(
+        "confirmed_flush_lsn to reach the commit end",
+        WAIT,
+        || async {
+            let s = control::slot_info(&fx.admin, &fx.slot)
+                .await
+                .unwrap()
+                .unwrap();
+            s.confirmed_flush_lsn == Some(txn.end_lsn)
+        },
+    )
     .await;
 
     tokio::time::timeout(WAIT, stream.shutdown())
         .await
         .expect("shutdown is bounded")
         .expect("clean shutdown");
-    wait_for("the slot to be released", || async {
+    eventually("the slot to be released", WAIT, || async {
         let s = control::slot_info(&fx.admin, &fx.slot)
             .await
             .unwrap()
@@ -417,12 +410,7 @@ mod scripted {
     use tokio::net::tcp::OwnedWriteHalf;
     use tokio::sync::mpsc;
 
-    pub fn backend(tag: u8, body: &[u8]) -> Vec<u8> {
-        let mut v = vec![tag];
-        v.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
-        v.extend_from_slice(body);
-        v
-    }
+    pub use crate::common::fake_pg::backend;
 
     pub fn keepalive(wal_end: u64, reply: bool) -> Vec<u8> {
         let mut b = BytesMut::new();

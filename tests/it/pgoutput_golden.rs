@@ -9,7 +9,7 @@
 //! flushing writes and the DDL): [`fixtures`] leaves those out, and
 //! [`the_stream_has_exactly_the_expected_messages_in_order`] checks they are
 //! empty. 13 has no set: its pgoutput has no logical decoding messages, which
-//! the workload needs (tests/pgoutput_live.rs decodes 13's stream live).
+//! the workload needs (tests/it/pgoutput_live.rs decodes 13's stream live).
 //!
 //! Values that depend on the capturing cluster (OIDs of the tables and the enum
 //! type, LSNs, xids, timestamps) are checked for consistency with each other

@@ -20,16 +20,6 @@ use outbox_cdc::sink::java_partition;
 const TIMEOUT: Duration = Duration::from_secs(90);
 const SETTLE: Duration = Duration::from_secs(2);
 
-async fn current_wal_lsn(fx: &Fixture) -> Lsn {
-    let text: String = fx
-        .admin
-        .query_one("SELECT pg_current_wal_lsn()::text", &[])
-        .await
-        .expect("pg_current_wal_lsn")
-        .get(0);
-    text.parse().expect("an LSN")
-}
-
 fn payload(i: usize) -> String {
     format!(r#"{{"n": {i}, "note": "order {i}"}}"#)
 }
@@ -40,7 +30,7 @@ async fn publishes_committed_rows_with_key_partition_headers_and_payload() {
     let fx = Fixture::new("happy").await;
     let running = Running::start(fx.config()).await;
 
-    let wal_before: Lsn = current_wal_lsn(&fx).await;
+    let wal_before: Lsn = fx.current_wal_lsn().await;
     let mut committed: Vec<(String, &str, &str, String)> = Vec::new();
     for i in 0..20 {
         let agg_id = ["a1", "a2", "a3"][i % 3];
@@ -75,7 +65,7 @@ async fn publishes_committed_rows_with_key_partition_headers_and_payload() {
         "exactly the committed rows, once each"
     );
 
-    let wal_after: Lsn = current_wal_lsn(&fx).await;
+    let wal_after: Lsn = fx.current_wal_lsn().await;
     let by_id: HashMap<&str, _> = records.iter().map(|r| (r.header("event_id"), r)).collect();
     for (event_id, agg_type, agg_id, p) in &committed {
         let r = by_id
@@ -631,7 +621,7 @@ async fn payload_bytes_are_published_as_stored_on_every_path() {
     let fx = Fixture::new("bytes").await;
     let prefix = format!("msg_{}", fx.name);
     // pgoutput sends logical decoding messages from PostgreSQL 14 on (on 13 the
-    // prefix is refused: tests/version_features.rs); there only the table path runs.
+    // prefix is refused: tests/it/version_features.rs); there only the table path runs.
     let version: i32 = fx
         .admin
         .query_one("SELECT current_setting('server_version_num')::int", &[])

@@ -7,7 +7,7 @@
 //! from a running-transactions record the slot confirmed) or the last
 //! acknowledged checkpoint's `oldest_active_xid` (or, with
 //! `track_commit_timestamp = on`, by its commit timestamp:
-//! tests/prune_commit_ts.rs). The tests run `CHECKPOINT` (which logs a
+//! tests/disruptive/prune_commit_ts.rs). The tests run `CHECKPOINT` (which logs a
 //! running-transactions record) where a busy server would have logged one.
 //!
 //! Issue 29: the last two run the pruner while transactions stay open across
@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::relay::{Fixture, Running, consume, eventually, read_ids};
+use common::writer::spawn_writer;
 use common::{admin_client, init_tracing};
 use outbox_cdc::checkpoint::{OffsetStore, StoreError};
 use outbox_cdc::metrics::Metrics;
@@ -34,87 +35,6 @@ const TIMEOUT: Duration = Duration::from_secs(90);
 /// Short retention and margin, small batches (several per prune).
 const PRUNE_ENV: &str = "OUTBOX_CDC__PRUNE__RETENTION=1s OUTBOX_CDC__PRUNE__BATCH_ROWS=7 \
                          OUTBOX_CDC__REPAIR__OCCURRED_AT_MARGIN_MS=200";
-
-/// What a writer committed, and the longest any of its inserts took.
-struct Written {
-    ids: Vec<String>,
-    slowest: Duration,
-}
-
-/// A writer committing one event per transaction (a single-row INSERT, as an
-/// application does) until finished, timing each INSERT.
-struct Writer {
-    stop: tokio::sync::watch::Sender<bool>,
-    handle: tokio::task::JoinHandle<Written>,
-    /// When the INSERT in flight started; `None` between inserts.
-    inserting_since: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
-}
-
-impl Writer {
-    /// Panics when the INSERT in flight has waited longer than `bound`.
-    fn assert_no_insert_waits_longer_than(&self, bound: Duration) {
-        let since = *self.inserting_since.lock().expect("writer state");
-        if let Some(waited) = since.map(|s| s.elapsed()).filter(|w| *w > bound) {
-            panic!("an application insert has been waiting for {waited:?} (bound {bound:?})");
-        }
-    }
-
-    /// Waits `how_long`, checking the INSERT in flight against `bound`.
-    async fn watch(&self, how_long: Duration, bound: Duration) {
-        let until = std::time::Instant::now() + how_long;
-        while std::time::Instant::now() < until {
-            self.assert_no_insert_waits_longer_than(bound);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn finish(self) -> Written {
-        self.stop.send(true).expect("stop the writer");
-        self.handle.await.expect("writer")
-    }
-}
-
-fn spawn_writer(table: String, tag: &'static str) -> Writer {
-    let (stop, mut stopped) = tokio::sync::watch::channel(false);
-    let inserting_since = Arc::new(std::sync::Mutex::new(None));
-    let since = inserting_since.clone();
-    let handle = tokio::spawn(async move {
-        let client = admin_client().await;
-        let mut ids = Vec::new();
-        let mut slowest = Duration::ZERO;
-        let mut i = 0u64;
-        while !*stopped.borrow_and_update() {
-            let agg = format!("{tag}{}", i % 5);
-            let started = std::time::Instant::now();
-            *since.lock().expect("writer state") = Some(started);
-            let row = client
-                .query_one(
-                    &format!(
-                        "INSERT INTO public.{table} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload)
-                         VALUES (gen_random_uuid(), 'order', $1,
-                                 (SELECT coalesce(max(aggregate_sequence), 0) + 1 FROM public.{table}
-                                   WHERE aggregate_type = 'order' AND aggregate_id = $1),
-                                 'Written', jsonb_build_object('i', $2::int8))
-                         RETURNING event_id::text"
-                    ),
-                    &[&agg, &(i as i64)],
-                )
-                .await
-                .expect("writer insert");
-            *since.lock().expect("writer state") = None;
-            slowest = slowest.max(started.elapsed());
-            ids.push(row.get(0));
-            i += 1;
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        Written { ids, slowest }
-    });
-    Writer {
-        stop,
-        handle,
-        inserting_since,
-    }
-}
 
 /// `CHECKPOINT` every second (a busy server's checkpoint_timeout, shortened)
 /// until aborted.

@@ -127,7 +127,7 @@ async fn message_prefix_streams_from_14_and_is_refused_on_13() {
     let prefix = format!("msg_{}", fx.name);
     let config = fx.config_with(&format!("OUTBOX_CDC__OUTBOX__MESSAGE_PREFIX={prefix}"));
     if version >= 140000 {
-        // Streams (the messages option is accepted); tests/pipeline.rs checks what they carry.
+        // Streams (the messages option is accepted); tests/it/pipeline.rs checks what they carry.
         let running = Running::start(config).await;
         running.stop().await.expect("clean stop");
     } else {

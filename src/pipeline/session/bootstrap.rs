@@ -9,14 +9,14 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::checkpoint::{DurableLsn, OffsetStore, PendingRepair, StoreError};
-use crate::config::Config;
+use crate::config::{Config, Streaming};
 use crate::coverage::Coverage;
 use crate::metrics::Metrics;
 use crate::outbox::OutboxMapper;
 use crate::pg::control::{self, SlotLock};
 use crate::pg::{
     Lsn, PgConnectConfig, PgError, PgTimestamp, ReplicationConnection, ReplicationStream,
-    StreamOptions,
+    StartOptions, StreamOptions,
 };
 
 use super::coverage_watch::{self, ProofTarget};
@@ -46,6 +46,8 @@ pub(super) struct Started<D> {
     pub(super) skip_through: Lsn,
     /// What was reported to PostgreSQL at the start (see `Checkpointer::reported`).
     pub(super) reported: Lsn,
+    /// The server streams large transactions in progress (pgoutput protocol 2).
+    pub(super) streaming: bool,
 }
 
 /// How long the start-up waits for the broker to accept (or refuse) the
@@ -101,6 +103,15 @@ pub(super) async fn bootstrap<D: Delivery>(
         return Err(StartRefused::MessagesUnsupported { server_version }.into());
     }
     let on_standby = control::in_recovery(&client).await?;
+    let streaming = match config.postgres.streaming {
+        Streaming::Off => false,
+        Streaming::On if server_version < 140000 => {
+            return Err(StartRefused::StreamingUnsupported { server_version }.into());
+        }
+        Streaming::On => true,
+        // A streamed logical message does not say which savepoint wrote it.
+        Streaming::Auto => server_version >= 140000 && !mapper.wants_messages(),
+    };
     if on_standby && server_version < 160000 {
         return Err(StartRefused::StandbyDecodingUnsupported { server_version }.into());
     }
@@ -246,11 +257,14 @@ pub(super) async fn bootstrap<D: Delivery>(
         None => store.persist(slot, start, &identity.system_id),
     })?;
     let stream = repl
-        .start_logical(
+        .start_logical_with(
             slot,
             start,
             &config.postgres.publication,
-            mapper.wants_messages(),
+            StartOptions {
+                messages: mapper.wants_messages(),
+                streaming,
+            },
         )
         .await?;
     // With the sequence audit on, the numbers of events between the slot's
@@ -292,6 +306,7 @@ pub(super) async fn bootstrap<D: Delivery>(
         on_standby,
         skip_through,
         reported,
+        streaming,
     }))
 }
 

@@ -211,7 +211,7 @@ impl CoverageWatch {
                 }
                 // On a standby the ceiling stays: a PG16 run lost rows when the
                 // position a shutting-down standby's walsender reported was
-                // acknowledged (CI, tests/standby_decoding.rs); its restart
+                // acknowledged (CI, tests/standby/standby_decoding.rs); its restart
                 // then waits up to wal_sender_timeout instead.
                 Ok(Err(e)) if e.sqlstate() == Some(SHUTTING_DOWN) && !self.on_standby => {
                     // No transaction can commit any more, and the server's

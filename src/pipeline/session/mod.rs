@@ -13,6 +13,12 @@
 //! - `relations`: the outbox relations bound to the mapping, other tables' OIDs;
 //! - `stages`: `outbox_cdc_stage_seconds`;
 //! - `ending`: the drain, the error exit, and which failure decides.
+//!
+//! With pgoutput protocol 2 (`[postgres] streaming`) a large transaction
+//! arrives in blocks while in progress: its messages go to the [`Spill`]
+//! and nothing of it is sent before its Stream Commit; then its messages are
+//! read back one per turn of the loop, under the same in-flight limits, as if
+//! it had arrived whole (`Replay`), and no other message is read meanwhile.
 
 mod bootstrap;
 mod checkpointer;
@@ -34,12 +40,13 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::outbox::{ChangeContext, MapError, OutboxEvent, OutboxMapper};
 use crate::pg::{EventPosition, Lsn, PgTimestamp, ReplicationEvent, ReplicationStream};
-use crate::pgoutput::{self, Message};
+use crate::pgoutput::{self, Commit, Message, StreamAbort, StreamStart};
 use crate::sink::DeliveryReport;
 
 use super::delivery::{Delivery, InFlight, Unsent};
 use super::poison::{PoisonPolicyRouter, Route, row_as_json};
 use super::sequences::SequenceWatch;
+use super::spill::{Spill, SpillReader};
 use super::{PipelineError, RunOptions};
 use bootstrap::Started;
 use checkpointer::Checkpointer;
@@ -61,7 +68,15 @@ pub(super) async fn run<'a, D: Delivery>(
     let Some(started) = bootstrap::bootstrap::<D>(config, &options, store, metrics).await? else {
         return Ok(());
     };
-    let (mut session, mut stream) = Session::new(config, store, metrics, started);
+    let spill = match started.streaming {
+        true => {
+            let dir = config.offsets.path.join("spill");
+            let budget = config.limits.max_spill_memory_bytes;
+            Some(tokio::task::block_in_place(|| Spill::open(&dir, budget))?)
+        }
+        false => None,
+    };
+    let (mut session, mut stream) = Session::new(config, store, metrics, started, spill);
     match session.stream(&mut stream, shutdown).await {
         Ok(()) => {
             if let Err(e) = stream.shutdown().await {
@@ -81,6 +96,12 @@ struct OpenTx {
     commit_lsn: Lsn,
     /// Already acknowledged before a restart: its events are dropped, not re-sent.
     replayed: bool,
+}
+
+/// A committed streamed transaction being read back from the spill.
+struct Replay {
+    reader: SpillReader,
+    commit: Commit,
 }
 
 /// Where the streaming loop is.
@@ -111,6 +132,11 @@ pub(super) struct Session<'a, D> {
     open: Option<OpenTx>,
     skip_through: Lsn,
     stages: StageClock,
+    /// Streamed transactions not yet committed; `None` with protocol 1.
+    spill: Option<Spill>,
+    /// The transaction whose streamed block is being read.
+    block: Option<u32>,
+    replay: Option<Replay>,
 }
 
 impl<'a, D: Delivery> Session<'a, D> {
@@ -119,6 +145,7 @@ impl<'a, D: Delivery> Session<'a, D> {
         store: &'a Arc<OffsetStore>,
         metrics: &'a Metrics,
         started: Started<D>,
+        spill: Option<Spill>,
     ) -> (Session<'a, D>, ReplicationStream) {
         let mut tracker = AckTracker::new(started.durable.lsn());
         tracker.prove_through(started.proven_through);
@@ -154,6 +181,9 @@ impl<'a, D: Delivery> Session<'a, D> {
             open: None,
             skip_through: started.skip_through,
             stages: StageClock::new(),
+            spill,
+            block: None,
+            replay: None,
         };
         (session, started.stream)
     }
@@ -187,8 +217,9 @@ impl<'a, D: Delivery> Session<'a, D> {
             //    starves persisting, and so feedback.
             // 3. A finished persist: its durable position goes to the server.
             // 4. Delivery reports, up to 1024 at a time.
-            // 5. The next replication message, while the in-flight limits
-            //    leave room.
+            // 5. The next message of a streamed transaction being read back,
+            //    or else the next replication message, while the in-flight
+            //    limits leave room.
             tokio::select! {
                 biased;
                 changed = shutdown.changed(), if matches!(phase, Phase::Streaming) => {
@@ -211,7 +242,10 @@ impl<'a, D: Delivery> Session<'a, D> {
                         }
                     }
                 }
-                event = stream.recv(), if has_room => match event? {
+                () = std::future::ready(()), if has_room && self.replay.is_some() => {
+                    self.replay_next().await?;
+                }
+                event = stream.recv(), if has_room && self.replay.is_none() => match event? {
                     Some(event) => self.on_replication_event(event).await?,
                     None => return Err(PipelineError::StreamEnded),
                 },
@@ -239,10 +273,15 @@ impl<'a, D: Delivery> Session<'a, D> {
             } => {
                 self.stages.arrived(&data, server_time);
                 self.metrics.set_received(wal_end.max(wal_start));
-                let message = pgoutput::decode(&data).map_err(|source| PipelineError::Decode {
+                let decode_error = |source| PipelineError::Decode {
                     lsn: wal_start,
                     source,
-                })?;
+                };
+                if let Some(xid) = self.block {
+                    let streamed = pgoutput::decode_streamed(&data).map_err(decode_error)?;
+                    return self.on_streamed(wal_start, xid, streamed, &data);
+                }
+                let message = pgoutput::decode(&data).map_err(decode_error)?;
                 crate::failpoint!("after-receive");
                 self.on_message(wal_start, message).await
             }
@@ -264,26 +303,7 @@ impl<'a, D: Delivery> Session<'a, D> {
 
     async fn on_message(&mut self, lsn: Lsn, message: Message) -> Result<(), PipelineError> {
         match message {
-            Message::Begin(begin) => {
-                if self.open.is_some() {
-                    return Err(protocol(lsn, "Begin inside an open transaction"));
-                }
-                // A transaction's commit record starts at final_lsn and ends at its
-                // end_lsn; offsets are end_lsns or record boundaries after them, so a
-                // commit that starts before the stored offset ended at or before it.
-                let replayed = begin.final_lsn < self.skip_through;
-                if !replayed {
-                    self.checkpoint.replay_done();
-                    self.tracker
-                        .begin(begin.commit_time)
-                        .map_err(|e| protocol(lsn, e))?;
-                }
-                self.open = Some(OpenTx {
-                    commit_time: begin.commit_time,
-                    commit_lsn: begin.final_lsn,
-                    replayed,
-                });
-            }
+            Message::Begin(begin) => self.begin(lsn, begin.final_lsn, begin.commit_time)?,
             Message::Commit(commit) => {
                 let Some(tx) = self.open.take() else {
                     return Err(protocol(lsn, "Commit without Begin"));
@@ -383,8 +403,171 @@ impl<'a, D: Delivery> Session<'a, D> {
             | Message::Truncate(_)
             | Message::Type(_)
             | Message::Origin(_) => {}
+            Message::StreamStart(start) => self.stream_start(lsn, start)?,
+            Message::StreamStop => {
+                return Err(protocol(lsn, "Stream Stop outside a streamed block"));
+            }
+            Message::StreamCommit(stream_commit) => {
+                let xid = stream_commit.xid;
+                let reader = match self.spill.as_mut() {
+                    Some(spill) if self.open.is_none() => spill.commit(xid)?,
+                    _ => None,
+                };
+                let Some(reader) = reader else {
+                    return Err(protocol(
+                        lsn,
+                        format!("Stream Commit of transaction {xid}, which was not being streamed"),
+                    ));
+                };
+                let commit = stream_commit.commit;
+                self.begin(lsn, commit.commit_lsn, commit.commit_time)?;
+                self.replay = Some(Replay { reader, commit });
+            }
+            Message::StreamAbort(abort) => self.stream_abort(lsn, abort)?,
         }
         Ok(())
+    }
+
+    /// A transaction whose commit record starts at `commit_lsn` begins.
+    fn begin(
+        &mut self,
+        lsn: Lsn,
+        commit_lsn: Lsn,
+        commit_time: PgTimestamp,
+    ) -> Result<(), PipelineError> {
+        if self.open.is_some() {
+            return Err(protocol(lsn, "a transaction begins inside an open one"));
+        }
+        // A transaction's commit record starts at its commit LSN and ends at
+        // its end_lsn; offsets are end_lsns or record boundaries after them,
+        // so a commit that starts before the stored offset ended at or before it.
+        let replayed = commit_lsn < self.skip_through;
+        if !replayed {
+            self.checkpoint.replay_done();
+            self.tracker
+                .begin(commit_time)
+                .map_err(|e| protocol(lsn, e))?;
+        }
+        self.open = Some(OpenTx {
+            commit_time,
+            commit_lsn,
+            replayed,
+        });
+        Ok(())
+    }
+
+    /// Stream Start: a block of one in-progress transaction follows.
+    fn stream_start(&mut self, lsn: Lsn, start: StreamStart) -> Result<(), PipelineError> {
+        let xid = start.xid;
+        let Some(spill) = self.spill.as_mut().filter(|_| self.open.is_none()) else {
+            return Err(protocol(
+                lsn,
+                format!(
+                    "Stream Start of transaction {xid} inside a transaction or without streaming asked for"
+                ),
+            ));
+        };
+        let known = match start.first_segment {
+            true => spill.begin(xid),
+            false => spill.is_open(xid),
+        };
+        if !known {
+            return Err(protocol(
+                lsn,
+                match start.first_segment {
+                    true => format!("a second first segment of streamed transaction {xid}"),
+                    false => format!(
+                        "a later segment of streamed transaction {xid} whose first segment was not received"
+                    ),
+                },
+            ));
+        }
+        self.block = Some(xid);
+        Ok(())
+    }
+
+    /// A message inside the streamed block of transaction `xid`: changes that
+    /// may be outbox rows, and the Relations that describe them, are spilled
+    /// as received; nothing else in a block is ever an event.
+    fn on_streamed(
+        &mut self,
+        lsn: Lsn,
+        xid: u32,
+        streamed: pgoutput::Streamed,
+        data: &bytes::Bytes,
+    ) -> Result<(), PipelineError> {
+        let spill = self
+            .spill
+            .as_mut()
+            .expect("a block is only opened with a spill");
+        match (&streamed.message, streamed.xid) {
+            (Message::StreamStop, _) => self.block = None,
+            (Message::Relation(_) | Message::Insert(_), Some(sub)) => {
+                if !tokio::task::block_in_place(|| spill.append(xid, sub, lsn, data))? {
+                    return Err(protocol(
+                        lsn,
+                        format!("a change of streamed transaction {xid}, which is not open"),
+                    ));
+                }
+            }
+            // Not events: updates, deletes and truncates never are; a
+            // logical message is not, since streaming is refused with a
+            // message_prefix (config); Type and Origin describe nothing we map.
+            (
+                Message::Update(_)
+                | Message::Delete(_)
+                | Message::Truncate(_)
+                | Message::Message(_)
+                | Message::Type(_),
+                Some(_),
+            )
+            | (Message::Origin(_), None) => {}
+            (other, _) => {
+                return Err(protocol(
+                    lsn,
+                    format!(
+                        "message {:?} inside the streamed block of transaction {xid}",
+                        other.tag() as char
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Stream Abort: the transaction or one of its subtransactions rolled
+    /// back; its spilled changes are never read.
+    fn stream_abort(&mut self, lsn: Lsn, abort: StreamAbort) -> Result<(), PipelineError> {
+        let Some(spill) = self.spill.as_mut().filter(|_| self.open.is_none()) else {
+            return Err(protocol(
+                lsn,
+                "Stream Abort inside a transaction or without streaming asked for",
+            ));
+        };
+        let known = spill.abort(abort.xid, abort.subxid);
+        debug!(
+            xid = abort.xid,
+            subxid = abort.subxid,
+            known,
+            "streamed transaction rolled back"
+        );
+        Ok(())
+    }
+
+    /// The next spilled message of the committed streamed transaction being
+    /// read back, or its commit once all were read.
+    async fn replay_next(&mut self) -> Result<(), PipelineError> {
+        let replay = self.replay.as_mut().expect("called while replaying");
+        let next = tokio::task::block_in_place(|| replay.reader.next_record())?;
+        let Some((lsn, data)) = next else {
+            let commit = self.replay.take().expect("replaying").commit;
+            return self
+                .on_message(commit.commit_lsn, Message::Commit(commit))
+                .await;
+        };
+        let streamed = pgoutput::decode_streamed(&data)
+            .map_err(|source| PipelineError::Decode { lsn, source })?;
+        self.on_message(lsn, streamed.message).await
     }
 
     /// A change of a transaction acknowledged before the restart: dropped,
@@ -518,6 +701,11 @@ impl<'a, D: Delivery> Session<'a, D> {
             self.tracker.in_flight_bytes(),
             Some(age),
         );
+        if let Some(spill) = &self.spill {
+            let s = spill.stats();
+            let largest = s.largest_bytes;
+            (self.metrics).set_spill(s.transactions, s.bytes, s.memory_bytes, largest);
+        }
         if let Some(fatal) = self.delivery.fatal_error() {
             return Err(PipelineError::Sink(fatal));
         }

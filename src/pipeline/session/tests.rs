@@ -5,7 +5,10 @@
 use super::*;
 use crate::coverage::Coverage;
 use crate::pg::{FeedbackHandle, QualifiedTable};
-use crate::pgoutput::{Begin, ColumnValue, Commit, Insert, Relation, TupleData};
+use crate::pgoutput::encode::{encode_streamed, encoded};
+use crate::pgoutput::{
+    Begin, ColumnValue, Commit, Insert, Relation, StreamAbort, StreamCommit, StreamStart, TupleData,
+};
 use crate::pipeline::delivery::memory::MemoryDelivery;
 use crate::sink::SinkError;
 use bytes::Bytes;
@@ -104,6 +107,10 @@ impl Harness {
             open: None,
             skip_through: durable.lsn(),
             stages: StageClock::new(),
+            // A budget of a few records: streamed transactions go to files.
+            spill: Some(Spill::open(&dir.path().join("spill"), 600).unwrap()),
+            block: None,
+            replay: None,
         };
         Harness {
             session,
@@ -147,27 +154,8 @@ impl Harness {
         }))
         .await?;
         for _ in 0..events {
-            let id = uuid_like(self.next_lsn);
-            self.next_sequence += 1;
-            let sequence = self.next_sequence.to_string();
-            let text = |s: &str| ColumnValue::Text(Bytes::copy_from_slice(s.as_bytes()));
-            let new = TupleData {
-                columns: vec![
-                    text(&id),
-                    text("order"),
-                    text("a1"),
-                    text(&sequence),
-                    text("Created"),
-                    text("1"),
-                    text("{}"),
-                    text("2026-01-01 00:00:00+00"),
-                ],
-            };
-            self.message(Message::Insert(Insert {
-                relation_oid: OUTBOX_OID,
-                new,
-            }))
-            .await?;
+            let row = self.outbox_row();
+            self.message(row).await?;
         }
         self.next_lsn = end_lsn.as_u64();
         self.session
@@ -182,6 +170,98 @@ impl Harness {
             )
             .await?;
         Ok(end_lsn)
+    }
+
+    /// One outbox row of aggregate `a1`, numbered after the previous one.
+    fn outbox_row(&mut self) -> Message {
+        let id = uuid_like(self.next_lsn);
+        self.next_sequence += 1;
+        let sequence = self.next_sequence.to_string();
+        let text = |s: &str| ColumnValue::Text(Bytes::copy_from_slice(s.as_bytes()));
+        let new = TupleData {
+            columns: vec![
+                text(&id),
+                text("order"),
+                text("a1"),
+                text(&sequence),
+                text("Created"),
+                text("1"),
+                text("{}"),
+                text("2026-01-01 00:00:00+00"),
+            ],
+        };
+        Message::Insert(Insert {
+            relation_oid: OUTBOX_OID,
+            new,
+        })
+    }
+
+    /// One XLogData payload as the server sends it.
+    async fn xlog(&mut self, data: Bytes) -> Result<(), PipelineError> {
+        let lsn = self.lsn();
+        let event = ReplicationEvent::XLogData {
+            wal_start: lsn,
+            wal_end: lsn,
+            server_time: PgTimestamp::now(),
+            data,
+        };
+        self.session.on_replication_event(event).await
+    }
+
+    /// One streamed block of transaction `xid`: `rows` outbox rows made by
+    /// subtransaction `sub` (the first block describes the outbox table,
+    /// as pgoutput does inside every streamed transaction).
+    async fn block(&mut self, xid: u32, first: bool, sub: u32, rows: usize) -> Vec<String> {
+        let start = Message::StreamStart(StreamStart {
+            xid,
+            first_segment: first,
+        });
+        self.xlog(encoded(&start)).await.unwrap();
+        let mut messages = Vec::new();
+        if first {
+            let columns = crate::outbox::mapper::SEED_COLS;
+            let relation = Relation::of_text(OUTBOX_OID, "public", "outbox_events", &columns);
+            messages.push(Message::Relation(relation));
+        }
+        let mut ids = Vec::new();
+        for _ in 0..rows {
+            ids.push(uuid_like(self.next_lsn));
+            messages.push(self.outbox_row());
+        }
+        for message in messages {
+            let mut data = bytes::BytesMut::new();
+            encode_streamed(sub, &message, &mut data);
+            self.xlog(data.freeze()).await.unwrap();
+        }
+        self.xlog(encoded(&Message::StreamStop)).await.unwrap();
+        ids
+    }
+
+    /// Stream Commit of `xid`, and its spilled changes read back as the
+    /// loop does; returns its end LSN.
+    async fn stream_commit(&mut self, xid: u32) -> Result<Lsn, PipelineError> {
+        let commit_lsn = self.lsn();
+        let end_lsn = Lsn::new(commit_lsn.as_u64() + 0x8);
+        let commit = Message::StreamCommit(StreamCommit {
+            xid,
+            commit: Commit {
+                flags: 0,
+                commit_lsn,
+                end_lsn,
+                commit_time: PgTimestamp::now(),
+            },
+        });
+        self.xlog(encoded(&commit)).await?;
+        while self.session.replay.is_some() {
+            self.session.replay_next().await?;
+        }
+        self.next_lsn = end_lsn.as_u64();
+        Ok(end_lsn)
+    }
+
+    async fn stream_abort(&mut self, xid: u32, subxid: u32) {
+        let abort = Message::StreamAbort(StreamAbort { xid, subxid });
+        self.xlog(encoded(&abort)).await.unwrap();
     }
 
     async fn keepalive(&mut self, wal_end: Lsn) {
@@ -398,4 +478,87 @@ async fn nothing_is_acknowledged_inside_an_open_kafka_transaction() {
     h.keepalive(wal_end).await;
     h.tick_and_persist().await;
     assert_eq!(h.stored(), wal_end);
+}
+
+/// A streamed transaction is published only once its Stream Commit arrived,
+/// all its rows in order, after the transactions that committed before it
+/// (one arrived whole between its blocks); its position is acknowledged
+/// only when all of them were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_transaction_is_published_at_its_commit_in_order() {
+    let mut h = Harness::new(config(&[]), MemoryDelivery::new());
+    h.describe_outbox().await;
+    let mut streamed = h.block(900, true, 900, 3).await;
+    h.transaction(1).await.unwrap();
+    let small = h.session.delivery.sent.clone();
+    streamed.extend(h.block(900, false, 900, 4).await);
+    assert_eq!(
+        h.session.delivery.sent, small,
+        "nothing streamed is sent before its commit"
+    );
+    assert!(h.session.spill.as_ref().unwrap().stats().bytes > 0);
+    let end = h.stream_commit(900).await.unwrap();
+    let mut expected = small.clone();
+    expected.extend(streamed);
+    assert_eq!(h.session.delivery.sent, expected);
+    h.session.delivery.ack(expected.len() - 1);
+    h.take_reports().unwrap();
+    h.tick_and_persist().await;
+    assert!(
+        h.stored() < end,
+        "one of the streamed rows is not acknowledged"
+    );
+    h.session.delivery.ack(1);
+    h.take_reports().unwrap();
+    h.tick_and_persist().await;
+    assert_eq!(h.stored(), end);
+    assert_eq!(
+        h.session.spill.as_ref().unwrap().stats(),
+        Default::default()
+    );
+}
+
+/// Rows of a rolled-back savepoint and of a rolled-back streamed transaction
+/// are never published; the rest of the transaction is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolled_back_savepoints_and_streamed_transactions_publish_nothing() {
+    let mut h = Harness::new(config(&[]), MemoryDelivery::new());
+    h.describe_outbox().await;
+    let mut kept = h.block(910, true, 910, 2).await;
+    let rolled_back = h.block(910, false, 911, 2).await;
+    kept.extend(h.block(910, false, 912, 2).await);
+    h.stream_abort(910, 911).await;
+    let gone = h.block(920, true, 920, 3).await;
+    h.stream_abort(920, 920).await;
+    h.stream_commit(910).await.unwrap();
+    assert_eq!(h.session.delivery.sent, kept);
+    for id in rolled_back.iter().chain(&gone) {
+        assert!(
+            !h.session.delivery.sent.contains(id),
+            "{id} was rolled back"
+        );
+    }
+    let failure = h.stream_commit(920).await.unwrap_err();
+    assert!(
+        matches!(failure, PipelineError::Protocol { .. }),
+        "{failure}"
+    );
+}
+
+/// A block of a transaction whose first block never arrived cannot be
+/// completed: a stop, not a skip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_segment_without_its_first_stops_the_connector() {
+    let mut h = Harness::new(config(&[]), MemoryDelivery::new());
+    h.describe_outbox().await;
+    let start = Message::StreamStart(StreamStart {
+        xid: 930,
+        first_segment: false,
+    });
+    let failure = h.xlog(encoded(&start)).await.unwrap_err();
+    assert!(
+        matches!(failure, PipelineError::Protocol { .. }),
+        "{failure}"
+    );
+    assert_eq!(failure.disposition(), crate::Disposition::Stop);
 }

@@ -4,10 +4,10 @@
 //! outbox table, and streaming continues. Nothing committed is lost.
 //!
 //! This test changes `max_slot_wal_keep_size` of the shared test server (and
-//! so invalidates every idle slot on it): it must stay the only test in this
-//! file. The setting is reset when the test ends, however it ends.
+//! so invalidates every idle slot on it). The setting is reset when the test
+//! ends, however it ends.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -49,6 +49,7 @@ impl Drop for ResetKeepSize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalidated_slot_is_refused_then_repaired() {
+    let _alone = common::alone().await;
     init_tracing();
     let fx = Fixture::new("invalid").await;
     let mut committed: BTreeSet<String> = BTreeSet::new();

@@ -3,27 +3,20 @@
 //! streams; a broker outage inside a PostgreSQL transaction larger than
 //! `limits.max_in_flight_events` aborts the Kafka transaction and retries
 //! from the durable LSN. Neither is an operator stop, and a `read_committed`
-//! reader sees every committed row exactly once. This file stops the shared
-//! broker, so it holds exactly one test (cargo runs test files one after
-//! another).
+//! reader sees every committed row exactly once. Stops the shared broker.
+//! The exactly-once tests that leave the servers alone: `it::exactly_once`.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use common::KafkaStopped;
-use common::relay::{Fixture, Running, assert_exactly_once, consume_ids};
+use common::relay::{Fixture, Running, read_exactly_once};
 use common::{init_tracing, unique_name};
 use outbox_cdc::pipeline::RunOptions;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Each committed id is read exactly once by a `read_committed` reader.
-fn read_exactly_once(fx: &Fixture, committed: &BTreeSet<String>, when: &str) {
-    let records = consume_ids(&fx.topic_prefix, committed, TIMEOUT, Duration::from_secs(3));
-    assert_exactly_once(&records, committed, when);
-}
 
 /// Keeps checking, for `how_long`, that the connector has not stopped.
 async fn still_running_for(running: &Running, how_long: Duration, what: &str) {
@@ -39,6 +32,7 @@ async fn still_running_for(running: &Running, how_long: Duration, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_retries_through_kafka_outages_at_start_and_inside_a_large_transaction() {
+    let _alone = common::alone().await;
     init_tracing();
     let fx = Fixture::new("eo_outage").await;
     let offsets_topic = unique_name("eo_outage_offsets");
@@ -60,7 +54,7 @@ async fn exactly_once_retries_through_kafka_outages_at_start_and_inside_a_large_
     // where it begins: rows written before it are not the relay's).
     let first = Running::start(config()).await;
     committed.extend(fx.write_tx(&[("order", "a", "{}".into())], true).await);
-    read_exactly_once(&fx, &committed, "before any outage");
+    read_exactly_once(&fx, &committed, TIMEOUT, "before any outage");
     first.stop().await.expect("graceful stop");
 
     // 1. A start while the broker is down (CI seed 1796243835680920946: the
@@ -76,7 +70,7 @@ async fn exactly_once_retries_through_kafka_outages_at_start_and_inside_a_large_
     let running = Running::spawn(config(), RunOptions::default());
     still_running_for(&running, Duration::from_secs(15), "started with Kafka down").await;
     kafka.restore();
-    read_exactly_once(&fx, &committed, "after a start with Kafka down");
+    read_exactly_once(&fx, &committed, TIMEOUT, "after a start with Kafka down");
     assert!(
         running.metrics.reconnects() > 0,
         "the start against a stopped broker must have been retried"
@@ -108,6 +102,7 @@ async fn exactly_once_retries_through_kafka_outages_at_start_and_inside_a_large_
     read_exactly_once(
         &fx,
         &committed,
+        TIMEOUT,
         "after an outage inside a large transaction",
     );
 

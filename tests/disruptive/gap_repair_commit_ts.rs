@@ -4,10 +4,10 @@
 //! before the last acknowledged transaction are not published again.
 //!
 //! This test restarts the shared PostgreSQL twice (the setting needs a
-//! restart): it must stay the only test in this file. The setting is reset
+//! restart). The setting is reset
 //! when the test ends, however it ends.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -21,6 +21,7 @@ const TIMEOUT: Duration = Duration::from_secs(90);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repair_by_commit_timestamp_is_exact() {
+    let _alone = common::alone().await;
     init_tracing();
     set_track_commit_timestamp(true);
     let _off = TrackingOff;

@@ -8,10 +8,10 @@
 //! kept too.
 //!
 //! This test restarts the test PostgreSQL twice (the setting needs a
-//! restart): it must stay the only test in this file. The setting is reset
+//! restart). The setting is reset
 //! when the test ends, however it ends.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -23,6 +23,7 @@ use outbox_cdc::pipeline::{self, AckedPosition};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prune_by_commit_timestamp_keeps_old_rows_committed_after_the_acknowledged_one() {
+    let _alone = common::alone().await;
     init_tracing();
     set_track_commit_timestamp(true);
     let _reset = TrackingOff;

@@ -3,9 +3,9 @@
 //! primary). With `target_session_attrs=read-write` the connector leaves it
 //! (the periodic re-proof asks the server's kind), keeps retrying while no
 //! host fits, and resumes without loss once a read-write server is back.
-//! Changes a server-wide setting: the only test in its file.
+//! Changes a server-wide setting.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -36,6 +36,7 @@ impl Drop for Unfence {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_primary_is_left_and_streaming_resumes_when_it_is_writable_again() {
+    let _alone = common::alone().await;
     init_tracing();
     let fx = Fixture::new("fenced").await;
     let url = pg_url();

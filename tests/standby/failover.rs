@@ -1,7 +1,8 @@
 //! Failover without loss (PostgreSQL 17+, DESIGN.md §15). Needs the primary
 //! and standby of `scripts/env.sh up --standby` and stops the primary, so it
 //! is not part of `cargo test`'s default targets: `scripts/test.sh` runs it
-//! (`cargo test --test failover`) on a fresh standby environment per major.
+//! (`cargo test --test standby failover::`) on a fresh standby environment
+//! per major.
 //!
 //! Writers commit outbox rows on the primary while the connector streams
 //! through a failover slot over a multi-host URL (`target_session_attrs =
@@ -11,19 +12,21 @@
 //! row the new primary has arrives in Kafka (duplicates are allowed: the
 //! records delivered after the last position the standby synced).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use common::ha::{
-    check_line, check_report, ids_on, multi_host_url, slot_on_standby, spawn_writer, standby_admin,
+    check_line, check_report, ids_on, multi_host_url, slot_on_standby, spawn_primary_writer,
+    standby_admin,
 };
 use common::relay::{Fixture, Running, read_ids, read_versus_ends};
 use common::{env_sh, init_tracing};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_promoted_standby_with_the_synced_slot_loses_nothing() {
+    let _alone = common::alone().await;
     init_tracing();
     let fx = Fixture::new("failover").await;
     let config = fx.config_with(&format!(
@@ -33,7 +36,7 @@ async fn a_promoted_standby_with_the_synced_slot_loses_nothing() {
     ));
     let running = Running::start(config).await;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let writer = spawn_writer(fx.table.clone(), stop_rx);
+    let writer = spawn_primary_writer(fx.table.clone(), stop_rx);
 
     // The slot is synced to the standby, at a position past some published rows.
     let standby = standby_admin().await;

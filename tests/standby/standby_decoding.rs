@@ -5,14 +5,14 @@
 //! replay position and the heartbeat is written on the primary. Needs
 //! `scripts/env.sh up --standby` and restarts the standby, so it is not a
 //! default cargo target: scripts/test.sh runs it on a fresh pair per major
-//! from 16 (by hand: `cargo test --test standby_decoding`).
+//! from 16 (by hand: `cargo test --test standby standby_decoding::`).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::ha::{ids_on, spawn_writer};
+use common::ha::{ids_on, spawn_primary_writer};
 use common::relay::{Fixture, read_ids, spawn_binary};
 use common::{env_sh, init_tracing, pg_url};
 
@@ -24,6 +24,7 @@ fn standby_url() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_written_on_the_primary_arrive_through_a_slot_on_the_standby() {
+    let _alone = common::alone().await;
     init_tracing();
     let fx = Fixture::new("standby").await;
     // The connector's role may ask the primary for a running-transactions
@@ -83,7 +84,7 @@ async fn events_written_on_the_primary_arrive_through_a_slot_on_the_standby() {
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let writer = spawn_writer(fx.table.clone(), stop_rx);
+    let writer = spawn_primary_writer(fx.table.clone(), stop_rx);
     tokio::time::sleep(Duration::from_secs(2)).await;
     env_sh("standby-restart");
     tokio::time::sleep(Duration::from_secs(2)).await;

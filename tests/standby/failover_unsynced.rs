@@ -3,14 +3,15 @@
 //! has no slot, and the connector refuses to go on (the "slot lost" refusal
 //! with its fix) instead of creating a new slot past the rows it never read.
 //! Needs `scripts/env.sh up --standby` and stops the primary: run by
-//! `scripts/test.sh` (`cargo test --test failover_unsynced`), not by default.
+//! `scripts/test.sh` (`cargo test --test standby failover_unsynced::`), not by
+//! default.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
 use common::ha::{
-    check_line, check_report, multi_host_url, slot_on_standby, spawn_writer, standby_admin,
+    check_line, check_report, multi_host_url, slot_on_standby, spawn_primary_writer, standby_admin,
 };
 use common::relay::{Fixture, Running};
 use common::{env_sh, init_tracing};
@@ -19,6 +20,7 @@ use outbox_cdc::pipeline::{PipelineError, StartRefused};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_promoted_standby_without_the_slot_is_refused_loudly() {
+    let _alone = common::alone().await;
     init_tracing();
     let fx = Fixture::new("unsynced").await;
     let config = fx.config_with(&format!(
@@ -27,7 +29,7 @@ async fn a_promoted_standby_without_the_slot_is_refused_loudly() {
     ));
     let running = Running::start(config).await;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let writer = spawn_writer(fx.table.clone(), stop_rx);
+    let writer = spawn_primary_writer(fx.table.clone(), stop_rx);
     common::relay::eventually("some events published", Duration::from_secs(60), || async {
         running.metrics.events_published() > 20
     })

@@ -10,11 +10,11 @@
 //!   test makes a CA and a server certificate with openssl, turns `ssl = on`
 //!   with ALTER SYSTEM + pg_reload_conf, checks every sslmode, and restores.
 
-mod common;
+use crate::common;
+use common::fake_pg::{backend, openssl};
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, BytesMut};
@@ -27,9 +27,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// Tests that need the server's `ssl` setting in a known state run one at a time.
-static SSL_SETTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The pieces of the `outbox` URL, to build variants of it.
 struct Target {
@@ -102,6 +99,7 @@ async fn server_ssl_is(admin: &tokio_postgres::Client) -> bool {
 
 #[tokio::test]
 async fn scram_login_on_both_connections() {
+    let _alone = common::alone().await;
     common::init_tracing();
     let t = target();
     let admin = common::admin_client().await;
@@ -136,6 +134,7 @@ async fn scram_login_on_both_connections() {
 
 #[tokio::test]
 async fn wrong_password_is_a_definite_auth_error_naming_user_and_host() {
+    let _alone = common::alone().await;
     common::init_tracing();
     let t = target();
     let cfg = t.kv(
@@ -179,6 +178,7 @@ async fn wrong_password_is_a_definite_auth_error_naming_user_and_host() {
 
 #[tokio::test]
 async fn missing_password_fails_locally_with_a_hint() {
+    let _alone = common::alone().await;
     common::init_tracing();
     let t = target();
     let cfg = t.kv(&t.host, None, "sslmode=disable");
@@ -193,8 +193,8 @@ async fn missing_password_fails_locally_with_a_hint() {
 
 #[tokio::test]
 async fn require_against_a_server_without_tls_is_a_clear_error() {
+    let _alone = common::alone().await;
     common::init_tracing();
-    let _ssl = SSL_SETTING.lock().await;
     let admin = common::admin_client().await;
     assert!(
         !server_ssl_is(&admin).await,
@@ -269,13 +269,6 @@ async fn fake_startup(sock: &mut TcpStream) -> Vec<(String, String)> {
             .map(|kv| (kv[0].clone(), kv[1].clone()))
             .collect();
     }
-}
-
-fn backend(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut v = vec![tag];
-    v.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
-    v.extend_from_slice(body);
-    v
 }
 
 async fn read_frontend(sock: &mut TcpStream) -> (u8, Vec<u8>) {
@@ -371,6 +364,7 @@ fn fake_row_description() -> Vec<u8> {
 
 #[tokio::test]
 async fn md5_login_replays_the_server_exchange() {
+    let _alone = common::alone().await;
     common::init_tracing();
     let mut request = 5i32.to_be_bytes().to_vec();
     request.extend_from_slice(&[0x9a, 0x1b, 0x2c, 0x3d]);
@@ -402,6 +396,7 @@ async fn md5_login_replays_the_server_exchange() {
 
 #[tokio::test]
 async fn cleartext_login_and_server_rejection() {
+    let _alone = common::alone().await;
     common::init_tracing();
     let (url, server) = fake_login(3i32.to_be_bytes().to_vec(), b"outbox_md5\0", true).await;
     let cfg = PgConnectConfig::parse_with_env(&url, |_| None).unwrap();
@@ -507,6 +502,7 @@ fn ok_and_ready() -> Vec<u8> {
 
 #[tokio::test]
 async fn scram_without_a_verified_server_signature_is_refused() {
+    let _alone = common::alone().await;
     common::init_tracing();
     // AuthenticationOk right after our proof, without SASLFinal.
     for (e, sent) in both_logins(&sasl_request(), &ok_and_ready(), "").await {
@@ -534,6 +530,7 @@ async fn scram_without_a_verified_server_signature_is_refused() {
 
 #[tokio::test]
 async fn require_auth_refuses_cleartext_and_md5_before_sending_the_password() {
+    let _alone = common::alone().await;
     common::init_tracing();
     let mut md5 = 5i32.to_be_bytes().to_vec();
     md5.extend_from_slice(&[1, 2, 3, 4]);
@@ -561,8 +558,8 @@ async fn require_auth_refuses_cleartext_and_md5_before_sending_the_password() {
 
 #[tokio::test]
 async fn channel_binding_and_require_auth_against_the_server_without_tls() {
+    let _alone = common::alone().await;
     common::init_tracing();
-    let _ssl = SSL_SETTING.lock().await;
     let admin = common::admin_client().await;
     assert!(!server_ssl_is(&admin).await);
     let t = target();
@@ -599,20 +596,6 @@ async fn channel_binding_and_require_auth_against_the_server_without_tls() {
 }
 
 // ---------------------------------------------------------------- real TLS
-
-/// Runs openssl in `dir`; `args` is split on whitespace.
-fn openssl(dir: &Path, args: &str) {
-    let out = Command::new("openssl")
-        .args(args.split_whitespace())
-        .current_dir(dir)
-        .output()
-        .expect("openssl is installed");
-    assert!(
-        out.status.success(),
-        "openssl {args}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// A CA, a server certificate for DNS name `localhost` signed by it, and an
 /// unrelated CA. Returns (dir, ca.crt, other-ca.crt).
@@ -721,8 +704,8 @@ async fn ssl_in_use(client: &tokio_postgres::Client) -> bool {
 
 #[tokio::test]
 async fn tls_modes_against_the_server_with_a_test_certificate() {
+    let _alone = common::alone().await;
     common::init_tracing();
-    let _ssl = SSL_SETTING.lock().await;
     let admin = common::admin_client().await;
     assert!(
         !server_ssl_is(&admin).await,

@@ -4,9 +4,9 @@
 //! let it go promptly (it notices the shutdown and confirms without a
 //! coverage proof, which cannot run any more) rather than hold the restart
 //! for `wal_sender_timeout`, then resume without loss. Restarts the shared
-//! server: the only test in its file.
+//! server.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,7 @@ use common::{admin_client, env_sh, init_tracing};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_restart_is_not_held_up_and_streaming_resumes() {
+    let _alone = common::alone().await;
     init_tracing();
     let fx = Fixture::new("shutdown").await;
     let running = Running::start(fx.config()).await;

@@ -1,9 +1,8 @@
 //! Kafka stopped for 30 s mid-stream, then started: the connector rides it out
 //! (librdkafka retries, backpressure stops reading the slot) and everything
-//! arrives, in order per aggregate. This file stops the shared broker, so it
-//! holds exactly one test (cargo runs test files one after another).
+//! arrives, in order per aggregate. Stops the shared broker.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -13,6 +12,7 @@ use common::relay::{Fixture, Running, consume};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_down_for_30_seconds_then_everything_arrives_in_order() {
+    let _alone = common::alone().await;
     common::init_tracing();
     let fx = Fixture::new("kafkadown").await;
     let running = Running::start(fx.config()).await;

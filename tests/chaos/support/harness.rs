@@ -31,7 +31,7 @@ pub struct Options {
     pub seed: u64,
     pub workload: Workload,
     /// The outbox is a hash-partitioned table published by leaf names
-    /// (`OUTBOX_CDC_CHAOS_PARTITIONED=1`; tests/chaos_partitioned.rs).
+    /// (`OUTBOX_CDC_CHAOS_PARTITIONED=1`; tests/chaos/partitioned.rs).
     pub partitioned: bool,
     /// `OUTBOX_CDC_CHAOS_EVERY_FAILPOINT=0`: a run too short to reach every
     /// failpoint (the version matrix's 10-cycle runs of scripts/test.sh) passes
@@ -42,7 +42,7 @@ pub struct Options {
     /// connector runs with `[delivery] mode = "exactly-once"`, its two
     /// transaction failpoints are planned and required too, the slot is never
     /// lost (`outbox-cdc repair` stays at-least-once by design), and the
-    /// verdict allows no duplicate at all (tests/chaos_exactly_once.rs).
+    /// verdict allows no duplicate at all (tests/chaos/exactly_once.rs).
     pub exactly_once: bool,
 }
 
@@ -279,6 +279,9 @@ pub async fn run(opts: Options) {
              run it as `cargo test --features failpoints --test chaos` (scripts/soak.sh does)"
         );
     }
+    // The run stops Kafka and restarts PostgreSQL: no other run of this
+    // binary may share the servers meanwhile.
+    let _alone = crate::common::alone().await;
     super::verify::self_check();
     if opts.exactly_once {
         super::verify::reader_self_check(&kafka_bootstrap()).await;

@@ -9,10 +9,9 @@
 //! SCRAM-SHA-256-PLUS, so the client binds, and records every message the
 //! client sends after the startup packet. Needs no test servers.
 
-mod common;
+use crate::common;
+use common::fake_pg::{backend, openssl};
 
-use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -72,26 +71,6 @@ fn tls_acceptor() -> (tempfile::TempDir, TlsAcceptor) {
     .with_single_cert(certs, key)
     .unwrap();
     (dir, TlsAcceptor::from(Arc::new(config)))
-}
-
-fn openssl(dir: &Path, args: &str) {
-    let out = Command::new("openssl")
-        .args(args.split_whitespace())
-        .current_dir(dir)
-        .output()
-        .expect("openssl is installed");
-    assert!(
-        out.status.success(),
-        "openssl {args}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn backend(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut v = vec![tag];
-    v.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
-    v.extend_from_slice(body);
-    v
 }
 
 fn auth_request(code: i32, rest: &[u8]) -> Vec<u8> {

@@ -1,10 +1,10 @@
 //! Issue 32: readiness with Kafka stopped. `kafka_reachable` turns red within
 //! its bound (three probe intervals), while nothing waits for Kafka
 //! `acknowledging` stays green (no work, nothing stalls), the process stays
-//! live; with Kafka started again everything is green by itself. This file
-//! stops the shared broker, so it holds exactly one test.
+//! live; with Kafka started again everything is green by itself. Stops the
+//! shared broker.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -49,6 +49,7 @@ fn ok(r: &Readiness, name: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_stopped_turns_readiness_red_within_the_bound_and_green_after() {
+    let _alone = common::alone().await;
     common::init_tracing();
     let fx = Fixture::new("readykafka").await;
     let port = std::net::TcpListener::bind("127.0.0.1:0")

@@ -1,52 +1,22 @@
 //! The metrics say why while Kafka is down: slot lag and the oldest
 //! unacknowledged age rise, the acked LSN stands still; after Kafka is back the
-//! events arrive and the lag falls. This file stops the shared broker
-//! (`scripts/env.sh kafka-stop`, then `kafka-start`, also on failure), so it
-//! holds exactly one test (cargo runs test files one after another).
+//! events arrive and the lag falls. Stops the shared broker
+//! (`scripts/env.sh kafka-stop`, then `kafka-start`, also on failure).
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::KafkaStopped;
-use common::relay::{Fixture, consume, eventually, spawn_binary};
-use outbox_cdc::pg::Lsn;
+use common::relay::{Fixture, consume, eventually, free_port, log_of, metric, spawn_binary};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
-fn free_port() -> u16 {
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    probe.local_addr().expect("local addr").port()
-}
-
-async fn metric(port: u16, name: &str) -> f64 {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let body = outbox_cdc::http::get(addr, "/metrics", Duration::from_secs(2))
-        .await
-        .unwrap_or_else(|e| panic!("the connector does not answer /metrics: {e}"));
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
-}
-
-async fn current_wal_lsn(fx: &Fixture) -> Lsn {
-    let row = fx
-        .admin
-        .query_one("SELECT pg_current_wal_lsn()::text", &[])
-        .await
-        .expect("pg_current_wal_lsn");
-    row.get::<_, String>(0).parse().expect("LSN")
-}
-
-fn log_of(config: &Path) -> String {
-    std::fs::read_to_string(config.with_file_name("connector.log")).unwrap_or_default()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lag_and_unacked_age_rise_while_kafka_is_down_and_fall_after() {
+    let _alone = common::alone().await;
     common::init_tracing();
     let fx = Fixture::new("opskafka").await;
     let port = free_port();
@@ -88,14 +58,14 @@ async fn lag_and_unacked_age_rise_while_kafka_is_down_and_fall_after() {
     .await;
 
     let mut kafka = KafkaStopped::stop();
-    let before = current_wal_lsn(&fx).await;
+    let before = fx.current_wal_lsn().await;
     for i in 5..25 {
         written.extend(
             fx.write_tx(&[("order", "k", format!(r#"{{"n": {i}}}"#))], true)
                 .await,
         );
     }
-    let wal_written = current_wal_lsn(&fx).await.bytes_since(before) as f64;
+    let wal_written = fx.current_wal_lsn().await.bytes_since(before) as f64;
     let acked_at_outage = metric(port, "outbox_cdc_acked_lsn").await;
 
     eventually(

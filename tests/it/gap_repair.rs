@@ -2,16 +2,17 @@
 //! while writers commit, the repair under concurrent writes, a repair killed
 //! half-way, and the refusal when the outbox no longer covers the gap.
 //!
-//! The repair killed half-way needs the connector's crash points (cargo
-//! feature `failpoints`, declared in Cargo.toml).
+//! The repair killed half-way needs the connector's crash points: it is
+//! compiled only with the cargo feature `failpoints`.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::relay::{Fixture, Record, Running, consume, eventually};
-use common::{admin_client, init_tracing};
+use common::init_tracing;
+use common::relay::{Fixture, Record, Running, consume};
+use common::writer::spawn_writer;
 use outbox_cdc::Disposition;
 use outbox_cdc::pipeline::{PipelineError, RunOptions, StartRefused};
 
@@ -64,45 +65,6 @@ fn assert_complete_and_ordered(records: &[Record], committed: &BTreeSet<String>)
     }
 }
 
-/// A writer committing one event per transaction over a few aggregates until
-/// stopped; returns the committed event ids.
-fn spawn_writer(
-    table: String,
-    tag: &'static str,
-) -> (
-    tokio::sync::watch::Sender<bool>,
-    tokio::task::JoinHandle<Vec<String>>,
-) {
-    let (stop, mut stopped) = tokio::sync::watch::channel(false);
-    let handle = tokio::spawn(async move {
-        let client = admin_client().await;
-        let mut ids = Vec::new();
-        let mut i = 0u64;
-        while !*stopped.borrow_and_update() {
-            let agg = format!("{tag}{}", i % 5);
-            let row = client
-                .query_one(
-                    &format!(
-                        "INSERT INTO public.{table} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload)
-                         VALUES (gen_random_uuid(), 'order', $1,
-                                 (SELECT coalesce(max(aggregate_sequence), 0) + 1 FROM public.{table}
-                                   WHERE aggregate_type = 'order' AND aggregate_id = $1),
-                                 'Written', jsonb_build_object('i', $2::int8))
-                         RETURNING event_id::text"
-                    ),
-                    &[&agg, &(i as i64)],
-                )
-                .await
-                .expect("writer insert");
-            ids.push(row.get(0));
-            i += 1;
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        ids
-    });
-    (stop, handle)
-}
-
 async fn refused_start(fx: &Fixture, options: RunOptions) -> PipelineError {
     Running::spawn(fx.config(), options)
         .finished(TIMEOUT)
@@ -120,7 +82,7 @@ async fn a_dropped_slot_is_repaired_while_writers_commit() {
     let fx = Fixture::new("repair").await;
     let mut committed: BTreeSet<String> = BTreeSet::new();
     let running = Running::start(fx.config()).await;
-    let (stop, writer) = spawn_writer(fx.table.clone(), "a");
+    let writer = spawn_writer(fx.table.clone(), "a");
     tokio::time::sleep(Duration::from_millis(800)).await;
     running.stop().await.expect("graceful stop");
 
@@ -148,8 +110,7 @@ async fn a_dropped_slot_is_repaired_while_writers_commit() {
     assert!(repaired > 0, "the repair published nothing");
     // The writer goes on after the repair: the new slot carries those rows.
     tokio::time::sleep(Duration::from_millis(800)).await;
-    stop.send(true).expect("stop the writer");
-    committed.extend(writer.await.expect("writer"));
+    committed.extend(writer.finish().await.ids);
 
     let records = consume(
         &fx.topic_prefix,
@@ -219,6 +180,7 @@ async fn a_repair_the_outbox_cannot_cover_is_refused_unless_accepted() {
 /// The repair killed half-way (SIGKILL at its third record): the next start
 /// finds the unfinished repair and the new slot, publishes again, and
 /// nothing is lost.
+#[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repair_killed_half_way_finishes_on_the_next_start() {
     init_tracing();
@@ -254,7 +216,7 @@ async fn a_repair_killed_half_way_finishes_on_the_next_start() {
         .expect("run outbox-cdc repair");
     assert!(!status.success(), "the repair was not killed: {status:?}");
     // The slot was recreated before the kill; the repair is unfinished.
-    eventually("the recreated slot", TIMEOUT, || async {
+    common::relay::eventually("the recreated slot", TIMEOUT, || async {
         fx.slot_confirmed_flush().await.is_some()
     })
     .await;

@@ -1,0 +1,440 @@
+//! Streamed transactions that have not committed yet (pgoutput protocol 2):
+//! the messages of each, as received and in order, until the server sends its
+//! Stream Commit (they are read back, in order) or its Stream Abort (dropped).
+//!
+//! At most `memory_budget` bytes of them are held in memory over all open
+//! transactions; beyond that, the buffered messages of the largest one are
+//! appended to its file `<dir>/<xid>.spill`. A spill is valid for one
+//! replication session only: the server sends every transaction that commits
+//! after the confirmed position again from its start, so a new session begins
+//! with an empty directory ([`Spill::open`]).
+//!
+//! A record: Int64 LSN, Int32 xid of the (sub)transaction that made the
+//! change, Int32 length, the pgoutput message as received.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+
+use crate::pg::Lsn;
+
+const HEADER_LEN: usize = 8 + 4 + 4;
+/// The most one transaction buffers before its records go to its file. A
+/// buffer that never grows past it is reused for the transaction's life:
+/// growing one buffer to the whole budget and freeing it left the freed
+/// blocks resident in the allocator's per-thread arenas (hundreds of MiB of
+/// RSS for a 16 MiB budget, bench/results/bigtx.json).
+const MAX_BUFFER: usize = 1024 * 1024;
+
+/// Why the spill failed; the path says where.
+#[derive(Debug, thiserror::Error)]
+#[error("spill of streamed transactions at {}: {source}", path.display())]
+pub struct SpillError {
+    pub path: PathBuf,
+    #[source]
+    pub source: io::Error,
+}
+
+/// What the spill holds, for metrics and `status`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SpillStats {
+    pub(crate) transactions: usize,
+    /// Bytes of records, in memory and in files.
+    pub(crate) bytes: u64,
+    pub(crate) memory_bytes: usize,
+    /// Bytes of the largest open transaction.
+    pub(crate) largest_bytes: u64,
+}
+
+pub(crate) struct Spill {
+    dir: PathBuf,
+    memory_budget: usize,
+    in_memory: usize,
+    open: HashMap<u32, OpenTransaction>,
+}
+
+#[derive(Default)]
+struct OpenTransaction {
+    /// Records not yet in the file.
+    buffered: Vec<u8>,
+    file: Option<BufWriter<File>>,
+    bytes: u64,
+    /// Subtransactions rolled back: their records are skipped on reading.
+    aborted: HashSet<u32>,
+}
+
+impl Spill {
+    /// An empty spill in `dir`: whatever an earlier session left there is
+    /// removed.
+    pub(crate) fn open(dir: &Path, memory_budget: usize) -> Result<Spill, SpillError> {
+        let failed = |source| SpillError {
+            path: dir.to_owned(),
+            source,
+        };
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(failed(e)),
+        }
+        std::fs::create_dir_all(dir).map_err(failed)?;
+        Ok(Spill {
+            dir: dir.to_owned(),
+            memory_budget,
+            in_memory: 0,
+            open: HashMap::new(),
+        })
+    }
+
+    /// Whether the transaction `xid` was begun and not yet ended.
+    pub(crate) fn is_open(&self, xid: u32) -> bool {
+        self.open.contains_key(&xid)
+    }
+
+    /// The first segment of transaction `xid` arrived. False if it was
+    /// already open (the caller's protocol error).
+    pub(crate) fn begin(&mut self, xid: u32) -> bool {
+        if self.open.contains_key(&xid) {
+            return false;
+        }
+        self.open.insert(xid, OpenTransaction::default());
+        true
+    }
+
+    /// Appends one message of the open transaction `xid`, made by its
+    /// (sub)transaction `sub`. False if `xid` is not open.
+    pub(crate) fn append(
+        &mut self,
+        xid: u32,
+        sub: u32,
+        lsn: Lsn,
+        message: &[u8],
+    ) -> Result<bool, SpillError> {
+        let len = u32::try_from(message.len()).expect("a pgoutput message is below 4 GiB");
+        let added = HEADER_LEN + message.len();
+        let Some(tx) = self.open.get(&xid) else {
+            return Ok(false);
+        };
+        if !tx.buffered.is_empty() && tx.buffered.len() + added > self.max_buffer() {
+            self.write_out(xid)?;
+        }
+        let max_buffer = self.max_buffer();
+        let tx = self.open.get_mut(&xid).expect("checked above");
+        if tx.buffered.capacity() == 0 {
+            tx.buffered.reserve_exact(max_buffer.max(added));
+        }
+        tx.buffered.extend_from_slice(&lsn.as_u64().to_be_bytes());
+        tx.buffered.extend_from_slice(&sub.to_be_bytes());
+        tx.buffered.extend_from_slice(&len.to_be_bytes());
+        tx.buffered.extend_from_slice(message);
+        tx.bytes += added as u64;
+        self.in_memory += added;
+        while self.in_memory > self.memory_budget {
+            let largest = self
+                .open
+                .iter()
+                .max_by_key(|(_, tx)| tx.buffered.len())
+                .map(|(&xid, _)| xid);
+            match largest {
+                Some(xid) => self.write_out(xid)?,
+                None => break,
+            }
+        }
+        Ok(true)
+    }
+
+    fn max_buffer(&self) -> usize {
+        MAX_BUFFER.min(self.memory_budget)
+    }
+
+    /// Moves the buffered records of transaction `xid` to its file; the
+    /// buffer is kept for the next ones.
+    fn write_out(&mut self, xid: u32) -> Result<(), SpillError> {
+        let Some(tx) = self.open.get_mut(&xid) else {
+            return Ok(());
+        };
+        let path = self.dir.join(format!("{xid}.spill"));
+        let failed = |source| SpillError {
+            path: path.clone(),
+            source,
+        };
+        let file = match &mut tx.file {
+            Some(file) => file,
+            None => tx
+                .file
+                .insert(BufWriter::new(File::create(&path).map_err(failed)?)),
+        };
+        file.write_all(&tx.buffered).map_err(failed)?;
+        self.in_memory -= tx.buffered.len();
+        tx.buffered.clear();
+        Ok(())
+    }
+
+    /// Stream Abort of `sub` in transaction `xid`: the whole transaction when
+    /// they are equal, else that subtransaction's records. False if `xid` is
+    /// not open (a transaction with nothing streamed has nothing to drop).
+    pub(crate) fn abort(&mut self, xid: u32, sub: u32) -> bool {
+        if xid != sub {
+            return match self.open.get_mut(&xid) {
+                Some(tx) => {
+                    tx.aborted.insert(sub);
+                    true
+                }
+                None => false,
+            };
+        }
+        match self.open.remove(&xid) {
+            Some(tx) => {
+                self.in_memory -= tx.buffered.len();
+                if tx.file.is_some() {
+                    drop(tx.file);
+                    // Left behind, it is removed with the directory by the
+                    // next session.
+                    let _ = std::fs::remove_file(self.dir.join(format!("{xid}.spill")));
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stream Commit of `xid`: its records in the order they were received,
+    /// without those of rolled-back subtransactions. `None` if not open.
+    pub(crate) fn commit(&mut self, xid: u32) -> Result<Option<SpillReader>, SpillError> {
+        let Some(tx) = self.open.remove(&xid) else {
+            return Ok(None);
+        };
+        self.in_memory -= tx.buffered.len();
+        let path = self.dir.join(format!("{xid}.spill"));
+        let file = match tx.file {
+            Some(mut writer) => {
+                let failed = |source| SpillError {
+                    path: path.clone(),
+                    source,
+                };
+                writer.flush().map_err(failed)?;
+                drop(writer);
+                let file = File::open(&path).map_err(failed)?;
+                // Unlinked now: the open handle reads on, and nothing is left
+                // behind however the session ends.
+                std::fs::remove_file(&path).map_err(failed)?;
+                Some(BufReader::with_capacity(64 * 1024, file))
+            }
+            None => None,
+        };
+        Ok(Some(SpillReader {
+            path,
+            file,
+            memory: Bytes::from(tx.buffered),
+            aborted: tx.aborted,
+        }))
+    }
+
+    pub(crate) fn stats(&self) -> SpillStats {
+        SpillStats {
+            transactions: self.open.len(),
+            bytes: self.open.values().map(|tx| tx.bytes).sum(),
+            memory_bytes: self.in_memory,
+            largest_bytes: self.open.values().map(|tx| tx.bytes).max().unwrap_or(0),
+        }
+    }
+}
+
+/// The records of one committed transaction, in order: first those written
+/// to its file, then those still in memory.
+pub(crate) struct SpillReader {
+    path: PathBuf,
+    file: Option<BufReader<File>>,
+    memory: Bytes,
+    aborted: HashSet<u32>,
+}
+
+impl SpillReader {
+    /// The next record of a (sub)transaction that was not rolled back:
+    /// its LSN and message.
+    pub(crate) fn next_record(&mut self) -> Result<Option<(Lsn, Bytes)>, SpillError> {
+        loop {
+            let Some((lsn, sub, message)) = self.read()? else {
+                return Ok(None);
+            };
+            if !self.aborted.contains(&sub) {
+                return Ok(Some((lsn, message)));
+            }
+        }
+    }
+
+    fn read(&mut self) -> Result<Option<(Lsn, u32, Bytes)>, SpillError> {
+        if let Some(file) = &mut self.file {
+            match read_record(file) {
+                Ok(Some(record)) => return Ok(Some(record)),
+                Ok(None) => self.file = None,
+                Err(source) => {
+                    return Err(SpillError {
+                        path: self.path.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        if self.memory.is_empty() {
+            return Ok(None);
+        }
+        let (lsn, sub, len) = header(&self.memory[..HEADER_LEN]);
+        let message = self.memory.slice(HEADER_LEN..HEADER_LEN + len);
+        self.memory = self.memory.slice(HEADER_LEN + len..);
+        Ok(Some((lsn, sub, message)))
+    }
+}
+
+fn header(bytes: &[u8]) -> (Lsn, u32, usize) {
+    let lsn = u64::from_be_bytes(bytes[0..8].try_into().expect("8 bytes"));
+    let sub = u32::from_be_bytes(bytes[8..12].try_into().expect("4 bytes"));
+    let len = u32::from_be_bytes(bytes[12..16].try_into().expect("4 bytes"));
+    (Lsn::new(lsn), sub, len as usize)
+}
+
+/// One record from the file; `None` at its end. A record cut short is an
+/// error: the file is ours and was flushed whole.
+fn read_record(file: &mut impl Read) -> io::Result<Option<(Lsn, u32, Bytes)>> {
+    let mut head = [0u8; HEADER_LEN];
+    let mut filled = 0;
+    while filled < HEADER_LEN {
+        match file.read(&mut head[filled..])? {
+            0 if filled == 0 => return Ok(None),
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            n => filled += n,
+        }
+    }
+    let (lsn, sub, len) = header(&head);
+    let mut message = vec![0u8; len];
+    file.read_exact(&mut message)?;
+    Ok(Some((lsn, sub, Bytes::from(message))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all(mut reader: SpillReader) -> Vec<(u64, Vec<u8>)> {
+        let mut out = Vec::new();
+        while let Some((lsn, message)) = reader.next_record().unwrap() {
+            out.push((lsn.as_u64(), message.to_vec()));
+        }
+        out
+    }
+
+    fn files(dir: &Path) -> usize {
+        std::fs::read_dir(dir).unwrap().count()
+    }
+
+    #[test]
+    fn a_committed_transaction_reads_back_in_order_across_file_and_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let spill_dir = dir.path().join("spill");
+        // A budget of two records: the third sends the first two to the file.
+        let mut spill = Spill::open(&spill_dir, 2 * (HEADER_LEN + 3)).unwrap();
+        assert!(spill.begin(7));
+        for (lsn, msg) in [(10, b"one"), (20, b"two"), (30, b"thr"), (40, b"fou")] {
+            assert!(spill.append(7, 7, Lsn::new(lsn), msg).unwrap());
+        }
+        assert!(files(&spill_dir) == 1, "the largest went to its file");
+        assert!(spill.stats().memory_bytes <= 2 * (HEADER_LEN + 3));
+        assert_eq!(spill.stats().bytes, 4 * (HEADER_LEN as u64 + 3));
+        let read = all(spill.commit(7).unwrap().unwrap());
+        assert_eq!(
+            read,
+            vec![
+                (10, b"one".to_vec()),
+                (20, b"two".to_vec()),
+                (30, b"thr".to_vec()),
+                (40, b"fou".to_vec()),
+            ]
+        );
+        assert_eq!(files(&spill_dir), 0, "the file goes once read");
+        assert_eq!(spill.stats(), SpillStats::default());
+    }
+
+    #[test]
+    fn memory_stays_within_the_budget_over_interleaved_transactions() {
+        let dir = tempfile::tempdir().unwrap();
+        let budget = 1000;
+        let mut spill = Spill::open(dir.path(), budget).unwrap();
+        assert!(spill.begin(1) && spill.begin(2));
+        for i in 0..500u64 {
+            let xid = 1 + (i % 2) as u32;
+            spill.append(xid, xid, Lsn::new(i), &[i as u8; 40]).unwrap();
+            assert!(spill.stats().memory_bytes <= budget);
+        }
+        for xid in [1, 2] {
+            let read = all(spill.commit(xid).unwrap().unwrap());
+            assert_eq!(read.len(), 250);
+            let lsns: Vec<u64> = read.iter().map(|(l, _)| *l).collect();
+            let expected: Vec<u64> = (0..500).filter(|i| 1 + (i % 2) as u32 == xid).collect();
+            assert_eq!(lsns, expected);
+            assert!(read.iter().all(|(l, m)| m == &vec![*l as u8; 40]));
+        }
+    }
+
+    /// A transaction far larger than the budget never grows its buffer past
+    /// MAX_BUFFER: the buffer is reused, not regrown and freed.
+    #[test]
+    fn a_large_transaction_reuses_one_bounded_buffer() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spill = Spill::open(dir.path(), 16 * 1024 * 1024).unwrap();
+        assert!(spill.begin(5));
+        let record = [7u8; 1000];
+        for i in 0..20_000u64 {
+            spill.append(5, 5, Lsn::new(i), &record).unwrap();
+            let capacity = spill.open[&5].buffered.capacity();
+            assert!(capacity <= MAX_BUFFER, "buffer of {capacity} bytes");
+        }
+        let stats = spill.stats();
+        assert!(stats.memory_bytes <= MAX_BUFFER);
+        assert_eq!(stats.bytes, 20_000 * (HEADER_LEN as u64 + 1000));
+        let read = all(spill.commit(5).unwrap().unwrap());
+        assert_eq!(read.len(), 20_000);
+        assert!(
+            read.iter()
+                .enumerate()
+                .all(|(i, (l, m))| *l == i as u64 && m[..] == record[..])
+        );
+    }
+
+    #[test]
+    fn aborts_drop_a_subtransaction_or_the_whole_transaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spill = Spill::open(dir.path(), 10).unwrap();
+        assert!(spill.begin(100));
+        spill.append(100, 100, Lsn::new(1), b"top").unwrap();
+        spill.append(100, 101, Lsn::new(2), b"rolled back").unwrap();
+        spill.append(100, 102, Lsn::new(3), b"kept").unwrap();
+        assert!(spill.abort(100, 101));
+        let read = all(spill.commit(100).unwrap().unwrap());
+        assert_eq!(
+            read,
+            vec![(1, b"top".to_vec()), (3, b"kept".to_vec())],
+            "the rolled-back savepoint's record is skipped"
+        );
+
+        assert!(spill.begin(200));
+        spill.append(200, 200, Lsn::new(4), b"gone").unwrap();
+        assert!(spill.abort(200, 200));
+        assert!(!spill.is_open(200));
+        assert!(spill.commit(200).unwrap().is_none());
+        assert_eq!(files(dir.path()), 0);
+        assert!(!spill.abort(300, 300), "nothing of 300 was streamed");
+    }
+
+    #[test]
+    fn a_new_spill_starts_empty_and_refuses_unknown_transactions() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("9.spill"), b"left by a crash").unwrap();
+        let mut spill = Spill::open(dir.path(), 10).unwrap();
+        assert_eq!(files(dir.path()), 0);
+        assert!(!spill.append(9, 9, Lsn::new(1), b"x").unwrap());
+        assert!(spill.begin(9));
+        assert!(!spill.begin(9), "a first segment twice");
+    }
+}
