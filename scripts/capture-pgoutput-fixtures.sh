@@ -3,10 +3,9 @@
 # tests/fixtures/pgoutput/ (PostgreSQL 15) or tests/fixtures/pgoutput-<major>/
 # (14, 16, 17, 18), one file per message, plus a MANIFEST.
 #
-# pg_logical_slot_get_binary_changes() returns exactly the bytes pgoutput
-# writes into each XLogData payload, so no replication transport is needed.
-# Each workload step is consumed from the slot right after it runs, which ties
-# every message to the step that produced it (the step name is in the file name).
+# The common part (server checks, one file per message, MANIFEST) is
+# scripts/lib/capture-pgoutput.sh; scripts/capture-pgoutput-stream-fixtures.sh
+# captures protocol 2's streamed transactions the same way.
 #
 # Usage: OUTBOX_CDC_TEST_PG_ADMIN=postgres://postgres@127.0.0.1:54339/postgres \
 #        scripts/capture-pgoutput-fixtures.sh [output-dir]
@@ -16,6 +15,7 @@
 # needs). tests/it/pgoutput_golden.rs asserts the exact decoded content of every
 # set, so changing the workload here means updating that test and capturing
 # every set again.
+# shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
 ADMIN="${OUTBOX_CDC_TEST_PG_ADMIN:?set OUTBOX_CDC_TEST_PG_ADMIN to a superuser URL of the test cluster}"
@@ -27,33 +27,17 @@ PUB=pgoutput_fixture_pub
 SLOT=pgoutput_fixture_slot
 ORIGIN=pgoutput_fixture_origin
 
-for tool in psql xxd; do
-    command -v "$tool" >/dev/null || { echo "capture: $tool is required" >&2; exit 1; }
-done
+# shellcheck source=lib/capture-pgoutput.sh
+. "$ROOT/scripts/lib/capture-pgoutput.sh"
 
-sql() { PGOPTIONS='-c client_min_messages=warning' psql "$ADMIN" -X -q -At -v ON_ERROR_STOP=1 "$@"; }
-
-version=$(sql -c "SHOW server_version_num")
-if [ "$version" -lt 140000 ]; then
-    echo "capture: PostgreSQL 14 or later is needed (logical decoding messages); server_version_num is $version" >&2
-    exit 1
-fi
-major=$((version / 10000))
+capture_check_server
 if [ -z "$OUT" ]; then
     if [ "$major" = 15 ]; then OUT="$ROOT/tests/fixtures/pgoutput"; else OUT="$ROOT/tests/fixtures/pgoutput-$major"; fi
 fi
-if [ "$(sql -c "SHOW wal_level")" != logical ]; then
-    echo "capture: the cluster needs wal_level=logical" >&2
-    exit 1
-fi
 
 cleanup() {
-    sql >/dev/null <<SQL || true
-SELECT pg_drop_replication_slot('$SLOT') FROM pg_replication_slots WHERE slot_name = '$SLOT';
-SELECT pg_replication_origin_drop('$ORIGIN') FROM pg_replication_origin WHERE roname = '$ORIGIN';
-DROP PUBLICATION IF EXISTS $PUB;
-DROP SCHEMA IF EXISTS $SCHEMA CASCADE;
-SQL
+    capture_cleanup
+    sql >/dev/null -c "SELECT pg_replication_origin_drop('$ORIGIN') FROM pg_replication_origin WHERE roname = '$ORIGIN'" || true
 }
 cleanup
 trap cleanup EXIT
@@ -85,39 +69,13 @@ SELECT pg_create_logical_replication_slot('$SLOT', 'pgoutput');
 SELECT pg_replication_origin_create('$ORIGIN');
 SQL
 
-rm -rf "$OUT"
-mkdir -p "$OUT"
-manifest="$OUT/MANIFEST"
-{
-    echo "# pgoutput proto_version 1 messages captured by scripts/capture-pgoutput-fixtures.sh"
-    echo "# server_version_num $version; one message per file, in stream order"
-    echo "# columns: file<TAB>step<TAB>lsn (as returned by pg_logical_slot_get_binary_changes)<TAB>xid"
-} >"$manifest"
+capture_start "$OUT" "pgoutput proto_version 1 messages captured by scripts/capture-pgoutput-fixtures.sh"
 
-seq=0
 step() {
-    local name=$1
     sql >/dev/null # the step's SQL comes on stdin
-    # The slot function decodes only flushed WAL, and a non-transactional
-    # message has no commit to flush it. A committed write to an unpublished
-    # table flushes everything before it and adds no message of its own.
-    sql -c "INSERT INTO $SCHEMA.wal_flush VALUES (1)"
-    local rows
-    rows=$(sql -F $'\t' -c "SELECT lsn, xid, encode(data, 'hex')
+    capture_consume "$1" "SELECT lsn, xid, encode(data, 'hex')
         FROM pg_logical_slot_get_binary_changes('$SLOT', NULL, NULL,
-            'proto_version', '1', 'publication_names', '$PUB', 'messages', 'true')")
-    if [ -z "$rows" ]; then
-        echo "# step $name: no messages" >>"$manifest"
-        return
-    fi
-    while IFS=$'\t' read -r lsn xid hex; do
-        seq=$((seq + 1))
-        local tag file
-        tag=$(printf '%s' "${hex:0:2}" | xxd -r -p)
-        file=$(printf '%02d_%s_%s.bin' "$seq" "$tag" "$name")
-        printf '%s' "$hex" | xxd -r -p >"$OUT/$file"
-        printf '%s\t%s\t%s\t%s\n' "$file" "$name" "$lsn" "$xid" >>"$manifest"
-    done <<<"$rows"
+            'proto_version', '1', 'publication_names', '$PUB', 'messages', 'true')"
 }
 
 step insert_accounts <<SQL

@@ -1024,6 +1024,7 @@ const NUMBER_KEYS: &[&str] = &[
     "limits.max_in_flight_events",
     "limits.max_in_flight_bytes",
     "limits.shutdown_timeout_ms",
+    "limits.max_spill_memory_bytes",
     "retry.initial_backoff_ms",
     "retry.max_backoff_ms",
     "monitor.slot_poll_interval_ms",

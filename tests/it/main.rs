@@ -36,6 +36,7 @@ mod pg_control;
 mod pg_replication;
 mod pgoutput_golden;
 mod pgoutput_live;
+mod pgoutput_stream_golden;
 mod pipeline;
 mod prune;
 mod reference_consumer_modes;

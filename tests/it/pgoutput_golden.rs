@@ -54,7 +54,7 @@ fn fixture_dir() -> PathBuf {
     SET.with(|s| s.borrow().clone())
 }
 
-/// Every captured set: tests/fixtures/pgoutput and tests/fixtures/pgoutput-*.
+/// Every captured set: tests/fixtures/pgoutput and tests/fixtures/pgoutput-<major>.
 fn fixture_sets() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let mut sets: Vec<PathBuf> = std::fs::read_dir(&root)
@@ -63,7 +63,13 @@ fn fixture_sets() -> Vec<PathBuf> {
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n == "pgoutput" || n.starts_with("pgoutput-"))
+                .and_then(|n| n.strip_prefix("pgoutput"))
+                // pgoutput-stream-<major>: tests/it/pgoutput_stream_golden.rs
+                .is_some_and(|n| {
+                    n.is_empty()
+                        || n.strip_prefix('-')
+                            .is_some_and(|m| m.parse::<u32>().is_ok())
+                })
         })
         .collect();
     sets.sort();
