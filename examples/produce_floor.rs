@@ -118,6 +118,7 @@ fn record(
         aggregate_sequence: Some(sequence),
         lsn,
         partition: None,
+        trace_dropped: Default::default(),
     }
 }
 

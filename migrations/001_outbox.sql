@@ -18,6 +18,14 @@ CREATE TABLE IF NOT EXISTS public.outbox_events (
         UNIQUE (aggregate_type, aggregate_id, aggregate_sequence)
 );
 
+-- The writer's W3C trace context (optional; docs/outbox-table.md, "Trace
+-- context"): the relay copies a valid traceparent (and tracestate) into the
+-- record's headers of the same names. Added separately so that an existing
+-- table gains them on the next deploy.
+ALTER TABLE public.outbox_events
+    ADD COLUMN IF NOT EXISTS traceparent text,
+    ADD COLUMN IF NOT EXISTS tracestate  text;
+
 -- Retention cleanup deletes by age in bounded batches (docs/outbox-table.md).
 CREATE INDEX IF NOT EXISTS outbox_events_occurred_at_idx
     ON public.outbox_events (occurred_at);
@@ -55,12 +63,20 @@ $$;
 
 -- Appends one event to the outbox in the caller's transaction and returns its id.
 -- Call it in the same transaction as the business change it describes.
+-- p_traceparent / p_tracestate: the caller's current span (W3C Trace Context),
+-- NULL when there is none.
+--
+-- The signature before the trace parameters is dropped first: beside the new
+-- one it would make every call with five or fewer arguments ambiguous.
+DROP FUNCTION IF EXISTS public.outbox_emit(text, text, text, jsonb, integer);
 CREATE OR REPLACE FUNCTION public.outbox_emit(
     p_aggregate_type text,
     p_aggregate_id   text,
     p_event_type     text,
     p_payload        jsonb,
-    p_schema_version integer DEFAULT 1
+    p_schema_version integer DEFAULT 1,
+    p_traceparent    text    DEFAULT NULL,
+    p_tracestate     text    DEFAULT NULL
 )
 RETURNS uuid
 LANGUAGE plpgsql
@@ -70,11 +86,13 @@ DECLARE
     v_event_id uuid := gen_random_uuid();
 BEGIN
     INSERT INTO public.outbox_events
-        (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, schema_version, payload)
+        (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, schema_version, payload,
+         traceparent, tracestate)
     VALUES
         (v_event_id, p_aggregate_type, p_aggregate_id,
          public.outbox_next_sequence(p_aggregate_type, p_aggregate_id),
-         p_event_type, p_schema_version, p_payload);
+         p_event_type, p_schema_version, p_payload,
+         p_traceparent, p_tracestate);
     RETURN v_event_id;
 END
 $$;

@@ -85,6 +85,9 @@ pub struct Config {
     /// `[delivery]`: at-least-once (default) or exactly-once into Kafka.
     #[serde(default)]
     pub delivery: DeliverySettings,
+    /// `[health]`: the bounds of `/health/ready`.
+    #[serde(default)]
+    pub health: crate::health::HealthSettings,
 }
 
 /// `[delivery]`: what a Kafka consumer can count on (DESIGN.md §14,
@@ -706,6 +709,7 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        self.health.validate()?;
         if !["consecutive", "increasing", "off"].contains(&self.audit.sequences.as_str()) {
             return Err(ConfigError::invalid(
                 "audit.sequences",
@@ -1029,6 +1033,9 @@ const NUMBER_KEYS: &[&str] = &[
     "topics.replication_factor",
     "prune.batch_rows",
     "prune.lock_timeout_ms",
+    "health.max_unacked_age_ms",
+    "health.max_gap_open_ms",
+    "health.kafka_probe_interval_ms",
 ];
 const BOOL_KEYS: &[&str] = &[
     "postgres.create_slot",

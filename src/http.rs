@@ -1,7 +1,9 @@
-//! A minimal HTTP/1.1 endpoint for `/metrics`, `/healthz` and `/readyz`, and
-//! the matching client `status` uses to read a running connector.
+//! A minimal HTTP/1.1 endpoint for `/metrics`, `/health/live` and
+//! `/health/ready` (with `/healthz` and `/readyz`, their older names, as
+//! aliases), and the matching client `status` uses to read a running
+//! connector.
 //!
-//! Only GET of three fixed paths, one request per connection, a request head
+//! Only GET of a few fixed paths, one request per connection, a request head
 //! read whole (however it is segmented) up to a bound: small enough that a
 //! framework would add more than it saves.
 
@@ -61,6 +63,24 @@ pub fn client_address(listen: &str) -> Result<SocketAddr, HttpError> {
 
 /// `GET path` with `Connection: close`; the body of a 200 answer.
 pub async fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<String, HttpError> {
+    let (status, body) = get_any(addr, path, timeout).await?;
+    if status.split_whitespace().nth(1) != Some("200") {
+        return Err(HttpError::Status {
+            addr,
+            path: path.to_owned(),
+            status,
+        });
+    }
+    Ok(body)
+}
+
+/// `GET path` with `Connection: close`: the status line and the body,
+/// whatever the status (`/health/ready` explains a 503 in its body).
+pub async fn get_any(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> Result<(String, String), HttpError> {
     let request = async {
         let mut socket = tokio::net::TcpStream::connect(addr).await?;
         let head = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
@@ -86,19 +106,11 @@ pub async fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<Stri
         })?;
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.lines().next().unwrap_or_default();
-    if status.split_whitespace().nth(1) != Some("200") {
-        return Err(HttpError::Status {
-            addr,
-            path: path.to_owned(),
-            status: if status.is_empty() {
-                "empty answer".to_owned()
-            } else {
-                status.to_owned()
-            },
-        });
-    }
-    Ok(body.to_owned())
+    let status = match head.lines().next().unwrap_or_default() {
+        "" => "empty answer".to_owned(),
+        line => line.to_owned(),
+    };
+    Ok((status, body.to_owned()))
 }
 
 /// Starts serving on `listen` ("" disables). Returns the task, which runs until aborted.
@@ -188,15 +200,25 @@ fn respond(request: &[u8], metrics: &Metrics) -> (&'static str, &'static str, St
     if method != "GET" {
         return ("405 Method Not Allowed", "text/plain", "only GET\n".into());
     }
+    const JSON: &str = "application/json";
     match path {
-        "/metrics" => ("200 OK", "text/plain; version=0.0.4", metrics.render()),
-        "/healthz" => ("200 OK", "text/plain", "ok\n".into()),
-        "/readyz" if metrics.is_connected() => ("200 OK", "text/plain", "streaming\n".into()),
-        "/readyz" => (
-            "503 Service Unavailable",
-            "text/plain",
-            "not streaming\n".into(),
-        ),
+        "/metrics" => {
+            // The readiness gauges as of this scrape.
+            metrics.readiness();
+            ("200 OK", "text/plain; version=0.0.4", metrics.render())
+        }
+        "/health/live" | "/healthz" => ("200 OK", JSON, "{\"live\":true}\n".into()),
+        "/health/ready" | "/readyz" => {
+            let readiness = metrics.readiness();
+            let status = if readiness.ready {
+                "200 OK"
+            } else {
+                "503 Service Unavailable"
+            };
+            let mut body = serde_json::to_string_pretty(&readiness).unwrap_or_default();
+            body.push('\n');
+            (status, JSON, body)
+        }
         _ => ("404 Not Found", "text/plain", "not found\n".into()),
     }
 }
@@ -214,10 +236,36 @@ mod tests {
             "503 Service Unavailable"
         );
         m.set_connected(true);
-        assert_eq!(respond(b"GET /readyz HTTP/1.1\r\n\r\n", &m).0, "200 OK");
+        // Streaming, but Kafka has not answered the probe yet.
+        let (status, _, body) = respond(b"GET /health/ready HTTP/1.1\r\n\r\n", &m);
+        assert_eq!(status, "503 Service Unavailable");
+        let r: crate::health::Readiness = serde_json::from_str(&body).unwrap();
+        assert!(!r.ready && r.reason("streaming").unwrap().ok, "{body}");
+        assert!(!r.reason("kafka_reachable").unwrap().ok, "{body}");
+        m.health.kafka_reached();
+        for ready in ["/readyz", "/health/ready"] {
+            let (status, content_type, body) =
+                respond(format!("GET {ready} HTTP/1.1\r\n\r\n").as_bytes(), &m);
+            assert_eq!(
+                (status, content_type),
+                ("200 OK", "application/json"),
+                "{ready}"
+            );
+            let r: crate::health::Readiness = serde_json::from_str(&body).unwrap();
+            assert!(r.ready && r.reasons.len() == 4, "{body}");
+        }
+        for live in ["/healthz", "/health/live"] {
+            let request = format!("GET {live} HTTP/1.1\r\n\r\n");
+            assert_eq!(respond(request.as_bytes(), &m).0, "200 OK", "{live}");
+        }
         let (status, _, body) = respond(b"GET /metrics HTTP/1.1\r\n\r\n", &m);
         assert_eq!(status, "200 OK");
         assert!(body.contains("outbox_cdc_connected 1"));
+        assert!(body.contains("outbox_cdc_ready 1\n"), "{body}");
+        assert!(
+            body.contains("outbox_cdc_ready_reason{reason=\"kafka_reachable\"} 1\n"),
+            "{body}"
+        );
         assert_eq!(
             respond(b"POST /metrics HTTP/1.1\r\n\r\n", &m).0,
             "405 Method Not Allowed"
@@ -249,7 +297,7 @@ mod tests {
         };
         let answer = exchange(&[b"GE", b"T /heal", b"thz HTTP/1.1\r\nHost: x\r", b"\n\r\n"]).await;
         assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
-        assert!(answer.ends_with("ok\n"), "{answer}");
+        assert!(answer.ends_with("{\"live\":true}\n"), "{answer}");
         let huge = format!(
             "GET /healthz HTTP/1.1\r\nX-Pad: {}\r\n\r\n",
             "a".repeat(9000)
@@ -283,16 +331,21 @@ mod tests {
     async fn the_client_reads_what_the_server_serves() {
         let m = Arc::new(Metrics::default());
         m.set_connected(true);
+        m.health.kafka_reached();
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = probe.local_addr().unwrap();
         drop(probe);
-        let server = serve(&addr.to_string(), m).await.unwrap().unwrap();
+        let server = serve(&addr.to_string(), m.clone()).await.unwrap().unwrap();
         let body = get(addr, "/metrics", Duration::from_secs(5)).await.unwrap();
         assert!(body.contains("outbox_cdc_connected 1\n"), "{body}");
-        assert_eq!(
-            get(addr, "/readyz", Duration::from_secs(5)).await.unwrap(),
-            "streaming\n"
-        );
+        let ready = get(addr, "/readyz", Duration::from_secs(5)).await.unwrap();
+        assert!(ready.contains("\"ready\": true"), "{ready}");
+        m.set_connected(false);
+        let (status, body) = get_any(addr, "/health/ready", Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(status.contains("503"), "{status}");
+        assert!(body.contains("not streaming yet"), "{body}");
         let missing = get(addr, "/nope", Duration::from_secs(5))
             .await
             .unwrap_err();

@@ -14,6 +14,7 @@ pub mod coverage;
 pub mod debezium;
 mod disposition;
 pub mod failpoint;
+pub mod health;
 mod heartbeat;
 pub mod http;
 pub mod metrics;

@@ -145,6 +145,14 @@ pub struct Metrics {
     outbox_rows: Gauge,
     outbox_bytes: Gauge,
     oldest_retained_age: SecondsGauge,
+    /// Trace context values left out of records, by header.
+    trace_dropped: Family<Label, Counter>,
+    /// `outbox_cdc_ready`: 1 while every readiness reason holds.
+    ready: Gauge,
+    /// `outbox_cdc_ready_reason{reason}`: 1 while that reason holds.
+    ready_reasons: Family<Label, Gauge>,
+    /// What `/health/ready` judges from (readiness reasons).
+    pub health: crate::health::HealthState,
     /// Commit time of the last acknowledged transaction the session
     /// persisted: the pruner's bound while `run` holds the offset store.
     pub(crate) durable_commit_time: Arc<DurableCommitTime>,
@@ -346,6 +354,26 @@ impl Default for Metrics {
             "Age in seconds of the oldest outbox row's occurred_at (0 when the table is empty, -1 until pruning measured it)",
             -1.0,
         );
+        let trace_dropped: Family<Label, Counter> = r.counter(
+            "outbox_cdc_trace_context_dropped_total",
+            "Trace context values of outbox rows left out of the record because they are not valid W3C Trace Context (header: traceparent, tracestate); the event is published without them",
+        );
+        for header in ["traceparent", "tracestate"] {
+            drop(trace_dropped.get_or_create(&label("header", header)));
+        }
+        let ready = r.gauge(
+            "outbox_cdc_ready",
+            "1 while every readiness reason of /health/ready holds, 0 otherwise (as of the last scrape)",
+            0,
+        );
+        let ready_reasons: Family<Label, Gauge> = r.add(
+            "outbox_cdc_ready_reason",
+            "1 while the readiness reason holds, 0 while it does not (reason: streaming, kafka_reachable, acknowledging, sequence_gaps); /health/ready says why",
+            Family::default(),
+        );
+        for reason in crate::health::REASONS {
+            drop(ready_reasons.get_or_create(&label("reason", reason)));
+        }
         Metrics {
             registry: r.0,
             slot_lag_bytes,
@@ -381,6 +409,10 @@ impl Default for Metrics {
             outbox_rows,
             outbox_bytes,
             oldest_retained_age,
+            trace_dropped,
+            ready,
+            ready_reasons,
+            health: crate::health::HealthState::default(),
             durable_commit_time: Arc::default(),
             offset_store: SharedStore::default(),
         }
@@ -495,6 +527,30 @@ impl Metrics {
             .map_or(0, |c| c.get())
     }
 
+    /// Counts the trace context values one published event left out.
+    pub fn trace_dropped(&self, dropped: crate::outbox::TraceDropped) {
+        if !dropped.any() {
+            return;
+        }
+        for (header, hit) in [
+            ("traceparent", dropped.traceparent),
+            ("tracestate", dropped.tracestate),
+        ] {
+            if hit {
+                self.trace_dropped
+                    .get_or_create(&label("header", header))
+                    .inc();
+            }
+        }
+    }
+
+    /// Trace context values dropped for `header` (`traceparent`, `tracestate`).
+    pub fn trace_dropped_count(&self, header: &str) -> u64 {
+        self.trace_dropped
+            .get(&label("header", header))
+            .map_or(0, |c| c.get())
+    }
+
     /// Time one event spent in `stage`.
     pub fn stage(&self, stage: Stage, seconds: f64) {
         self.stages[stage as usize].observe(seconds);
@@ -531,6 +587,7 @@ impl Metrics {
         self.in_flight_events.inner().store(events as u64, r);
         self.in_flight_bytes.inner().store(bytes as u64, r);
         if let Some(age) = oldest_age_micros {
+            self.health.unacked_age(age);
             // An f64 gauge keeps the value's bits in its AtomicU64.
             let seconds = age as f64 / 1e6;
             self.oldest_unacked_age.inner().store(seconds.to_bits(), r);
@@ -624,6 +681,19 @@ impl Metrics {
             .set(oldest_age_ms.max(0) as f64 / 1e3);
     }
 
+    /// Judges readiness now and sets `outbox_cdc_ready` and
+    /// `outbox_cdc_ready_reason` to match.
+    pub fn readiness(&self) -> crate::health::Readiness {
+        let readiness = self.health.readiness(self);
+        self.ready.set(i64::from(readiness.ready));
+        for reason in &readiness.reasons {
+            self.ready_reasons
+                .get_or_create(&label("reason", &reason.name))
+                .set(i64::from(reason.ok));
+        }
+        readiness
+    }
+
     /// The Prometheus text exposition format 0.0.4.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(8192);
@@ -686,7 +756,7 @@ mod tests {
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .filter_map(|l| l.split(' ').next())
             .collect();
-        assert_eq!(typed.len(), 35, "metrics exported:\n{text}");
+        assert_eq!(typed.len(), 38, "metrics exported:\n{text}");
         for name in typed {
             assert!(
                 text.contains(&format!("# HELP {name} ")),

@@ -1,5 +1,6 @@
 //! `outbox-cdc run` as one composition: the pipeline with its companions
-//! (the HTTP endpoint, the slot monitor, the optional heartbeat, the pruner),
+//! (the HTTP endpoint, the slot monitor, the Kafka probe of readiness, the
+//! optional heartbeat, the pruner),
 //! all stopped by one signal. The binary adds only the process signals
 //! ([`run_until_signal`]); tests call [`run`] with their own stop channel, so
 //! they exercise the same wiring.
@@ -14,7 +15,7 @@ use tracing::{info, warn};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::pipeline::{self, PipelineError, RunOptions};
-use crate::{heartbeat, http, monitor};
+use crate::{health, heartbeat, http, monitor};
 
 #[derive(Debug, Error)]
 pub enum RelayError {
@@ -41,6 +42,9 @@ pub async fn run(
     metrics: Arc<Metrics>,
     stop: watch::Receiver<bool>,
 ) -> Result<(), RelayError> {
+    metrics
+        .health
+        .configure(&config.health, &config.postgres.slot);
     let http = http::serve(&config.http.listen, metrics.clone())
         .await
         .map_err(|source| RelayError::Listen {
@@ -62,6 +66,8 @@ pub async fn run(
         }
     });
     let monitor = monitor::spawn(config.clone(), metrics.clone(), companions_rx.clone());
+    let kafka_probe =
+        health::spawn_kafka_probe(config.clone(), metrics.clone(), companions_rx.clone());
     let heartbeat = heartbeat::spawn(config.clone(), metrics.clone(), companions_rx.clone());
     let pruner = tokio::spawn(pipeline::run_pruner(
         config.clone(),
@@ -75,6 +81,7 @@ pub async fn run(
     forward.abort();
     let companions = async {
         let _ = monitor.await;
+        let _ = kafka_probe.await;
         if let Some(h) = heartbeat {
             let _ = h.await;
         }

@@ -64,6 +64,9 @@ pub struct ConnectorStatus {
     pub spill_transactions: Option<u64>,
     pub spill_bytes: Option<u64>,
     pub spill_largest_transaction_bytes: Option<u64>,
+    /// Its `/health/ready`: whether it is ready, and each reason with what
+    /// holds or what to do (`None` when it did not answer with one).
+    pub readiness: Option<crate::health::Readiness>,
 }
 
 /// The slot's row with lags computed against `pg_current_wal_lsn()`.
@@ -224,7 +227,12 @@ async fn running_connector(listen: &str) -> Option<ConnectorStatus> {
     let samples = parse_samples(&body);
     // Something else may listen there; only our own exposition counts.
     samples.get(metrics::CONNECTED)?;
-    Some(connector_status(format!("http://{addr}/metrics"), &samples))
+    let mut status = connector_status(format!("http://{addr}/metrics"), &samples);
+    status.readiness = http::get_any(addr, "/health/ready", METRICS_TIMEOUT)
+        .await
+        .ok()
+        .and_then(|(_, body)| serde_json::from_str(&body).ok());
+    Some(status)
 }
 
 fn connector_status(metrics_url: String, samples: &HashMap<&str, &str>) -> ConnectorStatus {
@@ -245,6 +253,7 @@ fn connector_status(metrics_url: String, samples: &HashMap<&str, &str>) -> Conne
         spill_transactions: int(metrics::SPILL_TRANSACTIONS),
         spill_bytes: int(metrics::SPILL_BYTES),
         spill_largest_transaction_bytes: int(metrics::SPILL_LARGEST_BYTES),
+        readiness: None,
     }
 }
 
@@ -315,6 +324,17 @@ impl StatusReport {
                         _ => "-".to_owned(),
                     },
                 ));
+                if let Some(r) = &c.readiness {
+                    let ready = if r.ready { "yes" } else { "NO" };
+                    rows.push(("  ready", ready.to_owned()));
+                    for reason in &r.reasons {
+                        let ok = if reason.ok { "ok" } else { "NOT OK" };
+                        rows.push((
+                            reason_label(&reason.name),
+                            format!("{ok}: {}", reason.message),
+                        ));
+                    }
+                }
             }
         }
         if let Some(e) = &self.database_error {
@@ -352,6 +372,17 @@ impl StatusReport {
     }
 }
 
+/// A readiness reason's row label in the table.
+fn reason_label(name: &str) -> &'static str {
+    match name {
+        crate::health::STREAMING => "    streaming",
+        crate::health::KAFKA_REACHABLE => "    kafka_reachable",
+        crate::health::ACKNOWLEDGING => "    acknowledging",
+        crate::health::SEQUENCE_GAPS => "    sequence_gaps",
+        _ => "    (reason)",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -386,6 +417,7 @@ mod tests {
                 spill_transactions: Some(2),
                 spill_bytes: Some(3000),
                 spill_largest_transaction_bytes: Some(2500),
+                readiness: None,
             }
         );
         let idle = Metrics::default();

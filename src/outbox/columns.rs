@@ -3,7 +3,7 @@
 //! record needs. Start-up's coverage proof and `outbox-cdc check` both read
 //! this list.
 
-use super::settings::{ConfigError, OutboxSettings};
+use super::settings::{ConfigError, OutboxSettings, TraceColumn};
 
 /// What a mapped column is used for. The mapper takes every value in
 /// PostgreSQL's text form; a role names the types whose text form means what
@@ -12,7 +12,8 @@ use super::settings::{ConfigError, OutboxSettings};
 pub enum ColumnRole {
     /// event_id, aggregate_id: text-like, uuid or an integer.
     Id,
-    /// aggregate_type, event_type: text-like (they become topic names and headers).
+    /// aggregate_type, event_type, trace context: text-like (they become
+    /// topic names and headers).
     Name,
     /// payload: JSON or text.
     Payload,
@@ -71,7 +72,9 @@ pub struct MappedColumn {
 impl OutboxSettings {
     /// Every column the mapping reads, in this order: the standard columns
     /// (optional ones when configured), the extra header columns, the
-    /// placement columns. A column may appear under several keys.
+    /// placement columns, the trace context columns set explicitly (the
+    /// default ones are read only when the table has them). A column may
+    /// appear under several keys.
     pub fn mapped_columns(&self) -> Result<Vec<MappedColumn>, ConfigError> {
         let c = self.column_names()?;
         let standard = [
@@ -116,10 +119,16 @@ impl OutboxSettings {
             .placement_columns()?
             .into_iter()
             .map(|column| ("outbox.additional_placement", Some(column), ColumnRole::Any));
+        let (parent, state) = self.trace_columns()?;
+        let trace = [parent, state].into_iter().filter_map(|t| match t {
+            TraceColumn::Required { key, column } => Some((key, Some(column), ColumnRole::Name)),
+            _ => None,
+        });
         Ok(standard
             .into_iter()
             .chain(extra)
             .chain(placed)
+            .chain(trace)
             .filter_map(|(key, column, role)| {
                 column.map(|column| MappedColumn {
                     key: key.to_owned(),

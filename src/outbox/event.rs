@@ -33,6 +33,9 @@ pub struct OutboxEvent {
     /// An explicit partition (Debezium's `partition` placement); `None`: the
     /// producer's partitioner picks it from the key.
     pub partition: Option<i32>,
+    /// Trace context values of the row left out of the headers because they
+    /// are not valid (counted by the session).
+    pub trace_dropped: super::TraceDropped,
 }
 
 impl OutboxEvent {
@@ -87,6 +90,7 @@ mod tests {
             aggregate_id: "k1".into(),
             lsn: Lsn::ZERO,
             partition: None,
+            trace_dropped: Default::default(),
         };
         // The topic is not part of the record.
         assert_eq!(event("a").wire_size(), event(&"a".repeat(200)).wire_size());

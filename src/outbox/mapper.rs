@@ -13,7 +13,8 @@
 //! timestamp = commit time, headers in this order: `event_id`, `event_type`,
 //! `aggregate_type`, `aggregate_id`, `aggregate_sequence` and `schema_version`
 //! (each omitted when the layout has no such column), `lsn`, then the extra
-//! header columns (omitted when NULL).
+//! header columns (omitted when NULL), then `traceparent` and `tracestate`
+//! when the row carries a valid trace context ([`super::trace`]).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -26,8 +27,11 @@ use serde_json::value::RawValue;
 use super::cloudevents::{CloudEvents, EventAttributes};
 use super::event::OutboxEvent;
 use super::placement::{PayloadFormat, Placement, TopicRoute, shape_value};
-use super::settings::{ColumnNames, ConfigError, OutboxSettings, StandardHeaders, TableName};
+use super::settings::{
+    ColumnNames, ConfigError, OutboxSettings, StandardHeaders, TableName, TraceColumn,
+};
 use super::topic::TopicTemplate;
+use super::trace::{self, TraceDropped};
 use crate::Disposition;
 use crate::pg::{Lsn, PgTimestamp};
 use crate::pgoutput::{ColumnValue, LogicalMessage, Relation, TupleData};
@@ -212,6 +216,8 @@ pub struct OutboxMapper {
     /// The `debezium` layout also writes the event id as `id`, the header
     /// Debezium's Outbox Event Router sets, so its consumers read it unchanged.
     id_header: bool,
+    /// Where `traceparent` and `tracestate` come from.
+    trace: (TraceColumn, TraceColumn),
 }
 
 /// The values of one event's standard headers.
@@ -245,6 +251,9 @@ pub struct BoundRelation {
     envelope: Vec<(String, String, usize)>,
     /// (column, position) of the partition column.
     partition: Option<(String, usize)>,
+    /// Positions of the `traceparent` and `tracestate` columns, when read.
+    traceparent: Option<usize>,
+    tracestate: Option<usize>,
 }
 
 impl BoundRelation {
@@ -362,6 +371,7 @@ impl OutboxMapper {
             cloudevents: settings.cloud_events()?,
             id_header: settings.layout == super::settings::Layout::Debezium,
             standard_headers: settings.standard_headers()?,
+            trace: settings.trace_columns()?,
         })
     }
 
@@ -380,6 +390,11 @@ impl OutboxMapper {
                 })
         };
         let find_opt = |column: &Option<String>| column.as_deref().map(find).transpose();
+        let find_trace = |trace: &TraceColumn| match trace {
+            TraceColumn::Off => Ok(None),
+            TraceColumn::IfPresent(column) => Ok(rel.column_index(column)),
+            TraceColumn::Required { column, .. } => find(column).map(Some),
+        };
         let c = &self.columns;
         let payload = find(&c.payload)?;
         // A domain over bytea arrives with the domain's OID; `check` resolves
@@ -417,6 +432,8 @@ impl OutboxMapper {
                 .as_ref()
                 .map(|column| Ok((column.clone(), find(column)?)))
                 .transpose()?,
+            traceparent: find_trace(&self.trace.0)?,
+            tracestate: find_trace(&self.trace.1)?,
         })
     }
 
@@ -486,6 +503,7 @@ impl OutboxMapper {
                 )),
             }
         }
+        let trace_dropped = push_trace(&mut headers, tuple, bound);
         let payload = self.shape_row_value(&row, tuple, bound, payload)?;
         let partition = match &bound.partition {
             Some((column, idx)) => Some(self.partition_of(&row, tuple, column, *idx)?),
@@ -518,6 +536,7 @@ impl OutboxMapper {
                 aggregate_sequence: sequence_number,
                 lsn: ctx.lsn,
                 partition,
+                trace_dropped,
             },
         )
     }
@@ -637,6 +656,7 @@ impl OutboxMapper {
             aggregate_sequence: env.aggregate_sequence,
             lsn: ctx.lsn,
             partition: None,
+            trace_dropped: TraceDropped::default(),
         };
         self.finish(&row, event).map(Some)
     }
@@ -844,6 +864,46 @@ impl RelationBindings {
     }
 }
 
+/// Appends the row's trace context headers: a valid `traceparent`, then a
+/// plausible `tracestate` with it. NULL or `''` is no value; any other value
+/// that cannot go out is left out and reported, never an error: the event
+/// itself is good.
+fn push_trace(
+    headers: &mut Vec<(Cow<'static, str>, Bytes)>,
+    tuple: &TupleData,
+    bound: &BoundRelation,
+) -> TraceDropped {
+    /// `None`: no value; `Some(None)`: a value that is not text.
+    fn value(tuple: &TupleData, idx: Option<usize>) -> Option<Option<&Bytes>> {
+        match tuple.columns.get(idx?)? {
+            ColumnValue::Null => None,
+            ColumnValue::Text(b) if b.is_empty() => None,
+            ColumnValue::Text(b) => Some(Some(b)),
+            ColumnValue::UnchangedToast | ColumnValue::Binary(_) => Some(None),
+        }
+    }
+    let mut dropped = TraceDropped::default();
+    let parent = match value(tuple, bound.traceparent) {
+        None => false,
+        Some(Some(b)) if trace::valid_traceparent(b) => {
+            headers.push((Cow::Borrowed(trace::TRACEPARENT), b.clone()));
+            true
+        }
+        Some(_) => {
+            dropped.traceparent = true;
+            false
+        }
+    };
+    match value(tuple, bound.tracestate) {
+        None => {}
+        Some(Some(b)) if parent && trace::plausible_tracestate(b) => {
+            headers.push((Cow::Borrowed(trace::TRACESTATE), b.clone()));
+        }
+        Some(_) => dropped.tracestate = true,
+    }
+    dropped
+}
+
 /// The `lsn` header: `X/Y` in upper-case hexadecimal without leading zeros,
 /// exactly as [`Lsn`]'s `Display`, written without the formatting machinery
 /// (it runs once per event).
@@ -865,7 +925,8 @@ fn lsn_text(lsn: Lsn) -> Bytes {
     Bytes::copy_from_slice(&out[..len])
 }
 
-/// The columns of the outbox table `migrations/` create, in order: for unit
+/// The columns of the outbox table `migrations/` create, in order, without the
+/// optional trace context columns (`traceparent`, `tracestate`): for unit
 /// tests.
 #[cfg(test)]
 pub(crate) const SEED_COLS: [&str; 8] = [
@@ -1621,5 +1682,111 @@ mod tests {
             .map_message(&message(true, "outbox", bad_topic), &ctx())
             .unwrap_err();
         assert!(matches!(e, MapError::InvalidTopic { .. }));
+    }
+
+    /// The seed's columns plus `traceparent` and `tracestate`, and a row
+    /// carrying `parent` and `state` (`None`: NULL).
+    fn traced(parent: Option<&str>, state: Option<&str>) -> (Relation, TupleData) {
+        let mut cols = SEED_COLS.to_vec();
+        cols.extend(["traceparent", "tracestate"]);
+        let mut row = seed_row();
+        for v in [parent, state] {
+            row.columns.push(v.map_or(ColumnValue::Null, text));
+        }
+        (rel(16400, "public", "outbox_events", &cols), row)
+    }
+
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    fn trace_headers(e: &OutboxEvent) -> Vec<(String, String)> {
+        header_list(e)
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("trace"))
+            .collect()
+    }
+
+    #[test]
+    fn a_valid_trace_context_goes_out_byte_for_byte_after_the_other_headers() {
+        let m = mapper(OutboxSettings::default());
+        let (r, row) = traced(Some(PARENT), Some("congo=t61rcWkgMzE"));
+        let e = m.map_insert(&m.bind(&r).unwrap(), &row, &ctx()).unwrap();
+        let names: Vec<&str> = e.headers.iter().map(|(k, _)| k.as_ref()).collect();
+        assert_eq!(names[7..], ["traceparent", "tracestate"]);
+        assert_eq!(
+            trace_headers(&e),
+            pairs(&[("traceparent", PARENT), ("tracestate", "congo=t61rcWkgMzE")])
+        );
+        assert_eq!(e.trace_dropped, TraceDropped::default());
+        // NULL and '' are no trace context: nothing written, nothing counted.
+        for (parent, state) in [(None, None), (Some(""), Some(""))] {
+            let (r, row) = traced(parent, state);
+            let e = m.map_insert(&m.bind(&r).unwrap(), &row, &ctx()).unwrap();
+            assert!(trace_headers(&e).is_empty());
+            assert!(!e.trace_dropped.any());
+        }
+    }
+
+    #[test]
+    fn an_invalid_trace_context_is_left_out_and_reported_never_refused() {
+        let m = mapper(OutboxSettings::default());
+        let upper = PARENT.to_uppercase();
+        let (r, row) = traced(Some(&upper), Some("congo=t61rcWkgMzE"));
+        let e = m.map_insert(&m.bind(&r).unwrap(), &row, &ctx()).unwrap();
+        assert!(trace_headers(&e).is_empty(), "{:?}", header_list(&e));
+        assert!(e.trace_dropped.traceparent && e.trace_dropped.tracestate);
+        // A tracestate that is not plausible goes; the traceparent stays.
+        let (r, row) = traced(Some(PARENT), Some("a=1\nb=2"));
+        let e = m.map_insert(&m.bind(&r).unwrap(), &row, &ctx()).unwrap();
+        assert_eq!(trace_headers(&e), pairs(&[("traceparent", PARENT)]));
+        assert_eq!(
+            e.trace_dropped,
+            TraceDropped {
+                traceparent: false,
+                tracestate: true
+            }
+        );
+        // A tracestate without a traceparent cannot travel.
+        let (r, row) = traced(None, Some("congo=1"));
+        let e = m.map_insert(&m.bind(&r).unwrap(), &row, &ctx()).unwrap();
+        assert!(trace_headers(&e).is_empty());
+        assert!(!e.trace_dropped.traceparent && e.trace_dropped.tracestate);
+    }
+
+    #[test]
+    fn trace_columns_follow_the_table_unless_configured() {
+        // The seed's table without the columns: as before.
+        let m = mapper(OutboxSettings::default());
+        let e = m
+            .map_insert(&m.bind(&seed_rel()).unwrap(), &seed_row(), &ctx())
+            .unwrap();
+        assert!(trace_headers(&e).is_empty());
+        // Off: the columns are not read.
+        let off = mapper(OutboxSettings {
+            trace_column: Some(String::new()),
+            ..OutboxSettings::default()
+        });
+        let (r, row) = traced(Some(PARENT), None);
+        let e = off
+            .map_insert(&off.bind(&r).unwrap(), &row, &ctx())
+            .unwrap();
+        assert!(trace_headers(&e).is_empty());
+        // A column of another name, which must exist.
+        let named = mapper(OutboxSettings {
+            trace_column: Some("tp".into()),
+            ..OutboxSettings::default()
+        });
+        assert!(matches!(
+            named.bind(&seed_rel()),
+            Err(MapError::MissingColumn { column, .. }) if column == "tp"
+        ));
+        let mut cols = SEED_COLS.to_vec();
+        cols.push("tp");
+        let mut row = seed_row();
+        row.columns.push(text(PARENT));
+        let r = rel(1, "public", "outbox_events", &cols);
+        let e = named
+            .map_insert(&named.bind(&r).unwrap(), &row, &ctx())
+            .unwrap();
+        assert_eq!(trace_headers(&e), pairs(&[("traceparent", PARENT)]));
     }
 }

@@ -5,6 +5,7 @@
 //! - `topic`: Kafka topic-name rules and the routing template.
 //! - [`cloudevents`]: CloudEvents headers (binary content mode), optional.
 //! - `placement`: Debezium's record shapes (placements, payload as a JSON string, regex routing).
+//! - [`trace`]: W3C trace context from the row into the record's headers.
 //! - [`mapper`]: rows of the outbox table and logical messages to events.
 
 pub mod cloudevents;
@@ -14,6 +15,7 @@ pub mod mapper;
 pub(crate) mod placement;
 pub mod settings;
 pub(crate) mod topic;
+pub mod trace;
 
 pub use cloudevents::CloudEventsSettings;
 pub use columns::{ColumnRole, MappedColumn};
@@ -21,4 +23,5 @@ pub use event::OutboxEvent;
 pub use mapper::MapError;
 pub(crate) use mapper::{BoundRelation, ChangeContext, OutboxMapper};
 pub use placement::{PayloadFormat, RouteSettings};
-pub use settings::{ConfigError, Layout, OutboxSettings, PoisonPolicy};
+pub use settings::{ConfigError, Layout, OutboxSettings, PoisonPolicy, TraceColumn};
+pub use trace::TraceDropped;

@@ -107,6 +107,40 @@ pub struct OutboxSettings {
     /// `["event_id", "event_type", "aggregate_sequence"]` suits consumers that
     /// read the aggregate type from the topic and its id from the key.
     pub headers: Vec<String>,
+    /// The column with the writer's W3C `traceparent`, copied (when valid)
+    /// into the record header `traceparent`. Default (unset): the column
+    /// `traceparent` when the table has one, otherwise none; `""`: off; a
+    /// name: that column, which must exist.
+    pub trace_column: Option<String>,
+    /// The column with the writer's W3C `tracestate`, copied into the header
+    /// `tracestate` alongside a valid `traceparent`. Default (unset): the
+    /// column `tracestate` when the table has one and trace context is on;
+    /// `""`: off; a name: that column, which must exist.
+    pub tracestate_column: Option<String>,
+}
+
+/// Where a trace context header comes from (`outbox.trace_column`,
+/// `outbox.tracestate_column`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TraceColumn {
+    Off,
+    /// The column of this name when the table has it (the default).
+    IfPresent(String),
+    /// The configured column, which must exist; `key` names the setting.
+    Required {
+        key: &'static str,
+        column: String,
+    },
+}
+
+impl TraceColumn {
+    /// The column, when one is (or may be) read.
+    pub fn column(&self) -> Option<&str> {
+        match self {
+            TraceColumn::Off => None,
+            TraceColumn::IfPresent(c) | TraceColumn::Required { column: c, .. } => Some(c),
+        }
+    }
 }
 
 /// Which standard headers are written (`outbox.headers`); `event_id` always is.
@@ -138,6 +172,8 @@ impl Default for OutboxSettings {
             payload_format: PayloadFormat::AsStored,
             route: RouteSettings::default(),
             headers: STANDARD_HEADERS.iter().map(|h| h.to_string()).collect(),
+            trace_column: None,
+            tracestate_column: None,
         }
     }
 }
@@ -388,6 +424,7 @@ impl OutboxSettings {
         self.cloud_events()?;
         self.route.compile()?;
         self.standard_headers()?;
+        self.trace_columns()?;
         topic::validate_topic_name(&self.dead_letter_topic).map_err(|e| {
             ConfigError::new(
                 "outbox.dead_letter_topic",
@@ -642,6 +679,75 @@ impl OutboxSettings {
 
     fn check_extra_headers(&self) -> Result<(), ConfigError> {
         self.header_columns().map(|_| ())
+    }
+
+    /// The `traceparent` and `tracestate` columns. Unset keys follow the
+    /// table (the column of the header's name, when present), unless an
+    /// extra header or header placement already writes that header: such a
+    /// configuration keeps working as before. A column set explicitly must
+    /// exist, and refuses such a second writer of its header.
+    pub fn trace_columns(&self) -> Result<(TraceColumn, TraceColumn), ConfigError> {
+        use super::trace::{TRACEPARENT, TRACESTATE};
+        let written = self.header_columns()?;
+        let taken = |header: &str| {
+            written
+                .iter()
+                .find(|(name, _)| name == header)
+                .map(|(_, column)| column.clone())
+        };
+        let resolve = |key: &'static str,
+                       value: &Option<String>,
+                       header: &'static str|
+         -> Result<TraceColumn, ConfigError> {
+            match value.as_deref() {
+                Some("") => Ok(TraceColumn::Off),
+                None if taken(header).is_some() => Ok(TraceColumn::Off),
+                None => Ok(TraceColumn::IfPresent(header.to_owned())),
+                Some(column) => match taken(header) {
+                    Some(other) => Err(ConfigError::new(
+                        key,
+                        column,
+                        format!(
+                            "no other writer of the header {header}: column {other} is already \
+                             written as {header} by outbox.extra_headers or \
+                             outbox.additional_placement; remove that entry, or set {key} = \"\" \
+                             to copy {other} unchecked as before"
+                        ),
+                    )),
+                    None => Ok(TraceColumn::Required {
+                        key,
+                        column: column.to_owned(),
+                    }),
+                },
+            }
+        };
+        let parent = resolve("outbox.trace_column", &self.trace_column, TRACEPARENT)?;
+        if parent == TraceColumn::Off {
+            return match self.tracestate_column.as_deref() {
+                None | Some("") => Ok((TraceColumn::Off, TraceColumn::Off)),
+                Some(column) => Err(ConfigError::new(
+                    "outbox.tracestate_column",
+                    column,
+                    "\"\" while outbox.trace_column is off: a tracestate travels only with its \
+                     traceparent",
+                )),
+            };
+        }
+        let state = resolve(
+            "outbox.tracestate_column",
+            &self.tracestate_column,
+            TRACESTATE,
+        )?;
+        if let (Some(p), TraceColumn::Required { column, .. }) = (parent.column(), &state)
+            && p == column
+        {
+            return Err(ConfigError::new(
+                "outbox.tracestate_column",
+                column,
+                "a column other than outbox.trace_column's",
+            ));
+        }
+        Ok((parent, state))
     }
 }
 
@@ -1220,6 +1326,51 @@ mod messages {
             "1 to 1000000000" => "max_record_bytes = 1";
         max_record_bytes_too_large: "max_record_bytes = 1000000001" => "outbox.max_record_bytes", "1000000001";
             "1 to 1000000000" => "max_record_bytes = 1000000000";
+    }
+
+    #[test]
+    fn trace_columns_default_to_the_table_and_refuse_a_second_writer() {
+        let parse = |text: &str| toml::from_str::<OutboxSettings>(text).unwrap();
+        let columns = |text: &str| parse(text).trace_columns();
+        let auto = |c: &str| TraceColumn::IfPresent(c.into());
+        assert_eq!(
+            columns("").unwrap(),
+            (auto("traceparent"), auto("tracestate"))
+        );
+        assert_eq!(
+            columns("trace_column = \"\"").unwrap(),
+            (TraceColumn::Off, TraceColumn::Off)
+        );
+        assert_eq!(
+            columns("trace_column = \"tp\"\ntracestate_column = \"\"").unwrap(),
+            (
+                TraceColumn::Required {
+                    key: "outbox.trace_column",
+                    column: "tp".into()
+                },
+                TraceColumn::Off
+            )
+        );
+        // An extra header already writing traceparent keeps doing so.
+        assert_eq!(
+            columns("extra_headers = [\"traceparent\"]").unwrap(),
+            (TraceColumn::Off, TraceColumn::Off)
+        );
+        let e = columns("extra_headers = [\"traceparent\"]\ntrace_column = \"tp\"").unwrap_err();
+        assert_eq!(e.key, "outbox.trace_column");
+        let e = columns("trace_column = \"\"\ntracestate_column = \"ts\"").unwrap_err();
+        assert_eq!(e.key, "outbox.tracestate_column");
+        let e = columns("trace_column = \"t\"\ntracestate_column = \"t\"").unwrap_err();
+        assert_eq!(e.key, "outbox.tracestate_column");
+        // Set explicitly, a column is required (check and the start-up proof).
+        let mapped = parse("trace_column = \"tp\"").mapped_columns().unwrap();
+        let last = mapped.last().unwrap();
+        assert_eq!(
+            (last.key.as_str(), last.column.as_str()),
+            ("outbox.trace_column", "tp")
+        );
+        let default = OutboxSettings::default().mapped_columns().unwrap();
+        assert!(default.iter().all(|m| !m.column.starts_with("trace")));
     }
 
     #[test]

@@ -278,6 +278,7 @@ pub async fn run(
             Ok(()) => return Ok(()),
             Err(e) => e,
         };
+        metrics.health.session_ended(&e);
         match e.disposition() {
             Disposition::Retry => {
                 if started.elapsed() > Duration::from_secs(60) {

@@ -278,6 +278,7 @@ impl PoisonPolicyRouter {
             lsn,
             // The dead-letter topic has its own partitions.
             partition: None,
+            trace_dropped: Default::default(),
         }
     }
 }
@@ -357,6 +358,7 @@ mod tests {
             aggregate_sequence: None,
             lsn: Lsn::new(50),
             partition: None,
+            trace_dropped: Default::default(),
         }
     }
 

@@ -230,9 +230,15 @@ impl SequenceWatch {
             self.replayed(lookup, kind, id, seq, lsn)?;
             return Ok(());
         }
+        metrics.health.sequence_arrived(kind, id, seq);
         let Some(gap) = self.observe(lookup, kind, id, seq, lsn)? else {
             return Ok(());
         };
+        if let (GapKind::Jump, Some(previous)) = (gap.kind, gap.previous) {
+            metrics
+                .health
+                .gap_opened(kind, id, previous, gap.got, gap.lsn);
+        }
         metrics.record_sequence_gap(&gap.aggregate_type);
         warn!(aggregate_type = %gap.aggregate_type, aggregate_id = %gap.aggregate_id,
             previous = ?gap.previous, got = gap.got, lsn = %gap.lsn, kind = ?gap.kind,

@@ -95,6 +95,53 @@ pub async fn check_reachable(
     })?
 }
 
+/// A client kept open for readiness: one metadata request at a time
+/// (`health.kafka_probe_interval_ms`), on the connections librdkafka keeps
+/// and re-opens by itself.
+pub(crate) struct MetadataProbe {
+    producer: std::sync::Arc<BaseProducer<CheckContext>>,
+    bootstrap: String,
+}
+
+impl MetadataProbe {
+    pub(crate) fn new(settings: &KafkaSettings) -> Result<MetadataProbe, SinkError> {
+        let config = settings.client_config()?;
+        let producer = BaseProducer::from_config_and_context(&config, CheckContext::default())
+            .map_err(creation_error)?;
+        Ok(MetadataProbe {
+            producer: std::sync::Arc::new(producer),
+            bootstrap: settings.bootstrap_servers().unwrap_or_default().to_owned(),
+        })
+    }
+
+    /// Asks for the cluster's brokers (no topics) within `timeout`.
+    pub(crate) async fn fetch(&self, timeout: Duration) -> Result<(), SinkError> {
+        let producer = self.producer.clone();
+        let bootstrap = self.bootstrap.clone();
+        tokio::task::spawn_blocking(move || {
+            // Serves the client's error callbacks (what explains a failure).
+            producer.poll(Duration::ZERO);
+            let topic: Option<&str> = None;
+            match producer.client().fetch_metadata(topic, timeout) {
+                Ok(_) => Ok(()),
+                Err(err) => {
+                    producer.poll(Duration::ZERO);
+                    let (code, detail) = producer.context().last_error.explain(&err);
+                    Err(SinkError::Metadata {
+                        code,
+                        bootstrap,
+                        detail,
+                    })
+                }
+            }
+        })
+        .await
+        .map_err(|e| SinkError::Task {
+            reason: e.to_string(),
+        })?
+    }
+}
+
 /// Refuses a start whose Kafka credentials or certificates the broker
 /// rejects: a configuration error that no retry cures, reported with its
 /// cause instead of a producer that retries in the background forever. Any

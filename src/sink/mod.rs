@@ -35,6 +35,7 @@ mod transactional;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use check::MetadataProbe;
 pub(crate) use check::refuse_rejected_security;
 pub use check::{BrokerInfo, check_reachable};
 pub use error::SinkError;

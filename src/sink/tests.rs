@@ -52,6 +52,7 @@ fn event(topic: &str, key: &str, i: usize, payload_len: usize) -> OutboxEvent {
         aggregate_sequence: None,
         lsn: Lsn::new(i as u64),
         partition: None,
+        trace_dropped: Default::default(),
     }
 }
 

@@ -259,6 +259,7 @@ impl<T: Send + 'static> TransactionalSink<T> {
             aggregate_sequence: None,
             lsn: marker.lsn,
             partition: Some(partition),
+            trace_dropped: Default::default(),
         };
         self.sink
             .send_record(&record, None)

@@ -1,5 +1,6 @@
 //! The integration tests that stop, restart or reconfigure a shared test
-//! server: Kafka stopped (outage_kafka, ops_kafka_down, exactly_once),
+//! server: Kafka stopped (outage_kafka, ops_kafka_down, exactly_once,
+//! health_ready),
 //! PostgreSQL restarted (server_shutdown, and the `*_commit_ts` tests, whose
 //! setting needs a restart), or a server-wide setting changed (fenced_primary,
 //! pg_auth_tls, slot_invalidated). Each test holds `common::alone` for its
@@ -14,6 +15,7 @@ mod common;
 mod exactly_once;
 mod fenced_primary;
 mod gap_repair_commit_ts;
+mod health_ready;
 mod ops_kafka_down;
 mod outage_kafka;
 mod pg_auth_tls;

@@ -183,8 +183,8 @@ fn manifests_decode_and_fit_the_binary_and_the_dockerfile() {
     let http_port = named_port(c, "http");
     assert_eq!(i32::from(listen.port()), http_port);
     for (probe, path) in [
-        (&c.liveness_probe, "/healthz"),
-        (&c.readiness_probe, "/readyz"),
+        (&c.liveness_probe, "/health/live"),
+        (&c.readiness_probe, "/health/ready"),
     ] {
         let get = probe
             .as_ref()
@@ -320,7 +320,8 @@ fn manifests_decode_and_fit_the_binary_and_the_dockerfile() {
 }
 
 /// The probes' paths answer as the probes expect from the connector's own
-/// HTTP server: /healthz while it runs, /readyz only while streaming.
+/// HTTP server: /health/live while it runs, /health/ready only while
+/// streaming (and Kafka answers); the older /healthz and /readyz with them.
 #[tokio::test]
 async fn probe_paths_are_served_by_the_connector() {
     let m = manifests();
@@ -354,9 +355,15 @@ async fn probe_paths_are_served_by_the_connector() {
         "{ready} must fail while not streaming (a standby is not ready)"
     );
     metrics.set_connected(true);
+    metrics.health.kafka_reached();
     outbox_cdc::http::get(addr, &ready, t)
         .await
-        .expect("readiness path answers 200 while streaming");
+        .expect("readiness path answers 200 while streaming and Kafka answers");
+    for alias in ["/healthz", "/readyz"] {
+        outbox_cdc::http::get(addr, alias, t)
+            .await
+            .expect("the older probe paths answer as before");
+    }
     outbox_cdc::http::get(addr, &m.monitor.spec.endpoints[0].path, t)
         .await
         .expect("metrics path");

@@ -77,6 +77,7 @@ fn event(
         aggregate_sequence: None,
         lsn,
         partition: None,
+        trace_dropped: Default::default(),
     }
 }
 

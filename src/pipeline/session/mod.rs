@@ -475,6 +475,7 @@ impl<'a, D: Delivery> Session<'a, D> {
                 (event, true)
             }
         };
+        self.metrics.trace_dropped(event.trace_dropped);
         let token = self
             .tracker
             .add_event(event.size_bytes())

@@ -1,0 +1,650 @@
+//! Liveness and readiness (`/health/live`, `/health/ready`): what the user
+//! cares about, each reason named, judged from state the relay already keeps.
+//!
+//! Ready means all of:
+//! - `streaming`: the replication stream from the slot is up (an HA standby
+//!   waiting for the slot is live, not ready, and says so);
+//! - `kafka_reachable`: a metadata request to Kafka succeeded recently (the
+//!   probe runs next to the pipeline, every `health.kafka_probe_interval_ms`);
+//! - `acknowledging`: the oldest unacknowledged event was committed less than
+//!   `health.max_unacked_age_ms` ago (nothing unacknowledged is fine: no work);
+//! - `sequence_gaps`: no aggregate has missed numbers for longer than
+//!   `health.max_gap_open_ms` (a jump whose missing events did not follow).
+//!
+//! Each reason turns red within its bound and green again by itself when its
+//! cause passes; the JSON body lists every reason with a message that says
+//! what to do. `/metrics` exports the same as `outbox_cdc_ready` and
+//! `outbox_cdc_ready_reason{reason}`.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::pg::{Lsn, PgError, PgTimestamp};
+use crate::pipeline::PipelineError;
+use crate::setting::InvalidSetting;
+
+/// The reasons, in the order the JSON body lists them.
+pub const REASONS: [&str; 4] = [STREAMING, KAFKA_REACHABLE, ACKNOWLEDGING, SEQUENCE_GAPS];
+pub const STREAMING: &str = "streaming";
+pub const KAFKA_REACHABLE: &str = "kafka_reachable";
+pub const ACKNOWLEDGING: &str = "acknowledging";
+pub const SEQUENCE_GAPS: &str = "sequence_gaps";
+
+/// Open gaps kept; beyond this, new ones are counted but not listed.
+const MAX_OPEN_GAPS: usize = 1000;
+
+/// `[health]`: the bounds of readiness.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthSettings {
+    /// Not ready while the oldest unacknowledged event was committed longer
+    /// ago than this, in milliseconds. Default 60000.
+    pub max_unacked_age_ms: u64,
+    /// Not ready while an aggregate has missed sequence numbers for longer
+    /// than this, in milliseconds. Default 60000.
+    pub max_gap_open_ms: u64,
+    /// How often Kafka is asked for metadata, in milliseconds; each request
+    /// may take as long. Not ready when none succeeded within three
+    /// intervals. Default 5000.
+    pub kafka_probe_interval_ms: u64,
+}
+
+impl Default for HealthSettings {
+    fn default() -> HealthSettings {
+        HealthSettings {
+            max_unacked_age_ms: 60_000,
+            max_gap_open_ms: 60_000,
+            kafka_probe_interval_ms: 5_000,
+        }
+    }
+}
+
+impl HealthSettings {
+    pub(crate) fn validate(&self) -> Result<(), InvalidSetting> {
+        for (key, value, range) in [
+            (
+                "health.max_unacked_age_ms",
+                self.max_unacked_age_ms,
+                100..=86_400_000,
+            ),
+            (
+                "health.max_gap_open_ms",
+                self.max_gap_open_ms,
+                0..=86_400_000,
+            ),
+            (
+                "health.kafka_probe_interval_ms",
+                self.kafka_probe_interval_ms,
+                100..=600_000,
+            ),
+        ] {
+            if !range.contains(&value) {
+                return Err(InvalidSetting::new(
+                    key,
+                    value,
+                    format!("{} to {} (milliseconds)", range.start(), range.end()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn probe_interval(&self) -> Duration {
+        Duration::from_millis(self.kafka_probe_interval_ms)
+    }
+
+    /// How old the last successful probe may be.
+    fn kafka_bound(&self) -> Duration {
+        self.probe_interval() * 3
+    }
+}
+
+/// One reason of readiness.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reason {
+    pub name: String,
+    pub ok: bool,
+    /// What holds, or what is wrong and what to do.
+    pub message: String,
+}
+
+/// The `/health/ready` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Readiness {
+    pub ready: bool,
+    pub reasons: Vec<Reason>,
+}
+
+impl Readiness {
+    pub fn reason(&self, name: &str) -> Option<&Reason> {
+        self.reasons.iter().find(|r| r.name == name)
+    }
+}
+
+/// Why the stream is not up, from the last session's end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NotStreaming {
+    /// The PID holding the slot, when that is why (the HA standby's wait).
+    holder: Option<Option<i32>>,
+    error: String,
+}
+
+#[derive(Debug, Default)]
+struct KafkaProbe {
+    last_ok: Option<Instant>,
+    last_error: Option<(Instant, String)>,
+}
+
+/// Missed sequence numbers of one aggregate: `from..=to` did not arrive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct OpenGap {
+    aggregate_type: String,
+    aggregate_id: String,
+    from: i64,
+    to: i64,
+    lsn: Lsn,
+    since: Instant,
+}
+
+/// The state readiness is judged from, written by the pipeline and its
+/// companions; part of [`Metrics`] so that every writer already has it.
+#[derive(Debug)]
+pub struct HealthState {
+    settings: Mutex<HealthSettings>,
+    slot: Mutex<String>,
+    not_streaming: Mutex<Option<NotStreaming>>,
+    kafka: Mutex<KafkaProbe>,
+    /// Commit time (PostgreSQL microseconds) of the oldest unacknowledged
+    /// transaction as the session last saw it; `i64::MIN`: none.
+    oldest_unacked: AtomicI64,
+    gaps: Mutex<Vec<OpenGap>>,
+    /// `gaps.len()`, read without the lock on every event.
+    open_gaps: AtomicUsize,
+}
+
+impl Default for HealthState {
+    fn default() -> HealthState {
+        HealthState {
+            settings: Mutex::default(),
+            slot: Mutex::default(),
+            not_streaming: Mutex::default(),
+            kafka: Mutex::default(),
+            oldest_unacked: AtomicI64::new(i64::MIN),
+            gaps: Mutex::default(),
+            open_gaps: AtomicUsize::new(0),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl HealthState {
+    /// The bounds and slot name of this run (`relay::run`).
+    pub fn configure(&self, settings: &HealthSettings, slot: &str) {
+        *lock(&self.settings) = settings.clone();
+        *lock(&self.slot) = slot.to_owned();
+    }
+
+    pub fn settings(&self) -> HealthSettings {
+        lock(&self.settings).clone()
+    }
+
+    /// A session ended with `error` (the stream is down until the next one).
+    pub(crate) fn session_ended(&self, error: &PipelineError) {
+        let holder = match error {
+            PipelineError::Pg(PgError::SlotActive { pid, .. }) => Some(*pid),
+            PipelineError::SlotBusy { pid, .. } => Some(Some(*pid)),
+            _ => None,
+        };
+        *lock(&self.not_streaming) = Some(NotStreaming {
+            holder,
+            error: error.to_string(),
+        });
+    }
+
+    /// Kafka answered a metadata request.
+    pub fn kafka_reached(&self) {
+        lock(&self.kafka).last_ok = Some(Instant::now());
+    }
+
+    /// A metadata request to Kafka failed.
+    pub fn kafka_unreachable(&self, error: String) {
+        lock(&self.kafka).last_error = Some((Instant::now(), error));
+    }
+
+    /// The oldest unacknowledged transaction is `age_micros` old (0: none).
+    pub(crate) fn unacked_age(&self, age_micros: u64) {
+        let since = if age_micros == 0 {
+            i64::MIN
+        } else {
+            PgTimestamp::now().0.saturating_sub(age_micros as i64)
+        };
+        self.oldest_unacked.store(since, Ordering::Relaxed);
+    }
+
+    /// An aggregate jumped from `last` to `got`: the numbers between are missing.
+    pub(crate) fn gap_opened(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        last: i64,
+        got: i64,
+        lsn: Lsn,
+    ) {
+        let mut gaps = lock(&self.gaps);
+        if gaps.len() >= MAX_OPEN_GAPS {
+            return;
+        }
+        gaps.push(OpenGap {
+            aggregate_type: aggregate_type.to_owned(),
+            aggregate_id: aggregate_id.to_owned(),
+            from: last + 1,
+            to: got - 1,
+            lsn,
+            since: Instant::now(),
+        });
+        self.open_gaps.store(gaps.len(), Ordering::Relaxed);
+    }
+
+    /// An aggregate's event numbered `seq` is published: it closes what it
+    /// fills of an open gap (a writer that committed it late).
+    pub(crate) fn sequence_arrived(&self, aggregate_type: &str, aggregate_id: &str, seq: i64) {
+        if self.open_gaps.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut gaps = lock(&self.gaps);
+        let mut split = None;
+        for gap in gaps.iter_mut() {
+            let fills = gap.aggregate_id == aggregate_id
+                && gap.aggregate_type == aggregate_type
+                && (gap.from..=gap.to).contains(&seq);
+            if !fills {
+                continue;
+            }
+            if seq > gap.from && seq < gap.to {
+                let mut upper = gap.clone();
+                upper.from = seq + 1;
+                split = Some(upper);
+                gap.to = seq - 1;
+            } else if seq == gap.from {
+                gap.from += 1;
+            } else {
+                gap.to -= 1;
+            }
+        }
+        gaps.extend(split);
+        gaps.retain(|g| g.from <= g.to);
+        self.open_gaps.store(gaps.len(), Ordering::Relaxed);
+    }
+
+    /// Judges readiness now.
+    pub fn readiness(&self, metrics: &Metrics) -> Readiness {
+        let settings = self.settings();
+        let now = Instant::now();
+        // One lock at a time: each guard is dropped at the end of its statement.
+        let (kafka_ok_age, kafka_error) = {
+            let kafka = lock(&self.kafka);
+            let error = kafka.last_error.as_ref();
+            (
+                kafka.last_ok.map(|t| now - t),
+                error.map(|(t, e)| (now - *t, e.clone())),
+            )
+        };
+        let slot = lock(&self.slot).clone();
+        let not_streaming = lock(&self.not_streaming).clone();
+        let gaps = lock(&self.gaps)
+            .iter()
+            .map(|g| (g.clone(), now - g.since))
+            .collect();
+        let inputs = Inputs {
+            connected: metrics.is_connected(),
+            slot,
+            not_streaming,
+            kafka_ok_age,
+            kafka_error,
+            unacked_age: match self.oldest_unacked.load(Ordering::Relaxed) {
+                i64::MIN => None,
+                since => Some(Duration::from_micros(
+                    PgTimestamp::now().0.saturating_sub(since).max(0) as u64,
+                )),
+            },
+            gaps,
+        };
+        judge(&inputs, &settings)
+    }
+}
+
+/// What readiness is judged from, at one moment.
+struct Inputs {
+    connected: bool,
+    slot: String,
+    not_streaming: Option<NotStreaming>,
+    /// Since the last successful metadata request.
+    kafka_ok_age: Option<Duration>,
+    kafka_error: Option<(Duration, String)>,
+    unacked_age: Option<Duration>,
+    /// Open gaps with how long each has been open.
+    gaps: Vec<(OpenGap, Duration)>,
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}
+
+/// The pure decision.
+fn judge(i: &Inputs, s: &HealthSettings) -> Readiness {
+    let slot = if i.slot.is_empty() {
+        "the replication slot".to_owned()
+    } else {
+        format!("replication slot {:?}", i.slot)
+    };
+    let streaming = match (&i.connected, &i.not_streaming) {
+        (true, _) => (true, format!("streaming from {slot}")),
+        (
+            false,
+            Some(NotStreaming {
+                holder: Some(pid), ..
+            }),
+        ) => {
+            let pid = pid.map_or_else(|| "another process".to_owned(), |p| format!("PID {p}"));
+            (
+                false,
+                format!(
+                    "standby: {slot} is in use by {pid} (another outbox-cdc instance or a \
+                     replication client); this instance starts streaming by itself once it is \
+                     released. On an HA standby nothing is wrong; otherwise find the holder with \
+                     SELECT active_pid FROM pg_replication_slots and stop it"
+                ),
+            )
+        }
+        (false, Some(NotStreaming { error, .. })) => (
+            false,
+            format!(
+                "not streaming: the last session ended with: {error}. The connector reconnects \
+                 with backoff by itself; if this lasts, run `outbox-cdc check` and see \
+                 docs/operations.md, \"Readiness\""
+            ),
+        ),
+        (false, None) => (
+            false,
+            format!("not streaming yet: the session is starting (connecting to {slot})"),
+        ),
+    };
+    let bound = s.kafka_bound();
+    let kafka = match (i.kafka_ok_age, &i.kafka_error) {
+        (Some(ok), err) if ok <= bound && err.as_ref().is_none_or(|(e, _)| *e >= ok) => (
+            true,
+            format!("Kafka answered a metadata request {} ago", secs(ok)),
+        ),
+        (ok, err) => {
+            let last = ok.map_or_else(
+                || "has not answered a metadata request yet".to_owned(),
+                |ok| format!("last answered a metadata request {} ago", secs(ok)),
+            );
+            let error = err
+                .as_ref()
+                .map_or_else(String::new, |(_, e)| format!(" (last error: {e})"));
+            (
+                false,
+                format!(
+                    "Kafka {last}{error}. Start or reach the brokers in kafka \
+                     bootstrap.servers (network, listeners, TLS/SASL settings); events wait in \
+                     the slot meanwhile and the connector resumes by itself"
+                ),
+            )
+        }
+    };
+    let max_unacked = Duration::from_millis(s.max_unacked_age_ms);
+    let acknowledging = match i.unacked_age {
+        None => (true, "nothing is waiting for Kafka".to_owned()),
+        Some(age) if age <= max_unacked => (
+            true,
+            format!(
+                "the oldest unacknowledged event was committed {} ago (bound \
+                 health.max_unacked_age_ms = {})",
+                secs(age),
+                s.max_unacked_age_ms
+            ),
+        ),
+        Some(age) => (
+            false,
+            format!(
+                "the oldest unacknowledged event was committed {} ago, more than \
+                 health.max_unacked_age_ms = {}: Kafka does not acknowledge (broker down or \
+                 stalled, too few in-sync replicas for acks=all, throttling). Look at \
+                 kafka_reachable, the log and the broker; the connector keeps retrying and \
+                 this clears once Kafka acknowledges",
+                secs(age),
+                s.max_unacked_age_ms
+            ),
+        ),
+    };
+    let max_gap = Duration::from_millis(s.max_gap_open_ms);
+    let overdue: Vec<&(OpenGap, Duration)> =
+        i.gaps.iter().filter(|(_, open)| *open > max_gap).collect();
+    let gaps = match overdue.first() {
+        None if i.gaps.is_empty() => (true, "no aggregate misses sequence numbers".to_owned()),
+        None => (
+            true,
+            format!(
+                "{} open sequence gap(s), each younger than health.max_gap_open_ms = {}",
+                i.gaps.len(),
+                s.max_gap_open_ms
+            ),
+        ),
+        Some((g, open)) => (
+            false,
+            format!(
+                "{} sequence gap(s) open longer than health.max_gap_open_ms = {}; the oldest: \
+                 aggregate {}/{} misses aggregate_sequence {}..={} for {} (the jump came at \
+                 LSN {}). Events may be missing: find them with `outbox-cdc audit --since \
+                 <time before the gap>` and republish with `--repair`, then restart the \
+                 connector to clear this; a late commit of the missing numbers clears it by \
+                 itself",
+                overdue.len(),
+                s.max_gap_open_ms,
+                g.aggregate_type,
+                g.aggregate_id,
+                g.from,
+                g.to,
+                secs(*open),
+                g.lsn
+            ),
+        ),
+    };
+    let reasons: Vec<Reason> = [
+        (STREAMING, streaming),
+        (KAFKA_REACHABLE, kafka),
+        (ACKNOWLEDGING, acknowledging),
+        (SEQUENCE_GAPS, gaps),
+    ]
+    .into_iter()
+    .map(|(name, (ok, message))| Reason {
+        name: name.to_owned(),
+        ok,
+        message,
+    })
+    .collect();
+    Readiness {
+        ready: reasons.iter().all(|r| r.ok),
+        reasons,
+    }
+}
+
+/// Starts the Kafka probe: a metadata request every
+/// `health.kafka_probe_interval_ms` on a client of its own; it returns when
+/// `shutdown` turns true or its sender is dropped.
+pub(crate) fn spawn_kafka_probe(
+    config: std::sync::Arc<Config>,
+    metrics: std::sync::Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let interval = config.health.probe_interval();
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut probe = None;
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                changed = shutdown.changed() => {
+                    if changed.is_err() || *shutdown.borrow() {
+                        return;
+                    }
+                    continue;
+                }
+            }
+            if probe.is_none() {
+                match crate::sink::MetadataProbe::new(&config.kafka) {
+                    Ok(p) => probe = Some(p),
+                    Err(e) => {
+                        metrics.health.kafka_unreachable(e.to_string());
+                        continue;
+                    }
+                }
+            }
+            let Some(p) = &probe else { continue };
+            let outcome = tokio::select! {
+                outcome = p.fetch(interval) => outcome,
+                _ = shutdown.changed() => return,
+            };
+            match outcome {
+                Ok(()) => {
+                    metrics.health.kafka_reached();
+                    if failing {
+                        info!("Kafka probe: the brokers answer again");
+                        failing = false;
+                    }
+                }
+                Err(e) => {
+                    metrics.health.kafka_unreachable(e.to_string());
+                    if failing {
+                        debug!(error = %e, "Kafka probe failed");
+                    } else {
+                        warn!(error = %e, "Kafka probe: no metadata from the brokers; readiness reason kafka_reachable turns red if this lasts");
+                        failing = true;
+                    }
+                }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn healthy() -> Inputs {
+        Inputs {
+            connected: true,
+            slot: "s".into(),
+            not_streaming: None,
+            kafka_ok_age: Some(Duration::from_secs(1)),
+            kafka_error: None,
+            unacked_age: None,
+            gaps: Vec::new(),
+        }
+    }
+
+    fn red(i: &Inputs) -> Vec<String> {
+        judge(i, &HealthSettings::default())
+            .reasons
+            .into_iter()
+            .filter(|r| !r.ok)
+            .map(|r| r.name)
+            .collect()
+    }
+
+    #[test]
+    fn every_reason_is_listed_and_all_green_is_ready() {
+        let r = judge(&healthy(), &HealthSettings::default());
+        assert!(r.ready, "{r:?}");
+        let names: Vec<&str> = r.reasons.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, REASONS);
+    }
+
+    #[test]
+    fn a_standby_says_who_holds_the_slot() {
+        let mut i = healthy();
+        i.connected = false;
+        i.not_streaming = Some(NotStreaming {
+            holder: Some(Some(4242)),
+            error: "x".into(),
+        });
+        let r = judge(&i, &HealthSettings::default());
+        assert!(!r.ready);
+        let m = &r.reason(STREAMING).unwrap().message;
+        assert!(m.starts_with("standby:") && m.contains("PID 4242"), "{m}");
+        assert_eq!(red(&i), [STREAMING]);
+    }
+
+    #[test]
+    fn kafka_is_red_when_the_last_answer_is_old_or_an_error_is_newer() {
+        let mut i = healthy();
+        i.kafka_ok_age = Some(Duration::from_secs(16));
+        assert_eq!(red(&i), [KAFKA_REACHABLE]);
+        i.kafka_ok_age = Some(Duration::from_secs(3));
+        i.kafka_error = Some((Duration::from_secs(1), "timed out".into()));
+        assert_eq!(red(&i), [KAFKA_REACHABLE]);
+        i.kafka_error = Some((Duration::from_secs(4), "timed out".into()));
+        assert!(red(&i).is_empty(), "an answer after the error");
+        i.kafka_ok_age = None;
+        assert_eq!(red(&i), [KAFKA_REACHABLE]);
+    }
+
+    #[test]
+    fn acknowledging_is_judged_only_while_there_is_work() {
+        let mut i = healthy();
+        i.unacked_age = Some(Duration::from_secs(59));
+        assert!(red(&i).is_empty());
+        i.unacked_age = Some(Duration::from_secs(61));
+        assert_eq!(red(&i), [ACKNOWLEDGING]);
+    }
+
+    #[test]
+    fn gaps_turn_red_after_the_bound_and_close_when_filled() {
+        let state = HealthState::default();
+        state.gap_opened("order", "o-1", 2, 6, Lsn::new(16));
+        state.sequence_arrived("order", "o-1", 4);
+        state.sequence_arrived("order", "o-2", 3);
+        let gaps: Vec<(i64, i64)> = lock(&state.gaps).iter().map(|g| (g.from, g.to)).collect();
+        assert_eq!(gaps, [(3, 3), (5, 5)]);
+        let mut i = healthy();
+        i.gaps = lock(&state.gaps)
+            .iter()
+            .map(|g| (g.clone(), Duration::from_secs(61)))
+            .collect();
+        assert_eq!(red(&i), [SEQUENCE_GAPS]);
+        let m = judge(&i, &HealthSettings::default());
+        let m = &m.reason(SEQUENCE_GAPS).unwrap().message;
+        assert!(
+            m.contains("order/o-1 misses aggregate_sequence 3..=3"),
+            "{m}"
+        );
+        state.sequence_arrived("order", "o-1", 3);
+        state.sequence_arrived("order", "o-1", 5);
+        assert_eq!(state.open_gaps.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn settings_name_their_key() {
+        let e = HealthSettings {
+            kafka_probe_interval_ms: 0,
+            ..HealthSettings::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(e.key, "health.kafka_probe_interval_ms");
+    }
+}

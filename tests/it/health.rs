@@ -1,0 +1,292 @@
+//! Issue 32, readiness on the real servers (the ones that leave the shared
+//! servers running): an HA standby is live and not ready, saying who holds
+//! the slot, and becomes ready by itself once it is released; a slot taken
+//! by another replication client turns readiness red and green again; a
+//! stalled acknowledgement (a topic that needs more in-sync replicas than
+//! the broker has) turns `acknowledging` red within its bound and green
+//! once Kafka acknowledges. Kafka stopped: `tests/disruptive/health_ready.rs`.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use outbox_cdc::health::Readiness;
+
+use crate::common;
+use crate::common::relay::{Fixture, Running};
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// The status code and body of `/health/ready` (or `None`: no answer).
+async fn ready(port: u16) -> Option<(u16, Readiness)> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let (status, body) = outbox_cdc::http::get_any(addr, "/health/ready", Duration::from_secs(2))
+        .await
+        .ok()?;
+    let code = status.split_whitespace().nth(1)?.parse().ok()?;
+    let readiness = serde_json::from_str(&body)
+        .unwrap_or_else(|e| panic!("/health/ready body is not the documented JSON ({e}): {body}"));
+    Some((code, readiness))
+}
+
+async fn live(port: u16) -> bool {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    outbox_cdc::http::get(addr, "/health/live", Duration::from_secs(2))
+        .await
+        .is_ok()
+}
+
+/// Waits until reason `name` is `ok` (and the answer's status matches the
+/// whole readiness); returns how long it took and the last answer.
+async fn until_reason(port: u16, name: &str, ok: bool, within: Duration) -> (Duration, Readiness) {
+    let started = Instant::now();
+    let mut last = None;
+    while started.elapsed() < within {
+        if let Some((code, r)) = ready(port).await {
+            assert_eq!(code == 200, r.ready, "status {code} for {r:?}");
+            if r.reason(name).is_some_and(|reason| reason.ok == ok) {
+                return (started.elapsed(), r);
+            }
+            last = Some(r);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("reason {name} did not become ok={ok} within {within:?}; last: {last:#?}");
+}
+
+async fn until_ready(port: u16, within: Duration) -> Readiness {
+    let started = Instant::now();
+    loop {
+        match ready(port).await {
+            Some((200, r)) => return r,
+            last => assert!(
+                started.elapsed() < within,
+                "not ready within {within:?}: {last:#?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn slot_pid(fx: &Fixture) -> Option<i32> {
+    fx.admin
+        .query_opt(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+            &[&fx.slot],
+        )
+        .await
+        .expect("read the slot")
+        .and_then(|r| r.get(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_is_live_not_ready_and_takes_over_by_itself() {
+    common::init_tracing();
+    let fx = Fixture::new("hastandby").await;
+    let (pa, pb) = (free_port(), free_port());
+    let active = Running::start(fx.config_with(&format!(
+        "OUTBOX_CDC__HTTP__LISTEN=127.0.0.1:{pa} OUTBOX_CDC__POSTGRES__ALLOW_SLOT_AHEAD=true"
+    )))
+    .await;
+    until_ready(pa, Duration::from_secs(30)).await;
+
+    let standby_offsets = tempfile::tempdir().unwrap();
+    let standby = Running::spawn(
+        fx.config_with(&format!(
+            "OUTBOX_CDC__HTTP__LISTEN=127.0.0.1:{pb} OUTBOX_CDC__POSTGRES__ALLOW_SLOT_AHEAD=true \
+             OUTBOX_CDC__OFFSETS__PATH={}",
+            standby_offsets.path().join("offsets").display()
+        )),
+        Default::default(),
+    );
+    let holder = slot_pid(&fx)
+        .await
+        .expect("the active instance holds the slot");
+    let (_, r) = until_reason(pb, "streaming", false, Duration::from_secs(30)).await;
+    // It must have tried the slot: the message names the holder.
+    let (_, r) = if r
+        .reason("streaming")
+        .unwrap()
+        .message
+        .starts_with("standby:")
+    {
+        (Duration::ZERO, r)
+    } else {
+        let started = Instant::now();
+        loop {
+            let (_, r) = ready(pb).await.expect("the standby answers");
+            if r.reason("streaming")
+                .unwrap()
+                .message
+                .starts_with("standby:")
+            {
+                break (started.elapsed(), r);
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "{r:#?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    assert!(live(pb).await, "a standby is live");
+    let (code, _) = ready(pb).await.unwrap();
+    assert_eq!(code, 503, "a standby is not ready");
+    let message = &r.reason("streaming").unwrap().message;
+    assert!(message.contains(&format!("PID {holder}")), "{message}");
+    assert!(r.reason("kafka_reachable").unwrap().ok, "{r:#?}");
+
+    active
+        .stop()
+        .await
+        .expect("the active instance stops cleanly");
+    until_ready(pb, Duration::from_secs(60)).await;
+    standby.stop().await.expect("clean stop");
+    fx.cleanup().await;
+}
+
+/// `pg_recvlogical` holding the slot (streaming the pgoutput protocol from it).
+fn recvlogical(fx: &Fixture) -> Child {
+    let bin = std::env::var("OUTBOX_CDC_PG_BIN").unwrap_or_else(|_| "/usr/bin".into());
+    Command::new(format!("{bin}/pg_recvlogical"))
+        .args([
+            "-d",
+            &common::pg_url(),
+            "--slot",
+            &fx.slot,
+            "--start",
+            "-f",
+            "/dev/null",
+        ])
+        .args(["-o", "proto_version=1", "-o"])
+        .arg(format!("publication_names={}", fx.publication))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("pg_recvlogical")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_taken_by_another_process_turns_readiness_red_then_green() {
+    common::init_tracing();
+    let fx = Fixture::new("slottaken").await;
+    let port = free_port();
+    // A slow retry leaves time for the other process to take the slot.
+    let running = Running::start(fx.config_with(&format!(
+        "OUTBOX_CDC__HTTP__LISTEN=127.0.0.1:{port} OUTBOX_CDC__POSTGRES__ALLOW_SLOT_AHEAD=true \
+         OUTBOX_CDC__RETRY__INITIAL_BACKOFF_MS=3000 OUTBOX_CDC__RETRY__MAX_BACKOFF_MS=3000"
+    )))
+    .await;
+    until_ready(port, Duration::from_secs(30)).await;
+    let ours = slot_pid(&fx).await.expect("streaming");
+
+    let mut taker = None;
+    for _ in 0..20 {
+        fx.admin
+            .execute("SELECT pg_terminate_backend($1)", &[&ours])
+            .await
+            .expect("terminate our walsender");
+        let mut child = recvlogical(&fx);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline && child.try_wait().unwrap().is_none() {
+            if slot_pid(&fx).await.is_some_and(|p| p != ours) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if child.try_wait().unwrap().is_none() && slot_pid(&fx).await.is_some_and(|p| p != ours) {
+            taker = Some(child);
+            break;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut taker = taker.expect("pg_recvlogical took the slot");
+    let theirs = slot_pid(&fx).await.unwrap();
+    let (took, r) = until_reason(port, "streaming", false, Duration::from_secs(10)).await;
+    assert!(took < Duration::from_secs(10));
+    // The first reconnect names the holder, as a standby's wait.
+    let started = Instant::now();
+    let mut r = r;
+    let standby = |r: &Readiness| {
+        let message = &r.reason("streaming").unwrap().message;
+        message.starts_with("standby:") && message.contains(&format!("PID {theirs}"))
+    };
+    while !standby(&r) {
+        assert!(started.elapsed() < Duration::from_secs(15), "{r:#?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        r = ready(port).await.unwrap().1;
+    }
+    assert!(!r.ready);
+    assert!(live(port).await);
+
+    taker.kill().expect("stop pg_recvlogical");
+    let _ = taker.wait();
+    let (back, _) = until_reason(port, "streaming", true, Duration::from_secs(30)).await;
+    assert!(back < Duration::from_secs(30));
+    until_ready(port, Duration::from_secs(10)).await;
+    assert!(!running.is_finished());
+    running.stop().await.expect("clean stop");
+    fx.cleanup().await;
+}
+
+/// Sets a topic config on the test broker.
+async fn set_topic_config(topic: &str, key: &str, value: &str) {
+    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", common::kafka_bootstrap())
+        .create()
+        .expect("admin client");
+    let alter = AlterConfig::new(ResourceSpecifier::Topic(topic)).set(key, value);
+    let results = admin
+        .alter_configs([&alter], &AdminOptions::new())
+        .await
+        .expect("alter configs");
+    for r in results {
+        r.unwrap_or_else(|e| panic!("alter {topic} {key}={value}: {e:?}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_acknowledgement_turns_readiness_red_within_the_bound() {
+    common::init_tracing();
+    let fx = Fixture::new("ackstall").await;
+    // acks=all on a topic that wants two in-sync replicas of a single broker:
+    // the broker answers every produce with NOT_ENOUGH_REPLICAS, which the
+    // producer retries; metadata requests are answered all along.
+    let topic = format!("{}.order", fx.topic_prefix);
+    common::create_topic(&topic, 1, &[("min.insync.replicas", "2")]).await;
+    let port = free_port();
+    let bound = Duration::from_millis(3000);
+    let running = Running::start(fx.config_with(&format!(
+        "OUTBOX_CDC__HTTP__LISTEN=127.0.0.1:{port} OUTBOX_CDC__HEALTH__MAX_UNACKED_AGE_MS={}",
+        bound.as_millis()
+    )))
+    .await;
+    until_ready(port, Duration::from_secs(30)).await;
+
+    let committed = Instant::now();
+    fx.write_tx(&[("order", "a", r#"{"n": 1}"#.to_owned())], true)
+        .await;
+    let (_, r) = until_reason(port, "acknowledging", false, Duration::from_secs(30)).await;
+    let red_after = committed.elapsed();
+    assert!(
+        red_after >= bound && red_after < bound + Duration::from_secs(3),
+        "red after {red_after:?} for a bound of {bound:?}"
+    );
+    assert!(r.reason("kafka_reachable").unwrap().ok, "{r:#?}");
+    assert!(r.reason("streaming").unwrap().ok, "{r:#?}");
+    let message = &r.reason("acknowledging").unwrap().message;
+    assert!(
+        message.contains("health.max_unacked_age_ms = 3000"),
+        "{message}"
+    );
+
+    set_topic_config(&topic, "min.insync.replicas", "1").await;
+    until_reason(port, "acknowledging", true, Duration::from_secs(60)).await;
+    until_ready(port, Duration::from_secs(10)).await;
+    running.stop().await.expect("clean stop");
+    fx.cleanup().await;
+}
