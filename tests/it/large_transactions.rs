@@ -191,23 +191,29 @@ async fn huge_and_rolled_back_transactions_publish_every_committed_row_once_in_o
     assert_committed_rows(&records, &committed, false);
 
     if version >= 140000 {
-        // The server streamed them instead of writing them to its disk.
+        // The server streamed them instead of writing them to its disk. Not
+        // nothing at all: the slot decodes every transaction of the database,
+        // and with 1MB of work memory a moment when the largest is not
+        // streamable (e.g. another test's row half-written to TOAST) spills
+        // it, which a test on the shared servers cannot rule out (PostgreSQL
+        // 17 spilled 14,682,304 bytes once beside 400MB+ streamed). The
+        // bench measures the server's spill alone (docs/performance.md).
         let slot = f.slot.clone();
         let admin = &f.admin;
         eventually(
-            "the slot's statistics to show the streamed transactions",
+            "the slot's statistics to show two transactions streamed, and under a tenth as many bytes spilled",
             Duration::from_secs(30),
             || async {
                 let row = admin
                     .query_one(
-                        "SELECT stream_txns, spill_bytes FROM pg_stat_replication_slots WHERE slot_name = $1",
+                        "SELECT stream_txns, stream_bytes, spill_bytes FROM pg_stat_replication_slots WHERE slot_name = $1",
                         &[&slot],
                     )
                     .await
                     .unwrap();
-                let (streamed, spilled): (i64, i64) = (row.get(0), row.get(1));
-                assert_eq!(spilled, 0, "the server spilled to its disk");
-                streamed >= 2
+                let (streamed, streamed_bytes, spilled): (i64, i64, i64) =
+                    (row.get(0), row.get(1), row.get(2));
+                streamed >= 2 && spilled * 10 < streamed_bytes
             },
         )
         .await;
