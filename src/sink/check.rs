@@ -70,29 +70,36 @@ pub async fn check_reachable(
                     .collect(),
                 answered_by: metadata.orig_broker_name().to_owned(),
             }),
-            Err(err) => {
-                // Error callbacks are queued until the client is polled, and
-                // the one that explains a refusal can trail the failed
-                // request by a moment.
-                let grace = std::time::Instant::now() + ERROR_GRACE;
-                while !producer.context().last_error.holds_refusal()
-                    && std::time::Instant::now() < grace
-                {
-                    producer.poll(Duration::from_millis(50));
-                }
-                let (code, detail) = producer.context().last_error.explain(&err);
-                Err(SinkError::Metadata {
-                    code,
-                    bootstrap,
-                    detail,
-                })
-            }
+            Err(err) => Err(metadata_error(&producer, bootstrap, &err, ERROR_GRACE)),
         }
     })
     .await
     .map_err(|e| SinkError::Task {
         reason: e.to_string(),
     })?
+}
+
+/// A failed metadata request, explained by the client error that caused it.
+/// Error callbacks are queued until the client is polled, and the one that
+/// explains a refusal can trail the failed request by a moment: up to
+/// `grace` is waited for it. Blocking.
+fn metadata_error(
+    producer: &BaseProducer<CheckContext>,
+    bootstrap: String,
+    err: &KafkaError,
+    grace: Duration,
+) -> SinkError {
+    producer.poll(Duration::ZERO);
+    let until = std::time::Instant::now() + grace;
+    while !producer.context().last_error.holds_refusal() && std::time::Instant::now() < until {
+        producer.poll(Duration::from_millis(50));
+    }
+    let (code, detail) = producer.context().last_error.explain(err);
+    SinkError::Metadata {
+        code,
+        bootstrap,
+        detail,
+    }
 }
 
 /// A client kept open for readiness: one metadata request at a time
@@ -124,15 +131,7 @@ impl MetadataProbe {
             let topic: Option<&str> = None;
             match producer.client().fetch_metadata(topic, timeout) {
                 Ok(_) => Ok(()),
-                Err(err) => {
-                    producer.poll(Duration::ZERO);
-                    let (code, detail) = producer.context().last_error.explain(&err);
-                    Err(SinkError::Metadata {
-                        code,
-                        bootstrap,
-                        detail,
-                    })
-                }
+                Err(err) => Err(metadata_error(&producer, bootstrap, &err, Duration::ZERO)),
             }
         })
         .await
