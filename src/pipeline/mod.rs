@@ -196,6 +196,13 @@ pub enum PipelineError {
          producer only once the slot is free (starting it would fence the instance that streams); retrying"
     )]
     SlotBusy { slot: String, pid: i32 },
+    /// The slot exists without a confirmed position: it is still being
+    /// created (by `pid`, or by a walsender whose client died).
+    #[error(
+        "replication slot {slot:?} is still being created (creator PID {pid:?}): a logical slot gets its \
+         position once the transactions running at its creation have ended; retrying"
+    )]
+    SlotNotReady { slot: String, pid: Option<i32> },
 }
 
 impl PipelineError {
@@ -223,6 +230,7 @@ impl PipelineError {
             | PipelineError::Spill(_)
             | PipelineError::Parked { .. }
             | PipelineError::SlotBusy { .. }
+            | PipelineError::SlotNotReady { .. }
             | PipelineError::RepairRunning { .. }
             | PipelineError::KafkaStalled { .. } => Retry,
             PipelineError::Refused(_)

@@ -112,3 +112,94 @@ async fn takes_over_a_slot_another_consumer_advanced() {
     );
     f.cleanup().await;
 }
+
+/// A slot still being created has no confirmed position yet: its creation
+/// waits for the transactions running when it began (in any database). A
+/// connector started then (say, restarted after being killed while it
+/// created the slot, whose walsender finishes the creation alone) waits for
+/// it; it does not take the slot over at 0/0 and then stop because the slot
+/// is "ahead" of that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_still_being_created_is_waited_for_not_taken_over_at_zero() {
+    init_tracing();
+    let f = Fixture::new("creating").await;
+    // A transaction with an xid, open while the slot is created.
+    let (blocker, connection) = tokio_postgres::connect(&pg_admin_url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect the blocking session");
+    tokio::spawn(connection);
+    blocker
+        .batch_execute("BEGIN; SELECT txid_current()")
+        .await
+        .expect("open a transaction");
+    let (creator, connection) = tokio_postgres::connect(&pg_admin_url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect the creating session");
+    tokio::spawn(connection);
+    let slot = f.slot.clone();
+    let creating = tokio::spawn(async move {
+        creator
+            .execute(
+                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[&slot],
+            )
+            .await
+    });
+    common::relay::eventually("the slot appears, unconfirmed", Duration::from_secs(30), || async {
+        f.admin
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND confirmed_flush_lsn IS NULL",
+                &[&f.slot],
+            )
+            .await
+            .expect("read the slot")
+            .is_some()
+    })
+    .await;
+    let running = Running::spawn(f.config(), Default::default());
+    // Several attempts of the connector while the slot is being created.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !running.is_finished(),
+        "the connector stopped on a slot being created"
+    );
+    blocker
+        .batch_execute("COMMIT")
+        .await
+        .expect("end the transaction");
+    creating
+        .await
+        .expect("creating task")
+        .expect("the slot is created once the transaction ended");
+    running.wait_streaming().await;
+    let mut written = BTreeSet::new();
+    for i in 0..3 {
+        written.extend(
+            f.write_tx(
+                &[("order", &format!("c{i}"), format!(r#"{{"i":{i}}}"#))],
+                true,
+            )
+            .await,
+        );
+    }
+    let records = consume_ids(
+        &f.topic_prefix,
+        &written,
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    );
+    running
+        .stop()
+        .await
+        .expect("the connector ran until stopped");
+    let seen: BTreeSet<String> = records
+        .iter()
+        .map(|r| r.header("event_id").to_owned())
+        .collect();
+    assert!(
+        written.is_subset(&seen),
+        "rows written after the slot was created are missing: {:?}",
+        written.difference(&seen).collect::<Vec<_>>()
+    );
+    f.cleanup().await;
+}

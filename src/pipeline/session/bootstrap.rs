@@ -124,6 +124,21 @@ pub(super) async fn bootstrap<D: Delivery>(
         });
     }
     let slot_info = control::slot_info(&client, slot).await?;
+    // A logical slot has no confirmed position until it reached a consistent
+    // point, which waits for every transaction running when it was created
+    // (in any database); a creator that died meanwhile leaves its walsender
+    // finishing the creation. Taking such a slot over would store 0/0 and
+    // then find the slot "ahead" of it.
+    if let Some(info) = slot_info.as_ref().filter(|i| {
+        i.plugin.is_some()
+            && i.confirmed_flush_lsn.is_none()
+            && i.wal_status.as_deref() != Some("lost")
+    }) {
+        return Err(PipelineError::SlotNotReady {
+            slot: slot.to_owned(),
+            pid: info.active_pid,
+        });
+    }
     delivery
         .ready(StartContext {
             store,
