@@ -157,7 +157,8 @@ impl<T: Send + 'static> TransactionalSink<T> {
         Ok((sink, reports))
     }
 
-    fn id(&self) -> &str {
+    /// The producer's `transactional.id`.
+    pub fn id(&self) -> &str {
         &self.transactional_id
     }
 

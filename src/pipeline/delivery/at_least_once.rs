@@ -13,7 +13,7 @@ use crate::outbox::OutboxEvent;
 use crate::pg::{Lsn, PgTimestamp};
 use crate::sink::{DeliveryReport, KafkaSink, SinkError};
 
-use super::{Advanced, Delivery, InFlight, StartContext, Unsent};
+use super::{Advanced, Delivery, DeliveryError, InFlight, StartContext};
 use crate::pipeline::PipelineError;
 
 pub(in crate::pipeline) struct AtLeastOnce {
@@ -22,6 +22,9 @@ pub(in crate::pipeline) struct AtLeastOnce {
 }
 
 impl Delivery for AtLeastOnce {
+    /// Nothing runs in the background.
+    type Done = std::convert::Infallible;
+
     fn create(
         config: &Config,
         _metrics: &Metrics,
@@ -38,14 +41,14 @@ impl Delivery for AtLeastOnce {
 
     async fn send(
         &mut self,
-        event: &OutboxEvent,
+        event: OutboxEvent,
         in_flight: InFlight,
         _tracker: &mut AckTracker,
-    ) -> Result<(), Unsent> {
+    ) -> Result<(), DeliveryError> {
         self.sink
-            .send_or_return(event, in_flight)
+            .send_or_return(&event, in_flight)
             .await
-            .map_err(Unsent::refused)
+            .map_err(DeliveryError::refused(&event))
     }
 
     /// Nothing is batched: acknowledgements need no bookkeeping here.
@@ -57,7 +60,7 @@ impl Delivery for AtLeastOnce {
         _end: Lsn,
         _commit_time: PgTimestamp,
         _tracker: &mut AckTracker,
-    ) -> Result<Advanced, PipelineError> {
+    ) -> Result<Advanced, DeliveryError> {
         Ok(Advanced(false))
     }
 
@@ -66,7 +69,7 @@ impl Delivery for AtLeastOnce {
         &mut self,
         _inside_transaction: bool,
         _tracker: &mut AckTracker,
-    ) -> Result<Advanced, PipelineError> {
+    ) -> Result<Advanced, DeliveryError> {
         Ok(Advanced(false))
     }
 
@@ -75,15 +78,25 @@ impl Delivery for AtLeastOnce {
         &mut self,
         _at_boundary: bool,
         _tracker: &mut AckTracker,
-    ) -> Result<Advanced, PipelineError> {
+    ) -> Result<Advanced, DeliveryError> {
         Ok(Advanced(false))
     }
 
     /// Nothing is open: what was not acknowledged is sent again next time.
-    fn abandon(&mut self) {}
+    fn abandon(&mut self) -> Option<PipelineError> {
+        None
+    }
 
     fn reports(&mut self) -> &mut mpsc::UnboundedReceiver<DeliveryReport<InFlight>> {
         &mut self.reports
+    }
+
+    async fn settle(
+        &mut self,
+        done: Self::Done,
+        _tracker: &mut AckTracker,
+    ) -> Result<Advanced, DeliveryError> {
+        match done {}
     }
 
     fn fatal_error(&self) -> Option<SinkError> {
