@@ -443,4 +443,51 @@ mod crash_points {
         f.terminate(TIMEOUT);
         fx.cleanup().await;
     }
+
+    /// Records read while the previous batch commits (the commit runs on a
+    /// thread of its own, here slowed to 3 s) go into the next Kafka
+    /// transaction; the slot is confirmed past them only once that one
+    /// committed too. Killed the moment the slot passes them, the connector
+    /// loses nothing: a release of the hold at the first commit acknowledged
+    /// them while their own transaction was still open, and the kill
+    /// aborted it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn records_read_during_a_commit_are_acknowledged_only_with_their_own_commit() {
+        init_tracing();
+        let fx = Fixture::new("eo_during").await;
+        let offsets_topic = unique_name("eo_offsets");
+        let config = write_config(&fx, &offsets_topic, "max_batch_ms = 50");
+        let mut a = spawn_binary_with(&config, &[("OUTBOX_CDC_DELAY", "kafka-commit:3000")]);
+        fx.wait_for_slot().await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut committed: BTreeSet<String> = write_rows(&fx, 0, 3).await.into_iter().collect();
+        // The first batch's commit is under way (for 3 s): these wait.
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let (during, ended_by) = fx
+            .write_tx_ended_by(&[
+                ("order", "o1", "{\"n\":3}".to_owned()),
+                ("order", "o2", "{\"n\":4}".to_owned()),
+            ])
+            .await;
+        committed.extend(during);
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        while fx.confirmed_lsn().await < ended_by {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the slot never passed the second transaction ({ended_by}): {}",
+                log_of(&config)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        a.kill9();
+        let mut b = spawn_binary_with(&config, &[]);
+        read_exactly_once(
+            &fx,
+            &committed,
+            TIMEOUT,
+            "after a kill as soon as the slot passed the records read during a commit",
+        );
+        b.terminate(TIMEOUT);
+        fx.cleanup().await;
+    }
 }

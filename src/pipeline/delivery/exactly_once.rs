@@ -406,7 +406,10 @@ impl ExactlyOnce {
         let timeout = self.settings.transaction_timeout();
         let sink = Arc::clone(&self.sink);
         self.committing = Some(Committing {
-            task: tokio::task::spawn_blocking(move || sink.commit_transaction(timeout)),
+            task: tokio::task::spawn_blocking(move || {
+                crate::failpoint::delay("kafka-commit");
+                sink.commit_transaction(timeout)
+            }),
             marker: lsn,
             started: Instant::now(),
         });
