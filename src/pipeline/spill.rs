@@ -11,13 +11,18 @@
 //!
 //! A record: Int64 LSN, Int32 xid of the (sub)transaction that made the
 //! change, Int32 length, the pgoutput message as received.
+//!
+//! Only the file I/O (once per buffer written, once per chunk read) runs
+//! under `block_in_place`: doing it per message handed the session's worker
+//! to another thread for each of a million messages, and every thread's
+//! allocator arena kept its share of the stream's buffers resident.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use crate::pg::Lsn;
 
@@ -28,6 +33,17 @@ const HEADER_LEN: usize = 8 + 4 + 4;
 /// blocks resident in the allocator's per-thread arenas (hundreds of MiB of
 /// RSS for a 16 MiB budget, bench/results/bigtx.json).
 const MAX_BUFFER: usize = 1024 * 1024;
+/// What a committed transaction's file is read in at a time.
+const READ_CHUNK: usize = 1024 * 1024;
+
+/// Runs blocking file I/O: under `block_in_place` on the multi-threaded
+/// runtime, directly elsewhere (unit tests, the current-thread runtime).
+fn blocking<T>(io: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(io),
+        _ => io(),
+    }
+}
 
 /// Why the spill failed; the path says where.
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +76,7 @@ pub(crate) struct Spill {
 struct OpenTransaction {
     /// Records not yet in the file.
     buffered: Vec<u8>,
-    file: Option<BufWriter<File>>,
+    file: Option<File>,
     bytes: u64,
     /// Subtransactions rolled back: their records are skipped on reading.
     aborted: HashSet<u32>,
@@ -160,13 +176,15 @@ impl Spill {
             path: path.clone(),
             source,
         };
-        let file = match &mut tx.file {
-            Some(file) => file,
-            None => tx
-                .file
-                .insert(BufWriter::new(File::create(&path).map_err(failed)?)),
-        };
-        file.write_all(&tx.buffered).map_err(failed)?;
+        let (file, buffered) = (&mut tx.file, &tx.buffered);
+        blocking(|| {
+            let file = match file {
+                Some(file) => file,
+                None => file.insert(File::create(&path)?),
+            };
+            file.write_all(buffered)
+        })
+        .map_err(failed)?;
         self.in_memory -= tx.buffered.len();
         tx.buffered.clear();
         Ok(())
@@ -209,18 +227,23 @@ impl Spill {
         self.in_memory -= tx.buffered.len();
         let path = self.dir.join(format!("{xid}.spill"));
         let file = match tx.file {
-            Some(mut writer) => {
-                let failed = |source| SpillError {
+            Some(writer) => {
+                drop(writer);
+                let opened = blocking(|| {
+                    let file = File::open(&path)?;
+                    // Unlinked now: the open handle reads on, and nothing is
+                    // left behind however the session ends.
+                    std::fs::remove_file(&path)?;
+                    Ok(file)
+                });
+                let file = opened.map_err(|source| SpillError {
                     path: path.clone(),
                     source,
-                };
-                writer.flush().map_err(failed)?;
-                drop(writer);
-                let file = File::open(&path).map_err(failed)?;
-                // Unlinked now: the open handle reads on, and nothing is left
-                // behind however the session ends.
-                std::fs::remove_file(&path).map_err(failed)?;
-                Some(BufReader::with_capacity(64 * 1024, file))
+                })?;
+                Some(Chunks {
+                    file,
+                    read: BytesMut::new(),
+                })
             }
             None => None,
         };
@@ -246,7 +269,7 @@ impl Spill {
 /// to its file, then those still in memory.
 pub(crate) struct SpillReader {
     path: PathBuf,
-    file: Option<BufReader<File>>,
+    file: Option<Chunks>,
     memory: Bytes,
     aborted: HashSet<u32>,
 }
@@ -267,7 +290,7 @@ impl SpillReader {
 
     fn read(&mut self) -> Result<Option<(Lsn, u32, Bytes)>, SpillError> {
         if let Some(file) = &mut self.file {
-            match read_record(file) {
+            match file.next() {
                 Ok(Some(record)) => return Ok(Some(record)),
                 Ok(None) => self.file = None,
                 Err(source) => {
@@ -295,22 +318,45 @@ fn header(bytes: &[u8]) -> (Lsn, u32, usize) {
     (Lsn::new(lsn), sub, len as usize)
 }
 
-/// One record from the file; `None` at its end. A record cut short is an
-/// error: the file is ours and was flushed whole.
-fn read_record(file: &mut impl Read) -> io::Result<Option<(Lsn, u32, Bytes)>> {
-    let mut head = [0u8; HEADER_LEN];
-    let mut filled = 0;
-    while filled < HEADER_LEN {
-        match file.read(&mut head[filled..])? {
-            0 if filled == 0 => return Ok(None),
-            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
-            n => filled += n,
+/// A committed transaction's file, read a chunk at a time; the records are
+/// slices of the chunk they are in.
+struct Chunks {
+    file: File,
+    read: BytesMut,
+}
+
+impl Chunks {
+    /// The next record; `None` at the end of the file. A record cut short
+    /// is an error: the file is ours and was written whole.
+    fn next(&mut self) -> io::Result<Option<(Lsn, u32, Bytes)>> {
+        if !self.fill(HEADER_LEN)? {
+            return match self.read.is_empty() {
+                true => Ok(None),
+                false => Err(io::ErrorKind::UnexpectedEof.into()),
+            };
         }
+        let (lsn, sub, len) = header(&self.read[..HEADER_LEN]);
+        if !self.fill(HEADER_LEN + len)? {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let mut record = self.read.split_to(HEADER_LEN + len).freeze();
+        Ok(Some((lsn, sub, record.split_off(HEADER_LEN))))
     }
-    let (lsn, sub, len) = header(&head);
-    let mut message = vec![0u8; len];
-    file.read_exact(&mut message)?;
-    Ok(Some((lsn, sub, Bytes::from(message))))
+
+    /// Reads until `n` bytes are unread, or the end of the file (false).
+    fn fill(&mut self, n: usize) -> io::Result<bool> {
+        while self.read.len() < n {
+            let start = self.read.len();
+            self.read.resize(start + (n - start).max(READ_CHUNK), 0);
+            let (file, read) = (&mut self.file, &mut self.read[start..]);
+            let got = blocking(|| file.read(read));
+            self.read.truncate(start + *got.as_ref().unwrap_or(&0));
+            if got? == 0 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
 }
 
 #[cfg(test)]

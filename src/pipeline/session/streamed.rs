@@ -71,7 +71,7 @@ impl<D: Delivery> Session<'_, D> {
         match (&streamed.message, streamed.xid) {
             (Message::StreamStop, _) => self.block = None,
             (Message::Relation(_) | Message::Insert(_), Some(sub)) => {
-                if !tokio::task::block_in_place(|| spill.append(xid, sub, lsn, data))? {
+                if !spill.append(xid, sub, lsn, data)? {
                     return Err(protocol(
                         lsn,
                         format!("a change of streamed transaction {xid}, which is not open"),
@@ -153,7 +153,7 @@ impl<D: Delivery> Session<'_, D> {
     /// read back, or its commit once all were read.
     pub(super) async fn replay_next(&mut self) -> Result<(), PipelineError> {
         let replay = self.replay.as_mut().expect("called while replaying");
-        let next = tokio::task::block_in_place(|| replay.reader.next_record())?;
+        let next = replay.reader.next_record()?;
         let Some((lsn, data)) = next else {
             let commit = self.replay.take().expect("replaying").commit;
             return self
