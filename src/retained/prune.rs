@@ -966,16 +966,7 @@ pub async fn run_pruner(
     let mut client: Option<Client> = None;
     let mut said_no_time = false;
     let mut stop = shutdown.clone();
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            changed = stop.changed() => {
-                if changed.is_err() || *stop.borrow() {
-                    return;
-                }
-                continue;
-            }
-        }
+    while crate::periodic::next_tick(&mut tick, &mut stop).await {
         // Both durable: the commit time set after each persist, the LSN by
         // the session once the store flushed it.
         let acked = metrics
