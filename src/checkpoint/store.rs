@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{PoisonError, RwLock};
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::Disposition;
@@ -556,12 +557,8 @@ impl OffsetStore {
             source,
         })?;
         raw.map(|raw| {
-            serde_json::from_slice(&raw).map_err(|e| StoreError::Corrupt {
-                path: self.path.clone(),
-                tree: REPAIRS_TREE,
-                key: repair_key(slot),
-                reason: e.to_string(),
-            })
+            serde_json::from_slice(&raw)
+                .map_err(|e| self.corrupt(REPAIRS_TREE, repair_key(slot), e.to_string()))
         })
         .transpose()
     }
@@ -732,15 +729,8 @@ impl OffsetStore {
     }
 
     fn decode_offset(&self, slot: &str, raw: &[u8]) -> Result<StoredOffset, StoreError> {
-        let corrupt = |reason: String| StoreError::Corrupt {
-            path: self.path.clone(),
-            tree: OFFSETS_TREE,
-            key: slot_key(slot),
-            reason,
-        };
-        check_version(raw).map_err(corrupt)?;
-        let record: OffsetRecordV1 =
-            serde_json::from_slice(raw).map_err(|e| corrupt(e.to_string()))?;
+        let record: OffsetRecordV1 = decode_versioned(raw)
+            .map_err(|reason| self.corrupt(OFFSETS_TREE, slot_key(slot), reason))?;
         Ok(StoredOffset {
             lsn: record.lsn,
             system_id: record.system_id,
@@ -751,15 +741,8 @@ impl OffsetStore {
     }
 
     fn decode_parked(&self, key: &[u8], raw: &[u8]) -> Result<ParkedAggregate, StoreError> {
-        let corrupt = |reason: String| StoreError::Corrupt {
-            path: self.path.clone(),
-            tree: PARKED_TREE,
-            key: parked_key_display(key),
-            reason,
-        };
-        check_version(raw).map_err(corrupt)?;
-        let record: ParkedRecordV1 =
-            serde_json::from_slice(raw).map_err(|e| corrupt(e.to_string()))?;
+        let corrupt = |reason: String| self.corrupt(PARKED_TREE, parked_key_display(key), reason);
+        let record: ParkedRecordV1 = decode_versioned(raw).map_err(corrupt)?;
         if parked_key(&record.aggregate_type, &record.aggregate_id) != key {
             return Err(corrupt(format!(
                 "value names aggregate {}, not the key's",
@@ -774,6 +757,15 @@ impl OffsetStore {
             commit_lsn: record.commit_lsn,
             parked_at_unix_ms: record.parked_at_unix_ms,
         })
+    }
+
+    fn corrupt(&self, tree: &'static str, key: String, reason: String) -> StoreError {
+        StoreError::Corrupt {
+            path: self.path.clone(),
+            tree,
+            key,
+            reason,
+        }
     }
 }
 
@@ -790,7 +782,8 @@ fn is_lock_conflict(err: &sled::Error) -> bool {
     }
 }
 
-fn check_version(raw: &[u8]) -> Result<(), String> {
+/// A record of the encoding version this build reads, or what is wrong with it.
+fn decode_versioned<T: DeserializeOwned>(raw: &[u8]) -> Result<T, String> {
     let version: Version =
         serde_json::from_slice(raw).map_err(|e| format!("not a versioned JSON record: {e}"))?;
     if version.v != ENCODING_VERSION {
@@ -799,7 +792,7 @@ fn check_version(raw: &[u8]) -> Result<(), String> {
             version.v
         ));
     }
-    Ok(())
+    serde_json::from_slice(raw).map_err(|e| e.to_string())
 }
 
 fn encode<T: Serialize>(path: &Path, key: String, record: &T) -> Result<Vec<u8>, StoreError> {
