@@ -31,6 +31,7 @@ use std::fmt;
 use tokio_postgres::Client;
 
 use crate::outbox::{ConfigError, OutboxSettings};
+use crate::pg::control::query_value;
 use crate::pg::{Lsn, PgError, QualifiedTable, quote_ident};
 use crate::pgoutput::Relation;
 
@@ -801,12 +802,8 @@ pub async fn gather(
 ) -> Result<CatalogFacts, PgError> {
     let during = format!("reading the catalog for {table} and publication {publication:?}");
     let e = db(&during);
-    let version: i32 = client
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
-        .await
-        .map_err(&e)?
-        .try_get(0)
-        .map_err(&e)?;
+    let sql = "SELECT current_setting('server_version_num')::int";
+    let version: i32 = query_value(client, sql, &[]).await.map_err(&e)?;
     let table_row = client
         .query_opt(
             "SELECT c.oid, c.relkind::text, \
