@@ -50,7 +50,7 @@ use serde::Deserialize;
 
 use super::client_error::LastClientError;
 use super::error::{SinkError, poison_code, retryable_code};
-use super::producer::creation_error;
+use super::producer::{blocking, creation_error};
 use super::settings::{KafkaSettings, Scalar};
 use crate::setting::InvalidSetting;
 
@@ -448,7 +448,7 @@ impl Topics {
     ) -> Result<Vec<(i32, RDKafkaErrorCode)>, SinkError> {
         let admin = Arc::clone(&self.admin);
         let name = topic.to_owned();
-        tokio::task::spawn_blocking(move || {
+        blocking(move || {
             (0..i32::try_from(partitions).unwrap_or(i32::MAX))
                 .filter_map(
                     |p| match admin.inner().fetch_watermarks(&name, p, METADATA_TIMEOUT) {
@@ -461,9 +461,6 @@ impl Topics {
                 .collect()
         })
         .await
-        .map_err(|e| SinkError::Task {
-            reason: e.to_string(),
-        })
     }
 
     /// One metadata request for `topic`, on the blocking pool.
@@ -471,11 +468,7 @@ impl Topics {
         let admin = Arc::clone(&self.admin);
         let name = topic.to_owned();
         let bootstrap = self.hint.bootstrap.clone();
-        tokio::task::spawn_blocking(move || describe_blocking(&admin, &name, &bootstrap))
-            .await
-            .map_err(|e| SinkError::Task {
-                reason: e.to_string(),
-            })?
+        blocking(move || describe_blocking(&admin, &name, &bootstrap)).await?
     }
 }
 
