@@ -835,15 +835,9 @@ impl Detach<'_> {
     }
 
     async fn pending(&self, leaf: &str) -> Result<bool, tokio_postgres::Error> {
-        let row = self
-            .client
-            .query_one(
-                "SELECT coalesce(bool_or(inhdetachpending), false) FROM pg_inherits \
-                 WHERE inhrelid = $1::text::regclass",
-                &[&leaf],
-            )
-            .await?;
-        row.try_get(0)
+        let select = "SELECT coalesce(bool_or(inhdetachpending), false) FROM pg_inherits \
+                      WHERE inhrelid = $1::text::regclass";
+        query_value(self.client, select, &[&leaf]).await
     }
 }
 
