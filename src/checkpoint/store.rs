@@ -89,6 +89,23 @@ pub struct ParkedAggregate {
 }
 
 impl ParkedAggregate {
+    /// The aggregate parked now, for `reason`, by its event at `at`.
+    pub(crate) fn parked_now(
+        aggregate_type: &str,
+        aggregate_id: &str,
+        reason: &str,
+        at: EventPosition,
+    ) -> ParkedAggregate {
+        ParkedAggregate {
+            aggregate_type: aggregate_type.to_owned(),
+            aggregate_id: aggregate_id.to_owned(),
+            reason: reason.to_owned(),
+            lsn: at.change(),
+            commit_lsn: Some(at.commit()),
+            parked_at_unix_ms: PgTimestamp::now().unix_millis(),
+        }
+    }
+
     pub fn parked_at(&self) -> ParkedAt {
         ParkedAt {
             commit: self.commit_lsn,
@@ -222,6 +239,33 @@ struct ParkedRecordV1 {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     commit_lsn: Option<Lsn>,
     parked_at_unix_ms: i64,
+}
+
+impl From<ParkedAggregate> for ParkedRecordV1 {
+    fn from(p: ParkedAggregate) -> ParkedRecordV1 {
+        ParkedRecordV1 {
+            v: ENCODING_VERSION,
+            aggregate_type: p.aggregate_type,
+            aggregate_id: p.aggregate_id,
+            reason: p.reason,
+            lsn: p.lsn,
+            commit_lsn: p.commit_lsn,
+            parked_at_unix_ms: p.parked_at_unix_ms,
+        }
+    }
+}
+
+impl From<ParkedRecordV1> for ParkedAggregate {
+    fn from(r: ParkedRecordV1) -> ParkedAggregate {
+        ParkedAggregate {
+            aggregate_type: r.aggregate_type,
+            aggregate_id: r.aggregate_id,
+            reason: r.reason,
+            lsn: r.lsn,
+            commit_lsn: r.commit_lsn,
+            parked_at_unix_ms: r.parked_at_unix_ms,
+        }
+    }
 }
 
 /// Persistent acked LSNs (tree `offsets`, keyed by slot name) and parked
@@ -596,15 +640,12 @@ impl OffsetStore {
         {
             return Ok(false);
         }
-        let record = ParkedRecordV1 {
-            v: ENCODING_VERSION,
-            aggregate_type: aggregate_type.to_owned(),
-            aggregate_id: aggregate_id.to_owned(),
-            reason: reason.to_owned(),
-            lsn: at.change(),
-            commit_lsn: Some(at.commit()),
-            parked_at_unix_ms: PgTimestamp::now().unix_millis(),
-        };
+        let record = ParkedRecordV1::from(ParkedAggregate::parked_now(
+            aggregate_type,
+            aggregate_id,
+            reason,
+            at,
+        ));
         let key = parked_key(aggregate_type, aggregate_id);
         let value = encode(
             &self.path,
@@ -749,14 +790,7 @@ impl OffsetStore {
                 aggregate_key(&record.aggregate_type, &record.aggregate_id)
             )));
         }
-        Ok(ParkedAggregate {
-            aggregate_type: record.aggregate_type,
-            aggregate_id: record.aggregate_id,
-            reason: record.reason,
-            lsn: record.lsn,
-            commit_lsn: record.commit_lsn,
-            parked_at_unix_ms: record.parked_at_unix_ms,
-        })
+        Ok(ParkedAggregate::from(record))
     }
 
     fn corrupt(&self, tree: &'static str, key: String, reason: String) -> StoreError {

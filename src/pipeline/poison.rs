@@ -94,17 +94,7 @@ impl Parking for MemoryParking {
         if parked.contains_key(&key) {
             return Ok(false);
         }
-        parked.insert(
-            key,
-            ParkedAggregate {
-                aggregate_type: t.to_owned(),
-                aggregate_id: id.to_owned(),
-                reason: reason.to_owned(),
-                lsn: at.change(),
-                commit_lsn: Some(at.commit()),
-                parked_at_unix_ms: PgTimestamp::now().unix_millis(),
-            },
-        );
+        parked.insert(key, ParkedAggregate::parked_now(t, id, reason, at));
         Ok(true)
     }
 }
