@@ -514,22 +514,27 @@ mod tests {
     use rdkafka::producer::DefaultProducerContext;
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
-    fn mock_topics(topic: &str) -> (MockCluster<'static, DefaultProducerContext>, Topics) {
+    /// A mock cluster with `topic`, whose leaders answer the first `refusals`
+    /// ListOffsets requests with "not leader for partition".
+    fn mock_topics(
+        topic: &str,
+        refusals: usize,
+    ) -> (MockCluster<'static, DefaultProducerContext>, Topics) {
         let cluster = MockCluster::new(1).expect("mock cluster");
         cluster.create_topic(topic, 3, 1).expect("mock topic");
         let mut kafka = KafkaSettings::new();
         kafka.set("bootstrap.servers", cluster.bootstrap_servers());
         let topics = Topics::new(&kafka, &TopicSettings::default()).expect("topics");
+        cluster.request_errors(
+            RDKafkaApiKey::ListOffsets,
+            &vec![RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; refusals],
+        );
         (cluster, topics)
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_topic_whose_leaders_do_not_answer_is_not_writable() {
-        let (cluster, topics) = mock_topics("leaderless");
-        cluster.request_errors(
-            RDKafkaApiKey::ListOffsets,
-            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; 1000],
-        );
+        let (_cluster, topics) = mock_topics("leaderless", 1000);
         let err = topics
             .wait_writable("leaderless", Duration::from_secs(2))
             .await
@@ -542,11 +547,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_topic_becomes_writable_once_its_leaders_answer() {
-        let (cluster, topics) = mock_topics("settling");
-        cluster.request_errors(
-            RDKafkaApiKey::ListOffsets,
-            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; 3],
-        );
+        let (_cluster, topics) = mock_topics("settling", 3);
         topics
             .wait_writable("settling", Duration::from_secs(20))
             .await
