@@ -881,14 +881,20 @@ mod tests {
 
     const SYSID: &str = "7301234567890123456";
 
+    /// An offset store in a new directory (removed when the guard drops).
+    fn fresh() -> (tempfile::TempDir, OffsetStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        (dir, store)
+    }
+
     fn lsn(n: u64) -> Lsn {
         Lsn::new(n)
     }
 
     #[test]
     fn persisted_offset_survives_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (dir, store) = fresh();
         assert_eq!(store.load("slot_a").unwrap(), None);
         assert_eq!(store.durable_lsn("slot_a").unwrap(), None);
         let before = PgTimestamp::now().unix_millis();
@@ -915,8 +921,7 @@ mod tests {
 
     #[test]
     fn persist_never_moves_the_offset_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (dir, store) = fresh();
         assert_eq!(store.persist("s", lsn(500), SYSID).unwrap().lsn(), lsn(500));
         let stamped = store.load("s").unwrap().unwrap().updated_at_unix_ms;
         assert_eq!(store.persist("s", lsn(400), SYSID).unwrap().lsn(), lsn(500));
@@ -935,8 +940,7 @@ mod tests {
 
     #[test]
     fn concurrent_persists_keep_the_highest() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (_dir, store) = fresh();
         std::thread::scope(|scope| {
             for t in 0..4u64 {
                 let store = &store;
@@ -954,8 +958,7 @@ mod tests {
 
     #[test]
     fn offset_of_another_cluster_is_not_overwritten() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (_dir, store) = fresh();
         store.persist("s", lsn(10), SYSID).unwrap();
         let err = store.persist("s", lsn(20), "999").unwrap_err();
         match &err {
@@ -984,8 +987,7 @@ mod tests {
 
     #[test]
     fn removal_survives_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (dir, store) = fresh();
         store.persist("s", lsn(10), SYSID).unwrap();
         store.remove("s").unwrap();
         drop(store);
@@ -995,8 +997,7 @@ mod tests {
 
     #[test]
     fn encoding_is_versioned_json() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (_dir, store) = fresh();
         store.persist("s", lsn(0x1_0000_0002), SYSID).unwrap();
         let raw = store.offsets.get("s").unwrap().unwrap();
         let value: serde_json::Value = serde_json::from_slice(&raw).unwrap();
@@ -1008,8 +1009,7 @@ mod tests {
 
     #[test]
     fn corrupt_values_are_errors_naming_the_key() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (_dir, store) = fresh();
         let cases: [&[u8]; 4] = [
             b"\x00\xffgarbage",
             br#"{"v":2,"lsn":"0/1","system_id":"x","updated_at_unix_ms":0}"#,
@@ -1077,8 +1077,7 @@ mod tests {
 
     #[test]
     fn parked_aggregates_survive_reopen_until_released() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (dir, store) = fresh();
         assert!(!store.is_parked("order", "42").unwrap());
         assert!(
             store
@@ -1141,8 +1140,7 @@ mod tests {
     /// parking one is not.
     #[test]
     fn parking_follows_commit_order_not_change_lsns() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (dir, store) = fresh();
         let t2 = EventPosition::new(lsn(0x400), lsn(0x300));
         assert!(store.park("order", "x", "refused", t2).unwrap());
         drop(store);
@@ -1173,8 +1171,7 @@ mod tests {
     /// change LSNs compared.
     #[test]
     fn a_parked_record_without_a_commit_lsn_compares_change_lsns() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (dir, store) = fresh();
         let old = serde_json::json!({
             "v": ENCODING_VERSION, "aggregate_type": "order", "aggregate_id": "x",
             "reason": "refused", "lsn": "0/300", "parked_at_unix_ms": 1
@@ -1196,8 +1193,7 @@ mod tests {
 
     #[test]
     fn parked_keys_are_unambiguous() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (_dir, store) = fresh();
         store
             .park("ab", "c", "r", EventPosition::at(lsn(1)))
             .unwrap();
@@ -1213,8 +1209,7 @@ mod tests {
 
     #[test]
     fn corrupt_parked_value_fails_open_naming_the_aggregate() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (dir, store) = fresh();
         store
             .parked
             .insert(parked_key("order", "42"), &b"{not json"[..])
@@ -1233,8 +1228,7 @@ mod tests {
 
     #[test]
     fn parked_value_for_another_key_is_corrupt() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (_dir, store) = fresh();
         store
             .park("order", "1", "r", EventPosition::at(lsn(1)))
             .unwrap();
