@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -34,6 +35,20 @@ pub enum ConfigError {
     EnvKey { var: String, reason: String },
     #[error(transparent)]
     Invalid(#[from] InvalidSetting),
+}
+
+/// `value` of `key` within `range`, or the error saying "low to high" and `note`.
+fn within(
+    key: &str,
+    value: u64,
+    range: RangeInclusive<u64>,
+    note: &str,
+) -> Result<(), ConfigError> {
+    if range.contains(&value) {
+        return Ok(());
+    }
+    let allowed = format!("{} to {}{note}", range.start(), range.end());
+    Err(ConfigError::invalid(key, value, allowed))
 }
 
 impl ConfigError {
@@ -173,13 +188,12 @@ impl DeliverySettings {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        if !(1_000..=900_000).contains(&self.transaction_timeout_ms) {
-            return Err(ConfigError::invalid(
-                "delivery.transaction_timeout_ms",
-                self.transaction_timeout_ms,
-                "1000 to 900000 (and at most the broker's transaction.max.timeout.ms)",
-            ));
-        }
+        within(
+            "delivery.transaction_timeout_ms",
+            self.transaction_timeout_ms,
+            1_000..=900_000,
+            " (and at most the broker's transaction.max.timeout.ms)",
+        )?;
         if self.max_batch_ms == 0 || self.max_batch_ms > self.transaction_timeout_ms / 4 {
             return Err(ConfigError::invalid(
                 "delivery.max_batch_ms",
@@ -309,20 +323,13 @@ impl PruneSettings {
                 }
             }
         }
-        if !(1..=1_000_000).contains(&self.batch_rows) {
-            return Err(ConfigError::invalid(
-                "prune.batch_rows",
-                self.batch_rows,
-                "1 to 1000000",
-            ));
-        }
-        if !(1..=60_000).contains(&self.lock_timeout_ms) {
-            return Err(ConfigError::invalid(
-                "prune.lock_timeout_ms",
-                self.lock_timeout_ms,
-                "1 to 60000",
-            ));
-        }
+        within("prune.batch_rows", self.batch_rows, 1..=1_000_000, "")?;
+        within(
+            "prune.lock_timeout_ms",
+            self.lock_timeout_ms,
+            1..=60_000,
+            "",
+        )?;
         match parse_duration(&self.interval) {
             Ok(d) if d >= Duration::from_secs(1) && d <= Duration::from_secs(86_400) => Ok(()),
             _ => Err(ConfigError::invalid(
@@ -724,13 +731,12 @@ impl Config {
                 "\"warn\" or \"stop\"",
             ));
         }
-        if !(1..=60_000).contains(&self.audit.save_interval_ms) {
-            return Err(ConfigError::invalid(
-                "audit.save_interval_ms",
-                self.audit.save_interval_ms,
-                "1 to 60000",
-            ));
-        }
+        within(
+            "audit.save_interval_ms",
+            self.audit.save_interval_ms,
+            1..=60_000,
+            "",
+        )?;
         let pg = &self.postgres;
         if pg.url.trim().is_empty() {
             return Err(ConfigError::invalid(
@@ -756,13 +762,12 @@ impl Config {
                 "1 to 63 characters",
             ));
         }
-        if !(100..=600_000).contains(&pg.status_interval_ms) {
-            return Err(ConfigError::invalid(
-                "postgres.status_interval_ms",
-                pg.status_interval_ms,
-                "100 to 600000 (keep it well under the server's wal_sender_timeout)",
-            ));
-        }
+        within(
+            "postgres.status_interval_ms",
+            pg.status_interval_ms,
+            100..=600_000,
+            " (keep it well under the server's wal_sender_timeout)",
+        )?;
         if self.offsets.path.as_os_str().is_empty() {
             return Err(ConfigError::invalid(
                 "offsets.path",
@@ -770,13 +775,12 @@ impl Config {
                 "a directory path for the sled store",
             ));
         }
-        if !(1..=60_000).contains(&self.offsets.flush_interval_ms) {
-            return Err(ConfigError::invalid(
-                "offsets.flush_interval_ms",
-                self.offsets.flush_interval_ms,
-                "1 to 60000",
-            ));
-        }
+        within(
+            "offsets.flush_interval_ms",
+            self.offsets.flush_interval_ms,
+            1..=60_000,
+            "",
+        )?;
         if self.limits.max_in_flight_events == 0 {
             return Err(ConfigError::invalid(
                 "limits.max_in_flight_events",
@@ -856,13 +860,12 @@ impl Config {
 
 impl MonitorSettings {
     fn validate(&self, message_prefix: &str) -> Result<(), ConfigError> {
-        if !(100..=3_600_000).contains(&self.slot_poll_interval_ms) {
-            return Err(ConfigError::invalid(
-                "monitor.slot_poll_interval_ms",
-                self.slot_poll_interval_ms,
-                "100 to 3600000",
-            ));
-        }
+        within(
+            "monitor.slot_poll_interval_ms",
+            self.slot_poll_interval_ms,
+            100..=3_600_000,
+            "",
+        )?;
         if self.heartbeat_interval_ms != 0
             && !(100..=3_600_000).contains(&self.heartbeat_interval_ms)
         {

@@ -31,6 +31,7 @@ use std::fmt;
 use tokio_postgres::Client;
 
 use crate::outbox::{ConfigError, OutboxSettings};
+use crate::pg::control::query_value;
 use crate::pg::{Lsn, PgError, QualifiedTable, quote_ident};
 use crate::pgoutput::Relation;
 
@@ -801,12 +802,8 @@ pub async fn gather(
 ) -> Result<CatalogFacts, PgError> {
     let during = format!("reading the catalog for {table} and publication {publication:?}");
     let e = db(&during);
-    let version: i32 = client
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
-        .await
-        .map_err(&e)?
-        .try_get(0)
-        .map_err(&e)?;
+    let sql = "SELECT current_setting('server_version_num')::int";
+    let version: i32 = query_value(client, sql, &[]).await.map_err(&e)?;
     let table_row = client
         .query_opt(
             "SELECT c.oid, c.relkind::text, \
@@ -1136,6 +1133,14 @@ mod tests {
         "occurred_at",
     ];
 
+    /// The partitioned outbox published leaf by leaf (not via its root).
+    fn published_by_leaf() -> CatalogFacts {
+        partitioned(
+            vec![(LEAF_A, t("outbox_2026_11")), (LEAF_B, t("outbox_2026_12"))],
+            false,
+        )
+    }
+
     fn proven(facts: &CatalogFacts) -> Coverage {
         judge(facts, &t("outbox"), "pub", &mapped()).expect("covered")
     }
@@ -1143,10 +1148,7 @@ mod tests {
     #[test]
     fn a_partitioned_table_is_covered_by_its_root_or_every_leaf() {
         proven(&partitioned(vec![(ROOT, t("outbox"))], true));
-        proven(&partitioned(
-            vec![(LEAF_A, t("outbox_2026_11")), (LEAF_B, t("outbox_2026_12"))],
-            false,
-        ));
+        proven(&published_by_leaf());
     }
 
     #[test]
@@ -1289,6 +1291,18 @@ mod tests {
         );
     }
 
+    /// What `c` decides of `rel` when the catalog now shows it under its own
+    /// name, `inside` the outbox or not, an ancestor that `contains` it or not.
+    fn resolve_now(
+        c: &mut Coverage,
+        rel: &Relation,
+        lsn: Lsn,
+        inside: bool,
+        contains: bool,
+    ) -> Result<RelationKind, Unaccounted> {
+        c.resolve(rel, lsn, Some(&now(&rel.name, inside, contains)))
+    }
+
     fn now(name: &str, inside: bool, contains: bool) -> CatalogRelation {
         CatalogRelation {
             table: t(name),
@@ -1299,23 +1313,18 @@ mod tests {
 
     #[test]
     fn lookups_accept_new_partitions_and_stop_on_everything_uncertain() {
-        let mut c = proven(&partitioned(
-            vec![(LEAF_A, t("outbox_2026_11")), (LEAF_B, t("outbox_2026_12"))],
-            false,
-        ));
+        let mut c = proven(&published_by_leaf());
         let lsn = Lsn::new(0x1234);
         // A partition created while streaming: outbox, remembered.
         let new_leaf = relation(300, "outbox_2027_01", &OUTBOX_COLS);
         assert_eq!(
-            c.resolve(&new_leaf, lsn, Some(&now("outbox_2027_01", true, false))),
+            resolve_now(&mut c, &new_leaf, lsn, true, false),
             Ok(RelationKind::Outbox)
         );
         assert_eq!(c.classify(&new_leaf), Known::Is(RelationKind::Outbox));
         // The outbox renamed away from the configured name: stop.
         let renamed = relation(ROOT, "outbox_old", &OUTBOX_COLS);
-        let err = c
-            .resolve(&renamed, lsn, Some(&now("outbox_old", true, false)))
-            .unwrap_err();
+        let err = resolve_now(&mut c, &renamed, lsn, true, false).unwrap_err();
         assert_eq!((err.oid, err.lsn), (ROOT, lsn));
         assert!(
             err.fix.contains("outbox.table = \"public.outbox_old\""),
@@ -1334,17 +1343,11 @@ mod tests {
         // Outbox-shaped, not a partition now, unknown at start-up: maybe a
         // partition detached since; gone: unprovable. Both stop.
         let shaped = relation(500, "outbox_2025_01", &OUTBOX_COLS);
-        assert!(
-            c.resolve(&shaped, lsn, Some(&now("outbox_2025_01", false, false)))
-                .is_err()
-        );
+        assert!(resolve_now(&mut c, &shaped, lsn, false, false).is_err());
         assert!(c.resolve(&shaped, lsn, None).is_err());
         // An ancestor of the outbox could carry its rows under its own name.
         let parent = relation(600, "all_events", &OUTBOX_COLS);
-        assert!(
-            c.resolve(&parent, lsn, Some(&now("all_events", false, true)))
-                .is_err()
-        );
+        assert!(resolve_now(&mut c, &parent, lsn, false, true).is_err());
     }
 
     #[test]
@@ -1357,11 +1360,7 @@ mod tests {
         // Outbox-shaped: the catalog decides, every time (audit F2).
         assert_eq!(c.classify(&archive), Known::LookUp);
         assert_eq!(
-            c.resolve(
-                &archive,
-                Lsn::new(1),
-                Some(&now("outbox_archive", false, false))
-            ),
+            resolve_now(&mut c, &archive, Lsn::new(1), false, false),
             Ok(RelationKind::Other)
         );
         assert_eq!(c.classify(&archive), Known::LookUp, "still not trusted");
@@ -1369,11 +1368,7 @@ mod tests {
         let renamed = relation(OTHER, "outbox_archive_2025", &OUTBOX_COLS);
         assert_eq!(c.classify(&renamed), Known::LookUp);
         assert_eq!(
-            c.resolve(
-                &renamed,
-                Lsn::new(1),
-                Some(&now("outbox_archive_2025", false, false))
-            ),
+            resolve_now(&mut c, &renamed, Lsn::new(1), false, false),
             Ok(RelationKind::Other)
         );
     }
@@ -1395,11 +1390,7 @@ mod tests {
         let attached = relation(OTHER, "outbox_2027_01", &OUTBOX_COLS);
         assert_eq!(c.classify(&attached), Known::LookUp);
         assert_eq!(
-            c.resolve(
-                &attached,
-                Lsn::new(7),
-                Some(&now("outbox_2027_01", true, false))
-            ),
+            resolve_now(&mut c, &attached, Lsn::new(7), true, false),
             Ok(RelationKind::Outbox)
         );
         assert_eq!(c.classify(&attached), Known::Is(RelationKind::Outbox));
@@ -1410,10 +1401,7 @@ mod tests {
     /// column (added to the outbox later) may be a dropped leaf: stop.
     #[test]
     fn a_gone_relation_is_skipped_only_without_the_outbox_identity_columns() {
-        let mut c = proven(&partitioned(
-            vec![(LEAF_A, t("outbox_2026_11")), (LEAF_B, t("outbox_2026_12"))],
-            false,
-        ));
+        let mut c = proven(&published_by_leaf());
         let lsn = Lsn::new(9);
         let optional = mapped()
             .into_iter()
@@ -1428,7 +1416,7 @@ mod tests {
         assert!(c.resolve(&old_leaf, lsn, None).is_err(), "a dropped leaf");
         // Still existing and not a partition: positively another table.
         assert_eq!(
-            c.resolve(&old_leaf, lsn, Some(&now("outbox_2024_01", false, false))),
+            resolve_now(&mut c, &old_leaf, lsn, false, false),
             Ok(RelationKind::Other)
         );
         let unrelated = relation(701, "staging", &["id", "payload"]);
@@ -1496,11 +1484,7 @@ mod tests {
         // The catalog may say anything by now (attached again, or not).
         for inside in [false, true] {
             assert_eq!(
-                c.resolve(
-                    &detached,
-                    Lsn::new(3),
-                    Some(&now("outbox_2026_11", inside, false))
-                ),
+                resolve_now(&mut c, &detached, Lsn::new(3), inside, false),
                 Ok(RelationKind::Other)
             );
         }
@@ -1515,10 +1499,7 @@ mod tests {
             Known::Is(RelationKind::Outbox)
         );
         let parent = relation(600, "all_events", &OUTBOX_COLS);
-        assert!(
-            c.resolve(&parent, Lsn::new(3), Some(&now("all_events", false, true)))
-                .is_err()
-        );
+        assert!(resolve_now(&mut c, &parent, Lsn::new(3), false, true).is_err());
     }
 
     #[test]

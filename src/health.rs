@@ -495,16 +495,7 @@ pub(crate) fn spawn_kafka_probe(
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut probe = None;
         let mut failing = false;
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                changed = shutdown.changed() => {
-                    if changed.is_err() || *shutdown.borrow() {
-                        return;
-                    }
-                    continue;
-                }
-            }
+        while crate::periodic::next_tick(&mut tick, &mut shutdown).await {
             if probe.is_none() {
                 match crate::sink::MetadataProbe::new(&config.kafka) {
                     Ok(p) => probe = Some(p),

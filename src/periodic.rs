@@ -53,15 +53,9 @@ pub(crate) async fn run_every<S: Step>(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            changed = shutdown.changed() => {
-                if changed.is_err() || *shutdown.borrow() {
-                    debug!(task = words.task, "stopped");
-                    return;
-                }
-                continue;
-            }
+        if !next_tick(&mut tick, &mut shutdown).await {
+            debug!(task = words.task, "stopped");
+            return;
         }
         let outcome = tokio::select! {
             outcome = tokio::time::timeout(timeout, step.run(&mut client)) => outcome,
@@ -88,6 +82,25 @@ pub(crate) async fn run_every<S: Step>(
         } else {
             warn!(%error, "{}; retrying every interval", words.failed);
             failing = true;
+        }
+    }
+}
+
+/// Waits for `tick`'s next tick: `true` when it came, `false` once
+/// `shutdown` turned true or its sender was dropped (a change that leaves it
+/// false is waited through).
+pub(crate) async fn next_tick(
+    tick: &mut tokio::time::Interval,
+    shutdown: &mut watch::Receiver<bool>,
+) -> bool {
+    loop {
+        tokio::select! {
+            _ = tick.tick() => return true,
+            changed = shutdown.changed() => {
+                if changed.is_err() || *shutdown.borrow() {
+                    return false;
+                }
+            }
         }
     }
 }

@@ -29,6 +29,23 @@ impl InvalidSetting {
     }
 }
 
+/// `value` as one of `choices` (the word in the config, what it means), or
+/// the error naming `key` and listing the words.
+pub fn one_of<T: Copy>(key: &str, value: &str, choices: &[(&str, T)]) -> Result<T, InvalidSetting> {
+    if let Some((_, choice)) = choices.iter().find(|(word, _)| *word == value) {
+        return Ok(*choice);
+    }
+    let words: Vec<String> = choices
+        .iter()
+        .map(|(word, _)| format!("{word:?}"))
+        .collect();
+    Err(InvalidSetting::new(
+        key,
+        value,
+        format!("one of {}", words.join(", ")),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::InvalidSetting;

@@ -268,20 +268,12 @@ fn parse_samples(text: &str) -> HashMap<&str, &str> {
 
 impl StatusReport {
     pub fn to_table(&self) -> String {
-        let opt = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
-        let lsn = |v: Option<Lsn>| opt(v.map(|l| l.to_string()));
         let mut rows: Vec<(&str, String)> = vec![
             ("slot", self.slot_name.clone()),
-            ("stored acked LSN", lsn(self.stored_lsn)),
-            (
-                "  read from",
-                opt(self.stored_lsn_source.map(str::to_owned)),
-            ),
-            ("stored system id", opt(self.stored_system_id.clone())),
-            (
-                "stored at (unix ms)",
-                opt(self.stored_at_unix_ms.map(|t| t.to_string())),
-            ),
+            ("stored acked LSN", shown(self.stored_lsn)),
+            ("  read from", shown(self.stored_lsn_source)),
+            ("stored system id", shown(self.stored_system_id.as_ref())),
+            ("stored at (unix ms)", shown(self.stored_at_unix_ms)),
         ];
         if let Some(note) = &self.stored_lsn_note {
             rows.push(("  note", note.clone()));
@@ -295,25 +287,13 @@ impl StatusReport {
                     "running, not streaming"
                 };
                 rows.push(("connector", format!("{state} ({})", c.metrics_url)));
-                rows.push(("  received LSN", lsn(c.received_lsn)));
-                rows.push(("  acked LSN", lsn(c.acked_lsn)));
-                rows.push((
-                    "  events published",
-                    opt(c.events_published.map(|n| n.to_string())),
-                ));
-                rows.push((
-                    "  events failed",
-                    opt(c.events_failed.map(|n| n.to_string())),
-                ));
-                rows.push((
-                    "  in flight",
-                    opt(c.in_flight_events.map(|n| n.to_string())),
-                ));
-                rows.push((
-                    "  oldest unacked (s)",
-                    opt(c.oldest_unacked_age_seconds.map(|n| n.to_string())),
-                ));
-                rows.push(("  reconnects", opt(c.reconnects.map(|n| n.to_string()))));
+                rows.push(("  received LSN", shown(c.received_lsn)));
+                rows.push(("  acked LSN", shown(c.acked_lsn)));
+                rows.push(("  events published", shown(c.events_published)));
+                rows.push(("  events failed", shown(c.events_failed)));
+                rows.push(("  in flight", shown(c.in_flight_events)));
+                rows.push(("  oldest unacked (s)", shown(c.oldest_unacked_age_seconds)));
+                rows.push(("  reconnects", shown(c.reconnects)));
                 rows.push((
                     "  streamed, uncommitted",
                     match (c.spill_transactions, c.spill_bytes) {
@@ -340,23 +320,20 @@ impl StatusReport {
         if let Some(e) = &self.database_error {
             rows.push(("database", format!("UNREACHABLE: {e}")));
         } else {
-            rows.push(("current WAL LSN", lsn(self.current_wal_lsn)));
+            rows.push(("current WAL LSN", shown(self.current_wal_lsn)));
             match &self.slot {
                 None => rows.push(("slot state", "MISSING".to_owned())),
                 Some(s) => {
-                    rows.push(("confirmed_flush_lsn", lsn(s.confirmed_flush_lsn)));
-                    rows.push(("restart_lsn", lsn(s.restart_lsn)));
+                    rows.push(("confirmed_flush_lsn", shown(s.confirmed_flush_lsn)));
+                    rows.push(("restart_lsn", shown(s.restart_lsn)));
                     rows.push((
                         "active pid",
                         s.active_pid
                             .map_or_else(|| "- (no consumer)".to_owned(), |p| p.to_string()),
                     ));
-                    rows.push(("lag (bytes)", opt(s.lag_bytes.map(|b| b.to_string()))));
-                    rows.push((
-                        "retained WAL (bytes)",
-                        opt(s.restart_lag_bytes.map(|b| b.to_string())),
-                    ));
-                    rows.push(("wal_status", opt(s.wal_status.clone())));
+                    rows.push(("lag (bytes)", shown(s.lag_bytes)));
+                    rows.push(("retained WAL (bytes)", shown(s.restart_lag_bytes)));
+                    rows.push(("wal_status", shown(s.wal_status.as_ref())));
                     rows.push((
                         "safe_wal_size",
                         s.safe_wal_size
@@ -370,6 +347,11 @@ impl StatusReport {
             .map(|(k, v)| format!("{k:<width$}  {v}\n"))
             .collect()
     }
+}
+
+/// A value in the table, `-` when unknown.
+fn shown(value: Option<impl std::fmt::Display>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
 
 /// A readiness reason's row label in the table.

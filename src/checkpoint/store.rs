@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{PoisonError, RwLock};
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::Disposition;
@@ -88,6 +89,23 @@ pub struct ParkedAggregate {
 }
 
 impl ParkedAggregate {
+    /// The aggregate parked now, for `reason`, by its event at `at`.
+    pub(crate) fn parked_now(
+        aggregate_type: &str,
+        aggregate_id: &str,
+        reason: &str,
+        at: EventPosition,
+    ) -> ParkedAggregate {
+        ParkedAggregate {
+            aggregate_type: aggregate_type.to_owned(),
+            aggregate_id: aggregate_id.to_owned(),
+            reason: reason.to_owned(),
+            lsn: at.change(),
+            commit_lsn: Some(at.commit()),
+            parked_at_unix_ms: PgTimestamp::now().unix_millis(),
+        }
+    }
+
     pub fn parked_at(&self) -> ParkedAt {
         ParkedAt {
             commit: self.commit_lsn,
@@ -221,6 +239,33 @@ struct ParkedRecordV1 {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     commit_lsn: Option<Lsn>,
     parked_at_unix_ms: i64,
+}
+
+impl From<ParkedAggregate> for ParkedRecordV1 {
+    fn from(p: ParkedAggregate) -> ParkedRecordV1 {
+        ParkedRecordV1 {
+            v: ENCODING_VERSION,
+            aggregate_type: p.aggregate_type,
+            aggregate_id: p.aggregate_id,
+            reason: p.reason,
+            lsn: p.lsn,
+            commit_lsn: p.commit_lsn,
+            parked_at_unix_ms: p.parked_at_unix_ms,
+        }
+    }
+}
+
+impl From<ParkedRecordV1> for ParkedAggregate {
+    fn from(r: ParkedRecordV1) -> ParkedAggregate {
+        ParkedAggregate {
+            aggregate_type: r.aggregate_type,
+            aggregate_id: r.aggregate_id,
+            reason: r.reason,
+            lsn: r.lsn,
+            commit_lsn: r.commit_lsn,
+            parked_at_unix_ms: r.parked_at_unix_ms,
+        }
+    }
 }
 
 /// Persistent acked LSNs (tree `offsets`, keyed by slot name) and parked
@@ -556,12 +601,8 @@ impl OffsetStore {
             source,
         })?;
         raw.map(|raw| {
-            serde_json::from_slice(&raw).map_err(|e| StoreError::Corrupt {
-                path: self.path.clone(),
-                tree: REPAIRS_TREE,
-                key: repair_key(slot),
-                reason: e.to_string(),
-            })
+            serde_json::from_slice(&raw)
+                .map_err(|e| self.corrupt(REPAIRS_TREE, repair_key(slot), e.to_string()))
         })
         .transpose()
     }
@@ -599,15 +640,12 @@ impl OffsetStore {
         {
             return Ok(false);
         }
-        let record = ParkedRecordV1 {
-            v: ENCODING_VERSION,
-            aggregate_type: aggregate_type.to_owned(),
-            aggregate_id: aggregate_id.to_owned(),
-            reason: reason.to_owned(),
-            lsn: at.change(),
-            commit_lsn: Some(at.commit()),
-            parked_at_unix_ms: PgTimestamp::now().unix_millis(),
-        };
+        let record = ParkedRecordV1::from(ParkedAggregate::parked_now(
+            aggregate_type,
+            aggregate_id,
+            reason,
+            at,
+        ));
         let key = parked_key(aggregate_type, aggregate_id);
         let value = encode(
             &self.path,
@@ -732,15 +770,8 @@ impl OffsetStore {
     }
 
     fn decode_offset(&self, slot: &str, raw: &[u8]) -> Result<StoredOffset, StoreError> {
-        let corrupt = |reason: String| StoreError::Corrupt {
-            path: self.path.clone(),
-            tree: OFFSETS_TREE,
-            key: slot_key(slot),
-            reason,
-        };
-        check_version(raw).map_err(corrupt)?;
-        let record: OffsetRecordV1 =
-            serde_json::from_slice(raw).map_err(|e| corrupt(e.to_string()))?;
+        let record: OffsetRecordV1 = decode_versioned(raw)
+            .map_err(|reason| self.corrupt(OFFSETS_TREE, slot_key(slot), reason))?;
         Ok(StoredOffset {
             lsn: record.lsn,
             system_id: record.system_id,
@@ -751,29 +782,24 @@ impl OffsetStore {
     }
 
     fn decode_parked(&self, key: &[u8], raw: &[u8]) -> Result<ParkedAggregate, StoreError> {
-        let corrupt = |reason: String| StoreError::Corrupt {
-            path: self.path.clone(),
-            tree: PARKED_TREE,
-            key: parked_key_display(key),
-            reason,
-        };
-        check_version(raw).map_err(corrupt)?;
-        let record: ParkedRecordV1 =
-            serde_json::from_slice(raw).map_err(|e| corrupt(e.to_string()))?;
+        let corrupt = |reason: String| self.corrupt(PARKED_TREE, parked_key_display(key), reason);
+        let record: ParkedRecordV1 = decode_versioned(raw).map_err(corrupt)?;
         if parked_key(&record.aggregate_type, &record.aggregate_id) != key {
             return Err(corrupt(format!(
                 "value names aggregate {}, not the key's",
                 aggregate_key(&record.aggregate_type, &record.aggregate_id)
             )));
         }
-        Ok(ParkedAggregate {
-            aggregate_type: record.aggregate_type,
-            aggregate_id: record.aggregate_id,
-            reason: record.reason,
-            lsn: record.lsn,
-            commit_lsn: record.commit_lsn,
-            parked_at_unix_ms: record.parked_at_unix_ms,
-        })
+        Ok(ParkedAggregate::from(record))
+    }
+
+    fn corrupt(&self, tree: &'static str, key: String, reason: String) -> StoreError {
+        StoreError::Corrupt {
+            path: self.path.clone(),
+            tree,
+            key,
+            reason,
+        }
     }
 }
 
@@ -790,7 +816,8 @@ fn is_lock_conflict(err: &sled::Error) -> bool {
     }
 }
 
-fn check_version(raw: &[u8]) -> Result<(), String> {
+/// A record of the encoding version this build reads, or what is wrong with it.
+fn decode_versioned<T: DeserializeOwned>(raw: &[u8]) -> Result<T, String> {
     let version: Version =
         serde_json::from_slice(raw).map_err(|e| format!("not a versioned JSON record: {e}"))?;
     if version.v != ENCODING_VERSION {
@@ -799,7 +826,7 @@ fn check_version(raw: &[u8]) -> Result<(), String> {
             version.v
         ));
     }
-    Ok(())
+    serde_json::from_slice(raw).map_err(|e| e.to_string())
 }
 
 fn encode<T: Serialize>(path: &Path, key: String, record: &T) -> Result<Vec<u8>, StoreError> {
@@ -854,14 +881,20 @@ mod tests {
 
     const SYSID: &str = "7301234567890123456";
 
+    /// An offset store in a new directory (removed when the guard drops).
+    fn fresh() -> (tempfile::TempDir, OffsetStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        (dir, store)
+    }
+
     fn lsn(n: u64) -> Lsn {
         Lsn::new(n)
     }
 
     #[test]
     fn persisted_offset_survives_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (dir, store) = fresh();
         assert_eq!(store.load("slot_a").unwrap(), None);
         assert_eq!(store.durable_lsn("slot_a").unwrap(), None);
         let before = PgTimestamp::now().unix_millis();
@@ -888,8 +921,7 @@ mod tests {
 
     #[test]
     fn persist_never_moves_the_offset_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (dir, store) = fresh();
         assert_eq!(store.persist("s", lsn(500), SYSID).unwrap().lsn(), lsn(500));
         let stamped = store.load("s").unwrap().unwrap().updated_at_unix_ms;
         assert_eq!(store.persist("s", lsn(400), SYSID).unwrap().lsn(), lsn(500));
@@ -908,8 +940,7 @@ mod tests {
 
     #[test]
     fn concurrent_persists_keep_the_highest() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (_dir, store) = fresh();
         std::thread::scope(|scope| {
             for t in 0..4u64 {
                 let store = &store;
@@ -927,8 +958,7 @@ mod tests {
 
     #[test]
     fn offset_of_another_cluster_is_not_overwritten() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (_dir, store) = fresh();
         store.persist("s", lsn(10), SYSID).unwrap();
         let err = store.persist("s", lsn(20), "999").unwrap_err();
         match &err {
@@ -957,8 +987,7 @@ mod tests {
 
     #[test]
     fn removal_survives_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (dir, store) = fresh();
         store.persist("s", lsn(10), SYSID).unwrap();
         store.remove("s").unwrap();
         drop(store);
@@ -968,8 +997,7 @@ mod tests {
 
     #[test]
     fn encoding_is_versioned_json() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (_dir, store) = fresh();
         store.persist("s", lsn(0x1_0000_0002), SYSID).unwrap();
         let raw = store.offsets.get("s").unwrap().unwrap();
         let value: serde_json::Value = serde_json::from_slice(&raw).unwrap();
@@ -981,8 +1009,7 @@ mod tests {
 
     #[test]
     fn corrupt_values_are_errors_naming_the_key() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (_dir, store) = fresh();
         let cases: [&[u8]; 4] = [
             b"\x00\xffgarbage",
             br#"{"v":2,"lsn":"0/1","system_id":"x","updated_at_unix_ms":0}"#,
@@ -1050,8 +1077,7 @@ mod tests {
 
     #[test]
     fn parked_aggregates_survive_reopen_until_released() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (dir, store) = fresh();
         assert!(!store.is_parked("order", "42").unwrap());
         assert!(
             store
@@ -1114,8 +1140,7 @@ mod tests {
     /// parking one is not.
     #[test]
     fn parking_follows_commit_order_not_change_lsns() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (dir, store) = fresh();
         let t2 = EventPosition::new(lsn(0x400), lsn(0x300));
         assert!(store.park("order", "x", "refused", t2).unwrap());
         drop(store);
@@ -1146,8 +1171,7 @@ mod tests {
     /// change LSNs compared.
     #[test]
     fn a_parked_record_without_a_commit_lsn_compares_change_lsns() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (dir, store) = fresh();
         let old = serde_json::json!({
             "v": ENCODING_VERSION, "aggregate_type": "order", "aggregate_id": "x",
             "reason": "refused", "lsn": "0/300", "parked_at_unix_ms": 1
@@ -1169,8 +1193,7 @@ mod tests {
 
     #[test]
     fn parked_keys_are_unambiguous() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (_dir, store) = fresh();
         store
             .park("ab", "c", "r", EventPosition::at(lsn(1)))
             .unwrap();
@@ -1186,8 +1209,7 @@ mod tests {
 
     #[test]
     fn corrupt_parked_value_fails_open_naming_the_aggregate() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (dir, store) = fresh();
         store
             .parked
             .insert(parked_key("order", "42"), &b"{not json"[..])
@@ -1206,8 +1228,7 @@ mod tests {
 
     #[test]
     fn parked_value_for_another_key_is_corrupt() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
+        let (_dir, store) = fresh();
         store
             .park("order", "1", "r", EventPosition::at(lsn(1)))
             .unwrap();

@@ -144,15 +144,11 @@ pub enum PayloadFormat {
 impl std::str::FromStr for PayloadFormat {
     type Err = ConfigError;
     fn from_str(s: &str) -> Result<PayloadFormat, ConfigError> {
-        match s {
-            "as-stored" => Ok(PayloadFormat::AsStored),
-            "json-string" => Ok(PayloadFormat::JsonString),
-            _ => Err(ConfigError::new(
-                "outbox.payload_format",
-                s,
-                "one of \"as-stored\", \"json-string\"",
-            )),
-        }
+        let choices = [
+            ("as-stored", PayloadFormat::AsStored),
+            ("json-string", PayloadFormat::JsonString),
+        ];
+        crate::setting::one_of("outbox.payload_format", s, &choices)
     }
 }
 

@@ -193,15 +193,8 @@ pub enum Layout {
 impl FromStr for Layout {
     type Err = ConfigError;
     fn from_str(s: &str) -> Result<Layout, ConfigError> {
-        match s {
-            "seed" => Ok(Layout::Seed),
-            "debezium" => Ok(Layout::Debezium),
-            _ => Err(ConfigError::new(
-                "outbox.layout",
-                s,
-                "one of \"seed\", \"debezium\"",
-            )),
-        }
+        let choices = [("seed", Layout::Seed), ("debezium", Layout::Debezium)];
+        crate::setting::one_of("outbox.layout", s, &choices)
     }
 }
 
@@ -219,15 +212,11 @@ pub enum PoisonPolicy {
 impl FromStr for PoisonPolicy {
     type Err = ConfigError;
     fn from_str(s: &str) -> Result<PoisonPolicy, ConfigError> {
-        match s {
-            "fail" => Ok(PoisonPolicy::Fail),
-            "dead-letter" => Ok(PoisonPolicy::DeadLetter),
-            _ => Err(ConfigError::new(
-                "outbox.on_poison",
-                s,
-                "one of \"fail\", \"dead-letter\"",
-            )),
-        }
+        let choices = [
+            ("fail", PoisonPolicy::Fail),
+            ("dead-letter", PoisonPolicy::DeadLetter),
+        ];
+        crate::setting::one_of("outbox.on_poison", s, &choices)
     }
 }
 

@@ -3,6 +3,7 @@
 //! SQL allows it and as quoted identifiers where it does not (DDL).
 
 use tokio_postgres::Client;
+use tokio_postgres::types::{FromSql, ToSql};
 
 use super::Lsn;
 use super::error::{PgError, ServerError};
@@ -98,6 +99,17 @@ pub enum SlotLock {
 /// The advisory lock key of `slot` (a bigint, one per slot name).
 const SLOT_LOCK_KEY: &str = "hashtextextended('outbox-cdc slot ' || $1, 0)";
 
+/// The first column of the one row `sql` returns. Both ways it can fail (no
+/// single row, a column of another type) come back as the client's error, for
+/// the caller to name what it was reading.
+pub(crate) async fn query_value<T: for<'r> FromSql<'r>>(
+    client: &Client,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<T, tokio_postgres::Error> {
+    client.query_one(sql, params).await?.try_get(0)
+}
+
 /// Tries to take `slot`'s advisory lock in `mode` on this session (held
 /// until [`unlock_slot`] or the connection ends); `false` when another
 /// session holds it in a conflicting mode. Advisory locks work on a standby too.
@@ -106,11 +118,9 @@ pub async fn try_lock_slot(client: &Client, slot: &str, mode: SlotLock) -> Resul
         SlotLock::Starting => "pg_try_advisory_lock_shared",
         SlotLock::Repairing => "pg_try_advisory_lock",
     };
-    let row = client
-        .query_one(&format!("SELECT {function}({SLOT_LOCK_KEY})"), &[&slot])
+    let sql = format!("SELECT {function}({SLOT_LOCK_KEY})");
+    query_value(client, &sql, &[&slot])
         .await
-        .map_err(|e| PgError::sql("taking the slot's advisory lock", e))?;
-    row.try_get(0)
         .map_err(|e| PgError::sql("taking the slot's advisory lock", e))
 }
 
@@ -127,7 +137,6 @@ pub async fn unlock_slot(client: &Client, slot: &str, mode: SlotLock) -> Result<
     Ok(())
 }
 
-/// `server_version_num`, e.g. 170004.
 /// The server's kind, as `target_session_attrs` judges it.
 pub async fn server_kind(client: &Client) -> Result<super::config::ServerKind, PgError> {
     let during = "asking the server's kind (target_session_attrs)";
@@ -143,23 +152,17 @@ pub async fn server_kind(client: &Client) -> Result<super::config::ServerKind, P
 
 /// Whether the server is a standby (in recovery).
 pub async fn in_recovery(client: &Client) -> Result<bool, PgError> {
-    let during = "reading pg_is_in_recovery()";
-    client
-        .query_one("SELECT pg_is_in_recovery()", &[])
+    query_value(client, "SELECT pg_is_in_recovery()", &[])
         .await
-        .map_err(|e| PgError::sql(during, e))?
-        .try_get(0)
-        .map_err(|e| PgError::sql(during, e))
+        .map_err(|e| PgError::sql("reading pg_is_in_recovery()", e))
 }
 
+/// `server_version_num`, e.g. 170004.
 pub async fn server_version_num(client: &Client) -> Result<i32, PgError> {
-    let during = "reading server_version_num";
-    client
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
+    let sql = "SELECT current_setting('server_version_num')::int";
+    query_value(client, sql, &[])
         .await
-        .map_err(|e| PgError::sql(during, e))?
-        .try_get(0)
-        .map_err(|e| PgError::sql(during, e))
+        .map_err(|e| PgError::sql("reading server_version_num", e))
 }
 
 pub async fn drop_slot(client: &Client, slot: &str) -> Result<(), PgError> {
@@ -205,40 +208,26 @@ pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, 
 /// The server's WAL position: where WAL is written on a primary, where it is
 /// replayed on a standby.
 pub async fn wal_position(client: &Client) -> Result<Lsn, PgError> {
-    let during = "reading the server's WAL position";
-    let row = client
-        .query_one(
-            "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
-                     ELSE pg_current_wal_lsn() END)::text",
-            &[],
-        )
+    let sql = "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                          ELSE pg_current_wal_lsn() END)::text";
+    let text: String = query_value(client, sql, &[])
         .await
-        .map_err(|e| PgError::sql(during, e))?;
-    let text: String = row.try_get(0).map_err(|e| PgError::sql(during, e))?;
+        .map_err(|e| PgError::sql("reading the server's WAL position", e))?;
     parse_lsn(&text, "the WAL position")
 }
 
 pub async fn current_wal_lsn(client: &Client) -> Result<Lsn, PgError> {
-    let row = client
-        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+    let text: String = query_value(client, "SELECT pg_current_wal_lsn()::text", &[])
         .await
-        .map_err(|e| PgError::sql("reading pg_current_wal_lsn()", e))?;
-    let text: String = row
-        .try_get(0)
         .map_err(|e| PgError::sql("reading pg_current_wal_lsn()", e))?;
     parse_lsn(&text, "pg_current_wal_lsn")
 }
 
 pub async fn publication_exists(client: &Client, publication: &str) -> Result<bool, PgError> {
-    let during = || format!("looking up publication {publication:?}");
-    let row = client
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
-            &[&publication],
-        )
+    let sql = "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)";
+    query_value(client, sql, &[&publication])
         .await
-        .map_err(|e| PgError::sql(during(), e))?;
-    row.try_get(0).map_err(|e| PgError::sql(during(), e))
+        .map_err(|e| PgError::sql(format!("looking up publication {publication:?}"), e))
 }
 
 /// `CREATE PUBLICATION` for the outbox, inserts only; a partitioned table is
@@ -280,14 +269,9 @@ pub async fn create_publication(
 
 /// The cluster's system identifier (decimal text, as IDENTIFY_SYSTEM reports it).
 pub async fn system_identifier(client: &Client) -> Result<String, PgError> {
-    let row = client
-        .query_one(
-            "SELECT system_identifier::text FROM pg_control_system()",
-            &[],
-        )
+    let sql = "SELECT system_identifier::text FROM pg_control_system()";
+    query_value(client, sql, &[])
         .await
-        .map_err(|e| PgError::sql("reading pg_control_system()", e))?;
-    row.try_get(0)
         .map_err(|e| PgError::sql("reading pg_control_system()", e))
 }
 

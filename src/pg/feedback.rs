@@ -253,19 +253,49 @@ mod tests {
         v
     }
 
+    /// A writer running on an in-memory pipe, reporting every `interval` and
+    /// a flush at most every 100 ms.
+    struct Running {
+        handle: FeedbackHandle,
+        server: tokio::io::DuplexStream,
+        stop: oneshot::Sender<()>,
+        task: tokio::task::JoinHandle<Option<tokio::io::DuplexStream>>,
+    }
+
+    fn start_writer(interval: Duration) -> Running {
+        let (handle, state) = handle();
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        let (stop, stop_rx) = oneshot::channel();
+        let timing = FeedbackTiming {
+            interval,
+            min_gap: Duration::from_millis(100),
+        };
+        let task = tokio::spawn(run_writer(client, "test".into(), state, timing, stop_rx));
+        Running {
+            handle,
+            server,
+            stop,
+            task,
+        }
+    }
+
+    impl Running {
+        /// Stops the writer: whether it gave its stream back, and all it sent.
+        async fn stop(mut self) -> (bool, Vec<u8>) {
+            self.stop.send(()).unwrap();
+            let gave_back = self.task.await.unwrap().is_some();
+            let mut raw = Vec::new();
+            self.server.read_to_end(&mut raw).await.unwrap();
+            (gave_back, raw)
+        }
+    }
+
     /// Real time (tokio's test-util clock is not enabled in this crate), so
     /// the assertions allow for a loaded machine.
     #[tokio::test]
     async fn writer_sends_on_timer_on_flush_and_on_stop() {
-        let (h, state) = handle();
-        let (client, mut server) = tokio::io::duplex(64 * 1024);
-        let (stop_tx, stop_rx) = oneshot::channel();
-        let timing = FeedbackTiming {
-            interval: Duration::from_millis(700),
-            min_gap: Duration::from_millis(100),
-        };
-        let task = tokio::spawn(run_writer(client, "test".into(), state, timing, stop_rx));
-
+        let writer = start_writer(Duration::from_millis(700));
+        let h = &writer.handle;
         tokio::time::sleep(Duration::from_millis(20)).await;
         h.set_flushed(DurableLsn::for_test(Lsn::new(0x10)));
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -273,12 +303,8 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1000)).await;
         h.request_reply();
         tokio::time::sleep(Duration::from_millis(50)).await;
-        stop_tx.send(()).unwrap();
-        let w = task.await.unwrap();
-        assert!(w.is_some());
-        drop(w);
-        let mut raw = Vec::new();
-        server.read_to_end(&mut raw).await.unwrap();
+        let (gave_back, raw) = writer.stop().await;
+        assert!(gave_back);
         let got = updates(&raw);
 
         assert_eq!(
@@ -312,14 +338,8 @@ mod tests {
 
     #[tokio::test]
     async fn flush_updates_are_coalesced() {
-        let (h, state) = handle();
-        let (client, mut server) = tokio::io::duplex(64 * 1024);
-        let (stop_tx, stop_rx) = oneshot::channel();
-        let timing = FeedbackTiming {
-            interval: Duration::from_secs(60),
-            min_gap: Duration::from_millis(100),
-        };
-        let task = tokio::spawn(run_writer(client, "test".into(), state, timing, stop_rx));
+        let writer = start_writer(Duration::from_secs(60));
+        let h = &writer.handle;
         let started = std::time::Instant::now();
         for i in 1..=200u64 {
             h.set_flushed(DurableLsn::for_test(Lsn::new(i)));
@@ -327,10 +347,7 @@ mod tests {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
         let elapsed_ms = started.elapsed().as_millis() as usize;
-        stop_tx.send(()).unwrap();
-        drop(task.await.unwrap());
-        let mut raw = Vec::new();
-        server.read_to_end(&mut raw).await.unwrap();
+        let (_, raw) = writer.stop().await;
         let got = updates(&raw);
         // Initial tick + at most one per 100 ms + the final update.
         assert!(

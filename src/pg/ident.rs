@@ -117,22 +117,18 @@ mod tests {
 
     #[test]
     fn parses_table_names() {
-        assert_eq!(
-            QualifiedTable::parse("public.outbox_events").unwrap(),
-            QualifiedTable::new("public", "outbox_events")
-        );
-        assert_eq!(
-            QualifiedTable::parse("Outbox").unwrap(),
-            QualifiedTable::new("public", "outbox")
-        );
-        assert_eq!(
-            QualifiedTable::parse("\"My Schema\".\"Evil\"\"Name\"").unwrap(),
-            QualifiedTable::new("My Schema", "Evil\"Name")
-        );
-        assert_eq!(
-            QualifiedTable::parse("s.\"a.b\"").unwrap(),
-            QualifiedTable::new("s", "a.b")
-        );
+        for (text, schema, name) in [
+            ("public.outbox_events", "public", "outbox_events"),
+            ("Outbox", "public", "outbox"),
+            ("\"My Schema\".\"Evil\"\"Name\"", "My Schema", "Evil\"Name"),
+            ("s.\"a.b\"", "s", "a.b"),
+        ] {
+            assert_eq!(
+                QualifiedTable::parse(text).unwrap(),
+                QualifiedTable::new(schema, name),
+                "{text}"
+            );
+        }
         for bad in ["", ".", "a.", ".a", "a.b.c", "\"a", "a b", "\"a\"x", "a\"b"] {
             assert!(
                 matches!(QualifiedTable::parse(bad), Err(PgError::Config { ref key, .. }) if key == "table"),

@@ -311,6 +311,10 @@ mod tests {
         }
     }
 
+    fn truncated(needed: usize, available: usize) -> DecodeErrorKind {
+        DecodeErrorKind::Truncated { needed, available }
+    }
+
     fn text(s: &str) -> ColumnValue {
         ColumnValue::Text(Bytes::copy_from_slice(s.as_bytes()))
     }
@@ -632,13 +636,7 @@ mod tests {
         let e = err(&[]);
         assert_eq!(e.tag(), None);
         assert_eq!(e.offset(), 0);
-        assert_eq!(
-            e.kind(),
-            &DecodeErrorKind::Truncated {
-                needed: 1,
-                available: 0
-            }
-        );
+        assert_eq!(e.kind(), &truncated(1, 0));
     }
 
     #[test]
@@ -674,13 +672,7 @@ mod tests {
         assert_eq!(e.tag(), Some(b'B'));
         assert_eq!(e.offset(), 17);
         assert_eq!(e.field(), "xid");
-        assert_eq!(
-            e.kind(),
-            &DecodeErrorKind::Truncated {
-                needed: 4,
-                available: 2
-            }
-        );
+        assert_eq!(e.kind(), &truncated(4, 2));
         assert_eq!(
             e.to_string(),
             "pgoutput message 'B' at offset 17: truncated: needed 4 bytes, 2 available (reading xid)"
@@ -702,13 +694,7 @@ mod tests {
         let e = err(&[b"I", &OID, b"N", &[0, 1], b"t", &[0, 0, 0, 5], b"ab"]);
         assert_eq!(e.offset(), 13);
         assert_eq!(e.field(), "column value");
-        assert_eq!(
-            e.kind(),
-            &DecodeErrorKind::Truncated {
-                needed: 5,
-                available: 2
-            }
-        );
+        assert_eq!(e.kind(), &truncated(5, 2));
     }
 
     #[test]
@@ -787,24 +773,12 @@ mod tests {
     #[test]
     fn huge_counts_fail_without_allocating_for_them() {
         let e = err(&[b"T", &i32::MAX.to_be_bytes(), &[0], &OID]);
-        assert_eq!(
-            e.kind(),
-            &DecodeErrorKind::Truncated {
-                needed: 4,
-                available: 0
-            }
-        );
+        assert_eq!(e.kind(), &truncated(4, 0));
         let e = err(&[b"I", &OID, b"N", &[0xff, 0xff], b"n"]);
         assert!(matches!(e.kind(), DecodeErrorKind::Truncated { .. }), "{e}");
         let e = err(&[b"R", &OID, b"a\0b\0d", &[0xff, 0xff]]);
         assert!(matches!(e.kind(), DecodeErrorKind::Truncated { .. }), "{e}");
         let e = err(&[b"M", &[1], &LSN_A, b"p\0", &i32::MAX.to_be_bytes(), b"x"]);
-        assert_eq!(
-            e.kind(),
-            &DecodeErrorKind::Truncated {
-                needed: i32::MAX as usize,
-                available: 1
-            }
-        );
+        assert_eq!(e.kind(), &truncated(i32::MAX as usize, 1));
     }
 }

@@ -94,17 +94,7 @@ impl Parking for MemoryParking {
         if parked.contains_key(&key) {
             return Ok(false);
         }
-        parked.insert(
-            key,
-            ParkedAggregate {
-                aggregate_type: t.to_owned(),
-                aggregate_id: id.to_owned(),
-                reason: reason.to_owned(),
-                lsn: at.change(),
-                commit_lsn: Some(at.commit()),
-                parked_at_unix_ms: PgTimestamp::now().unix_millis(),
-            },
-        );
+        parked.insert(key, ParkedAggregate::parked_now(t, id, reason, at));
         Ok(true)
     }
 }
@@ -332,6 +322,14 @@ mod tests {
         toml::from_str(&text).unwrap()
     }
 
+    /// A router under `policy` and a fresh offset store (in a directory that
+    /// lives as long as the returned guard).
+    fn open_with(policy: &str) -> (tempfile::TempDir, OffsetStore, PoisonPolicyRouter) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        (dir, store, PoisonPolicyRouter::new(&settings(policy)))
+    }
+
     fn poison() -> MapError {
         MapError::NullColumn {
             column: "payload".into(),
@@ -381,9 +379,7 @@ mod tests {
 
     #[test]
     fn fail_policy_stops_with_event_id_and_lsn() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
-        let router = PoisonPolicyRouter::new(&settings("fail"));
+        let (_dir, store, router) = open_with("fail");
         let err = route_at(&router, &store, Err(poison()), Bytes::new, 42)
             .err()
             .expect("fail policy must stop");
@@ -396,9 +392,7 @@ mod tests {
 
     #[test]
     fn a_dead_letter_record_of_a_large_event_carries_a_reference() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
-        let router = PoisonPolicyRouter::new(&settings("dead-letter"));
+        let (_dir, store, router) = open_with("dead-letter");
         store
             .park(
                 "order",
@@ -420,9 +414,7 @@ mod tests {
 
     #[test]
     fn a_replay_publishes_the_parked_aggregates_events_from_before_the_poison_one() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
-        let router = PoisonPolicyRouter::new(&settings("dead-letter"));
+        let (dir, store, router) = open_with("dead-letter");
         // Parked by a broker refusal of its event at LSN 50 (session::refused).
         store
             .park("order", "o1", "refused", EventPosition::at(Lsn::new(50)))
@@ -442,9 +434,7 @@ mod tests {
 
     #[test]
     fn dead_letter_policy_parks_the_aggregate_and_redirects_its_later_events() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
-        let router = PoisonPolicyRouter::new(&settings("dead-letter"));
+        let (_dir, store, router) = open_with("dead-letter");
         let raw = || Bytes::from_static(b"{\"payload\":null}");
         let Route::DeadLetter(dlq) = route_at(&router, &store, Err(poison()), raw, 42).unwrap()
         else {

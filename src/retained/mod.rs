@@ -22,6 +22,7 @@ use crate::config::Config;
 use crate::coverage;
 use crate::outbox::settings::ColumnNames;
 use crate::outbox::{BoundRelation, ChangeContext, MapError, OutboxEvent, OutboxMapper};
+use crate::pg::control::query_value;
 use crate::pg::{Lsn, PgError, PgTimestamp, QualifiedTable, quote_ident};
 use crate::pgoutput::{ColumnValue, Relation, RelationColumn, TupleData};
 use crate::sink::{DeliveryReport, KafkaSink};
@@ -158,16 +159,8 @@ impl RetainedTable {
 /// Whether the server keeps commit timestamps (`track_commit_timestamp`).
 pub(crate) async fn tracks_commit_timestamps(client: &Client) -> Result<bool, PipelineError> {
     let e = sql("reading track_commit_timestamp");
-    let on: bool = client
-        .query_one(
-            "SELECT current_setting('track_commit_timestamp') = 'on'",
-            &[],
-        )
-        .await
-        .map_err(&e)?
-        .try_get(0)
-        .map_err(&e)?;
-    Ok(on)
+    let select = "SELECT current_setting('track_commit_timestamp') = 'on'";
+    query_value(client, select, &[]).await.map_err(&e)
 }
 
 /// A Kafka producer with at most `max` records in flight; a failed delivery

@@ -66,6 +66,7 @@ use crate::checkpoint::{OffsetStore, ParkedAggregate};
 use crate::config::Config;
 use crate::coverage;
 use crate::metrics::Metrics;
+use crate::pg::control::query_value;
 use crate::pg::{Lsn, PgConnectConfig, PgTimestamp, QualifiedTable, quote_ident};
 
 use super::{micros_text, sql, table_columns};
@@ -448,15 +449,8 @@ async fn prune_rows(
     let by_commit_time = track && version >= 140000;
     let witness = xid_witness(client, &config.postgres.slot, acked.lsn).await?;
     report.witness = witness.as_ref().map(|(_, what)| what.clone());
-    let now: f64 = client
-        .query_one(
-            "SELECT ((extract(epoch FROM clock_timestamp()) - 946684800) * 1e6)::float8",
-            &[],
-        )
-        .await
-        .map_err(&e)?
-        .try_get(0)
-        .map_err(&e)?;
+    let select = "SELECT ((extract(epoch FROM clock_timestamp()) - 946684800) * 1e6)::float8";
+    let now: f64 = query_value(client, select, &[]).await.map_err(&e)?;
     let cutoff = now - retention.as_micros() as f64;
     let commit_bound =
         (acked.commit_time.0 - config.repair.commit_time_margin_ms as i64 * 1000) as f64;
@@ -644,13 +638,8 @@ impl Leaf {
         ) else {
             return Ok(false);
         };
-        let compared = client
-            .query_one(
-                &format!("SELECT $1::text::{key_type} <= {}", ts("$2")),
-                &[&upper, &cutoff],
-            )
-            .await
-            .and_then(|r| r.try_get::<_, bool>(0));
+        let select = format!("SELECT $1::text::{key_type} <= {}", ts("$2"));
+        let compared = query_value::<bool>(client, &select, &[&upper, &cutoff]).await;
         match compared {
             Ok(before) => Ok(before),
             Err(err) => {
@@ -846,15 +835,9 @@ impl Detach<'_> {
     }
 
     async fn pending(&self, leaf: &str) -> Result<bool, tokio_postgres::Error> {
-        let row = self
-            .client
-            .query_one(
-                "SELECT coalesce(bool_or(inhdetachpending), false) FROM pg_inherits \
-                 WHERE inhrelid = $1::text::regclass",
-                &[&leaf],
-            )
-            .await?;
-        row.try_get(0)
+        let select = "SELECT coalesce(bool_or(inhdetachpending), false) FROM pg_inherits \
+                      WHERE inhrelid = $1::text::regclass";
+        query_value(self.client, select, &[&leaf]).await
     }
 }
 
@@ -922,17 +905,9 @@ async fn measure(
         .await
         .map_err(&e)?;
     let (rows, bytes): (i64, i64) = (row.try_get(0).map_err(&e)?, row.try_get(1).map_err(&e)?);
-    let age: Option<i64> = client
-        .query_one(
-            &format!(
-                "SELECT (extract(epoch FROM now() - min(occurred_at)) * 1000)::int8 FROM {table}"
-            ),
-            &[],
-        )
-        .await
-        .map_err(&e)?
-        .try_get(0)
-        .map_err(&e)?;
+    let select =
+        format!("SELECT (extract(epoch FROM now() - min(occurred_at)) * 1000)::int8 FROM {table}");
+    let age: Option<i64> = query_value(client, &select, &[]).await.map_err(&e)?;
     metrics.set_outbox_size(rows, bytes, age.unwrap_or(0));
     Ok(())
 }
@@ -966,16 +941,7 @@ pub async fn run_pruner(
     let mut client: Option<Client> = None;
     let mut said_no_time = false;
     let mut stop = shutdown.clone();
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            changed = stop.changed() => {
-                if changed.is_err() || *stop.borrow() {
-                    return;
-                }
-                continue;
-            }
-        }
+    while crate::periodic::next_tick(&mut tick, &mut stop).await {
         // Both durable: the commit time set after each persist, the LSN by
         // the session once the store flushed it.
         let acked = metrics

@@ -35,6 +35,7 @@ use crate::checkpoint::{OffsetStore, PendingRepair, StoredOffset};
 use crate::config::Config;
 use crate::coverage;
 use crate::metrics::Metrics;
+use crate::pg::control::query_value;
 use crate::pg::{EventPosition, Lsn, PgTimestamp};
 
 use super::{
@@ -100,17 +101,10 @@ pub(crate) async fn plan(
     // before the acknowledged commit: otherwise rows in between may have been
     // pruned already.
     let oldest: Option<f64> = if has_occurred_at {
-        client
-            .query_one(
-                &format!(
-                    "SELECT ((extract(epoch FROM min(occurred_at)) - 946684800) * 1e6)::float8 FROM {table}"
-                ),
-                &[],
-            )
-            .await
-            .map_err(&e)?
-            .try_get(0)
-            .map_err(&e)?
+        let select = format!(
+            "SELECT ((extract(epoch FROM min(occurred_at)) - 946684800) * 1e6)::float8 FROM {table}"
+        );
+        query_value(client, &select, &[]).await.map_err(&e)?
     } else {
         Some(f64::MIN) // no time column: the table's history cannot be judged
     };
@@ -218,15 +212,8 @@ pub(crate) async fn publish(
     } else {
         vec![&since]
     };
-    let total: i64 = client
-        .query_one(
-            &format!("SELECT count(*) FROM {table} WHERE {filter}"),
-            &params,
-        )
-        .await
-        .map_err(&e)?
-        .try_get(0)
-        .map_err(&e)?;
+    let select = format!("SELECT count(*) FROM {table} WHERE {filter}");
+    let total: i64 = query_value(client, &select, &params).await.map_err(&e)?;
     metrics.repair_started(total.max(0) as u64);
     info!(rows = total, table = %table, bound = %pending.bound, since = %micros_text(pending.since_micros),
         at = %at, "gap repair: publishing retained outbox rows");

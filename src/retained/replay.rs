@@ -33,6 +33,7 @@ use tracing::info;
 
 use crate::config::Config;
 use crate::outbox::topic::validate_topic_name;
+use crate::pg::control::query_value;
 use crate::pg::{EventPosition, Lsn, PgConnectConfig, quote_ident};
 
 use super::{BoundedSender, RetainedTable, micros_of, sql, tracks_commit_timestamps};
@@ -282,12 +283,8 @@ pub async fn replay_with(
     } else {
         "o.occurred_at"
     };
-    let at: i64 = client
-        .query_one("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8", &[])
-        .await
-        .map_err(&e)?
-        .try_get(0)
-        .map_err(&e)?;
+    let select = "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8";
+    let at: i64 = query_value(client, select, &[]).await.map_err(&e)?;
     let at = Lsn::new(at as u64);
     let micros = micros_of(time);
     let query = format!(

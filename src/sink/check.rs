@@ -11,7 +11,7 @@ use rdkafka::producer::{BaseProducer, Producer, ProducerContext};
 
 use super::client_error::LastClientError;
 use super::error::{SinkError, security_code};
-use super::producer::creation_error;
+use super::producer::{blocking, creation_error};
 use super::settings::KafkaSettings;
 
 /// What the cluster told us about itself.
@@ -57,7 +57,7 @@ pub async fn check_reachable(
 ) -> Result<BrokerInfo, SinkError> {
     let config = settings.client_config()?;
     let bootstrap = settings.bootstrap_servers().unwrap_or_default().to_owned();
-    tokio::task::spawn_blocking(move || {
+    blocking(move || {
         let producer = BaseProducer::from_config_and_context(&config, CheckContext::default())
             .map_err(creation_error)?;
         match producer.client().fetch_metadata(None, timeout) {
@@ -73,10 +73,7 @@ pub async fn check_reachable(
             Err(err) => Err(metadata_error(&producer, bootstrap, &err, ERROR_GRACE)),
         }
     })
-    .await
-    .map_err(|e| SinkError::Task {
-        reason: e.to_string(),
-    })?
+    .await?
 }
 
 /// A failed metadata request, explained by the client error that caused it.
@@ -125,7 +122,7 @@ impl MetadataProbe {
     pub(crate) async fn fetch(&self, timeout: Duration) -> Result<(), SinkError> {
         let producer = self.producer.clone();
         let bootstrap = self.bootstrap.clone();
-        tokio::task::spawn_blocking(move || {
+        blocking(move || {
             // Serves the client's error callbacks (what explains a failure).
             producer.poll(Duration::ZERO);
             let topic: Option<&str> = None;
@@ -134,10 +131,7 @@ impl MetadataProbe {
                 Err(err) => Err(metadata_error(&producer, bootstrap, &err, Duration::ZERO)),
             }
         })
-        .await
-        .map_err(|e| SinkError::Task {
-            reason: e.to_string(),
-        })?
+        .await?
     }
 }
 

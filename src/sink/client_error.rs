@@ -74,17 +74,21 @@ mod tests {
         KafkaError::MetadataFetch(code)
     }
 
+    /// What the client's error callback was given, in order.
+    fn recorded(errors: &[(RDKafkaErrorCode, &str)]) -> LastClientError {
+        let last = LastClientError::default();
+        for (code, reason) in errors {
+            last.record(&err(*code), reason);
+        }
+        last
+    }
+
     #[test]
     fn a_refusal_outlives_the_disconnect_it_causes() {
-        let last = LastClientError::default();
-        last.record(
-            &err(RDKafkaErrorCode::Authentication),
-            "invalid credentials",
-        );
-        last.record(
-            &err(RDKafkaErrorCode::BrokerTransportFailure),
-            "disconnected",
-        );
+        let last = recorded(&[
+            (RDKafkaErrorCode::Authentication, "invalid credentials"),
+            (RDKafkaErrorCode::BrokerTransportFailure, "disconnected"),
+        ]);
         let (code, reason) = last.explain(&err(RDKafkaErrorCode::OperationTimedOut));
         assert_eq!(code, Some(RDKafkaErrorCode::Authentication));
         assert_eq!(reason, "invalid credentials");
@@ -111,12 +115,13 @@ mod tests {
 
     #[test]
     fn a_later_error_replaces_an_earlier_transient_one() {
-        let last = LastClientError::default();
-        last.record(
-            &err(RDKafkaErrorCode::BrokerTransportFailure),
-            "connection refused",
-        );
-        last.record(&err(RDKafkaErrorCode::SSL), "certificate verify failed");
+        let last = recorded(&[
+            (
+                RDKafkaErrorCode::BrokerTransportFailure,
+                "connection refused",
+            ),
+            (RDKafkaErrorCode::SSL, "certificate verify failed"),
+        ]);
         assert_eq!(
             last.explain(&err(RDKafkaErrorCode::OperationTimedOut)).0,
             Some(RDKafkaErrorCode::SSL)

@@ -460,6 +460,18 @@ impl<T: Send + 'static> KafkaSink<T> {
     }
 }
 
+/// Runs `work` (librdkafka calls that wait) on tokio's blocking pool; a task
+/// that panicked or was cancelled is [`SinkError::Task`].
+pub(super) async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, SinkError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| SinkError::Task {
+            reason: e.to_string(),
+        })
+}
+
 /// Maps a client-creation failure, keeping secrets out of the message.
 pub(crate) fn creation_error(err: KafkaError) -> SinkError {
     match err {

@@ -71,6 +71,21 @@ async fn collect<T>(
     out
 }
 
+/// Makes the producer's client fatal with `code`, as librdkafka does when
+/// the idempotent producer breaks.
+fn raise_fatal(sink: &KafkaSink<usize>, code: RDKafkaRespErr) {
+    let reason = std::ffi::CString::new("injected by test").unwrap();
+    // SAFETY: the pointer is the live producer's handle; the reason is a valid C string.
+    let raised = unsafe {
+        rdkafka::bindings::rd_kafka_test_fatal_error(
+            sink.producer().client().native_ptr(),
+            code,
+            reason.as_ptr(),
+        )
+    };
+    assert_eq!(raised, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR);
+}
+
 /// Asserts every token 0..n arrived once, delivered, and that per key the
 /// offsets follow send order. Returns (token → delivery).
 fn assert_all_delivered(
@@ -307,16 +322,10 @@ async fn fatal_producer_error_requires_a_new_producer() {
     sink.send(&event(topic, "k", 0, 10), 0).await.unwrap();
     collect(&mut rx, 1).await.remove(0).result.unwrap();
 
-    let reason = std::ffi::CString::new("injected by test").unwrap();
-    // SAFETY: the pointer is the live producer's handle; the reason is a valid C string.
-    let raised = unsafe {
-        rdkafka::bindings::rd_kafka_test_fatal_error(
-            sink.producer().client().native_ptr(),
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
-            reason.as_ptr(),
-        )
-    };
-    assert_eq!(raised, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR);
+    raise_fatal(
+        &sink,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+    );
 
     let fatal = sink.fatal_error().expect("fatal error recorded");
     assert!(
@@ -431,16 +440,7 @@ async fn records_queued_when_the_producer_turns_fatal_are_reported_fatal() {
     for i in 0..3 {
         sink.send(&event(topic, "k", i, 10), i).await.unwrap();
     }
-    let reason = std::ffi::CString::new("injected by test").unwrap();
-    // SAFETY: the pointer is the live producer's handle; the reason is a valid C string.
-    let raised = unsafe {
-        rdkafka::bindings::rd_kafka_test_fatal_error(
-            sink.producer().client().native_ptr(),
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR_PRODUCER_FENCED,
-            reason.as_ptr(),
-        )
-    };
-    assert_eq!(raised, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR);
+    raise_fatal(&sink, RDKafkaRespErr::RD_KAFKA_RESP_ERR_PRODUCER_FENCED);
     let mut tokens = Vec::new();
     for report in collect(&mut rx, 3).await {
         let err = report.result.expect_err("purged by the fatal error");

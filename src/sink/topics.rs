@@ -50,7 +50,7 @@ use serde::Deserialize;
 
 use super::client_error::LastClientError;
 use super::error::{SinkError, poison_code, retryable_code};
-use super::producer::creation_error;
+use super::producer::{blocking, creation_error};
 use super::settings::{KafkaSettings, Scalar};
 use crate::setting::InvalidSetting;
 
@@ -448,7 +448,7 @@ impl Topics {
     ) -> Result<Vec<(i32, RDKafkaErrorCode)>, SinkError> {
         let admin = Arc::clone(&self.admin);
         let name = topic.to_owned();
-        tokio::task::spawn_blocking(move || {
+        blocking(move || {
             (0..i32::try_from(partitions).unwrap_or(i32::MAX))
                 .filter_map(
                     |p| match admin.inner().fetch_watermarks(&name, p, METADATA_TIMEOUT) {
@@ -461,9 +461,6 @@ impl Topics {
                 .collect()
         })
         .await
-        .map_err(|e| SinkError::Task {
-            reason: e.to_string(),
-        })
     }
 
     /// One metadata request for `topic`, on the blocking pool.
@@ -471,11 +468,7 @@ impl Topics {
         let admin = Arc::clone(&self.admin);
         let name = topic.to_owned();
         let bootstrap = self.hint.bootstrap.clone();
-        tokio::task::spawn_blocking(move || describe_blocking(&admin, &name, &bootstrap))
-            .await
-            .map_err(|e| SinkError::Task {
-                reason: e.to_string(),
-            })?
+        blocking(move || describe_blocking(&admin, &name, &bootstrap)).await?
     }
 }
 
@@ -521,22 +514,27 @@ mod tests {
     use rdkafka::producer::DefaultProducerContext;
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
-    fn mock_topics(topic: &str) -> (MockCluster<'static, DefaultProducerContext>, Topics) {
+    /// A mock cluster with `topic`, whose leaders answer the first `refusals`
+    /// ListOffsets requests with "not leader for partition".
+    fn mock_topics(
+        topic: &str,
+        refusals: usize,
+    ) -> (MockCluster<'static, DefaultProducerContext>, Topics) {
         let cluster = MockCluster::new(1).expect("mock cluster");
         cluster.create_topic(topic, 3, 1).expect("mock topic");
         let mut kafka = KafkaSettings::new();
         kafka.set("bootstrap.servers", cluster.bootstrap_servers());
         let topics = Topics::new(&kafka, &TopicSettings::default()).expect("topics");
+        cluster.request_errors(
+            RDKafkaApiKey::ListOffsets,
+            &vec![RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; refusals],
+        );
         (cluster, topics)
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_topic_whose_leaders_do_not_answer_is_not_writable() {
-        let (cluster, topics) = mock_topics("leaderless");
-        cluster.request_errors(
-            RDKafkaApiKey::ListOffsets,
-            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; 1000],
-        );
+        let (_cluster, topics) = mock_topics("leaderless", 1000);
         let err = topics
             .wait_writable("leaderless", Duration::from_secs(2))
             .await
@@ -549,11 +547,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_topic_becomes_writable_once_its_leaders_answer() {
-        let (cluster, topics) = mock_topics("settling");
-        cluster.request_errors(
-            RDKafkaApiKey::ListOffsets,
-            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; 3],
-        );
+        let (_cluster, topics) = mock_topics("settling", 3);
         topics
             .wait_writable("settling", Duration::from_secs(20))
             .await

@@ -374,13 +374,9 @@ async fn repair_lost_slot(
 
 /// The server's clock now, as a commit-time bound.
 async fn server_clock(client: &tokio_postgres::Client) -> Result<PgTimestamp, PgError> {
-    client
-        .query_one(
-            "SELECT ((extract(epoch FROM clock_timestamp()) - 946684800) * 1e6)::int8",
-            &[],
-        )
+    let sql = "SELECT ((extract(epoch FROM clock_timestamp()) - 946684800) * 1e6)::int8";
+    control::query_value(client, sql, &[])
         .await
-        .and_then(|row| row.try_get(0))
         .map(PgTimestamp)
         .map_err(|e| PgError::sql("reading the server clock", e))
 }
