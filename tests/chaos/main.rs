@@ -16,4 +16,5 @@ mod support;
 
 mod at_least_once;
 mod exactly_once;
+mod large_transactions;
 mod partitioned;

@@ -44,9 +44,12 @@ pub struct Options {
     /// lost (`outbox-cdc repair` stays at-least-once by design), and the
     /// verdict allows no duplicate at all (tests/chaos/exactly_once.rs).
     pub exactly_once: bool,
+    /// The connector's decoding runs with logical_decoding_work_mem = 64kB,
+    /// so that large transactions are streamed (tests/chaos/large_transactions.rs).
+    pub small_work_mem: bool,
 }
 
-fn env_num<T: std::str::FromStr>(var: &str, default: T) -> T {
+pub fn env_num<T: std::str::FromStr>(var: &str, default: T) -> T {
     match std::env::var(var) {
         Ok(v) if !v.trim().is_empty() => v
             .trim()
@@ -91,10 +94,12 @@ impl Options {
                 writers: env_num("OUTBOX_CDC_CHAOS_WRITERS", 2),
                 tx_per_sec: env_num("OUTBOX_CDC_CHAOS_TX_PER_SEC", 25.0),
                 aggregates: env_num("OUTBOX_CDC_CHAOS_AGGREGATES", 300),
+                bulk_rows: 0,
             },
             partitioned: env_num("OUTBOX_CDC_CHAOS_PARTITIONED", 0u8) == 1,
             every_failpoint: env_num("OUTBOX_CDC_CHAOS_EVERY_FAILPOINT", 1u8) != 0,
             exactly_once: exactly_once_from_env(),
+            small_work_mem: false,
         }
     }
 
@@ -134,6 +139,12 @@ struct Tally {
     /// else can append to the topics (the next connector, a repair, an
     /// outage): requests the dead process had on the wire may still land.
     pending: Option<(Window, Instant)>,
+    /// Connector deaths that left a streamed, uncommitted transaction in the
+    /// spill directory (`<offsets>/spill/<xid>.spill`).
+    deaths_with_spill: u64,
+    /// The most `pg_stat_replication_slots.stream_txns` seen for the slot at
+    /// a connector death (14+; the count restarts with the slot).
+    streamed_txns_seen: i64,
 }
 
 /// How long after a connector's death its window stays open at least: a
@@ -290,7 +301,7 @@ pub async fn run(opts: Options) {
     let names = Names::new(unique_name("chaos"), opts.partitioned);
     let dir = work_dir(&names.base);
     eprintln!(
-        "chaos: seed={} mode={} cycles={} writers={} tx_per_sec={} aggregates={} partitioned={} files in {}",
+        "chaos: seed={} mode={} cycles={} writers={} tx_per_sec={} aggregates={} partitioned={} bulk_rows={} small_work_mem={} files in {}",
         opts.seed,
         mode_name(opts.exactly_once),
         opts.cycles,
@@ -298,6 +309,8 @@ pub async fn run(opts: Options) {
         opts.workload.tx_per_sec,
         opts.workload.aggregates,
         opts.partitioned,
+        opts.workload.bulk_rows,
+        opts.small_work_mem,
         dir.display()
     );
     let admin = admin_client().await;
@@ -315,7 +328,7 @@ pub async fn run(opts: Options) {
     let config_path = dir.join("connector.toml");
     std::fs::write(
         &config_path,
-        names.connector_config(&offsets, opts.exactly_once),
+        names.connector_config(&offsets, opts.exactly_once, opts.small_work_mem),
     )
     .expect("write connector config");
     let launcher = Launcher {
@@ -448,10 +461,41 @@ pub async fn run(opts: Options) {
         );
     }
     assert!(verdict.events > 0, "no events were written");
+    if opts.small_work_mem {
+        streaming_exercised(&admin, &tally)
+            .await
+            .unwrap_or_else(|e| fail(opts.seed, &launcher, &dir, &e));
+    }
 
     // Clean up only after a pass: a failure leaves everything for inspection.
     cleanup(&admin, &names).await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A run with a small decoding work memory proves something about streaming
+/// only if, from PostgreSQL 14 on, transactions were streamed and some
+/// connector deaths found one of them in the spill.
+async fn streaming_exercised(admin: &tokio_postgres::Client, tally: &Tally) -> Result<(), String> {
+    let version: i32 = admin
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .map_err(|e| format!("reading server_version_num: {e}"))?
+        .get(0);
+    eprintln!(
+        "chaos: streamed transactions seen on the slot={} connector deaths with a spill file={}",
+        tally.streamed_txns_seen, tally.deaths_with_spill
+    );
+    if version < 140000 {
+        return Ok(());
+    }
+    if tally.streamed_txns_seen == 0 || tally.deaths_with_spill == 0 {
+        return Err(format!(
+            "the run did not exercise streaming: the slot streamed {} transactions and {} connector \
+             deaths found a spill file (both must be above 0 on PostgreSQL {version})",
+            tally.streamed_txns_seen, tally.deaths_with_spill
+        ));
+    }
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1103,6 +1147,7 @@ async fn after_connector_death(
     // An earlier death's window closes before this one opens.
     tally.close_pending(reader).await;
     let died = Instant::now();
+    note_streaming(offsets, names, admin, tally).await;
     // Requests the dead process had on the wire may still be appended: the
     // window stays open until the next connector starts (close_pending).
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -1308,6 +1353,32 @@ async fn wait_caught_up(
         "with the writers paused, the connector did not confirm the WAL written before the pause \
          ({target}) within {CATCH_UP_BOUND:?}: {seen}"
     ))
+}
+
+/// What a connector's death found of pgoutput streaming: spill files of
+/// transactions still open, and how many transactions the slot streamed.
+async fn note_streaming(offsets: &Path, names: &Names, admin: &mut Admin, tally: &mut Tally) {
+    let spilled = std::fs::read_dir(offsets.join("spill"))
+        .map(|dir| {
+            dir.filter_map(Result::ok)
+                .any(|f| f.path().extension().is_some_and(|e| e == "spill"))
+        })
+        .unwrap_or(false);
+    tally.deaths_with_spill += u64::from(spilled);
+    // to_jsonb: PostgreSQL 13 has the view without its stream_* columns.
+    if let Ok(Some(row)) = admin
+        .get()
+        .await
+        .query_opt(
+            "SELECT (to_jsonb(s)->>'stream_txns')::bigint FROM pg_stat_replication_slots s \
+             WHERE slot_name = $1",
+            &[&names.slot],
+        )
+        .await
+        && let Some(n) = row.get::<_, Option<i64>>(0)
+    {
+        tally.streamed_txns_seen = tally.streamed_txns_seen.max(n);
+    }
 }
 
 /// Waits until every committed outbox row is in Kafka and has its effect,

@@ -179,7 +179,28 @@ impl Names {
     /// The connector's configuration file; `exactly_once` adds the
     /// `[delivery]` section of the transactional mode, with short batches:
     /// many Kafka transactions, so many commits for the crash points to hit.
-    pub fn connector_config(&self, offsets: &Path, exactly_once: bool) -> String {
+    /// With `small_work_mem`, the connector's sessions decode with
+    /// logical_decoding_work_mem = 64kB (the server's smallest), and the
+    /// connector keeps at most 16 KiB of streamed transactions in memory, so
+    /// that kills find spill files on disk.
+    pub fn connector_config(
+        &self,
+        offsets: &Path,
+        exactly_once: bool,
+        small_work_mem: bool,
+    ) -> String {
+        let url = match small_work_mem {
+            true => {
+                let url = pg_url();
+                let sep = if url.contains('?') { "&" } else { "?" };
+                format!("{url}{sep}options=-c%20logical_decoding_work_mem%3D64kB")
+            }
+            false => pg_url(),
+        };
+        let spill_budget = match small_work_mem {
+            true => "max_spill_memory_bytes = 16384\n",
+            false => "",
+        };
         let delivery = if exactly_once {
             format!(
                 r#"
@@ -215,7 +236,7 @@ flush_interval_ms = 20
 
 [limits]
 shutdown_timeout_ms = 5000
-
+{spill_budget}
 # Each connector process serves /metrics on a port of its own
 # (OUTBOX_CDC__HTTP__LISTEN, procs.rs); the repair and the audit none.
 [http]
@@ -229,7 +250,6 @@ occurred_at_margin_ms = {occurred_at_margin_ms}
 initial_backoff_ms = 100
 max_backoff_ms = 1000
 {delivery}"#,
-            url = pg_url(),
             slot = self.slot,
             publication = self.publication,
             table = self.outbox,

@@ -60,6 +60,12 @@ pub struct Workload {
     pub writers: usize,
     pub tx_per_sec: f64,
     pub aggregates: u64,
+    /// With more than 0, one more writer whose transactions each add this
+    /// many lines to one order in two statements (with a rolled-back
+    /// savepoint of as many lines again in a fifth of them): transactions the
+    /// server streams while in progress when its work memory is small
+    /// (tests/chaos/large_transactions.rs).
+    pub bulk_rows: u64,
 }
 
 pub type WriterHandle = JoinHandle<(Vec<TxRecord>, WriterStats)>;
@@ -77,8 +83,10 @@ pub fn spawn(
     paused: watch::Receiver<bool>,
 ) -> Vec<WriterHandle> {
     let pause = Duration::from_secs_f64(workload.writers as f64 / workload.tx_per_sec.max(0.1));
-    (0..workload.writers)
+    let bulk_writers = usize::from(workload.bulk_rows > 0);
+    (0..workload.writers + bulk_writers)
         .map(|w| {
+            let bulk = w >= workload.writers;
             let writer = Writer {
                 id: w,
                 rng: rng.fork(),
@@ -88,7 +96,8 @@ pub fn spawn(
                 noise: names.noise.clone(),
                 application_name: application_name(&names.base),
                 aggregates: workload.aggregates,
-                pause,
+                pause: if bulk { BULK_PAUSE } else { pause },
+                bulk_rows: if bulk { workload.bulk_rows } else { 0 },
             };
             tokio::spawn(writer.run(stop.clone(), paused.clone()))
         })
@@ -105,7 +114,14 @@ struct Writer {
     application_name: String,
     aggregates: u64,
     pause: Duration,
+    /// Lines per transaction of the bulk writer; 0 for the others.
+    bulk_rows: u64,
 }
+
+/// The bulk writer's pause between its transactions.
+const BULK_PAUSE: Duration = Duration::from_secs(2);
+/// What a bulk transaction does before it ends: it stays open 1.5 s.
+const BULK_HOLD: &str = "SELECT pg_sleep(1.5)";
 
 /// Two aggregate types, so two topics.
 pub const AGGREGATE_TYPES: [&str; 2] = ["order", "return"];
@@ -158,7 +174,10 @@ impl Writer {
                 stats.noise_txs += 1;
                 client = Some(c);
             } else {
-                let record = self.order_tx(&mut c, number).await;
+                let record = match self.bulk_rows {
+                    0 => self.order_tx(&mut c, number).await,
+                    rows => self.bulk_tx(&mut c, number, rows).await,
+                };
                 // After an abandoned COMMIT the connection is dropped, as a
                 // crashed application's would be.
                 if !matches!(record.outcome, Outcome::Unknown(_)) {
@@ -258,7 +277,13 @@ impl Writer {
                 }
             }
         }
-        record.outcome = if rollback {
+        let outcome = self.end(tx, rollback).await;
+        Self::ended(client, record, outcome).await
+    }
+
+    /// Rolls back or commits `tx` (a few COMMIT replies abandoned).
+    async fn end(&mut self, tx: tokio_postgres::Transaction<'_>, rollback: bool) -> Outcome {
+        if rollback {
             // Whether or not the reply arrives, nothing of it was committed.
             let _ = tx.rollback().await;
             Outcome::RolledBack
@@ -275,7 +300,12 @@ impl Writer {
                 Ok(()) => Outcome::Committed,
                 Err(e) => Outcome::Unknown(e.to_string()),
             }
-        };
+        }
+    }
+
+    /// `record` ended with `outcome`; a committed one learns its `ended_by`.
+    async fn ended(client: &Client, mut record: TxRecord, outcome: Outcome) -> TxRecord {
+        record.outcome = outcome;
         if matches!(record.outcome, Outcome::Committed) {
             record.ended_by = client
                 .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
@@ -284,5 +314,115 @@ impl Writer {
                 .and_then(|row| row.get::<_, String>(0).parse().ok());
         }
         record
+    }
+
+    /// One large transaction: the order upserted, then `rows` lines with
+    /// their outbox rows added in one statement each, twice; in a fifth of
+    /// them `rows` more inside a savepoint that is rolled back in between.
+    async fn bulk_tx(&mut self, client: &mut Client, number: u64, rows: u64) -> TxRecord {
+        let k = self.rng.range(1, self.aggregates);
+        let (aggregate_type, aggregate_id) = aggregate(k);
+        let rollback = self.rng.chance(0.10);
+        let savepoint = self.rng.chance(0.20);
+        let mut record = TxRecord {
+            writer: self.id,
+            number,
+            aggregate_type: aggregate_type.to_owned(),
+            aggregate_id: aggregate_id.clone(),
+            lines: Vec::new(),
+            outcome: Outcome::Failed(String::new()),
+            ended_by: None,
+        };
+        let tx = match client.transaction().await {
+            Ok(tx) => tx,
+            Err(e) => {
+                record.outcome = Outcome::Failed(e.to_string());
+                return record;
+            }
+        };
+        let upsert = format!(
+            "INSERT INTO public.{o} (order_id, customer) VALUES ($1, $2)
+             ON CONFLICT (order_id) DO UPDATE SET changes = {o}.changes + 1",
+            o = self.orders
+        );
+        // Lines `from..to` and their outbox rows, numbered after the
+        // aggregate's last row, in line order.
+        let lines = format!(
+            "INSERT INTO public.{l} (line_id, order_id, sku, qty)
+             SELECT $1 || i, $2, 'sku-' || (i % 50), 1 + i % 9 FROM generate_series($3::int, $4::int) AS i",
+            l = self.lines
+        );
+        let events = format!(
+            "INSERT INTO public.{ob} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload)
+             SELECT gen_random_uuid(), $5, $2, last.n + i - $3 + 1, 'OrderLineAdded',
+                    jsonb_build_object('line_id', $1 || i, 'order_id', $2::text, 'sku', 'sku-' || (i % 50), 'qty', 1 + i % 9)
+             FROM generate_series($3::int, $4::int) AS i,
+                  (SELECT coalesce(max(aggregate_sequence), 0) AS n FROM public.{ob}
+                    WHERE aggregate_type = $5 AND aggregate_id = $2) AS last
+             ORDER BY i
+             RETURNING event_id::text, aggregate_sequence, payload->>'line_id'",
+            ob = self.outbox
+        );
+        let prefix = format!("w{}-t{number}-l", self.id);
+        let rows = rows as i32;
+        let steps: Vec<(i32, bool)> = match savepoint {
+            true => vec![(0, true), (rows, false), (2 * rows, true)],
+            false => vec![(0, true), (2 * rows, true)],
+        };
+        if let Err(e) = tx
+            .execute(&upsert, &[&aggregate_id, &format!("customer-{k}")])
+            .await
+        {
+            record.outcome = Outcome::Failed(e.to_string());
+            return record;
+        }
+        for (from, kept) in steps {
+            let to = from + rows - 1;
+            let run = async {
+                if !kept {
+                    tx.batch_execute("SAVEPOINT bulk").await?;
+                }
+                tx.execute(&lines, &[&prefix, &aggregate_id, &from, &to])
+                    .await?;
+                let added = tx
+                    .query(
+                        &events,
+                        &[&prefix, &aggregate_id, &from, &to, &aggregate_type],
+                    )
+                    .await?;
+                if !kept {
+                    tx.batch_execute("ROLLBACK TO SAVEPOINT bulk").await?;
+                }
+                Ok::<_, tokio_postgres::Error>(added)
+            };
+            match run.await {
+                Ok(added) if kept => {
+                    let mut added: Vec<Line> = added
+                        .iter()
+                        .map(|row| Line {
+                            event_id: row.get(0),
+                            aggregate_sequence: row.get(1),
+                            line_id: row.get(2),
+                        })
+                        .collect();
+                    added.sort_by_key(|l| l.aggregate_sequence);
+                    record.lines.extend(added);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    record.outcome = Outcome::Failed(e.to_string());
+                    return record;
+                }
+            }
+        }
+        // Open a while longer, its streamed part in the connector's spill:
+        // a connector death now finds a spill file (large_transactions.rs
+        // requires some).
+        if let Err(e) = tx.batch_execute(BULK_HOLD).await {
+            record.outcome = Outcome::Failed(e.to_string());
+            return record;
+        }
+        let outcome = self.end(tx, rollback).await;
+        Self::ended(client, record, outcome).await
     }
 }
