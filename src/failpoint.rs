@@ -83,31 +83,6 @@ pub fn hit(name: &'static str) {
     }
 }
 
-/// Slows the named point down: `OUTBOX_CDC_DELAY=<name>:<ms>` makes a
-/// `failpoints` build sleep that long (on the calling thread) each time the
-/// point is reached. Point: `kafka-commit` (the commit's own thread, before
-/// it commits). Nothing without the feature.
-pub fn delay(name: &str) {
-    #[cfg(feature = "failpoints")]
-    {
-        static DELAY: std::sync::OnceLock<Option<(String, u64)>> = std::sync::OnceLock::new();
-        let armed = DELAY.get_or_init(|| {
-            let spec = std::env::var("OUTBOX_CDC_DELAY").ok()?;
-            let (point, ms) = spec.rsplit_once(':')?;
-            Some((point.trim().to_owned(), ms.trim().parse().ok()?))
-        });
-        if let Some((point, ms)) = armed
-            && point == name
-        {
-            std::thread::sleep(std::time::Duration::from_millis(*ms));
-        }
-    }
-    #[cfg(not(feature = "failpoints"))]
-    {
-        let _ = name;
-    }
-}
-
 /// A deliberately broken behaviour, for proving that the chaos verdict can
 /// fail: `OUTBOX_CDC_SABOTAGE=never-persist` makes a `failpoints` build never
 /// persist an acknowledged offset after the session's start. Always false

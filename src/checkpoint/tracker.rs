@@ -192,17 +192,6 @@ impl AckTracker {
         self.pop_finished()
     }
 
-    /// A Kafka transaction committed while the records of the next one
-    /// waited (exactly-once delivery reads on during a commit): the hold
-    /// moves up to `to`, the position before the next one's first event,
-    /// which the caller read with [`last_commit_lsn`](Self::last_commit_lsn)
-    /// then. Returns the new acked LSN if held transactions are now acked.
-    pub fn move_hold(&mut self, to: Lsn) -> Option<Lsn> {
-        debug_assert!(self.hold.is_none_or(|h| h <= to), "a hold only moves up");
-        self.hold = Some(to);
-        self.pop_finished()
-    }
-
     /// Whether a position is at or below the ceiling and the hold.
     fn proven(&self, lsn: Lsn) -> bool {
         self.ceiling.is_none_or(|c| lsn <= c) && self.hold.is_none_or(|h| lsn <= h)
@@ -502,33 +491,6 @@ mod tests {
         );
         assert!(t.is_idle());
         assert_eq!(t.idle_advance(lsn(99)), Some(lsn(99)));
-    }
-
-    /// Exactly-once reading on during a commit: when batch A commits, the
-    /// hold moves to where batch B began, so B's records, delivered into
-    /// the Kafka transaction still open, are not acked with A's.
-    #[test]
-    fn a_moved_hold_acks_the_committed_batch_and_holds_the_next() {
-        let mut t = AckTracker::new(lsn(0));
-        t.begin(ts(1)).unwrap();
-        assert_eq!(t.hold_at_last_commit(), lsn(0));
-        let a = t.add_event(5).unwrap();
-        t.commit(lsn(10)).unwrap();
-        assert_eq!(t.delivered(a), None, "held: batch A is not committed yet");
-        // Batch A's Kafka commit runs; batch B begins to be read.
-        let b_starts_after = t.last_commit_lsn();
-        let (b, _) = tx(&mut t, 1, 20);
-        // B's record reaches Kafka (inside B's own transaction) before A's
-        // commit is seen to end.
-        assert_eq!(t.delivered(b[0]), None);
-        assert_eq!(
-            t.move_hold(b_starts_after),
-            Some(lsn(10)),
-            "A is acked, B is held"
-        );
-        assert_eq!(t.acked(), lsn(10));
-        assert_eq!(t.idle_advance(lsn(99)), None, "not idle while B is held");
-        assert_eq!(t.release_hold(), Some(lsn(20)), "B's commit acks it");
     }
 
     #[test]

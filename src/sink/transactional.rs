@@ -157,8 +157,7 @@ impl<T: Send + 'static> TransactionalSink<T> {
         Ok((sink, reports))
     }
 
-    /// The producer's `transactional.id`.
-    pub fn id(&self) -> &str {
+    fn id(&self) -> &str {
         &self.transactional_id
     }
 

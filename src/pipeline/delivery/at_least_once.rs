@@ -13,7 +13,7 @@ use crate::outbox::OutboxEvent;
 use crate::pg::{Lsn, PgTimestamp};
 use crate::sink::{DeliveryReport, KafkaSink, SinkError};
 
-use super::{Advanced, Delivery, DeliveryError, InFlight, StartContext};
+use super::{Advanced, Delivery, InFlight, StartContext, Unsent};
 use crate::pipeline::PipelineError;
 
 pub(in crate::pipeline) struct AtLeastOnce {
@@ -22,9 +22,6 @@ pub(in crate::pipeline) struct AtLeastOnce {
 }
 
 impl Delivery for AtLeastOnce {
-    /// Nothing runs in the background.
-    type Done = std::convert::Infallible;
-
     fn create(
         config: &Config,
         _metrics: &Metrics,
@@ -41,14 +38,14 @@ impl Delivery for AtLeastOnce {
 
     async fn send(
         &mut self,
-        event: OutboxEvent,
+        event: &OutboxEvent,
         in_flight: InFlight,
         _tracker: &mut AckTracker,
-    ) -> Result<(), DeliveryError> {
+    ) -> Result<(), Unsent> {
         self.sink
-            .send_or_return(&event, in_flight)
+            .send_or_return(event, in_flight)
             .await
-            .map_err(DeliveryError::refused(&event))
+            .map_err(Unsent::refused)
     }
 
     /// Nothing is batched: acknowledgements need no bookkeeping here.
@@ -60,7 +57,7 @@ impl Delivery for AtLeastOnce {
         _end: Lsn,
         _commit_time: PgTimestamp,
         _tracker: &mut AckTracker,
-    ) -> Result<Advanced, DeliveryError> {
+    ) -> Result<Advanced, PipelineError> {
         Ok(Advanced(false))
     }
 
@@ -69,7 +66,7 @@ impl Delivery for AtLeastOnce {
         &mut self,
         _inside_transaction: bool,
         _tracker: &mut AckTracker,
-    ) -> Result<Advanced, DeliveryError> {
+    ) -> Result<Advanced, PipelineError> {
         Ok(Advanced(false))
     }
 
@@ -78,25 +75,15 @@ impl Delivery for AtLeastOnce {
         &mut self,
         _at_boundary: bool,
         _tracker: &mut AckTracker,
-    ) -> Result<Advanced, DeliveryError> {
+    ) -> Result<Advanced, PipelineError> {
         Ok(Advanced(false))
     }
 
     /// Nothing is open: what was not acknowledged is sent again next time.
-    fn abandon(&mut self) -> Option<PipelineError> {
-        None
-    }
+    fn abandon(&mut self) {}
 
     fn reports(&mut self) -> &mut mpsc::UnboundedReceiver<DeliveryReport<InFlight>> {
         &mut self.reports
-    }
-
-    async fn settle(
-        &mut self,
-        done: Self::Done,
-        _tracker: &mut AckTracker,
-    ) -> Result<Advanced, DeliveryError> {
-        match done {}
     }
 
     fn fatal_error(&self) -> Option<SinkError> {

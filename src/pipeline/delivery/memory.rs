@@ -19,7 +19,7 @@ use crate::outbox::OutboxEvent;
 use crate::pg::{Lsn, PgTimestamp};
 use crate::sink::{Delivered, DeliveryReport, SinkError};
 
-use super::{Advanced, Delivery, DeliveryError, InFlight, Refused, StartContext};
+use super::{Advanced, Delivery, InFlight, StartContext, Unsent};
 use crate::pipeline::PipelineError;
 
 pub(in crate::pipeline) struct MemoryDelivery {
@@ -113,8 +113,6 @@ impl MemoryDelivery {
 }
 
 impl Delivery for MemoryDelivery {
-    type Done = std::convert::Infallible;
-
     fn create(_: &Config, _: &Metrics, _: &str) -> Result<MemoryDelivery, PipelineError> {
         Ok(MemoryDelivery::new())
     }
@@ -125,22 +123,18 @@ impl Delivery for MemoryDelivery {
 
     async fn send(
         &mut self,
-        event: OutboxEvent,
+        event: &OutboxEvent,
         in_flight: InFlight,
         tracker: &mut AckTracker,
-    ) -> Result<(), DeliveryError> {
-        if let Some(source) = self.refuse_next.take() {
-            return Err(DeliveryError::Refused(Refused {
-                source,
-                event_id: event.event_id,
-                record: in_flight,
-            }));
+    ) -> Result<(), Unsent> {
+        if let Some(error) = self.refuse_next.take() {
+            return Err(Unsent::Refused(error, in_flight));
         }
         if self.transactions && !self.open {
             self.open = true;
             tracker.hold_at_last_commit();
         }
-        self.sent.push(event.event_id);
+        self.sent.push(event.event_id.clone());
         self.outstanding.push_back(in_flight);
         Ok(())
     }
@@ -152,7 +146,7 @@ impl Delivery for MemoryDelivery {
         _end: Lsn,
         _commit_time: PgTimestamp,
         tracker: &mut AckTracker,
-    ) -> Result<Advanced, DeliveryError> {
+    ) -> Result<Advanced, PipelineError> {
         match self.commit_at_every_commit {
             true => Ok(self.commit(tracker)),
             false => Ok(Advanced(false)),
@@ -163,7 +157,7 @@ impl Delivery for MemoryDelivery {
         &mut self,
         _inside_transaction: bool,
         _tracker: &mut AckTracker,
-    ) -> Result<Advanced, DeliveryError> {
+    ) -> Result<Advanced, PipelineError> {
         Ok(Advanced(false))
     }
 
@@ -171,34 +165,23 @@ impl Delivery for MemoryDelivery {
         &mut self,
         at_boundary: bool,
         tracker: &mut AckTracker,
-    ) -> Result<Advanced, DeliveryError> {
+    ) -> Result<Advanced, PipelineError> {
         if at_boundary {
             return Ok(self.commit(tracker));
         }
-        match self.abandon() {
-            Some(e) => Err(e.into()),
-            None => Ok(Advanced(false)),
-        }
+        self.abandon();
+        Ok(Advanced(false))
     }
 
-    fn abandon(&mut self) -> Option<PipelineError> {
+    fn abandon(&mut self) {
         if self.open {
             self.open = false;
             self.abandoned += 1;
         }
-        None
     }
 
     fn reports(&mut self) -> &mut mpsc::UnboundedReceiver<DeliveryReport<InFlight>> {
         &mut self.reports
-    }
-
-    async fn settle(
-        &mut self,
-        done: Self::Done,
-        _tracker: &mut AckTracker,
-    ) -> Result<Advanced, DeliveryError> {
-        match done {}
     }
 
     fn fatal_error(&self) -> Option<SinkError> {

@@ -74,62 +74,25 @@ pub(crate) struct InFlight {
     pub(super) produced_at: Instant,
 }
 
-/// Why a delivery hook failed.
-pub(super) enum DeliveryError {
-    /// The sink refused a record before it left (e.g. over
+/// Why a record was not handed to the producer.
+pub(super) enum Unsent {
+    /// The sink refused this record before it left (e.g. over
     /// `message.max.bytes`, a missing topic): the poison policy decides, as
     /// for a refusal the broker reports.
-    Refused(Refused),
-    /// Delivery itself failed (e.g. beginning or committing a Kafka
-    /// transaction).
+    Refused(SinkError, InFlight),
+    /// Delivery itself failed (exactly-once: beginning the Kafka transaction).
     Failed(PipelineError),
 }
 
-/// A record Kafka will not take, with what the poison policy needs (see
-/// `Refused::into_error` in the session).
-pub(super) struct Refused {
-    pub(super) source: SinkError,
-    pub(super) event_id: String,
-    pub(super) record: InFlight,
-}
-
-impl DeliveryError {
-    /// What the sink gave back for `event`: the token always comes back with
-    /// a record it refused; without it, the sink failed.
-    fn refused(event: &OutboxEvent) -> impl FnOnce((SinkError, Option<InFlight>)) -> DeliveryError {
-        move |(source, in_flight)| match in_flight {
-            Some(record) => DeliveryError::Refused(Refused {
-                source,
-                event_id: event.event_id.clone(),
-                record,
-            }),
-            None => DeliveryError::Failed(source.into()),
+impl Unsent {
+    /// A record the sink gave back: the token always comes back with a
+    /// record it refused; without it, the sink failed.
+    fn refused((source, in_flight): (SinkError, Option<InFlight>)) -> Unsent {
+        match in_flight {
+            Some(in_flight) => Unsent::Refused(source, in_flight),
+            None => Unsent::Failed(source.into()),
         }
     }
-}
-
-impl From<PipelineError> for DeliveryError {
-    fn from(e: PipelineError) -> DeliveryError {
-        DeliveryError::Failed(e)
-    }
-}
-
-impl From<SinkError> for DeliveryError {
-    fn from(e: SinkError) -> DeliveryError {
-        DeliveryError::Failed(e.into())
-    }
-}
-
-/// What [`Delivery::next`] has for the session.
-// Not boxed: a report is moved once, and boxing it would allocate for every
-// record on the hot path.
-#[allow(clippy::large_enum_variant)]
-pub(super) enum Next<D> {
-    /// A record's delivery report.
-    Report(DeliveryReport<InFlight>),
-    /// Work the delivery ran in the background ended; hand it to
-    /// [`Delivery::settle`].
-    Done(D),
 }
 
 /// The tracker's acknowledged position moved: the session persists it.
@@ -150,9 +113,6 @@ pub(super) struct StartContext<'s> {
 /// A way of delivering records to Kafka. Every method is called from the
 /// session's one task, in the order of the stream.
 pub(super) trait Delivery: Sized + Send {
-    /// How work run in the background ends (exactly-once: a Kafka commit).
-    type Done: Send;
-
     /// Creates the producer: a property librdkafka refuses fails here,
     /// before the slot or the publication is touched. Nothing is sent yet.
     fn create(config: &Config, metrics: &Metrics, system_id: &str) -> Result<Self, PipelineError>;
@@ -165,14 +125,13 @@ pub(super) trait Delivery: Sized + Send {
     ) -> impl Future<Output = Result<(), PipelineError>> + Send;
 
     /// Hands one record to the producer, in commit order; its report comes
-    /// back with `in_flight` on [`Delivery::reports`] (exactly-once: once the
-    /// Kafka transaction it waits for is begun, see [`Delivery::waiting`]).
+    /// back with `in_flight` on [`Delivery::reports`].
     fn send(
         &mut self,
-        event: OutboxEvent,
+        event: &OutboxEvent,
         in_flight: InFlight,
         tracker: &mut AckTracker,
-    ) -> impl Future<Output = Result<(), DeliveryError>> + Send;
+    ) -> impl Future<Output = Result<(), Unsent>> + Send;
 
     /// Kafka acknowledged one of the records at `now`.
     fn delivered(&mut self, now: Instant);
@@ -184,7 +143,7 @@ pub(super) trait Delivery: Sized + Send {
         end: Lsn,
         commit_time: PgTimestamp,
         tracker: &mut AckTracker,
-    ) -> impl Future<Output = Result<Advanced, DeliveryError>> + Send;
+    ) -> impl Future<Output = Result<Advanced, PipelineError>> + Send;
 
     /// The session's tick; `inside_transaction`: a PostgreSQL transaction is
     /// being read (a batch may not end inside it).
@@ -192,7 +151,7 @@ pub(super) trait Delivery: Sized + Send {
         &mut self,
         inside_transaction: bool,
         tracker: &mut AckTracker,
-    ) -> impl Future<Output = Result<Advanced, DeliveryError>> + Send;
+    ) -> impl Future<Output = Result<Advanced, PipelineError>> + Send;
 
     /// A graceful end: what was sent is finished at a transaction boundary
     /// (`at_boundary`), or given up when the grace ran out inside one.
@@ -200,35 +159,13 @@ pub(super) trait Delivery: Sized + Send {
         &mut self,
         at_boundary: bool,
         tracker: &mut AckTracker,
-    ) -> impl Future<Output = Result<Advanced, DeliveryError>> + Send;
+    ) -> impl Future<Output = Result<Advanced, PipelineError>> + Send;
 
-    /// The session ends on an error: nothing more is committed. Returns how
-    /// a commit already under way failed, if it did (a fenced producer must
-    /// stop the connector whatever ended the session).
-    fn abandon(&mut self) -> Option<PipelineError>;
+    /// The session ends on an error: nothing more is committed.
+    fn abandon(&mut self);
 
     /// The records' reports, in no particular order.
     fn reports(&mut self) -> &mut mpsc::UnboundedReceiver<DeliveryReport<InFlight>>;
-
-    /// The next report, or the end of work running in the background.
-    /// Cancel-safe: nothing is lost when another branch of the session's
-    /// loop wins. By default: the next report.
-    fn next(&mut self) -> impl Future<Output = Option<Next<Self::Done>>> + Send {
-        async move { self.reports().recv().await.map(Next::Report) }
-    }
-
-    /// Background work ended as `done` (from [`Delivery::next`]).
-    fn settle(
-        &mut self,
-        done: Self::Done,
-        tracker: &mut AckTracker,
-    ) -> impl Future<Output = Result<Advanced, DeliveryError>> + Send;
-
-    /// Records handed to `send` and not yet to the producer: no report comes
-    /// for them before the background work ends. By default none wait.
-    fn waiting(&self) -> usize {
-        0
-    }
 
     /// A fatal producer error, once the producer has one.
     fn fatal_error(&self) -> Option<SinkError>;

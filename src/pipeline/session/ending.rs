@@ -8,18 +8,25 @@ use tracing::{debug, info, warn};
 
 use crate::Disposition;
 use crate::checkpoint::OffsetStore;
+use crate::sink::SinkError;
 
 use super::{Now, Session};
 use crate::pipeline::PipelineError;
-use crate::pipeline::delivery::{Delivery, InFlight, Refused};
+use crate::pipeline::delivery::{Delivery, InFlight};
+
+/// A record Kafka will not take. Under the dead-letter policy
+/// (`dead_letters`) a refused main-topic record parks its aggregate and ends
+/// the session: later events of that aggregate may already be queued behind
+/// it, so the stream is replayed from the durable LSN, where the parked
+/// aggregate's events go to the dead-letter topic in order. Anything else
+/// stops the session.
+pub(super) struct Refused {
+    pub(super) source: SinkError,
+    pub(super) event_id: String,
+    pub(super) record: InFlight,
+}
 
 impl Refused {
-    /// A record Kafka will not take. Under the dead-letter policy
-    /// (`dead_letters`) a refused main-topic record parks its aggregate and
-    /// ends the session: later events of that aggregate may already be queued
-    /// behind it, so the stream is replayed from the durable LSN, where the
-    /// parked aggregate's events go to the dead-letter topic in order.
-    /// Anything else stops the session.
     pub(super) fn into_error(self, dead_letters: bool, store: &OffsetStore) -> PipelineError {
         let Refused {
             source,
@@ -110,8 +117,7 @@ impl<D: Delivery> Session<'_, D> {
     /// first).
     async fn take_reports(&mut self, deadline: Instant) -> Option<PipelineError> {
         let mut kept = None;
-        // Records waiting for a Kafka transaction get no report before it.
-        let mut outstanding = self.tracker.in_flight_events() - self.delivery.waiting();
+        let mut outstanding = self.tracker.in_flight_events();
         while outstanding > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, self.delivery.reports().recv()).await {
@@ -141,14 +147,7 @@ impl<D: Delivery> Session<'_, D> {
     pub(super) async fn keep_acknowledged(&mut self, failure: PipelineError) -> PipelineError {
         let bound = Duration::from_millis(self.config.limits.shutdown_timeout_ms.min(5_000));
         let refusal = self.take_reports(Instant::now() + bound).await;
-        let failure = match self.delivery.abandon() {
-            // A commit under way failed for good (e.g. fenced): that decides.
-            Some(commit) if commit.disposition() == Disposition::Stop => {
-                warn!(error = %failure, "the session failed while a Kafka commit was under way, and that commit failed");
-                commit
-            }
-            _ => failure,
-        };
+        self.delivery.abandon();
         if !matches!(
             failure,
             PipelineError::CoverageLost(_) | PipelineError::NotCovered(_)
@@ -182,8 +181,14 @@ impl<D: Delivery> Session<'_, D> {
             "shutting down: waiting for in-flight deliveries"
         );
         let at_boundary = self.open.is_none();
-        let finished = self.delivery.finish(at_boundary, &mut self.tracker).await;
-        self.delivery_outcome(finished)?;
+        if self
+            .delivery
+            .finish(at_boundary, &mut self.tracker)
+            .await?
+            .0
+        {
+            self.checkpoint.mark_dirty();
+        }
         if let Some(e) = self.take_reports(deadline).await {
             warn!(error = %e, "delivery failed during shutdown; it will be re-sent on the next start");
         }

@@ -45,7 +45,7 @@ use crate::pg::{EventPosition, Lsn, PgTimestamp, ReplicationEvent, ReplicationSt
 use crate::pgoutput::{self, Message};
 use crate::sink::DeliveryReport;
 
-use super::delivery::{Advanced, Delivery, DeliveryError, InFlight, Next, Refused};
+use super::delivery::{Delivery, InFlight, Unsent};
 use super::poison::{PoisonPolicyRouter, Route, row_as_json};
 use super::sequences::SequenceWatch;
 use super::spill::Spill;
@@ -53,6 +53,7 @@ use super::{PipelineError, RunOptions};
 use bootstrap::Started;
 use checkpointer::Checkpointer;
 use coverage_watch::CoverageWatch;
+use ending::Refused;
 use relations::{StreamRelations, Target};
 use stages::{Now, StageClock};
 use streamed::Replay;
@@ -212,8 +213,7 @@ impl<'a, D: Delivery> Session<'a, D> {
             //    can flood, so a steady stream of delivery reports never
             //    starves persisting, and so feedback.
             // 3. A finished persist: its durable position goes to the server.
-            // 4. Delivery reports, up to 1024 at a time, or the end of a
-            //    Kafka commit running in the background.
+            // 4. Delivery reports, up to 1024 at a time.
             // 5. The next message of a streamed transaction being read back,
             //    or else the next replication message, while the in-flight
             //    limits leave room.
@@ -228,23 +228,17 @@ impl<'a, D: Delivery> Session<'a, D> {
                 persisted = self.checkpoint.persisted(), if self.checkpoint.is_persisting() => {
                     self.checkpoint.flushed(persisted?, &self.tracker);
                 }
-                Some(next) = self.delivery.next() => match next {
-                    Next::Report(report) => {
-                        let now = Now::read();
-                        self.on_report(report, now)?;
-                        // Take what else has arrived in one go, bounded, then read again.
-                        for _ in 0..1024 {
-                            match self.delivery.reports().try_recv() {
-                                Ok(report) => self.on_report(report, now)?,
-                                Err(_) => break,
-                            }
+                Some(report) = self.delivery.reports().recv() => {
+                    let now = Now::read();
+                    self.on_report(report, now)?;
+                    // Take what else has arrived in one go, bounded, then read again.
+                    for _ in 0..1024 {
+                        match self.delivery.reports().try_recv() {
+                            Ok(report) => self.on_report(report, now)?,
+                            Err(_) => break,
                         }
                     }
-                    Next::Done(done) => {
-                        let settled = self.delivery.settle(done, &mut self.tracker).await;
-                        self.delivery_outcome(settled)?;
-                    }
-                },
+                }
                 () = std::future::ready(()), if has_room && self.replay.is_some() => {
                     self.replay_next().await?;
                 }
@@ -327,10 +321,12 @@ impl<'a, D: Delivery> Session<'a, D> {
                     if tracked.map_err(|e| protocol(lsn, e))?.is_some() {
                         self.checkpoint.mark_dirty();
                     }
-                    let committed = (self.delivery)
-                        .committed(commit.end_lsn, tx.commit_time, &mut self.tracker)
-                        .await;
-                    self.delivery_outcome(committed)?;
+                    let committed =
+                        self.delivery
+                            .committed(commit.end_lsn, tx.commit_time, &mut self.tracker);
+                    if committed.await?.0 {
+                        self.checkpoint.mark_dirty();
+                    }
                 }
                 self.checkpoint.written(commit.end_lsn);
             }
@@ -495,11 +491,24 @@ impl<'a, D: Delivery> Session<'a, D> {
             dead_lettered,
             produced_at,
         };
-        let sent = self
+        match self
             .delivery
-            .send(event, in_flight, &mut self.tracker)
-            .await;
-        self.delivery_outcome(sent.map(|()| Advanced(false)))?;
+            .send(&event, in_flight, &mut self.tracker)
+            .await
+        {
+            Ok(()) => {}
+            Err(Unsent::Failed(e)) => return Err(e),
+            // Refused before it left (e.g. over message.max.bytes): the same
+            // policy as a refusal reported by the broker.
+            Err(Unsent::Refused(source, record)) => {
+                let event_id = event.event_id.clone();
+                return Err(self.refused(Refused {
+                    source,
+                    event_id,
+                    record,
+                }));
+            }
+        }
         crate::failpoint!("after-produce-before-ack");
         self.metrics.set_in_flight(
             self.tracker.in_flight_events(),
@@ -507,25 +516,6 @@ impl<'a, D: Delivery> Session<'a, D> {
             None,
         );
         Ok(())
-    }
-
-    /// What a delivery hook did: the acknowledged position moved (persist
-    /// it), or a record was refused before it left (the same policy as a
-    /// refusal reported by the broker), or delivery failed.
-    fn delivery_outcome(
-        &mut self,
-        outcome: Result<Advanced, DeliveryError>,
-    ) -> Result<(), PipelineError> {
-        match outcome {
-            Ok(Advanced(advanced)) => {
-                if advanced {
-                    self.checkpoint.mark_dirty();
-                }
-                Ok(())
-            }
-            Err(DeliveryError::Failed(e)) => Err(e),
-            Err(DeliveryError::Refused(refused)) => Err(self.refused(refused)),
-        }
     }
 
     fn refused(&mut self, refused: Refused) -> PipelineError {
@@ -564,8 +554,9 @@ impl<'a, D: Delivery> Session<'a, D> {
 
     async fn on_tick(&mut self) -> Result<(), PipelineError> {
         let inside = self.open.is_some();
-        let ticked = self.delivery.tick(inside, &mut self.tracker).await;
-        self.delivery_outcome(ticked)?;
+        if self.delivery.tick(inside, &mut self.tracker).await?.0 {
+            self.checkpoint.mark_dirty();
+        }
         if self.coverage.poll(&mut self.tracker)?.0 {
             self.checkpoint.mark_dirty();
         }
