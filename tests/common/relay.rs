@@ -177,6 +177,14 @@ max_backoff_ms = 2000
         if commit { ids } else { Vec::new() }
     }
 
+    /// One committed transaction of one `order` event on aggregate
+    /// `<prefix><i>` with payload `{"i":<i>}`; its event id.
+    pub async fn write_numbered(&self, prefix: &str, i: usize) -> Vec<String> {
+        let aggregate = format!("{prefix}{i}");
+        self.write_tx(&[("order", &aggregate, format!(r#"{{"i":{i}}}"#))], true)
+            .await
+    }
+
     /// Like [`Fixture::write_tx`] with a commit, and also returns
     /// `pg_current_wal_insert_lsn()` read right after COMMIT returned: an upper
     /// bound of the transaction's end LSN (its Commit `end_lsn`).

@@ -118,13 +118,7 @@ async fn publishes_through_each_secured_listener() {
         let running = Running::start(access.config(&f)).await;
         let mut written = BTreeSet::new();
         for i in 0..3 {
-            written.extend(
-                f.write_tx(
-                    &[("order", &format!("a{i}"), format!(r#"{{"i":{i}}}"#))],
-                    true,
-                )
-                .await,
-            );
+            written.extend(f.write_numbered("a", i).await);
         }
         // Read back over the plaintext listener: the records are on the broker.
         let records = consume_ids(

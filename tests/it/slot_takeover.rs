@@ -72,13 +72,7 @@ async fn takes_over_a_slot_another_consumer_advanced() {
     // Rows committed after the other consumer stopped and before the
     // connector starts are the ones a takeover could lose.
     let mut after = BTreeSet::new();
-    let write = async |i: usize| {
-        f.write_tx(
-            &[("order", &format!("a{i}"), format!(r#"{{"i":{i}}}"#))],
-            true,
-        )
-        .await
-    };
+    let write = async |i: usize| f.write_numbered("a", i).await;
     for i in 0..5 {
         after.extend(write(i).await);
     }
@@ -174,13 +168,7 @@ async fn a_slot_still_being_created_is_waited_for_not_taken_over_at_zero() {
     running.wait_streaming().await;
     let mut written = BTreeSet::new();
     for i in 0..3 {
-        written.extend(
-            f.write_tx(
-                &[("order", &format!("c{i}"), format!(r#"{{"i":{i}}}"#))],
-                true,
-            )
-            .await,
-        );
+        written.extend(f.write_numbered("c", i).await);
     }
     let records = consume_ids(
         &f.topic_prefix,

@@ -196,15 +196,6 @@ impl Writer {
         let (aggregate_type, aggregate_id) = aggregate(k);
         let n_lines = self.rng.range(1, 3);
         let rollback = self.rng.chance(0.10);
-        let mut record = TxRecord {
-            writer: self.id,
-            number,
-            aggregate_type: aggregate_type.to_owned(),
-            aggregate_id: aggregate_id.clone(),
-            lines: Vec::new(),
-            outcome: Outcome::Failed(String::new()),
-            ended_by: None,
-        };
         let planned: Vec<(String, String, i32)> = (0..n_lines)
             .map(|i| {
                 (
@@ -214,27 +205,10 @@ impl Writer {
                 )
             })
             .collect();
-        let tx = match client.transaction().await {
-            Ok(tx) => tx,
-            Err(e) => {
-                record.outcome = Outcome::Failed(e.to_string());
-                return record;
-            }
+        let (tx, mut record) = match self.open_order(client, number, k).await {
+            Ok(opened) => opened,
+            Err(failed) => return failed,
         };
-        // The upsert locks the order row until the end of the transaction: the
-        // next writer of this aggregate waits, then sees this one's sequence.
-        let upsert = format!(
-            "INSERT INTO public.{o} (order_id, customer) VALUES ($1, $2)
-             ON CONFLICT (order_id) DO UPDATE SET changes = {o}.changes + 1",
-            o = self.orders
-        );
-        if let Err(e) = tx
-            .execute(&upsert, &[&aggregate_id, &format!("customer-{k}")])
-            .await
-        {
-            record.outcome = Outcome::Failed(e.to_string());
-            return record;
-        }
         let insert_line = format!(
             "INSERT INTO public.{} (line_id, order_id, sku, qty) VALUES ($1, $2, $3, $4)",
             self.lines
@@ -316,14 +290,18 @@ impl Writer {
         record
     }
 
-    /// One large transaction: the order upserted, then `rows` lines with
-    /// their outbox rows added in one statement each, twice; in a fifth of
-    /// them `rows` more inside a savepoint that is rolled back in between.
-    async fn bulk_tx(&mut self, client: &mut Client, number: u64, rows: u64) -> TxRecord {
-        let k = self.rng.range(1, self.aggregates);
+    /// The ledger entry of transaction `number` on aggregate `k`, with the
+    /// transaction opened and the order row upserted; `Err`: the entry,
+    /// failed. The upsert locks the order row until the end of the
+    /// transaction: the next writer of this aggregate waits, then sees this
+    /// one's sequence.
+    async fn open_order<'c>(
+        &self,
+        client: &'c mut Client,
+        number: u64,
+        k: u64,
+    ) -> Result<(tokio_postgres::Transaction<'c>, TxRecord), TxRecord> {
         let (aggregate_type, aggregate_id) = aggregate(k);
-        let rollback = self.rng.chance(0.10);
-        let savepoint = self.rng.chance(0.20);
         let mut record = TxRecord {
             writer: self.id,
             number,
@@ -333,18 +311,38 @@ impl Writer {
             outcome: Outcome::Failed(String::new()),
             ended_by: None,
         };
-        let tx = match client.transaction().await {
-            Ok(tx) => tx,
-            Err(e) => {
-                record.outcome = Outcome::Failed(e.to_string());
-                return record;
-            }
-        };
         let upsert = format!(
             "INSERT INTO public.{o} (order_id, customer) VALUES ($1, $2)
              ON CONFLICT (order_id) DO UPDATE SET changes = {o}.changes + 1",
             o = self.orders
         );
+        let opened = async {
+            let tx = client.transaction().await?;
+            tx.execute(&upsert, &[&aggregate_id, &format!("customer-{k}")])
+                .await?;
+            Ok::<_, tokio_postgres::Error>(tx)
+        };
+        match opened.await {
+            Ok(tx) => Ok((tx, record)),
+            Err(e) => {
+                record.outcome = Outcome::Failed(e.to_string());
+                Err(record)
+            }
+        }
+    }
+
+    /// One large transaction: the order upserted, then `rows` lines with
+    /// their outbox rows added in one statement each, twice; in a fifth of
+    /// them `rows` more inside a savepoint that is rolled back in between.
+    async fn bulk_tx(&mut self, client: &mut Client, number: u64, rows: u64) -> TxRecord {
+        let k = self.rng.range(1, self.aggregates);
+        let (aggregate_type, aggregate_id) = aggregate(k);
+        let rollback = self.rng.chance(0.10);
+        let savepoint = self.rng.chance(0.20);
+        let (tx, mut record) = match self.open_order(client, number, k).await {
+            Ok(opened) => opened,
+            Err(failed) => return failed,
+        };
         // Lines `from..to` and their outbox rows, numbered after the
         // aggregate's last row, in line order.
         let lines = format!(
@@ -369,13 +367,6 @@ impl Writer {
             true => vec![(0, true), (rows, false), (2 * rows, true)],
             false => vec![(0, true), (2 * rows, true)],
         };
-        if let Err(e) = tx
-            .execute(&upsert, &[&aggregate_id, &format!("customer-{k}")])
-            .await
-        {
-            record.outcome = Outcome::Failed(e.to_string());
-            return record;
-        }
         for (from, kept) in steps {
             let to = from + rows - 1;
             let run = async {
