@@ -454,7 +454,9 @@ mod tests {
         let mut out = BytesMut::new();
         a.step(sasl(), &mut out).unwrap();
         let first = String::from_utf8(out[5 + b"SCRAM-SHA-256\0".len() + 4..].to_vec()).unwrap();
-        let nonce = first.rsplit_once("r=").unwrap().1.to_owned();
+        // The nonce is any printable character but ',': it may hold "r=",
+        // so it is what follows the first ",r=" (after "n=").
+        let nonce = first.split_once(",r=").unwrap().1.to_owned();
         out.clear();
         let server_first = format!("r={nonce}srv,s=c2FsdHNhbHQ=,i=4096");
         a.step(
@@ -514,7 +516,9 @@ mod tests {
         let nul = body.iter().position(|b| *b == 0).unwrap();
         let first = std::str::from_utf8(&body[nul + 5..]).unwrap().to_owned();
         let bare = first.splitn(3, ',').nth(2).unwrap().to_owned();
-        let nonce = bare.rsplit_once("r=").unwrap().1.to_owned();
+        // The nonce is any printable character but ',': it may hold "r=",
+        // so it is what follows the first ",r=" (after "n=").
+        let nonce = bare.split_once(",r=").unwrap().1.to_owned();
         let server_first = format!("r={nonce}srv,s={},i=4096", base64(b"saltsalt"));
         out.clear();
         a.step(

@@ -450,7 +450,9 @@ async fn scripted_login(
             }
             if sent.len() == 1 {
                 let text = String::from_utf8_lossy(&body).into_owned();
-                let nonce = text.rsplit_once("r=").unwrap().1.to_owned();
+                // The nonce is any printable character but ',': it may hold "r=",
+                // so it is what follows the first ",r=" (after "n=").
+                let nonce = text.split_once(",r=").unwrap().1.to_owned();
                 let mut cont = 11i32.to_be_bytes().to_vec();
                 cont.extend_from_slice(format!("r={nonce}srv,s=c2FsdHNhbHQ=,i=4096").as_bytes());
                 sock.write_all(&backend(b'R', &cont)).await.unwrap();

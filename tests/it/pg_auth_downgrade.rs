@@ -116,7 +116,9 @@ async fn mitm(
     sent.push(first.clone());
     if let When::AfterClientProof = when {
         let text = String::from_utf8_lossy(&first.1).into_owned();
-        let nonce = text.rsplit_once("r=").expect("a client nonce").1.to_owned();
+        // The nonce is any printable character but ',': it may hold "r=",
+        // so it is what follows the first ",r=" (after "n=").
+        let nonce = text.split_once(",r=").expect("a client nonce").1.to_owned();
         let server_first = format!("r={nonce}mitm,s=c2FsdHNhbHQ=,i=4096");
         sock.write_all(&auth_request(11, server_first.as_bytes()))
             .await
