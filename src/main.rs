@@ -210,10 +210,11 @@ fn init_logging(config: Option<&Path>) {
 /// per core, and memory freed inside an arena stays resident. The session
 /// runs on whichever runtime thread picks it up (a `block_in_place` hands
 /// its worker to another thread), so its buffers came from a dozen arenas:
-/// a 1,000,000-row transaction peaked at 57-134 MiB of RSS, against 41-52
-/// MiB with two arenas at no more CPU (docs/performance.md, "Malloc
-/// arenas"). Must run before any thread starts. An operator's
-/// `MALLOC_ARENA_MAX` is left in force.
+/// a 1,000,000-row transaction peaked at 57-134 MiB of RSS, against 38-55
+/// MiB with two arenas (docs/performance.md, "Malloc arenas", which also
+/// gives the CPU pairs still to be measured again on a quiet machine).
+/// Must run before any thread starts. An operator's `MALLOC_ARENA_MAX` is
+/// left in force.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn limit_malloc_arenas() {
     const ARENAS: libc::c_int = 2;
