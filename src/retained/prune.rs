@@ -148,12 +148,11 @@ impl std::fmt::Display for PruneReport {
         }
         write!(f, "pruned {} rows", self.rows())?;
         if !self.dropped_partitions.is_empty() {
-            let names: Vec<String> = self
-                .dropped_partitions
-                .iter()
-                .map(|(p, n)| format!("{p} ({n} rows)"))
-                .collect();
-            write!(f, " (dropped partitions: {})", names.join(", "))?;
+            f.write_str(" (dropped partitions: ")?;
+            write_list(f, &self.dropped_partitions, |(p, n)| {
+                format!("{p} ({n} rows)")
+            })?;
+            f.write_str(")")?;
         }
         if let Some(t) = self.acked_commit_time {
             write!(f, "; acknowledged commit time {}", micros_text(t.0))?;
@@ -162,12 +161,10 @@ impl std::fmt::Display for PruneReport {
             write!(f, "; rows proven committed by {w}")?;
         }
         if !self.deferred_partitions.is_empty() {
-            let names: Vec<String> = self
-                .deferred_partitions
-                .iter()
-                .map(|(p, why)| format!("{p} ({why})"))
-                .collect();
-            write!(f, "; left for a later prune: {}", names.join(", "))?;
+            f.write_str("; left for a later prune: ")?;
+            write_list(f, &self.deferred_partitions, |(p, why)| {
+                format!("{p} ({why})")
+            })?;
         }
         if self.parked_aggregates > 0 {
             write!(
@@ -178,6 +175,16 @@ impl std::fmt::Display for PruneReport {
         }
         Ok(())
     }
+}
+
+/// Writes each item's text, separated by ", ".
+fn write_list<T>(
+    f: &mut std::fmt::Formatter<'_>,
+    items: &[T],
+    text: impl Fn(&T) -> String,
+) -> std::fmt::Result {
+    let texts: Vec<String> = items.iter().map(text).collect();
+    f.write_str(&texts.join(", "))
 }
 
 /// The one-shot `outbox-cdc prune`: reads the acknowledged commit time from
