@@ -76,6 +76,32 @@ async fn deliver(sink: &KafkaSink<usize>, rx: &mut Reports, event: OutboxEvent, 
     collect(rx, 1).await.remove(0).result.unwrap();
 }
 
+/// A sink on a new one-partition `topic` that delivered a first record
+/// (`token`): the topic check of the first record needs the cluster, later
+/// records' do not.
+async fn past_first_record(
+    topic: &str,
+    extra: &[(&str, &str)],
+    token: usize,
+) -> (
+    MockCluster<'static, DefaultProducerContext>,
+    KafkaSink<usize>,
+    Reports,
+) {
+    let cluster = mock(1, topic);
+    let (sink, mut rx) = sink_with(&cluster, extra);
+    deliver(&sink, &mut rx, event(topic, "k", token, 10), token).await;
+    (cluster, sink, rx)
+}
+
+/// `err` is the producer's fatal error (retried with a new producer) for
+/// the event `event_id`.
+fn assert_retried_fatal(err: &SinkError, event_id: &str) {
+    assert!(matches!(err, SinkError::Fatal { .. }), "{err:?}");
+    assert_eq!(err.disposition(), Disposition::Retry, "{err}");
+    assert_eq!(err.event_id(), Some(event_id));
+}
+
 async fn collect<T>(
     rx: &mut UnboundedReceiver<DeliveryReport<T>>,
     n: usize,
@@ -302,11 +328,9 @@ async fn brokers_down_means_waiting_not_failing() {
     // Records never time out (message.timeout.ms=0): with every broker down the
     // record stays in flight, and arrives once a broker is back.
     let topic = "down";
-    let cluster = mock(1, topic);
     // Reconnect quickly once the brokers are back (the default backoff grows to 10 s).
-    let (sink, mut rx) = sink_with(&cluster, &[("reconnect.backoff.max.ms", "200")]);
-    // The topic check of the first record needs the cluster; later records don't.
-    deliver(&sink, &mut rx, event(topic, "k", 6, 10), 6).await;
+    let reconnect = [("reconnect.backoff.max.ms", "200")];
+    let (cluster, sink, mut rx) = past_first_record(topic, &reconnect, 6).await;
     for broker in 1..=3 {
         cluster.broker_down(broker).unwrap();
     }
@@ -328,9 +352,7 @@ async fn brokers_down_means_waiting_not_failing() {
 #[tokio::test]
 async fn fatal_producer_error_requires_a_new_producer() {
     let topic = "fatal";
-    let cluster = mock(1, topic);
-    let (sink, mut rx) = sink_with(&cluster, &[]);
-    deliver(&sink, &mut rx, event(topic, "k", 0, 10), 0).await;
+    let (_cluster, sink, _rx) = past_first_record(topic, &[], 0).await;
 
     raise_fatal(
         &sink,
@@ -351,9 +373,7 @@ async fn fatal_producer_error_requires_a_new_producer() {
         .send(&event(topic, "k", 1, 10), 1)
         .await
         .expect_err("a fatal producer refuses new records");
-    assert!(matches!(err, SinkError::Fatal { .. }), "{err:?}");
-    assert_eq!(err.disposition(), Disposition::Retry, "{err}");
-    assert_eq!(err.event_id(), Some("evt-1"));
+    assert_retried_fatal(&err, "evt-1");
 }
 
 #[tokio::test]
@@ -439,10 +459,7 @@ fn sink_and_its_send_future_can_move_between_threads() {
 #[tokio::test]
 async fn records_queued_when_the_producer_turns_fatal_are_reported_fatal() {
     let topic = "fatal-queued";
-    let cluster = mock(1, topic);
-    let (sink, mut rx) = sink_with(&cluster, &[]);
-    // The topic check of the first record needs the cluster; later records don't.
-    deliver(&sink, &mut rx, event(topic, "k", 9, 10), 9).await;
+    let (cluster, sink, mut rx) = past_first_record(topic, &[], 9).await;
     for broker in 1..=3 {
         cluster.broker_down(broker).unwrap();
     }
@@ -453,12 +470,7 @@ async fn records_queued_when_the_producer_turns_fatal_are_reported_fatal() {
     let mut tokens = Vec::new();
     for report in collect(&mut rx, 3).await {
         let err = report.result.expect_err("purged by the fatal error");
-        assert!(matches!(err, SinkError::Fatal { .. }), "{err:?}");
-        assert_eq!(err.disposition(), Disposition::Retry, "{err}");
-        assert_eq!(
-            err.event_id(),
-            Some(format!("evt-{}", report.token).as_str())
-        );
+        assert_retried_fatal(&err, &format!("evt-{}", report.token));
         tokens.push(report.token);
     }
     // Records purged from the broker's in-flight requests and from the queue
