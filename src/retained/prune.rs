@@ -779,19 +779,19 @@ impl Detach<'_> {
     /// `leaf` is detached: drop it if every row still qualifies, else attach
     /// it again (rows that do not qualify arrived meanwhile).
     async fn drop_detached(&self, leaf: &Leaf) -> Result<DropOutcome, PruneError> {
+        let (parent, name) = (&leaf.parent, &leaf.name);
         let dropped = async {
             self.client
                 .batch_execute(&format!(
-                    "BEGIN; LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
-                    leaf.name
+                    "BEGIN; LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE"
                 ))
                 .await?;
-            let (not_yet, rows) = self.count(&leaf.name).await?;
+            let (not_yet, rows) = self.count(name).await?;
             if not_yet > 0 {
                 return Ok(None);
             }
             self.client
-                .batch_execute(&format!("DROP TABLE {}; COMMIT", leaf.name))
+                .batch_execute(&format!("DROP TABLE {name}; COMMIT"))
                 .await?;
             Ok::<_, tokio_postgres::Error>(Some(rows as u64))
         }
@@ -803,17 +803,17 @@ impl Detach<'_> {
         };
         let _ = self.client.batch_execute("ROLLBACK").await;
         let attach = format!(
-            "ALTER TABLE {} ATTACH PARTITION {} {}",
-            leaf.parent, leaf.name, leaf.bound
+            "ALTER TABLE {parent} ATTACH PARTITION {name} {}",
+            leaf.bound
         );
         match self.client.batch_execute(&attach).await {
             Ok(()) => Ok(Kept(format!("{why}; attached again"))),
             Err(err) => Err(PruneError::Refused {
-                table: leaf.name.clone(),
+                table: name.clone(),
                 reason: format!(
-                    "the partition was detached from {} to be dropped, but {why}, and attaching it \
-                     again failed: {}. Its rows are outside the outbox until it is attached",
-                    leaf.parent,
+                    "the partition was detached from {parent} to be dropped, but {why}, and \
+                     attaching it again failed: {}. Its rows are outside the outbox until it \
+                     is attached",
                     error_text(&err)
                 ),
                 fix: format!("{attach};"),
