@@ -137,27 +137,33 @@ impl AuditReport {
 
     pub fn to_text(&self) -> String {
         let mut out = format!(
-            "audit {} .. {}: {} rows, {} records in {} topic(s)\n\
-             missing: {}\nphantoms: {}\nduplicates: {}\norder violations: {}\n",
+            "audit {} .. {}: {} rows, {} records in {} topic(s)\n",
             self.since,
             self.until,
             self.rows,
             self.records,
             self.topics.len(),
-            self.missing,
-            self.phantoms,
-            self.duplicates,
-            self.order_violations
         );
+        let counts = [
+            ("missing", self.missing),
+            ("phantoms", self.phantoms),
+            ("duplicates", self.duplicates),
+            ("order violations", self.order_violations),
+        ];
+        for (what, count) in counts {
+            out.push_str(&format!("{what}: {count}\n"));
+        }
         for m in &self.missing_rows {
+            let MissingRow {
+                event_id,
+                aggregate_type: kind,
+                aggregate_id: id,
+                aggregate_sequence: seq,
+                topic,
+                occurred_at,
+            } = m;
             out.push_str(&format!(
-                "  missing {} ({}/{} seq {:?}, topic {}, occurred {})\n",
-                m.event_id,
-                m.aggregate_type,
-                m.aggregate_id,
-                m.aggregate_sequence,
-                m.topic,
-                m.occurred_at
+                "  missing {event_id} ({kind}/{id} seq {seq:?}, topic {topic}, occurred {occurred_at})\n"
             ));
         }
         for p in &self.phantom_records {

@@ -1345,31 +1345,28 @@ mod tests {
         let judged = |f: PublicationFacts| judge_publication("p", &f, "CREATE ...;", &facts, None);
         let ok = judged(insert_only);
         assert_eq!(ok[2].outcome, Outcome::Pass("insert only".into()));
-        let (problem, fix) = problem_and_fix(
-            &judged(PublicationFacts {
-                delete: true,
-                truncate: true,
-                ..insert_only
-            })[2],
-        );
+        let deletes_too = PublicationFacts {
+            delete: true,
+            truncate: true,
+            ..insert_only
+        };
+        let (problem, fix) = problem_and_fix(&judged(deletes_too)[2]);
         assert!(
             problem.contains("also publishes delete, truncate"),
             "{problem}"
         );
         assert_eq!(fix, "ALTER PUBLICATION \"p\" SET (publish = 'insert');");
-        let (problem, _) = problem_and_fix(
-            &judged(PublicationFacts {
-                insert: false,
-                ..insert_only
-            })[2],
-        );
+        let no_inserts = PublicationFacts {
+            insert: false,
+            ..insert_only
+        };
+        let (problem, _) = problem_and_fix(&judged(no_inserts)[2]);
         assert!(problem.contains("does not publish inserts"), "{problem}");
-        let (problem, fix) = problem_and_fix(
-            &judged(PublicationFacts {
-                all_tables: true,
-                ..insert_only
-            })[1],
-        );
+        let all_tables = PublicationFacts {
+            all_tables: true,
+            ..insert_only
+        };
+        let (problem, fix) = problem_and_fix(&judged(all_tables)[1]);
         assert!(problem.contains("FOR ALL TABLES"), "{problem}");
         assert!(fix.starts_with("DROP PUBLICATION \"p\";\nCREATE"), "{fix}");
     }
@@ -1489,8 +1486,10 @@ mod failover_tests {
         }
     }
 
-    fn is_warn(r: &CheckResult, needle: &str) -> bool {
-        matches!(&r.outcome, Outcome::Warn { problem, fix } if problem.contains(needle) || fix.contains(needle))
+    /// Whether `facts` judge as a failover warning naming `needle`.
+    fn warns(facts: FailoverFacts, needle: &str) -> bool {
+        let judged = judge_failover(&facts);
+        matches!(&judged.outcome, Outcome::Warn { problem, fix } if problem.contains(needle) || fix.contains(needle))
     }
 
     #[test]
@@ -1513,13 +1512,13 @@ mod failover_tests {
             synchronized_standby_slots: String::new(),
             ..facts()
         };
-        assert!(is_warn(&judge_failover(&old), "outbox-cdc repair"));
+        assert!(warns(old, "outbox-cdc repair"));
         let not_flagged = FailoverFacts {
             slot_failover: Some(false),
             ..facts()
         };
-        assert!(is_warn(
-            &judge_failover(&not_flagged),
+        assert!(warns(
+            not_flagged,
             "ALTER_REPLICATION_SLOT outbox_cdc (FAILOVER true)"
         ));
         let not_configured = FailoverFacts {
@@ -1527,23 +1526,20 @@ mod failover_tests {
             failover_slot: false,
             ..facts()
         };
-        assert!(is_warn(
-            &judge_failover(&not_configured),
-            "postgres.failover_slot = true"
-        ));
+        assert!(warns(not_configured, "postgres.failover_slot = true"));
         let unsynchronized = FailoverFacts {
             synchronized_standby_slots: String::new(),
             ..facts()
         };
-        assert!(is_warn(
-            &judge_failover(&unsynchronized),
+        assert!(warns(
+            unsynchronized,
             "synchronized_standby_slots = 'standby1'"
         ));
         let on_standby = FailoverFacts {
             in_recovery: true,
             ..facts()
         };
-        assert!(is_warn(&judge_failover(&on_standby), "slot is lost"));
+        assert!(warns(on_standby, "slot is lost"));
         let synced = FailoverFacts {
             in_recovery: true,
             slot_synced: Some(true),

@@ -690,29 +690,31 @@ impl Config {
                 }),
             }
         };
-        let queue = number("queue.buffering.max.messages", 100_000)?;
-        if queue < self.limits.max_in_flight_events {
-            return Err(ConfigError::invalid(
-                "kafka.\"queue.buffering.max.messages\"",
-                queue,
-                format!(
-                    "at least limits.max_in_flight_events ({}), or lower limits.max_in_flight_events",
-                    self.limits.max_in_flight_events
-                ),
-            ));
-        }
-        let max_message = number("message.max.bytes", 1_000_000)?;
-        if max_message < self.outbox.max_record_bytes {
-            return Err(ConfigError::invalid(
-                "kafka.\"message.max.bytes\"",
-                max_message,
-                format!(
-                    "at least outbox.max_record_bytes ({}), or lower outbox.max_record_bytes",
-                    self.outbox.max_record_bytes
-                ),
-            ));
-        }
-        Ok(())
+        // `kafka_key` (librdkafka's `default` when unset) must be at least
+        // the value of our `limit_key`.
+        let at_least = |kafka_key: &str, default: usize, limit_key: &str, limit: usize| {
+            let value = number(kafka_key, default)?;
+            if value < limit {
+                return Err(ConfigError::invalid(
+                    &format!("kafka.\"{kafka_key}\""),
+                    value,
+                    format!("at least {limit_key} ({limit}), or lower {limit_key}"),
+                ));
+            }
+            Ok(())
+        };
+        at_least(
+            "queue.buffering.max.messages",
+            100_000,
+            "limits.max_in_flight_events",
+            self.limits.max_in_flight_events,
+        )?;
+        at_least(
+            "message.max.bytes",
+            1_000_000,
+            "outbox.max_record_bytes",
+            self.outbox.max_record_bytes,
+        )
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -1052,23 +1054,19 @@ const BOOL_KEYS: &[&str] = &[
 ];
 
 fn typed_env_value(var: &str, key: &str, value: String) -> Result<toml::Value, ConfigError> {
+    let refused =
+        |allowed: &str| ConfigError::invalid(key, format!("{value} (from {var})"), allowed);
     if NUMBER_KEYS.contains(&key) {
-        return value
-            .trim()
-            .parse::<i64>()
+        let number = value.trim().parse::<i64>();
+        return number
             .map(toml::Value::Integer)
-            .map_err(|_| {
-                ConfigError::invalid(key, format!("{value} (from {var})"), "a whole number")
-            });
+            .map_err(|_| refused("a whole number"));
     }
     if BOOL_KEYS.contains(&key) {
-        return value
-            .trim()
-            .parse::<bool>()
+        let flag = value.trim().parse::<bool>();
+        return flag
             .map(toml::Value::Boolean)
-            .map_err(|_| {
-                ConfigError::invalid(key, format!("{value} (from {var})"), "true or false")
-            });
+            .map_err(|_| refused("true or false"));
     }
     if LIST_KEYS.contains(&key) {
         return Ok(toml::Value::Array(
@@ -1153,6 +1151,20 @@ mod tests {
             .to_owned()
     }
 
+    /// Each `(key, value)`: the key's variable (`postgres.slot`:
+    /// `OUTBOX_CDC__POSTGRES__SLOT`) set to the value is refused, naming the
+    /// key.
+    fn assert_refused_naming_key(cases: &[(&str, &str)]) {
+        for (key, value) in cases {
+            let var = format!(
+                "OUTBOX_CDC__{}",
+                key.to_ascii_uppercase().replace('.', "__")
+            );
+            let err = parse(MINIMAL, &[(&var, value)]).unwrap_err();
+            assert_eq!(invalid_key(err), *key, "{var}={value}");
+        }
+    }
+
     #[test]
     fn producer_limits_must_hold_what_the_pipeline_lets_through() {
         let base =
@@ -1202,33 +1214,12 @@ mod tests {
         assert_eq!(c.delivery.max_batch_ms, 20);
         let bad_mode = parse(&text.replace("exactly-once", "exactly_once"), &[]).unwrap_err();
         assert!(bad_mode.to_string().contains("at-least-once"), "{bad_mode}");
-        for (var, value, key) in [
-            (
-                "OUTBOX_CDC__DELIVERY__TRANSACTION_TIMEOUT_MS",
-                "999",
-                "delivery.transaction_timeout_ms",
-            ),
-            (
-                "OUTBOX_CDC__DELIVERY__MAX_BATCH_MS",
-                "15001",
-                "delivery.max_batch_ms",
-            ),
-            (
-                "OUTBOX_CDC__DELIVERY__MAX_BATCH_EVENTS",
-                "0",
-                "delivery.max_batch_events",
-            ),
-            (
-                "OUTBOX_CDC__DELIVERY__OFFSETS_TOPIC",
-                "a/b",
-                "delivery.offsets_topic",
-            ),
-        ] {
-            assert_eq!(
-                invalid_key(parse(MINIMAL, &[(var, value)]).unwrap_err()),
-                key
-            );
-        }
+        assert_refused_naming_key(&[
+            ("delivery.transaction_timeout_ms", "999"),
+            ("delivery.max_batch_ms", "15001"),
+            ("delivery.max_batch_events", "0"),
+            ("delivery.offsets_topic", "a/b"),
+        ]);
     }
 
     #[test]
@@ -1266,23 +1257,16 @@ mod tests {
         }
         let c = parse(MINIMAL, &[("OUTBOX_CDC__PRUNE__RETENTION", "")]).unwrap();
         assert_eq!(c.prune.retention(), None);
-        for (var, value, key) in [
-            ("OUTBOX_CDC__PRUNE__RETENTION", "7", "prune.retention"),
-            ("OUTBOX_CDC__PRUNE__RETENTION", "7w", "prune.retention"),
-            ("OUTBOX_CDC__PRUNE__RETENTION", "0d", "prune.retention"),
-            ("OUTBOX_CDC__PRUNE__RETENTION", "-1d", "prune.retention"),
-            ("OUTBOX_CDC__PRUNE__BATCH_ROWS", "0", "prune.batch_rows"),
-            (
-                "OUTBOX_CDC__PRUNE__LOCK_TIMEOUT_MS",
-                "0",
-                "prune.lock_timeout_ms",
-            ),
-            ("OUTBOX_CDC__PRUNE__INTERVAL", "0s", "prune.interval"),
-            ("OUTBOX_CDC__PRUNE__INTERVAL", "2d", "prune.interval"),
-        ] {
-            let err = parse(MINIMAL, &[(var, value)]).unwrap_err();
-            assert_eq!(invalid_key(err), key, "{var}={value}");
-        }
+        assert_refused_naming_key(&[
+            ("prune.retention", "7"),
+            ("prune.retention", "7w"),
+            ("prune.retention", "0d"),
+            ("prune.retention", "-1d"),
+            ("prune.batch_rows", "0"),
+            ("prune.lock_timeout_ms", "0"),
+            ("prune.interval", "0s"),
+            ("prune.interval", "2d"),
+        ]);
     }
 
     #[test]
@@ -1467,50 +1451,18 @@ mod tests {
 
     #[test]
     fn bad_values_name_key_value_and_what_is_allowed() {
-        let cases: &[(&str, &str, &str)] = &[
-            ("OUTBOX_CDC__POSTGRES__SLOT", "Bad-Slot", "postgres.slot"),
-            (
-                "OUTBOX_CDC__LIMITS__MAX_IN_FLIGHT_EVENTS",
-                "0",
-                "limits.max_in_flight_events",
-            ),
-            (
-                "OUTBOX_CDC__LIMITS__MAX_IN_FLIGHT_BYTES",
-                "10",
-                "limits.max_in_flight_bytes",
-            ),
-            ("OUTBOX_CDC__HTTP__LISTEN", "localhost", "http.listen"),
-            (
-                "OUTBOX_CDC__POSTGRES__STATUS_INTERVAL_MS",
-                "5",
-                "postgres.status_interval_ms",
-            ),
-            (
-                "OUTBOX_CDC__OFFSETS__FLUSH_INTERVAL_MS",
-                "0",
-                "offsets.flush_interval_ms",
-            ),
-            (
-                "OUTBOX_CDC__AUDIT__SAVE_INTERVAL_MS",
-                "0",
-                "audit.save_interval_ms",
-            ),
-            (
-                "OUTBOX_CDC__RETRY__INITIAL_BACKOFF_MS",
-                "999999",
-                "retry.initial_backoff_ms",
-            ),
-            ("OUTBOX_CDC__KAFKA__ACKS", "1", "kafka.acks"),
-            (
-                "OUTBOX_CDC__OUTBOX__TOPIC",
-                "bad topic {nope}",
-                "outbox.topic",
-            ),
-        ];
-        for (var, value, key) in cases {
-            let err = parse(MINIMAL, &[(var, value)]).unwrap_err();
-            assert_eq!(invalid_key(err), *key, "{var}={value}");
-        }
+        assert_refused_naming_key(&[
+            ("postgres.slot", "Bad-Slot"),
+            ("limits.max_in_flight_events", "0"),
+            ("limits.max_in_flight_bytes", "10"),
+            ("http.listen", "localhost"),
+            ("postgres.status_interval_ms", "5"),
+            ("offsets.flush_interval_ms", "0"),
+            ("audit.save_interval_ms", "0"),
+            ("retry.initial_backoff_ms", "999999"),
+            ("kafka.acks", "1"),
+            ("outbox.topic", "bad topic {nope}"),
+        ]);
         let err = parse(MINIMAL, &[("OUTBOX_CDC__POSTGRES__SLOT", "Bad-Slot")]).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("Bad-Slot") && text.contains("a-z"), "{text}");
@@ -1607,40 +1559,21 @@ mod tests {
 
     #[test]
     fn bad_topics_values_name_the_key() {
-        let cases: &[(&str, &str, &str)] = &[
-            ("OUTBOX_CDC__TOPICS__PARTITIONS", "0", "topics.partitions"),
-            ("OUTBOX_CDC__TOPICS__PARTITIONS", "-1", "topics.partitions"),
-            (
-                "OUTBOX_CDC__TOPICS__PARTITIONS",
-                "three",
-                "topics.partitions",
-            ),
-            (
-                "OUTBOX_CDC__TOPICS__REPLICATION_FACTOR",
-                "0",
-                "topics.replication_factor",
-            ),
-            (
-                "OUTBOX_CDC__TOPICS__REPLICATION_FACTOR",
-                "-2",
-                "topics.replication_factor",
-            ),
-            (
-                "OUTBOX_CDC__TOPICS__REPLICATION_FACTOR",
-                "40000",
-                "topics.replication_factor",
-            ),
-            ("OUTBOX_CDC__TOPICS__CREATE", "yes", "topics.create"),
-            (
-                "OUTBOX_CDC__TOPICS__CONFIG__RETENTION_MS",
-                " ",
-                "topics.config.retention.ms",
-            ),
-        ];
-        for (var, value, key) in cases {
-            let err = parse(MINIMAL, &[(var, value)]).unwrap_err();
-            assert_eq!(invalid_key(err), *key, "{var}={value}");
-        }
+        assert_refused_naming_key(&[
+            ("topics.partitions", "0"),
+            ("topics.partitions", "-1"),
+            ("topics.partitions", "three"),
+            ("topics.replication_factor", "0"),
+            ("topics.replication_factor", "-2"),
+            ("topics.replication_factor", "40000"),
+            ("topics.create", "yes"),
+        ]);
+        let err = parse(
+            MINIMAL,
+            &[("OUTBOX_CDC__TOPICS__CONFIG__RETENTION_MS", " ")],
+        )
+        .unwrap_err();
+        assert_eq!(invalid_key(err), "topics.config.retention.ms");
         let err = parse(MINIMAL, &[("OUTBOX_CDC__TOPICS__PARTITIONS", "0")]).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("at least 1"), "{text}");

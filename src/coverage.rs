@@ -1303,6 +1303,18 @@ mod tests {
         c.resolve(rel, lsn, Some(&now(&rel.name, inside, contains)))
     }
 
+    /// [`resolve_now`] of a relation that `c` cannot classify without the
+    /// catalog (asserted first), and that no ancestor contains.
+    fn look_up_now(
+        c: &mut Coverage,
+        rel: &Relation,
+        lsn: Lsn,
+        inside: bool,
+    ) -> Result<RelationKind, Unaccounted> {
+        assert_eq!(c.classify(rel), Known::LookUp);
+        resolve_now(c, rel, lsn, inside, false)
+    }
+
     fn now(name: &str, inside: bool, contains: bool) -> CatalogRelation {
         CatalogRelation {
             table: t(name),
@@ -1358,17 +1370,15 @@ mod tests {
         ));
         let archive = relation(OTHER, "outbox_archive", &OUTBOX_COLS);
         // Outbox-shaped: the catalog decides, every time (audit F2).
-        assert_eq!(c.classify(&archive), Known::LookUp);
         assert_eq!(
-            resolve_now(&mut c, &archive, Lsn::new(1), false, false),
+            look_up_now(&mut c, &archive, Lsn::new(1), false),
             Ok(RelationKind::Other)
         );
         assert_eq!(c.classify(&archive), Known::LookUp, "still not trusted");
         // Renamed since start-up but still the same standalone table.
         let renamed = relation(OTHER, "outbox_archive_2025", &OUTBOX_COLS);
-        assert_eq!(c.classify(&renamed), Known::LookUp);
         assert_eq!(
-            resolve_now(&mut c, &renamed, Lsn::new(1), false, false),
+            look_up_now(&mut c, &renamed, Lsn::new(1), false),
             Ok(RelationKind::Other)
         );
     }
@@ -1388,9 +1398,8 @@ mod tests {
             false,
         ));
         let attached = relation(OTHER, "outbox_2027_01", &OUTBOX_COLS);
-        assert_eq!(c.classify(&attached), Known::LookUp);
         assert_eq!(
-            resolve_now(&mut c, &attached, Lsn::new(7), true, false),
+            look_up_now(&mut c, &attached, Lsn::new(7), true),
             Ok(RelationKind::Outbox)
         );
         assert_eq!(c.classify(&attached), Known::Is(RelationKind::Outbox));

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Metric, Registry};
@@ -220,9 +220,7 @@ impl Default for Metrics {
             "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others",
             Family::default(),
         );
-        for status in WAL_STATUSES {
-            drop(slot_wal_status.get_or_create(&label("status", status)));
-        }
+        create_members(&slot_wal_status, "status", &WAL_STATUSES);
         let slot_exists = r.gauge(
             "outbox_cdc_slot_exists",
             "1 when the slot exists, 0 when the last poll found it missing, -1 before the first poll",
@@ -358,9 +356,7 @@ impl Default for Metrics {
             "outbox_cdc_trace_context_dropped_total",
             "Trace context values of outbox rows left out of the record because they are not valid W3C Trace Context (header: traceparent, tracestate); the event is published without them",
         );
-        for header in ["traceparent", "tracestate"] {
-            drop(trace_dropped.get_or_create(&label("header", header)));
-        }
+        create_members(&trace_dropped, "header", &["traceparent", "tracestate"]);
         let ready = r.gauge(
             "outbox_cdc_ready",
             "1 while every readiness reason of /health/ready holds, 0 otherwise (as of the last scrape)",
@@ -371,9 +367,7 @@ impl Default for Metrics {
             "1 while the readiness reason holds, 0 while it does not (reason: streaming, kafka_reachable, acknowledging, sequence_gaps); /health/ready says why",
             Family::default(),
         );
-        for reason in crate::health::REASONS {
-            drop(ready_reasons.get_or_create(&label("reason", reason)));
-        }
+        create_members(&ready_reasons, "reason", &crate::health::REASONS);
         Metrics {
             registry: r.0,
             slot_lag_bytes,
@@ -431,6 +425,18 @@ pub struct SlotGauges {
 
 fn label(name: &'static str, value: &str) -> Label {
     [(name, value.to_owned())]
+}
+
+/// Creates the family's member for each label value, so that every one is
+/// exported (at zero) before it is first set.
+fn create_members<M, C: MetricConstructor<M>>(
+    family: &Family<Label, M, C>,
+    name: &'static str,
+    values: &[&str],
+) {
+    for value in values {
+        drop(family.get_or_create(&label(name, value)));
+    }
 }
 
 impl Metrics {

@@ -888,6 +888,14 @@ mod tests {
         (dir, store)
     }
 
+    /// Parks an aggregate where reason and position do not matter; whether
+    /// it was newly parked.
+    fn park(store: &OffsetStore, aggregate_type: &str, aggregate_id: &str) -> bool {
+        store
+            .park(aggregate_type, aggregate_id, "r", EventPosition::at(lsn(1)))
+            .unwrap()
+    }
+
     fn lsn(n: u64) -> Lsn {
         Lsn::new(n)
     }
@@ -1194,15 +1202,9 @@ mod tests {
     #[test]
     fn parked_keys_are_unambiguous() {
         let (_dir, store) = fresh();
-        store
-            .park("ab", "c", "r", EventPosition::at(lsn(1)))
-            .unwrap();
+        park(&store, "ab", "c");
         assert!(!store.is_parked("a", "bc").unwrap());
-        assert!(
-            store
-                .park("a", "bc", "r", EventPosition::at(lsn(1)))
-                .unwrap()
-        );
+        assert!(park(&store, "a", "bc"));
         assert_eq!(store.parked().unwrap().len(), 2);
         assert_ne!(parked_key("ab", "c"), parked_key("a", "bc"));
     }
@@ -1229,9 +1231,7 @@ mod tests {
     #[test]
     fn parked_value_for_another_key_is_corrupt() {
         let (_dir, store) = fresh();
-        store
-            .park("order", "1", "r", EventPosition::at(lsn(1)))
-            .unwrap();
+        park(&store, "order", "1");
         let raw = store.parked.get(parked_key("order", "1")).unwrap().unwrap();
         store.parked.insert(parked_key("order", "2"), raw).unwrap();
         assert!(matches!(

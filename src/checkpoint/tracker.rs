@@ -435,18 +435,24 @@ mod tests {
         (tokens, advanced)
     }
 
+    /// A committed transaction of one event; returns its token.
+    fn one_event(t: &mut AckTracker, end: u64) -> EventToken {
+        let (tokens, _) = tx(t, 1, end);
+        tokens[0]
+    }
+
     #[test]
     fn out_of_order_deliveries_across_transactions() {
         let mut t = AckTracker::new(lsn(100));
         let (a, _) = tx(&mut t, 2, 200);
-        let (b, _) = tx(&mut t, 1, 300);
+        let b = one_event(&mut t, 300);
         let (c, _) = tx(&mut t, 2, 400);
         assert_eq!(t.in_flight_events(), 5);
         assert_eq!(t.in_flight_bytes(), 10 + 11 + 10 + 10 + 11);
 
         // Later transactions finishing first do not move the acked LSN.
         assert_eq!(t.delivered(c[1]), None);
-        assert_eq!(t.delivered(b[0]), None);
+        assert_eq!(t.delivered(b), None);
         assert_eq!(t.delivered(c[0]), None);
         assert_eq!(t.delivered(a[1]), None);
         assert_eq!(t.acked(), lsn(100));
@@ -464,13 +470,13 @@ mod tests {
     #[test]
     fn nothing_is_acked_past_an_open_kafka_transaction() {
         let mut t = AckTracker::new(lsn(0));
-        let (a, _) = tx(&mut t, 1, 10);
-        assert_eq!(t.delivered(a[0]), Some(lsn(10)), "before any hold");
+        let a = one_event(&mut t, 10);
+        assert_eq!(t.delivered(a), Some(lsn(10)), "before any hold");
         t.begin(ts(2)).unwrap();
         assert_eq!(t.hold_at_last_commit(), lsn(10), "held at the last commit");
         let b = t.add_event(5).unwrap();
         t.commit(lsn(20)).unwrap();
-        let (c, _) = tx(&mut t, 1, 30);
+        let c = one_event(&mut t, 30);
         assert_eq!(
             t.hold_at_last_commit(),
             lsn(10),
@@ -481,7 +487,7 @@ mod tests {
             None,
             "delivered inside the open transaction"
         );
-        assert_eq!(t.delivered(c[0]), None);
+        assert_eq!(t.delivered(c), None);
         assert_eq!(t.acked(), lsn(10));
         assert_eq!(t.idle_advance(lsn(99)), None, "not idle while held");
         assert_eq!(
@@ -497,12 +503,12 @@ mod tests {
     fn nothing_is_acked_past_the_last_proof() {
         let mut t = AckTracker::new(lsn(0));
         assert_eq!(t.prove_through(lsn(15)), None);
-        let (a, _) = tx(&mut t, 1, 10);
-        let (b, _) = tx(&mut t, 1, 20);
+        let a = one_event(&mut t, 10);
+        let b = one_event(&mut t, 20);
         t.begin(ts(3)).unwrap();
         t.commit(lsn(30)).unwrap();
-        assert_eq!(t.delivered(b[0]), None);
-        assert_eq!(t.delivered(a[0]), Some(lsn(10)), "up to the ceiling");
+        assert_eq!(t.delivered(b), None);
+        assert_eq!(t.delivered(a), Some(lsn(10)), "up to the ceiling");
         assert_eq!(t.acked_commit_time(), Some(ts(10)));
         assert!(
             !t.is_idle(),
@@ -521,8 +527,8 @@ mod tests {
         );
         assert_eq!(t.prove_through(lsn(60)), None);
         assert_eq!(t.idle_advance(lsn(50)), Some(lsn(50)));
-        let (d, _) = tx(&mut t, 1, 70);
-        assert_eq!(t.delivered(d[0]), None, "held above the ceiling");
+        let d = one_event(&mut t, 70);
+        assert_eq!(t.delivered(d), None, "held above the ceiling");
         assert_eq!(t.lift_ceiling(), Some(lsn(70)));
         assert_eq!(t.idle_advance(lsn(90)), Some(lsn(90)));
     }
@@ -530,29 +536,29 @@ mod tests {
     #[test]
     fn prefix_stops_at_the_first_unfinished_transaction() {
         let mut t = AckTracker::new(lsn(0));
-        let (a, _) = tx(&mut t, 1, 10);
-        let (b, _) = tx(&mut t, 1, 20);
-        let (c, _) = tx(&mut t, 1, 30);
-        assert_eq!(t.delivered(c[0]), None);
-        assert_eq!(t.delivered(a[0]), Some(lsn(10)));
+        let a = one_event(&mut t, 10);
+        let b = one_event(&mut t, 20);
+        let c = one_event(&mut t, 30);
+        assert_eq!(t.delivered(c), None);
+        assert_eq!(t.delivered(a), Some(lsn(10)));
         assert_eq!(t.pending_transactions(), 2);
-        assert_eq!(t.delivered(b[0]), Some(lsn(30)));
+        assert_eq!(t.delivered(b), Some(lsn(30)));
         assert_eq!(t.pending_transactions(), 0);
     }
 
     #[test]
     fn empty_transaction_between_two_pending_ones() {
         let mut t = AckTracker::new(lsn(0));
-        let (a, _) = tx(&mut t, 1, 10);
+        let a = one_event(&mut t, 10);
         let (_, none) = tx(&mut t, 0, 20);
         assert_eq!(
             none, None,
             "an empty transaction behind a pending one waits"
         );
-        let (c, _) = tx(&mut t, 1, 30);
+        let c = one_event(&mut t, 30);
         assert_eq!(t.pending_transactions(), 3);
-        assert_eq!(t.delivered(a[0]), Some(lsn(20)));
-        assert_eq!(t.delivered(c[0]), Some(lsn(30)));
+        assert_eq!(t.delivered(a), Some(lsn(20)));
+        assert_eq!(t.delivered(c), Some(lsn(30)));
     }
 
     #[test]
@@ -686,39 +692,39 @@ mod tests {
     #[test]
     fn stale_and_foreign_tokens_are_ignored_and_counted() {
         let mut t = AckTracker::new(lsn(0));
-        let (a, _) = tx(&mut t, 1, 10);
-        let (b, _) = tx(&mut t, 1, 20);
-        assert_eq!(t.delivered(a[0]), Some(lsn(10)));
+        let a = one_event(&mut t, 10);
+        let b = one_event(&mut t, 20);
+        assert_eq!(t.delivered(a), Some(lsn(10)));
         // Already finished and popped.
-        assert_eq!(t.delivered(a[0]), None);
+        assert_eq!(t.delivered(a), None);
         assert_eq!(t.stale_tokens(), 1);
 
         // A token of another tracker never touches this one's transactions,
         // even when its sequence number collides.
         let mut other = AckTracker::new(lsn(0));
-        let (o, _) = tx(&mut other, 1, 10);
-        let (o2, _) = tx(&mut other, 1, 20);
-        assert_eq!(t.delivered(o[0]), None);
-        assert_eq!(t.delivered(o2[0]), None);
+        let o = one_event(&mut other, 10);
+        let o2 = one_event(&mut other, 20);
+        assert_eq!(t.delivered(o), None);
+        assert_eq!(t.delivered(o2), None);
         assert_eq!(t.stale_tokens(), 3);
         assert_eq!(t.in_flight_events(), 1);
-        assert_eq!(t.delivered(b[0]), Some(lsn(20)));
+        assert_eq!(t.delivered(b), Some(lsn(20)));
 
         // A token handed back twice once its transaction has nothing left.
-        let (c, _) = tx(&mut t, 1, 30);
-        let (_d, _) = tx(&mut t, 1, 40);
+        let c = one_event(&mut t, 30);
+        let _d = one_event(&mut t, 40);
         t.begin(ts(5)).unwrap();
         let e = t.add_event(1).unwrap();
         assert_eq!(t.delivered(e), None);
         assert_eq!(t.delivered(e), None);
         assert_eq!(t.stale_tokens(), 4);
-        assert_eq!(t.delivered(c[0]), Some(lsn(30)));
+        assert_eq!(t.delivered(c), Some(lsn(30)));
     }
 
     #[test]
     fn abandoned_transaction_is_dropped_and_its_late_deliveries_ignored() {
         let mut t = AckTracker::new(lsn(0));
-        let (a, _) = tx(&mut t, 1, 10);
+        let a = one_event(&mut t, 10);
         t.begin(ts(2)).unwrap();
         let x = t.add_event(100).unwrap();
         let y = t.add_event(200).unwrap();
@@ -737,7 +743,7 @@ mod tests {
         assert_eq!(t.delivered(y), None);
         assert_eq!(t.stale_tokens(), 2);
         assert_eq!(t.in_flight_events(), 2);
-        assert_eq!(t.delivered(a[0]), Some(lsn(10)));
+        assert_eq!(t.delivered(a), Some(lsn(10)));
         assert_eq!(t.delivered(x2), Some(lsn(20)));
         assert!(t.is_idle());
         assert_eq!(t.pending_transactions(), 0);
@@ -756,12 +762,12 @@ mod tests {
     fn oldest_unacked_commit_time_follows_the_head() {
         let mut t = AckTracker::new(lsn(0));
         assert_eq!(t.oldest_unacked_commit_time(), None);
-        let (a, _) = tx(&mut t, 1, 10);
-        let (b, _) = tx(&mut t, 1, 20);
+        let a = one_event(&mut t, 10);
+        let b = one_event(&mut t, 20);
         assert_eq!(t.oldest_unacked_commit_time(), Some(ts(10)));
-        t.delivered(a[0]);
+        t.delivered(a);
         assert_eq!(t.oldest_unacked_commit_time(), Some(ts(20)));
-        t.delivered(b[0]);
+        t.delivered(b);
         assert_eq!(t.oldest_unacked_commit_time(), None);
     }
 

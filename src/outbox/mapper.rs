@@ -506,7 +506,7 @@ impl OutboxMapper {
         let trace_dropped = push_trace(&mut headers, tuple, bound);
         let payload = self.shape_row_value(&row, tuple, bound, payload)?;
         let partition = match &bound.partition {
-            Some((column, idx)) => Some(self.partition_of(&row, tuple, column, *idx)?),
+            Some((column, idx)) => Some(Self::partition_of(&row, tuple, column, *idx)?),
             None => None,
         };
         if let Some(ce) = &self.cloudevents {
@@ -729,7 +729,6 @@ impl OutboxMapper {
 
     /// The partition named by the partition column (Debezium's `partition` placement).
     fn partition_of(
-        &self,
         row: &Partial<'_>,
         tuple: &TupleData,
         column: &str,
@@ -1613,30 +1612,15 @@ mod tests {
     fn messages_that_are_not_events() {
         let off = mapper(OutboxSettings::default());
         assert!(!off.wants_messages());
-        assert_eq!(
-            off.map_message(&message(true, "", ENVELOPE), &ctx())
-                .unwrap(),
-            None
-        );
-        assert_eq!(
-            off.map_message(&message(true, "outbox", ENVELOPE), &ctx())
-                .unwrap(),
-            None
-        );
         let m = mapper(OutboxSettings {
             message_prefix: "outbox".into(),
             ..Default::default()
         });
-        assert_eq!(
-            m.map_message(&message(true, "outbox2", ENVELOPE), &ctx())
-                .unwrap(),
-            None
-        );
-        assert_eq!(
-            m.map_message(&message(true, "outbo", ENVELOPE), &ctx())
-                .unwrap(),
-            None
-        );
+        // Off, no prefix is taken; on, only the configured one, exactly.
+        for (mapper, prefix) in [(&off, ""), (&off, "outbox"), (&m, "outbox2"), (&m, "outbo")] {
+            let mapped = mapper.map_message(&message(true, prefix, ENVELOPE), &ctx());
+            assert_eq!(mapped.unwrap(), None, "{prefix:?}");
+        }
         let stray = message(false, "outbox", ENVELOPE);
         assert_eq!(m.map_message(&stray, &ctx()).unwrap(), None);
     }

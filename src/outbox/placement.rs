@@ -46,40 +46,31 @@ pub(crate) fn parse_placements(entries: &[String]) -> Result<Vec<Placement>, Con
                 format!("an entry without empty parts: {FORMS}"),
             ));
         }
-        let placement = match parts.as_slice() {
-            [column, "header"] => Placement::Header {
-                column: column.to_string(),
-                name: column.to_string(),
-            },
-            [column, "header", alias] => Placement::Header {
-                column: column.to_string(),
-                name: alias.to_string(),
-            },
-            [column, "envelope"] => Placement::Envelope {
-                column: column.to_string(),
-                name: column.to_string(),
-            },
-            [column, "envelope", alias] => Placement::Envelope {
-                column: column.to_string(),
-                name: alias.to_string(),
-            },
-            [column, "partition"] | [column, "partition", _] => Placement::Partition {
-                column: column.to_string(),
-            },
+        let (column, kind, alias) = match parts.as_slice() {
+            [column, kind] => (*column, *kind, None),
+            [column, kind, alias] => (*column, *kind, Some(*alias)),
             [column] => {
                 return Err(invalid(
                     entry,
                     format!("a placement after the column, such as {column}:header: {FORMS}"),
                 ));
             }
-            [_, other] | [_, other, _] => {
+            _ => {
+                return Err(invalid(entry, format!("at most three parts: {FORMS}")));
+            }
+        };
+        let name = alias.unwrap_or(column).to_string();
+        let column = column.to_string();
+        let placement = match kind {
+            "header" => Placement::Header { column, name },
+            "envelope" => Placement::Envelope { column, name },
+            // An alias after `partition` is accepted and unused.
+            "partition" => Placement::Partition { column },
+            other => {
                 return Err(invalid(
                     entry,
                     format!("{other} is not a placement (header, envelope or partition): {FORMS}"),
                 ));
-            }
-            _ => {
-                return Err(invalid(entry, format!("at most three parts: {FORMS}")));
             }
         };
         if let Placement::Envelope { column, name } = &placement {

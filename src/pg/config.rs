@@ -674,16 +674,13 @@ fn split_key_values(s: &str) -> Result<(String, OwnPairs), PgError> {
 mod tests {
     use super::*;
 
-    fn no_env(_: &str) -> Option<String> {
-        None
+    fn parse_without_env(s: &str) -> Result<PgConnectConfig, PgError> {
+        PgConnectConfig::parse_with_env(s, |_| None)
     }
 
     #[test]
     fn parses_url_with_tls_keys() {
-        let c = PgConnectConfig::parse_with_env(
-            "postgres://outbox:s3cret@127.0.0.1:54329/app?sslmode=verify-full&sslrootcert=%2Ftmp%2Fca.pem&application_name=x",
-            no_env,
-        )
+        let c = parse_without_env("postgres://outbox:s3cret@127.0.0.1:54329/app?sslmode=verify-full&sslrootcert=%2Ftmp%2Fca.pem&application_name=x")
         .unwrap();
         assert_eq!(c.tls().mode, SslMode::VerifyFull);
         assert_eq!(c.tls().root_cert, Some(PathBuf::from("/tmp/ca.pem")));
@@ -704,16 +701,12 @@ mod tests {
 
     #[test]
     fn parses_key_value_form() {
-        let c = PgConnectConfig::parse_with_env(
+        let c = parse_without_env(
             r"host=127.0.0.1 port = 5433 user=u password='it''s' dbname='my db' sslmode=verify-ca sslrootcert='/a b/ca.pem'",
-            no_env,
         );
         // libpq does not double quotes inside quoted values; backslash escapes them.
         assert!(c.is_err());
-        let c = PgConnectConfig::parse_with_env(
-            r"host=127.0.0.1 port = 5433 user=u password='it\'s \\ x' dbname='my db' sslmode=verify-ca sslrootcert='/a b/ca.pem'",
-            no_env,
-        )
+        let c = parse_without_env(r"host=127.0.0.1 port = 5433 user=u password='it\'s \\ x' dbname='my db' sslmode=verify-ca sslrootcert='/a b/ca.pem'")
         .unwrap();
         assert_eq!(c.password(), Some(&br"it's \ x"[..]));
         assert_eq!(c.dbname(), "my db");
@@ -745,12 +738,11 @@ mod tests {
 
     #[test]
     fn parses_channel_binding_and_require_auth() {
-        let c = PgConnectConfig::parse_with_env("postgres://u@h/db", no_env).unwrap();
+        let c = parse_without_env("postgres://u@h/db").unwrap();
         assert_eq!(c.auth().channel_binding, ChannelBinding::Prefer);
         assert_eq!(c.auth().require_auth, RequireAuth::default());
-        let c = PgConnectConfig::parse_with_env(
+        let c = parse_without_env(
             "postgres://u@h/db?sslmode=require&channel_binding=require&require_auth=scram-sha-256",
-            no_env,
         )
         .unwrap();
         assert_eq!(c.auth().channel_binding, ChannelBinding::Require);
@@ -763,9 +755,8 @@ mod tests {
         for m in [AuthMethod::Password, AuthMethod::Md5, AuthMethod::None] {
             assert!(!ra.allows(m), "{m:?}");
         }
-        let c = PgConnectConfig::parse_with_env(
+        let c = parse_without_env(
             "host=h user=u channel_binding=disable require_auth='!password,!md5'",
-            no_env,
         )
         .unwrap();
         assert_eq!(c.auth().channel_binding, ChannelBinding::Disable);
@@ -777,7 +768,7 @@ mod tests {
 
     #[test]
     fn rejects_bad_settings_naming_the_key() {
-        let key_of = |s: &str| match PgConnectConfig::parse_with_env(s, no_env) {
+        let key_of = |s: &str| match parse_without_env(s) {
             Err(PgError::Config { key, .. }) => key,
             other => panic!("expected a config error for {s}, got {other:?}"),
         };

@@ -38,18 +38,29 @@ pub(crate) enum PgStream {
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
 }
 
+/// What every [`PgStream`] variant is: the I/O traits go to it.
+trait Socket: AsyncRead + AsyncWrite + Unpin {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin> Socket for T {}
+
+impl PgStream {
+    fn socket(self: Pin<&mut Self>) -> Pin<&mut dyn Socket> {
+        match self.get_mut() {
+            PgStream::Tcp(s) => Pin::new(s),
+            #[cfg(unix)]
+            PgStream::Unix(s) => Pin::new(s),
+            PgStream::Tls(s) => Pin::new(s.as_mut()),
+        }
+    }
+}
+
 impl AsyncRead for PgStream {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            PgStream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            #[cfg(unix)]
-            PgStream::Unix(s) => Pin::new(s).poll_read(cx, buf),
-            PgStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
+        self.socket().poll_read(cx, buf)
     }
 }
 
@@ -59,30 +70,15 @@ impl AsyncWrite for PgStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            PgStream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            #[cfg(unix)]
-            PgStream::Unix(s) => Pin::new(s).poll_write(cx, buf),
-            PgStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
+        self.socket().poll_write(cx, buf)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            PgStream::Tcp(s) => Pin::new(s).poll_flush(cx),
-            #[cfg(unix)]
-            PgStream::Unix(s) => Pin::new(s).poll_flush(cx),
-            PgStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
+        self.socket().poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            PgStream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            #[cfg(unix)]
-            PgStream::Unix(s) => Pin::new(s).poll_shutdown(cx),
-            PgStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
+        self.socket().poll_shutdown(cx)
     }
 }
 

@@ -280,9 +280,13 @@ mod tests {
     #[test]
     fn first_start_creates_the_slot() {
         assert_eq!(decide(&inputs(None, None)), Ok(ResumePlan::CreateSlot));
-        let mut i = inputs(None, None);
-        i.create_slot = false;
-        assert!(matches!(decide(&i), Err(StartRefused::SlotMissing { .. })));
+        assert!(matches!(
+            decide(&ResumeInputs {
+                create_slot: false,
+                ..inputs(None, None)
+            }),
+            Err(StartRefused::SlotMissing { .. })
+        ));
     }
 
     #[test]
@@ -324,10 +328,11 @@ mod tests {
         let err = decide(&inputs(Some(&st), None)).unwrap_err();
         assert!(matches!(err, StartRefused::SlotLost { .. }));
         assert!(err.to_string().contains("outbox-cdc repair"));
-        let mut i = inputs(Some(&st), None);
-        i.recreate_slot = true;
         assert_eq!(
-            decide(&i),
+            decide(&ResumeInputs {
+                recreate_slot: true,
+                ..inputs(Some(&st), None)
+            }),
             Ok(ResumePlan::RecreateSlot {
                 forgotten: Lsn::new(500),
                 drop_invalidated: false,
@@ -345,10 +350,11 @@ mod tests {
             matches!(err, StartRefused::SlotInvalidated { stored_lsn: Some(l), .. } if l == Lsn::new(500)),
             "{err}"
         );
-        let mut i = inputs(Some(&st), Some(&info));
-        i.recreate_slot = true;
         assert_eq!(
-            decide(&i),
+            decide(&ResumeInputs {
+                recreate_slot: true,
+                ..inputs(Some(&st), Some(&info))
+            }),
             Ok(ResumePlan::RecreateSlot {
                 forgotten: Lsn::new(500),
                 drop_invalidated: true,
@@ -370,10 +376,11 @@ mod tests {
             decide(&inputs(Some(&st), Some(&info))),
             Err(StartRefused::SlotAhead { .. })
         ));
-        let mut i = inputs(Some(&st), Some(&info));
-        i.allow_slot_ahead = true;
         assert_eq!(
-            decide(&i),
+            decide(&ResumeInputs {
+                allow_slot_ahead: true,
+                ..inputs(Some(&st), Some(&info))
+            }),
             Ok(ResumePlan::Resume {
                 start: Lsn::new(900),
                 skip_through: Lsn::new(500)

@@ -89,6 +89,15 @@ struct Entry {
 /// offset store, given the aggregate's key.
 pub(crate) type Lookup<'a> = &'a mut dyn FnMut(&[u8]) -> Result<Option<(i64, Lsn)>, StoreError>;
 
+/// One event's place in its aggregate's numbering: what is followed.
+#[derive(Clone, Copy)]
+pub(crate) struct Numbered<'a> {
+    pub(crate) aggregate_type: &'a str,
+    pub(crate) aggregate_id: &'a str,
+    pub(crate) seq: i64,
+    pub(crate) lsn: Lsn,
+}
+
 impl SequenceWatch {
     pub(crate) fn new(settings: &AuditSettings) -> SequenceWatch {
         SequenceWatch {
@@ -114,25 +123,24 @@ impl SequenceWatch {
     pub(crate) fn observe(
         &mut self,
         lookup: Lookup<'_>,
-        aggregate_type: &str,
-        aggregate_id: &str,
-        got: i64,
-        lsn: Lsn,
+        event: Numbered<'_>,
     ) -> Result<Option<SequenceGap>, StoreError> {
         let Some(numbering) = self.numbering else {
             return Ok(None);
         };
-        let Some(last) = self.follow(lookup, aggregate_type, aggregate_id, got, lsn)? else {
+        let Some(last) = self.follow(lookup, event)? else {
             return Ok(None); // a replay: already judged
         };
-        Ok(judge(numbering, last, got, lsn).map(|kind| SequenceGap {
-            aggregate_type: aggregate_type.to_owned(),
-            aggregate_id: aggregate_id.to_owned(),
-            previous: last.map(|(seq, _)| seq),
-            got,
-            lsn,
-            kind,
-        }))
+        Ok(
+            judge(numbering, last, event.seq, event.lsn).map(|kind| SequenceGap {
+                aggregate_type: event.aggregate_type.to_owned(),
+                aggregate_id: event.aggregate_id.to_owned(),
+                previous: last.map(|(seq, _)| seq),
+                got: event.seq,
+                lsn: event.lsn,
+                kind,
+            }),
+        )
     }
 
     /// Records an event published before a restart and sent again by the
@@ -142,29 +150,30 @@ impl SequenceWatch {
     pub(crate) fn replayed(
         &mut self,
         lookup: Lookup<'_>,
-        aggregate_type: &str,
-        aggregate_id: &str,
-        got: i64,
-        lsn: Lsn,
+        event: Numbered<'_>,
     ) -> Result<(), StoreError> {
         if self.numbering.is_some() {
-            self.follow(lookup, aggregate_type, aggregate_id, got, lsn)?;
+            self.follow(lookup, event)?;
         }
         Ok(())
     }
 
-    /// Moves the aggregate's state to (`got`, `lsn`) unless it is already at
-    /// or past `lsn`. `Some(last)`: the state before, to judge `got` against;
-    /// `None`: the event is at or before the recorded one (a replay).
+    /// Moves the aggregate's state to the event's number and LSN unless it is
+    /// already at or past that LSN. `Some(last)`: the state before, to judge
+    /// the number against; `None`: the event is at or before the recorded
+    /// one (a replay).
     #[allow(clippy::type_complexity)]
     fn follow(
         &mut self,
         lookup: Lookup<'_>,
-        aggregate_type: &str,
-        aggregate_id: &str,
-        got: i64,
-        lsn: Lsn,
+        event: Numbered<'_>,
     ) -> Result<Option<Option<(i64, Lsn)>>, StoreError> {
+        let Numbered {
+            aggregate_type,
+            aggregate_id,
+            seq: got,
+            lsn,
+        } = event;
         self.scratch.clear();
         self.scratch
             .extend_from_slice(&(aggregate_type.len() as u32).to_be_bytes());
@@ -226,12 +235,18 @@ impl SequenceWatch {
         };
         let lookup = &mut |key: &[u8]| tokio::task::block_in_place(|| store.last_sequence(key));
         let (kind, id) = (&event.aggregate_type, &event.aggregate_id);
+        let numbered = Numbered {
+            aggregate_type: kind,
+            aggregate_id: id,
+            seq,
+            lsn,
+        };
         if !judged {
-            self.replayed(lookup, kind, id, seq, lsn)?;
+            self.replayed(lookup, numbered)?;
             return Ok(());
         }
         metrics.health.sequence_arrived(kind, id, seq);
-        let Some(gap) = self.observe(lookup, kind, id, seq, lsn)? else {
+        let Some(gap) = self.observe(lookup, numbered)? else {
             return Ok(());
         };
         if let (GapKind::Jump, Some(previous)) = (gap.kind, gap.previous) {
@@ -293,21 +308,36 @@ mod tests {
         }
     }
 
-    #[test]
-    fn consecutive_numbering_flags_jumps_repeats_and_late_starts() {
+    fn numbered<'a>(
+        aggregate_type: &'a str,
+        aggregate_id: &'a str,
+        seq: i64,
+        lsn: u64,
+    ) -> Numbered<'a> {
+        Numbered {
+            aggregate_type,
+            aggregate_id,
+            seq,
+            lsn: Lsn::new(lsn),
+        }
+    }
+
+    /// A watch and the offset store it looks aggregates up in (kept with
+    /// its directory).
+    fn watch_with_store(sequences: &str) -> (tempfile::TempDir, OffsetStore, SequenceWatch) {
         let dir = tempfile::tempdir().unwrap();
         let store = OffsetStore::open(dir.path()).unwrap();
-        let mut w = SequenceWatch::new(&settings("consecutive"));
+        (dir, store, SequenceWatch::new(&settings(sequences)))
+    }
+
+    #[test]
+    fn consecutive_numbering_flags_jumps_repeats_and_late_starts() {
+        let (_dir, store, mut w) = watch_with_store("consecutive");
+        let mut stored = |key: &[u8]| store.last_sequence(key);
         let mut at = |agg: &str, seq: i64, lsn: u64| {
-            w.observe(
-                &mut |k| store.last_sequence(k),
-                "order",
-                agg,
-                seq,
-                Lsn::new(lsn),
-            )
-            .unwrap()
-            .map(|g| g.kind)
+            w.observe(&mut stored, numbered("order", agg, seq, lsn))
+                .unwrap()
+                .map(|g| g.kind)
         };
         assert_eq!(at("a", 1, 10), None);
         assert_eq!(at("a", 2, 20), None);
@@ -321,31 +351,18 @@ mod tests {
 
     #[test]
     fn state_survives_a_restart_through_the_store() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
-        let mut w = SequenceWatch::new(&settings("consecutive"));
+        let (_dir, store, mut w) = watch_with_store("consecutive");
+        let mut stored = |key: &[u8]| store.last_sequence(key);
         assert_eq!(
-            w.observe(
-                &mut |k| store.last_sequence(k),
-                "order",
-                "a",
-                1,
-                Lsn::new(10)
-            )
-            .unwrap(),
+            w.observe(&mut stored, numbered("order", "a", 1, 10))
+                .unwrap(),
             None
         );
         store.save_sequences(&w.take_unsaved()).unwrap();
         let mut again = SequenceWatch::new(&settings("consecutive"));
         assert_eq!(
             again
-                .observe(
-                    &mut |k| store.last_sequence(k),
-                    "order",
-                    "a",
-                    3,
-                    Lsn::new(30)
-                )
+                .observe(&mut stored, numbered("order", "a", 3, 30))
                 .unwrap()
                 .map(|g| (g.kind, g.previous)),
             Some((GapKind::Jump, Some(1)))
@@ -354,28 +371,24 @@ mod tests {
 
     #[test]
     fn increasing_and_off() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = OffsetStore::open(dir.path()).unwrap();
-        let mut w = SequenceWatch::new(&settings("increasing"));
+        let (_dir, store, mut w) = watch_with_store("increasing");
+        let mut stored = |key: &[u8]| store.last_sequence(key);
         assert_eq!(
-            w.observe(&mut |k| store.last_sequence(k), "o", "a", 5, Lsn::new(1))
-                .unwrap(),
+            w.observe(&mut stored, numbered("o", "a", 5, 1)).unwrap(),
             None
         );
         assert_eq!(
-            w.observe(&mut |k| store.last_sequence(k), "o", "a", 9, Lsn::new(2))
-                .unwrap(),
+            w.observe(&mut stored, numbered("o", "a", 9, 2)).unwrap(),
             None
         );
         assert!(
-            w.observe(&mut |k| store.last_sequence(k), "o", "a", 9, Lsn::new(3))
+            w.observe(&mut stored, numbered("o", "a", 9, 3))
                 .unwrap()
                 .is_some()
         );
         let mut off = SequenceWatch::new(&settings("off"));
         assert_eq!(
-            off.observe(&mut |k| store.last_sequence(k), "o", "a", 1, Lsn::new(4))
-                .unwrap(),
+            off.observe(&mut stored, numbered("o", "a", 1, 4)).unwrap(),
             None
         );
         assert!(off.take_unsaved().is_empty());
@@ -387,12 +400,12 @@ mod tests {
         let mut nothing_stored = |_: &[u8]| Ok(None);
         // 2 and 3 were published before a crash and never reached the
         // store; the server sends them again.
-        w.replayed(&mut nothing_stored, "order", "a", 2, Lsn::new(20))
+        w.replayed(&mut nothing_stored, numbered("order", "a", 2, 20))
             .unwrap();
-        w.replayed(&mut nothing_stored, "order", "a", 3, Lsn::new(30))
+        w.replayed(&mut nothing_stored, numbered("order", "a", 3, 30))
             .unwrap();
         assert_eq!(
-            w.observe(&mut nothing_stored, "order", "a", 4, Lsn::new(40))
+            w.observe(&mut nothing_stored, numbered("order", "a", 4, 40))
                 .unwrap(),
             None,
             "4 follows the replayed 3"
@@ -403,7 +416,7 @@ mod tests {
         assert!(!w.has_unsaved());
         // A replay older than the stored state changes nothing.
         let mut stored = |_: &[u8]| Ok(Some((9, Lsn::new(90))));
-        w.replayed(&mut stored, "order", "b", 5, Lsn::new(50))
+        w.replayed(&mut stored, numbered("order", "b", 5, 50))
             .unwrap();
         assert!(!w.has_unsaved());
     }
@@ -419,20 +432,20 @@ mod tests {
         for i in 0..MAX_IN_MEMORY {
             let id = i.to_string();
             assert_eq!(
-                w.observe(&mut count, "o", &id, 1, Lsn::new(1)).unwrap(),
+                w.observe(&mut count, numbered("o", &id, 1, 1)).unwrap(),
                 None
             );
             assert_eq!(
-                w.observe(&mut count, "o", &id, 2, Lsn::new(2)).unwrap(),
+                w.observe(&mut count, numbered("o", &id, 2, 2)).unwrap(),
                 None
             );
         }
         assert_eq!(w.take_unsaved().len(), MAX_IN_MEMORY);
         // Full: the saved entries go, the unsaved one stays.
-        w.observe(&mut count, "o", "new", 1, Lsn::new(3)).unwrap();
-        w.observe(&mut count, "o", "newer", 1, Lsn::new(4)).unwrap();
-        w.observe(&mut count, "o", "new", 2, Lsn::new(5)).unwrap();
-        w.observe(&mut count, "o", "0", 3, Lsn::new(6)).unwrap();
+        w.observe(&mut count, numbered("o", "new", 1, 3)).unwrap();
+        w.observe(&mut count, numbered("o", "newer", 1, 4)).unwrap();
+        w.observe(&mut count, numbered("o", "new", 2, 5)).unwrap();
+        w.observe(&mut count, numbered("o", "0", 3, 6)).unwrap();
         assert_eq!(
             lookups,
             MAX_IN_MEMORY + 3,

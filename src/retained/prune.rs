@@ -148,12 +148,11 @@ impl std::fmt::Display for PruneReport {
         }
         write!(f, "pruned {} rows", self.rows())?;
         if !self.dropped_partitions.is_empty() {
-            let names: Vec<String> = self
-                .dropped_partitions
-                .iter()
-                .map(|(p, n)| format!("{p} ({n} rows)"))
-                .collect();
-            write!(f, " (dropped partitions: {})", names.join(", "))?;
+            f.write_str(" (dropped partitions: ")?;
+            write_list(f, &self.dropped_partitions, |(p, n)| {
+                format!("{p} ({n} rows)")
+            })?;
+            f.write_str(")")?;
         }
         if let Some(t) = self.acked_commit_time {
             write!(f, "; acknowledged commit time {}", micros_text(t.0))?;
@@ -162,12 +161,10 @@ impl std::fmt::Display for PruneReport {
             write!(f, "; rows proven committed by {w}")?;
         }
         if !self.deferred_partitions.is_empty() {
-            let names: Vec<String> = self
-                .deferred_partitions
-                .iter()
-                .map(|(p, why)| format!("{p} ({why})"))
-                .collect();
-            write!(f, "; left for a later prune: {}", names.join(", "))?;
+            f.write_str("; left for a later prune: ")?;
+            write_list(f, &self.deferred_partitions, |(p, why)| {
+                format!("{p} ({why})")
+            })?;
         }
         if self.parked_aggregates > 0 {
             write!(
@@ -178,6 +175,16 @@ impl std::fmt::Display for PruneReport {
         }
         Ok(())
     }
+}
+
+/// Writes each item's text, separated by ", ".
+fn write_list<T>(
+    f: &mut std::fmt::Formatter<'_>,
+    items: &[T],
+    text: impl Fn(&T) -> String,
+) -> std::fmt::Result {
+    let texts: Vec<String> = items.iter().map(text).collect();
+    f.write_str(&texts.join(", "))
 }
 
 /// The one-shot `outbox-cdc prune`: reads the acknowledged commit time from
@@ -772,19 +779,19 @@ impl Detach<'_> {
     /// `leaf` is detached: drop it if every row still qualifies, else attach
     /// it again (rows that do not qualify arrived meanwhile).
     async fn drop_detached(&self, leaf: &Leaf) -> Result<DropOutcome, PruneError> {
+        let (parent, name) = (&leaf.parent, &leaf.name);
         let dropped = async {
             self.client
                 .batch_execute(&format!(
-                    "BEGIN; LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
-                    leaf.name
+                    "BEGIN; LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE"
                 ))
                 .await?;
-            let (not_yet, rows) = self.count(&leaf.name).await?;
+            let (not_yet, rows) = self.count(name).await?;
             if not_yet > 0 {
                 return Ok(None);
             }
             self.client
-                .batch_execute(&format!("DROP TABLE {}; COMMIT", leaf.name))
+                .batch_execute(&format!("DROP TABLE {name}; COMMIT"))
                 .await?;
             Ok::<_, tokio_postgres::Error>(Some(rows as u64))
         }
@@ -796,17 +803,17 @@ impl Detach<'_> {
         };
         let _ = self.client.batch_execute("ROLLBACK").await;
         let attach = format!(
-            "ALTER TABLE {} ATTACH PARTITION {} {}",
-            leaf.parent, leaf.name, leaf.bound
+            "ALTER TABLE {parent} ATTACH PARTITION {name} {}",
+            leaf.bound
         );
         match self.client.batch_execute(&attach).await {
             Ok(()) => Ok(Kept(format!("{why}; attached again"))),
             Err(err) => Err(PruneError::Refused {
-                table: leaf.name.clone(),
+                table: name.clone(),
                 reason: format!(
-                    "the partition was detached from {} to be dropped, but {why}, and attaching it \
-                     again failed: {}. Its rows are outside the outbox until it is attached",
-                    leaf.parent,
+                    "the partition was detached from {parent} to be dropped, but {why}, and \
+                     attaching it again failed: {}. Its rows are outside the outbox until it \
+                     is attached",
                     error_text(&err)
                 ),
                 fix: format!("{attach};"),

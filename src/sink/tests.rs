@@ -56,6 +56,52 @@ fn event(topic: &str, key: &str, i: usize, payload_len: usize) -> OutboxEvent {
     }
 }
 
+type Reports = UnboundedReceiver<DeliveryReport<usize>>;
+
+/// A sink on the mock cluster, with `extra` producer settings.
+fn sink_with(
+    cluster: &MockCluster<'_, DefaultProducerContext>,
+    extra: &[(&str, &str)],
+) -> (KafkaSink<usize>, Reports) {
+    let mut settings = settings_for(cluster);
+    for (key, value) in extra {
+        settings.set(*key, *value);
+    }
+    KafkaSink::new(&settings).unwrap()
+}
+
+/// Sends one record and waits until it is delivered.
+async fn deliver(sink: &KafkaSink<usize>, rx: &mut Reports, event: OutboxEvent, token: usize) {
+    sink.send(&event, token).await.unwrap();
+    collect(rx, 1).await.remove(0).result.unwrap();
+}
+
+/// A sink on a new one-partition `topic` that delivered a first record
+/// (`token`): the topic check of the first record needs the cluster, later
+/// records' do not.
+async fn past_first_record(
+    topic: &str,
+    extra: &[(&str, &str)],
+    token: usize,
+) -> (
+    MockCluster<'static, DefaultProducerContext>,
+    KafkaSink<usize>,
+    Reports,
+) {
+    let cluster = mock(1, topic);
+    let (sink, mut rx) = sink_with(&cluster, extra);
+    deliver(&sink, &mut rx, event(topic, "k", token, 10), token).await;
+    (cluster, sink, rx)
+}
+
+/// `err` is the producer's fatal error (retried with a new producer) for
+/// the event `event_id`.
+fn assert_retried_fatal(err: &SinkError, event_id: &str) {
+    assert!(matches!(err, SinkError::Fatal { .. }), "{err:?}");
+    assert_eq!(err.disposition(), Disposition::Retry, "{err}");
+    assert_eq!(err.event_id(), Some(event_id));
+}
+
 async fn collect<T>(
     rx: &mut UnboundedReceiver<DeliveryReport<T>>,
     n: usize,
@@ -126,7 +172,7 @@ fn assert_all_delivered(
 async fn delivers_every_record_with_its_token_in_send_order() {
     let topic = "orders";
     let cluster = mock(4, topic);
-    let (sink, mut rx) = KafkaSink::<usize>::new(&settings_for(&cluster)).unwrap();
+    let (sink, mut rx) = sink_with(&cluster, &[]);
     let keys: Vec<String> = (0..300).map(|i| format!("agg-{}", i % 20)).collect();
     for (i, key) in keys.iter().enumerate() {
         sink.send(&event(topic, key, i, 10), i).await.unwrap();
@@ -148,7 +194,7 @@ async fn librdkafka_murmur2_random_lands_on_the_java_partition() {
     let topic = "partitioning";
     let partitions = 7;
     let cluster = mock(partitions, topic);
-    let (sink, mut rx) = KafkaSink::<usize>::new(&settings_for(&cluster)).unwrap();
+    let (sink, mut rx) = sink_with(&cluster, &[]);
     let mut keys: Vec<String> = [
         "21",
         "foobar",
@@ -190,9 +236,7 @@ async fn not_enough_replicas_is_retried_then_delivered() {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS_AFTER_APPEND,
         ],
     );
-    let mut settings = settings_for(&cluster);
-    settings.set("retry.backoff.ms", "10");
-    let (sink, mut rx) = KafkaSink::<usize>::new(&settings).unwrap();
+    let (sink, mut rx) = sink_with(&cluster, &[("retry.backoff.ms", "10")]);
     let keys: Vec<String> = (0..5).map(|_| "k".to_owned()).collect();
     for (i, key) in keys.iter().enumerate() {
         sink.send(&event(topic, key, i, 10), i).await.unwrap();
@@ -206,7 +250,7 @@ async fn not_enough_replicas_is_retried_then_delivered() {
 async fn broker_message_too_large_is_a_refused_record_that_stops_the_producer() {
     let topic = "too-large";
     let cluster = mock(1, topic);
-    let (sink, mut rx) = KafkaSink::<usize>::new(&settings_for(&cluster)).unwrap();
+    let (sink, mut rx) = sink_with(&cluster, &[]);
     cluster.request_errors(
         RDKafkaApiKey::Produce,
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
@@ -232,9 +276,7 @@ async fn broker_message_too_large_is_a_refused_record_that_stops_the_producer() 
 async fn record_over_the_producer_limit_is_refused_at_send_as_poison() {
     let topic = "local-limit";
     let cluster = mock(1, topic);
-    let mut settings = settings_for(&cluster);
-    settings.set("message.max.bytes", "2000");
-    let (sink, mut rx) = KafkaSink::<usize>::new(&settings).unwrap();
+    let (sink, mut rx) = sink_with(&cluster, &[("message.max.bytes", "2000")]);
     let err = sink
         .send(&event(topic, "k", 0, 5000), 0)
         .await
@@ -262,9 +304,7 @@ async fn record_over_the_producer_limit_is_refused_at_send_as_poison() {
 async fn queue_full_waits_and_still_delivers_everything_in_order() {
     let topic = "queue-full";
     let cluster = mock(3, topic);
-    let mut settings = settings_for(&cluster);
-    settings.set("queue.buffering.max.messages", "5");
-    let (sink, mut rx) = KafkaSink::<usize>::new(&settings).unwrap();
+    let (sink, mut rx) = sink_with(&cluster, &[("queue.buffering.max.messages", "5")]);
     let keys: Vec<String> = (0..400).map(|i| format!("key-{}", i % 9)).collect();
     let sender = async {
         for (i, key) in keys.iter().enumerate() {
@@ -288,14 +328,9 @@ async fn brokers_down_means_waiting_not_failing() {
     // Records never time out (message.timeout.ms=0): with every broker down the
     // record stays in flight, and arrives once a broker is back.
     let topic = "down";
-    let cluster = mock(1, topic);
-    let mut settings = settings_for(&cluster);
     // Reconnect quickly once the brokers are back (the default backoff grows to 10 s).
-    settings.set("reconnect.backoff.max.ms", "200");
-    let (sink, mut rx) = KafkaSink::<usize>::new(&settings).unwrap();
-    // The topic check of the first record needs the cluster; later records don't.
-    sink.send(&event(topic, "k", 6, 10), 6).await.unwrap();
-    collect(&mut rx, 1).await.remove(0).result.unwrap();
+    let reconnect = [("reconnect.backoff.max.ms", "200")];
+    let (cluster, sink, mut rx) = past_first_record(topic, &reconnect, 6).await;
     for broker in 1..=3 {
         cluster.broker_down(broker).unwrap();
     }
@@ -317,10 +352,7 @@ async fn brokers_down_means_waiting_not_failing() {
 #[tokio::test]
 async fn fatal_producer_error_requires_a_new_producer() {
     let topic = "fatal";
-    let cluster = mock(1, topic);
-    let (sink, mut rx) = KafkaSink::<usize>::new(&settings_for(&cluster)).unwrap();
-    sink.send(&event(topic, "k", 0, 10), 0).await.unwrap();
-    collect(&mut rx, 1).await.remove(0).result.unwrap();
+    let (_cluster, sink, _rx) = past_first_record(topic, &[], 0).await;
 
     raise_fatal(
         &sink,
@@ -341,9 +373,7 @@ async fn fatal_producer_error_requires_a_new_producer() {
         .send(&event(topic, "k", 1, 10), 1)
         .await
         .expect_err("a fatal producer refuses new records");
-    assert!(matches!(err, SinkError::Fatal { .. }), "{err:?}");
-    assert_eq!(err.disposition(), Disposition::Retry, "{err}");
-    assert_eq!(err.event_id(), Some("evt-1"));
+    assert_retried_fatal(&err, "evt-1");
 }
 
 #[tokio::test]
@@ -429,11 +459,7 @@ fn sink_and_its_send_future_can_move_between_threads() {
 #[tokio::test]
 async fn records_queued_when_the_producer_turns_fatal_are_reported_fatal() {
     let topic = "fatal-queued";
-    let cluster = mock(1, topic);
-    let (sink, mut rx) = KafkaSink::<usize>::new(&settings_for(&cluster)).unwrap();
-    // The topic check of the first record needs the cluster; later records don't.
-    sink.send(&event(topic, "k", 9, 10), 9).await.unwrap();
-    collect(&mut rx, 1).await.remove(0).result.unwrap();
+    let (cluster, sink, mut rx) = past_first_record(topic, &[], 9).await;
     for broker in 1..=3 {
         cluster.broker_down(broker).unwrap();
     }
@@ -444,12 +470,7 @@ async fn records_queued_when_the_producer_turns_fatal_are_reported_fatal() {
     let mut tokens = Vec::new();
     for report in collect(&mut rx, 3).await {
         let err = report.result.expect_err("purged by the fatal error");
-        assert!(matches!(err, SinkError::Fatal { .. }), "{err:?}");
-        assert_eq!(err.disposition(), Disposition::Retry, "{err}");
-        assert_eq!(
-            err.event_id(),
-            Some(format!("evt-{}", report.token).as_str())
-        );
+        assert_retried_fatal(&err, &format!("evt-{}", report.token));
         tokens.push(report.token);
     }
     // Records purged from the broker's in-flight requests and from the queue
@@ -461,7 +482,7 @@ async fn records_queued_when_the_producer_turns_fatal_are_reported_fatal() {
 #[tokio::test]
 async fn a_missing_topic_is_refused_at_send_naming_the_topic_and_the_fix() {
     let cluster = mock(1, "present");
-    let (sink, mut rx) = KafkaSink::<usize>::new(&settings_for(&cluster)).unwrap();
+    let (sink, mut rx) = sink_with(&cluster, &[]);
     let err = sink
         .send(&event("absent", "k", 0, 10), 0)
         .await
@@ -495,14 +516,16 @@ async fn a_missing_topic_is_refused_at_send_naming_the_topic_and_the_fix() {
 async fn a_delivery_report_with_unknown_topic_is_refused_not_retried() {
     let topic = "deleted";
     let cluster = mock(1, topic);
-    let mut settings = settings_for(&cluster);
     // Let the producer see the changed metadata quickly.
-    settings.set("topic.metadata.refresh.interval.ms", "100");
-    settings.set("topic.metadata.propagation.max.ms", "100");
-    settings.set("retry.backoff.ms", "10");
-    let (sink, mut rx) = KafkaSink::<usize>::new(&settings).unwrap();
-    sink.send(&event(topic, "k", 0, 10), 0).await.unwrap();
-    collect(&mut rx, 1).await.remove(0).result.unwrap();
+    let (sink, mut rx) = sink_with(
+        &cluster,
+        &[
+            ("topic.metadata.refresh.interval.ms", "100"),
+            ("topic.metadata.propagation.max.ms", "100"),
+            ("retry.backoff.ms", "10"),
+        ],
+    );
+    deliver(&sink, &mut rx, event(topic, "k", 0, 10), 0).await;
 
     cluster
         .topic_error(
@@ -551,9 +574,8 @@ async fn a_delivery_report_with_unknown_topic_is_refused_not_retried() {
 /// One record in `topic` of the mock cluster (so that the marker reader has
 /// an end to read to), with a key that is not any stream's.
 async fn one_record(cluster: &MockCluster<'static, DefaultProducerContext>, topic: &str) {
-    let (sink, mut rx) = KafkaSink::<usize>::new(&settings_for(cluster)).unwrap();
-    sink.send(&event(topic, "other", 1, 10), 1).await.unwrap();
-    collect(&mut rx, 1).await.remove(0).result.unwrap();
+    let (sink, mut rx) = sink_with(cluster, &[]);
+    deliver(&sink, &mut rx, event(topic, "other", 1, 10), 1).await;
 }
 
 /// Audit F8 (CI seed 1796243835680920946): the exactly-once start met the

@@ -171,6 +171,14 @@ mod tests {
         BatchPolicy::new(&settings, 5)
     }
 
+    /// [`policy`] with a batch opened at `t0` holding one event.
+    fn one_event_batch(t0: Instant) -> BatchPolicy {
+        let mut p = policy();
+        p.opened(t0);
+        p.added(1);
+        p
+    }
+
     #[test]
     fn a_batch_is_due_by_events_bytes_or_age_and_only_when_open() {
         let t0 = Instant::now();
@@ -200,9 +208,7 @@ mod tests {
     #[test]
     fn a_batch_is_due_after_as_many_transactions_as_may_wait() {
         let t0 = Instant::now();
-        let mut p = policy();
-        p.opened(t0);
-        p.added(1);
+        let mut p = one_event_batch(t0);
         for _ in 0..4 {
             assert!(!p.due_at_commit(t0));
         }
@@ -212,9 +218,7 @@ mod tests {
     #[test]
     fn a_transaction_open_for_three_quarters_of_the_timeout_is_too_long() {
         let t0 = Instant::now();
-        let mut p = policy();
-        p.opened(t0);
-        p.added(1);
+        let mut p = one_event_batch(t0);
         p.delivered(t0 + Duration::from_millis(2900));
         assert_eq!(p.overrun(t0 + Duration::from_millis(2999)), None);
         assert_eq!(

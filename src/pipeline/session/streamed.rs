@@ -8,7 +8,7 @@ use crate::pg::Lsn;
 use crate::pgoutput::{self, Commit, Message, StreamAbort, StreamCommit, StreamStart};
 use crate::pipeline::PipelineError;
 use crate::pipeline::delivery::Delivery;
-use crate::pipeline::spill::SpillReader;
+use crate::pipeline::spill::{Spill, SpillReader};
 use tracing::debug;
 
 use super::{Session, protocol};
@@ -20,6 +20,12 @@ pub(super) struct Replay {
 }
 
 impl<D: Delivery> Session<'_, D> {
+    /// The spill, when streaming was asked for and no transaction is open:
+    /// the only place a Stream Start, Commit or Abort may come.
+    fn spill_between_transactions(&mut self) -> Option<&mut Spill> {
+        self.spill.as_mut().filter(|_| self.open.is_none())
+    }
+
     /// Stream Start: a block of one in-progress transaction follows.
     pub(super) fn stream_start(
         &mut self,
@@ -27,7 +33,7 @@ impl<D: Delivery> Session<'_, D> {
         start: StreamStart,
     ) -> Result<(), PipelineError> {
         let xid = start.xid;
-        let Some(spill) = self.spill.as_mut().filter(|_| self.open.is_none()) else {
+        let Some(spill) = self.spill_between_transactions() else {
             return Err(protocol(
                 lsn,
                 format!(
@@ -107,12 +113,11 @@ impl<D: Delivery> Session<'_, D> {
     pub(super) fn stream_commit(
         &mut self,
         lsn: Lsn,
-        stream_commit: StreamCommit,
+        StreamCommit { xid, commit }: StreamCommit,
     ) -> Result<(), PipelineError> {
-        let xid = stream_commit.xid;
-        let reader = match self.spill.as_mut() {
-            Some(spill) if self.open.is_none() => spill.commit(xid)?,
-            _ => None,
+        let reader = match self.spill_between_transactions() {
+            Some(spill) => spill.commit(xid)?,
+            None => None,
         };
         let Some(reader) = reader else {
             return Err(protocol(
@@ -120,7 +125,6 @@ impl<D: Delivery> Session<'_, D> {
                 format!("Stream Commit of transaction {xid}, which was not being streamed"),
             ));
         };
-        let commit = stream_commit.commit;
         self.begin(lsn, commit.commit_lsn, commit.commit_time)?;
         self.replay = Some(Replay { reader, commit });
         Ok(())
@@ -133,7 +137,7 @@ impl<D: Delivery> Session<'_, D> {
         lsn: Lsn,
         abort: StreamAbort,
     ) -> Result<(), PipelineError> {
-        let Some(spill) = self.spill.as_mut().filter(|_| self.open.is_none()) else {
+        let Some(spill) = self.spill_between_transactions() else {
             return Err(protocol(
                 lsn,
                 "Stream Abort inside a transaction or without streaming asked for",

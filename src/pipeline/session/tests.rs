@@ -63,6 +63,13 @@ impl Harness {
         Harness::starting(config, delivery, START, START)
     }
 
+    /// A new session that has been sent the outbox table's Relation.
+    async fn with_outbox(config: &'static Config, delivery: MemoryDelivery) -> Harness {
+        let mut h = Harness::new(config, delivery);
+        h.describe_outbox().await;
+        h
+    }
+
     /// A session whose stored offset is `durable`, of which the server heard
     /// `reported` (behind it while the sequence audit's numbers are replayed).
     fn starting(
@@ -317,8 +324,7 @@ fn refused_for_size() -> SinkError {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_offset_is_persisted_only_once_kafka_acknowledged() {
-    let mut h = Harness::new(config(&[]), MemoryDelivery::new());
-    h.describe_outbox().await;
+    let mut h = Harness::with_outbox(config(&[]), MemoryDelivery::new()).await;
     let end = h.transaction(2).await.unwrap();
     h.tick_and_persist().await;
     assert_eq!(h.stored(), START, "nothing acknowledged yet");
@@ -339,8 +345,7 @@ async fn the_offset_is_persisted_only_once_kafka_acknowledged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_hears_of_a_position_only_after_it_is_persisted() {
-    let mut h = Harness::new(config(&[]), MemoryDelivery::new());
-    h.describe_outbox().await;
+    let mut h = Harness::with_outbox(config(&[]), MemoryDelivery::new()).await;
     let end = h.transaction(1).await.unwrap();
     h.session.delivery.ack(1);
     h.take_reports().unwrap();
@@ -387,8 +392,7 @@ async fn nothing_newer_is_reported_while_the_stretch_before_the_offset_is_replay
 /// or stopping, over and over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_decides_over_the_fatal_error_that_ended_the_loop() {
-    let mut h = Harness::new(config(&[]), MemoryDelivery::new());
-    h.describe_outbox().await;
+    let mut h = Harness::with_outbox(config(&[]), MemoryDelivery::new()).await;
     h.transaction(1).await.unwrap();
     h.transaction(1).await.unwrap();
     h.session.delivery.fatal = Some(SinkError::Fatal {
@@ -417,8 +421,7 @@ async fn a_refusal_decides_over_the_fatal_error_that_ended_the_loop() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_drains_what_is_in_flight_and_persists_only_what_was_acknowledged() {
     let config = config(&[("OUTBOX_CDC__LIMITS__SHUTDOWN_TIMEOUT_MS", "300")]);
-    let mut h = Harness::new(config, MemoryDelivery::new());
-    h.describe_outbox().await;
+    let mut h = Harness::with_outbox(config, MemoryDelivery::new()).await;
     let first = h.transaction(1).await.unwrap();
     h.transaction(1).await.unwrap();
     // Acknowledged, its report not taken by the loop yet.
@@ -436,8 +439,7 @@ async fn the_stream_waits_while_the_in_flight_limit_is_reached() {
         r#""queue.buffering.max.messages" = 3"#,
         &[("OUTBOX_CDC__LIMITS__MAX_IN_FLIGHT_EVENTS", "3")],
     );
-    let mut h = Harness::new(config, MemoryDelivery::new());
-    h.describe_outbox().await;
+    let mut h = Harness::with_outbox(config, MemoryDelivery::new()).await;
     h.transaction(2).await.unwrap();
     assert!(h.session.has_room());
     h.transaction(1).await.unwrap();
@@ -455,8 +457,7 @@ async fn nothing_is_acknowledged_inside_an_open_kafka_transaction() {
     let mut delivery = MemoryDelivery::new();
     delivery.transactions = true;
     delivery.commit_at_every_commit = false;
-    let mut h = Harness::new(config(&[]), delivery);
-    h.describe_outbox().await;
+    let mut h = Harness::with_outbox(config(&[]), delivery).await;
     let end = h.transaction(2).await.unwrap();
     h.session.delivery.ack(2);
     h.take_reports().unwrap();
@@ -486,8 +487,7 @@ async fn nothing_is_acknowledged_inside_an_open_kafka_transaction() {
 /// only when all of them were.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamed_transaction_is_published_at_its_commit_in_order() {
-    let mut h = Harness::new(config(&[]), MemoryDelivery::new());
-    h.describe_outbox().await;
+    let mut h = Harness::with_outbox(config(&[]), MemoryDelivery::new()).await;
     let mut streamed = h.block(900, true, 900, 3).await;
     h.transaction(1).await.unwrap();
     let small = h.session.delivery.sent.clone();
@@ -522,8 +522,7 @@ async fn a_streamed_transaction_is_published_at_its_commit_in_order() {
 /// are never published; the rest of the transaction is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolled_back_savepoints_and_streamed_transactions_publish_nothing() {
-    let mut h = Harness::new(config(&[]), MemoryDelivery::new());
-    h.describe_outbox().await;
+    let mut h = Harness::with_outbox(config(&[]), MemoryDelivery::new()).await;
     let mut kept = h.block(910, true, 910, 2).await;
     let rolled_back = h.block(910, false, 911, 2).await;
     kept.extend(h.block(910, false, 912, 2).await);
@@ -549,8 +548,7 @@ async fn rolled_back_savepoints_and_streamed_transactions_publish_nothing() {
 /// completed: a stop, not a skip.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_later_segment_without_its_first_stops_the_connector() {
-    let mut h = Harness::new(config(&[]), MemoryDelivery::new());
-    h.describe_outbox().await;
+    let mut h = Harness::with_outbox(config(&[]), MemoryDelivery::new()).await;
     let start = Message::StreamStart(StreamStart {
         xid: 930,
         first_segment: false,
