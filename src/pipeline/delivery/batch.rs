@@ -57,6 +57,11 @@ pub(super) struct BatchPolicy {
     /// keep a Kafka transaction open: the rest is for the commit itself.
     limit: Duration,
     open: Option<Open>,
+    /// Reports still due for records of transactions already closed: they
+    /// come first (a transaction closes once its records were reported by
+    /// the producer, and the session reads the reports in order), and are
+    /// not the open transaction's.
+    owed: usize,
 }
 
 impl BatchPolicy {
@@ -69,6 +74,7 @@ impl BatchPolicy {
             max_age: settings.max_batch_age(),
             limit: settings.transaction_timeout() * 3 / 4,
             open: None,
+            owed: 0,
         }
     }
 
@@ -90,6 +96,10 @@ impl BatchPolicy {
 
     /// Kafka acknowledged one record of the open transaction at `now`.
     pub(super) fn delivered(&mut self, now: Instant) {
+        if self.owed > 0 {
+            self.owed -= 1;
+            return;
+        }
         if let Some(open) = self.open.as_mut() {
             open.delivered += 1;
             open.last_delivery = Some(now);
@@ -150,9 +160,18 @@ impl BatchPolicy {
         })
     }
 
-    /// The transaction was committed or aborted.
+    /// The transaction's commit began (all its records were reported by
+    /// the producer) or ended.
     pub(super) fn closed(&mut self) {
+        if let Some(o) = self.open.take() {
+            self.owed += o.events.saturating_sub(o.delivered);
+        }
+    }
+
+    /// The transaction was aborted: the session ends, and no report is owed.
+    pub(super) fn aborted(&mut self) {
         self.open = None;
+        self.owed = 0;
     }
 }
 
@@ -213,6 +232,31 @@ mod tests {
             assert!(!p.due_at_commit(t0));
         }
         assert!(p.due_at_commit(t0), "the fifth PostgreSQL commit");
+    }
+
+    /// The reports of a closed batch that the session reads after the next
+    /// one opened are not the new batch's: a stall in it is still seen.
+    #[test]
+    fn reports_a_closed_batch_still_owes_do_not_count_for_the_next() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut p = policy();
+        p.opened(t0);
+        p.added(1);
+        p.added(1);
+        p.delivered(t0);
+        p.closed();
+        p.opened(t0);
+        p.added(1);
+        p.delivered(t0 + ms(10));
+        assert_eq!(
+            p.overrun(t0 + ms(3000)),
+            Some(Overrun::KafkaStalled {
+                events: 1,
+                undelivered: 1,
+                stalled_for: ms(3000)
+            })
+        );
     }
 
     #[test]

@@ -215,7 +215,7 @@ impl Delivery for ExactlyOnce {
         if !self.policy.is_open() {
             return;
         }
-        self.policy.closed();
+        self.policy.aborted();
         self.transactions.inc("aborted");
         let timeout = Duration::from_secs(5);
         match tokio::task::block_in_place(|| self.sink.abort_transaction(timeout)) {
