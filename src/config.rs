@@ -130,8 +130,9 @@ pub struct DeliverySettings {
     pub max_batch_events: usize,
     /// ... or this many bytes of records (default 4 MiB) ...
     pub max_batch_bytes: usize,
-    /// ... or has been open this long (default 100 ms): the latency bound at
-    /// low traffic.
+    /// ... or has been open this long (default 20 ms): the latency bound at
+    /// low traffic (each commit is a round trip to the transaction
+    /// coordinator; docs/performance.md has what 20 and 100 cost).
     pub max_batch_ms: u64,
 }
 
@@ -173,7 +174,7 @@ impl Default for DeliverySettings {
             offsets_topic: "outbox-cdc.offsets".into(),
             max_batch_events: 1000,
             max_batch_bytes: 4 * 1024 * 1024,
-            max_batch_ms: 100,
+            max_batch_ms: 20,
         }
     }
 }
@@ -1198,7 +1199,7 @@ mod tests {
         assert_eq!(c.delivery.offsets_topic, "outbox-cdc.offsets");
         assert_eq!(
             (c.delivery.max_batch_ms, c.delivery.transaction_timeout_ms),
-            (100, 60_000)
+            (20, 60_000)
         );
         let text = format!("{MINIMAL}\n[delivery]\nmode = \"exactly-once\"\n");
         assert_eq!(
@@ -1207,11 +1208,11 @@ mod tests {
         );
         let env = [
             ("OUTBOX_CDC__DELIVERY__MODE", "exactly-once"),
-            ("OUTBOX_CDC__DELIVERY__MAX_BATCH_MS", "20"),
+            ("OUTBOX_CDC__DELIVERY__MAX_BATCH_MS", "100"),
         ];
         let c = parse(MINIMAL, &env).unwrap();
         assert_eq!(c.delivery.mode, DeliveryMode::ExactlyOnce);
-        assert_eq!(c.delivery.max_batch_ms, 20);
+        assert_eq!(c.delivery.max_batch_ms, 100);
         let bad_mode = parse(&text.replace("exactly-once", "exactly_once"), &[]).unwrap_err();
         assert!(bad_mode.to_string().contains("at-least-once"), "{bad_mode}");
         assert_refused_naming_key(&[
