@@ -296,3 +296,14 @@ pub fn kafka_log_lines(needle: &str, max: usize) -> Vec<String> {
         Err(e) => vec![format!("(cannot read {}: {e})", path.display())],
     }
 }
+
+/// One prune pass as the running pruner makes one, with `acked` as the
+/// acknowledged position: no aggregate parked, metrics of its own.
+pub async fn prune_now(
+    client: &tokio_postgres::Client,
+    config: &outbox_cdc::config::Config,
+    acked: outbox_cdc::pipeline::AckedPosition,
+) -> Result<outbox_cdc::pipeline::PruneReport, outbox_cdc::pipeline::PruneError> {
+    let metrics = outbox_cdc::metrics::Metrics::default();
+    outbox_cdc::pipeline::prune_once(client, config, Some(acked), &[], &metrics, None).await
+}

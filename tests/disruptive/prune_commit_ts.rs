@@ -17,9 +17,8 @@ use std::time::Duration;
 
 use common::relay::Fixture;
 use common::{TrackingOff, init_tracing, set_track_commit_timestamp};
-use outbox_cdc::metrics::Metrics;
 use outbox_cdc::pg::PgTimestamp;
-use outbox_cdc::pipeline::{self, AckedPosition};
+use outbox_cdc::pipeline::AckedPosition;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prune_by_commit_timestamp_keeps_old_rows_committed_after_the_acknowledged_one() {
@@ -104,16 +103,9 @@ async fn prune_by_commit_timestamp_keeps_old_rows_committed_after_the_acknowledg
         .connect_sql()
         .await
         .expect("connect as outbox");
-    let report = pipeline::prune_once(
-        &client,
-        &config,
-        Some(acked),
-        &[],
-        &Metrics::default(),
-        None,
-    )
-    .await
-    .expect("prune");
+    let report = common::prune_now(&client, &config, acked)
+        .await
+        .expect("prune");
     let left: Vec<(String, i64)> = fx
         .admin
         .query(

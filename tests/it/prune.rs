@@ -416,16 +416,9 @@ async fn a_backdated_row_committed_after_the_acknowledged_position_is_kept() {
         .connect_sql()
         .await
         .expect("connect as outbox");
-    let report = pipeline::prune_once(
-        &client,
-        &config,
-        Some(acked),
-        &[],
-        &Metrics::default(),
-        None,
-    )
-    .await
-    .expect("prune");
+    let report = common::prune_now(&client, &config, acked)
+        .await
+        .expect("prune");
     assert_eq!(
         rows_by_aggregate(&fx).await,
         vec![("late".to_owned(), 5)],
@@ -699,16 +692,9 @@ async fn a_quiet_current_range_partition_is_not_dropped() {
     insert_rows(&fx, "quiet", 10, "now() - interval '8 days'").await;
     let acked = acknowledge_rows(&fx).await;
     let (config, client) = outbox_client(&fx, "OUTBOX_CDC__PRUNE__RETENTION=7d").await;
-    let report = pipeline::prune_once(
-        &client,
-        &config,
-        Some(acked),
-        &[],
-        &Metrics::default(),
-        None,
-    )
-    .await
-    .expect("prune");
+    let report = common::prune_now(&client, &config, acked)
+        .await
+        .expect("prune");
     assert!(report.dropped_partitions.is_empty(), "{report}");
     assert_eq!(report.deleted_rows, 10, "{report}");
     fx.admin
@@ -766,16 +752,9 @@ async fn a_quiet_hash_partition_is_not_dropped() {
     insert_rows(&fx, &busy.0, 3, "now()").await;
     let acked = acknowledge_rows(&fx).await;
     let (config, client) = outbox_client(&fx, "OUTBOX_CDC__PRUNE__RETENTION=7d").await;
-    let report = pipeline::prune_once(
-        &client,
-        &config,
-        Some(acked),
-        &[],
-        &Metrics::default(),
-        None,
-    )
-    .await
-    .expect("prune");
+    let report = common::prune_now(&client, &config, acked)
+        .await
+        .expect("prune");
     assert!(report.dropped_partitions.is_empty(), "{report}");
     assert_eq!(report.deleted_rows, 20, "{report}");
     assert_eq!(leaves(&fx).await.len(), 2, "{report}");
@@ -853,15 +832,7 @@ async fn writers_never_wait_longer_than_the_lock_timeout() {
         let config = fx
             .config_with("OUTBOX_CDC__PRUNE__RETENTION=7d OUTBOX_CDC__PRUNE__LOCK_TIMEOUT_MS=1000");
         async move {
-            let report = pipeline::prune_once(
-                &client,
-                &config,
-                Some(acked),
-                &[],
-                &Metrics::default(),
-                None,
-            )
-            .await;
+            let report = common::prune_now(&client, &config, acked).await;
             (client, report)
         }
     });
@@ -884,16 +855,9 @@ async fn writers_never_wait_longer_than_the_lock_timeout() {
     // interval, so a few rounds here.
     let mut later = Vec::new();
     for _ in 0..5 {
-        let report = pipeline::prune_once(
-            &client,
-            &config,
-            Some(acked),
-            &[],
-            &Metrics::default(),
-            None,
-        )
-        .await
-        .expect("prune after the transaction ended");
+        let report = common::prune_now(&client, &config, acked)
+            .await
+            .expect("prune after the transaction ended");
         let done = !report.dropped_partitions.is_empty() || !first.dropped_partitions.is_empty();
         later.push(report);
         if done {
@@ -1356,16 +1320,9 @@ async fn prune_while_gap_repair_runs_keeps_the_repair_window() {
                     lsn: metrics.acked(),
                     commit_time: PgTimestamp(0),
                 };
-                let report = pipeline::prune_once(
-                    &client,
-                    &config,
-                    Some(acked),
-                    &[],
-                    &Metrics::default(),
-                    None,
-                )
-                .await
-                .expect("prune");
+                let report = common::prune_now(&client, &config, acked)
+                    .await
+                    .expect("prune");
                 reports.push((repairing && !metrics.is_connected(), report));
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
