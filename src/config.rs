@@ -126,13 +126,15 @@ pub struct DeliverySettings {
     /// The compacted topic of the markers (created if missing).
     pub offsets_topic: String,
     /// A Kafka transaction is committed at the first PostgreSQL commit after
-    /// it holds this many events (default 1000) ...
+    /// it holds this many events (default 5000) ...
     pub max_batch_events: usize,
     /// ... or this many bytes of records (default 4 MiB) ...
     pub max_batch_bytes: usize,
     /// ... or has been open this long (default 20 ms): the latency bound at
     /// low traffic (each commit is a round trip to the transaction
-    /// coordinator; docs/performance.md has what 20 and 100 cost).
+    /// coordinator; docs/performance.md has what 20 and 100 cost). While the
+    /// connector is behind (more of the stream received than read) the bound
+    /// is five times this: a backlog drains in fewer, larger transactions.
     pub max_batch_ms: u64,
 }
 
@@ -172,7 +174,7 @@ impl Default for DeliverySettings {
             mode: DeliveryMode::default(),
             transaction_timeout_ms: 60_000,
             offsets_topic: "outbox-cdc.offsets".into(),
-            max_batch_events: 1000,
+            max_batch_events: 5000,
             max_batch_bytes: 4 * 1024 * 1024,
             max_batch_ms: 20,
         }
@@ -1198,9 +1200,10 @@ mod tests {
         assert_eq!(c.delivery.mode, DeliveryMode::AtLeastOnce);
         assert_eq!(c.delivery.offsets_topic, "outbox-cdc.offsets");
         assert_eq!(
-            (c.delivery.max_batch_ms, c.delivery.transaction_timeout_ms),
-            (20, 60_000)
+            (c.delivery.max_batch_ms, c.delivery.max_batch_events),
+            (20, 5000)
         );
+        assert_eq!(c.delivery.transaction_timeout_ms, 60_000);
         let text = format!("{MINIMAL}\n[delivery]\nmode = \"exactly-once\"\n");
         assert_eq!(
             parse(&text, &[]).unwrap().delivery.mode,

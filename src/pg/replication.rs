@@ -390,6 +390,12 @@ impl ReplicationStream {
         &self.slot
     }
 
+    /// Whether bytes already received wait to be read (the rest of a
+    /// message, or more messages): the reader is behind the server.
+    pub fn has_unread(&self) -> bool {
+        !self.buf.is_empty()
+    }
+
     /// The next message, or `None` once the server has ended the copy.
     /// A failure of the feedback writer is returned here.
     pub async fn recv(&mut self) -> Result<Option<ReplicationEvent>, PgError> {

@@ -13,7 +13,7 @@ use crate::outbox::OutboxEvent;
 use crate::pg::{Lsn, PgTimestamp};
 use crate::sink::{DeliveryReport, KafkaSink, SinkError};
 
-use super::{Advanced, Delivery, InFlight, StartContext, Unsent};
+use super::{Advanced, Delivery, InFlight, Input, StartContext, Unsent};
 use crate::pipeline::PipelineError;
 
 pub(in crate::pipeline) struct AtLeastOnce {
@@ -56,6 +56,7 @@ impl Delivery for AtLeastOnce {
         &mut self,
         _end: Lsn,
         _commit_time: PgTimestamp,
+        _input: Input,
         _tracker: &mut AckTracker,
     ) -> Result<Advanced, PipelineError> {
         Ok(Advanced(false))
@@ -65,6 +66,7 @@ impl Delivery for AtLeastOnce {
     async fn tick(
         &mut self,
         _inside_transaction: bool,
+        _input: Input,
         _tracker: &mut AckTracker,
     ) -> Result<Advanced, PipelineError> {
         Ok(Advanced(false))

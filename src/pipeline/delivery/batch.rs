@@ -8,7 +8,12 @@
 //! transactions (each waits in the ack tracker until the Kafka commit, and the
 //! stream is not read while too many wait), or, once it is `max_batch_ms` old, at the next
 //! boundary (the tick commits it when no PostgreSQL transaction is open), so
-//! latency stays bounded at low traffic. A single PostgreSQL transaction that
+//! latency stays bounded at low traffic. While the connector is behind (more
+//! of the stream received than read: a backlog, a burst) the age that closes
+//! a batch is five times `max_batch_ms`: each commit stops the reading for a
+//! round trip to the coordinator and its markers, so a backlog read in
+//! batches of 20 ms would spend about half its time committing, and its
+//! events are late already. A single PostgreSQL transaction that
 //! keeps one Kafka transaction open for most of `transaction_timeout_ms`
 //! cannot be carried whole: the session stops with the limits to raise,
 //! unless Kafka itself stalled meanwhile (records outstanding and none
@@ -18,6 +23,12 @@
 use std::time::{Duration, Instant};
 
 use crate::config::DeliverySettings;
+
+use super::Input;
+
+/// While the connector is behind, a batch is closed by age only once it is
+/// this many times `max_batch_ms` old.
+const BEHIND_AGE_FACTOR: u32 = 5;
 
 /// The open Kafka transaction.
 #[derive(Debug, Clone, Copy)]
@@ -53,6 +64,8 @@ pub(super) struct BatchPolicy {
     max_bytes: usize,
     max_transactions: usize,
     max_age: Duration,
+    /// `max_age` while the connector is behind.
+    max_age_behind: Duration,
     /// The share of `transaction.timeout.ms` one PostgreSQL transaction may
     /// keep a Kafka transaction open: the rest is for the commit itself.
     limit: Duration,
@@ -67,12 +80,15 @@ pub(super) struct BatchPolicy {
 impl BatchPolicy {
     /// `max_transactions`: `limits.max_in_flight_events`.
     pub(super) fn new(settings: &DeliverySettings, max_transactions: usize) -> BatchPolicy {
+        let max_age = settings.max_batch_age();
+        let limit = settings.transaction_timeout() * 3 / 4;
         BatchPolicy {
             max_events: settings.max_batch_events,
             max_bytes: settings.max_batch_bytes,
             max_transactions,
-            max_age: settings.max_batch_age(),
-            limit: settings.transaction_timeout() * 3 / 4,
+            max_age,
+            max_age_behind: (max_age * BEHIND_AGE_FACTOR).min(limit / 2).max(max_age),
+            limit,
             open: None,
             owed: 0,
         }
@@ -116,7 +132,8 @@ impl BatchPolicy {
 
     /// At a PostgreSQL commit (a boundary), which it counts: whether to
     /// commit now.
-    pub(super) fn due_at_commit(&mut self, now: Instant) -> bool {
+    pub(super) fn due_at_commit(&mut self, now: Instant, input: Input) -> bool {
+        let age = self.age_limit(input);
         let Some(o) = self.open.as_mut() else {
             return false;
         };
@@ -124,13 +141,21 @@ impl BatchPolicy {
         o.events >= self.max_events
             || o.bytes >= self.max_bytes
             || o.transactions >= self.max_transactions
-            || now.duration_since(o.since) >= self.max_age
+            || now.duration_since(o.since) >= age
     }
 
     /// Between PostgreSQL transactions, on the tick: whether to commit now.
-    pub(super) fn due_between(&self, now: Instant) -> bool {
+    pub(super) fn due_between(&self, now: Instant, input: Input) -> bool {
+        let age = self.age_limit(input);
         self.open
-            .is_some_and(|o| now.duration_since(o.since) >= self.max_age)
+            .is_some_and(|o| now.duration_since(o.since) >= age)
+    }
+
+    fn age_limit(&self, input: Input) -> Duration {
+        match input {
+            Input::CaughtUp => self.max_age,
+            Input::Behind => self.max_age_behind,
+        }
     }
 
     /// Inside a PostgreSQL transaction: `Some` when the Kafka transaction
@@ -179,6 +204,8 @@ impl BatchPolicy {
 mod tests {
     use super::*;
 
+    const CAUGHT_UP: Input = Input::CaughtUp;
+
     fn policy() -> BatchPolicy {
         let settings = DeliverySettings {
             max_batch_events: 3,
@@ -202,24 +229,60 @@ mod tests {
     fn a_batch_is_due_by_events_bytes_or_age_and_only_when_open() {
         let t0 = Instant::now();
         let mut p = policy();
-        assert!(!p.due_at_commit(t0 + Duration::from_secs(9)), "none open");
-        assert!(!p.due_between(t0 + Duration::from_secs(9)));
+        assert!(
+            !p.due_at_commit(t0 + Duration::from_secs(9), CAUGHT_UP),
+            "none open"
+        );
+        assert!(!p.due_between(t0 + Duration::from_secs(9), CAUGHT_UP));
         p.opened(t0);
         p.added(10);
         p.added(10);
-        assert!(!p.due_at_commit(t0), "2 events, 20 bytes, new");
+        assert!(!p.due_at_commit(t0, CAUGHT_UP), "2 events, 20 bytes, new");
         p.added(10);
-        assert!(p.due_at_commit(t0), "3 events");
+        assert!(p.due_at_commit(t0, CAUGHT_UP), "3 events");
         p.closed();
         p.opened(t0);
         p.added(1000);
-        assert!(p.due_at_commit(t0), "1000 bytes");
+        assert!(p.due_at_commit(t0, CAUGHT_UP), "1000 bytes");
         p.closed();
         p.opened(t0);
         p.added(1);
-        assert!(!p.due_between(t0 + Duration::from_millis(99)));
-        assert!(p.due_between(t0 + Duration::from_millis(100)));
-        assert!(p.due_at_commit(t0 + Duration::from_millis(100)));
+        assert!(!p.due_between(t0 + Duration::from_millis(99), CAUGHT_UP));
+        assert!(p.due_between(t0 + Duration::from_millis(100), CAUGHT_UP));
+        assert!(p.due_at_commit(t0 + Duration::from_millis(100), CAUGHT_UP));
+    }
+
+    /// Behind (a backlog), a batch grows to five times `max_batch_ms` (here
+    /// 100 ms) unless its size closes it first; caught up again, the usual
+    /// age applies at once.
+    #[test]
+    fn behind_a_batch_is_closed_by_age_only_at_five_times_max_batch_ms() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut p = one_event_batch(t0);
+        assert!(!p.due_between(at(100), Input::Behind));
+        assert!(!p.due_at_commit(at(499), Input::Behind));
+        assert!(p.due_between(at(100), CAUGHT_UP));
+        assert!(p.due_between(at(500), Input::Behind));
+        assert!(p.due_at_commit(at(500), Input::Behind));
+        let mut p = one_event_batch(t0);
+        p.added(1);
+        p.added(1);
+        assert!(
+            p.due_at_commit(t0, Input::Behind),
+            "3 events close it behind too"
+        );
+        // Never more than half the share of the transaction timeout.
+        let settings = DeliverySettings {
+            max_batch_ms: 1000,
+            transaction_timeout_ms: 4000,
+            ..DeliverySettings::default()
+        };
+        let mut p = BatchPolicy::new(&settings, 5);
+        p.opened(t0);
+        p.added(1);
+        assert!(!p.due_between(at(1499), Input::Behind));
+        assert!(p.due_between(at(1500), Input::Behind));
     }
 
     /// Transactions without events (other tables, heartbeats) wait in the
@@ -229,9 +292,12 @@ mod tests {
         let t0 = Instant::now();
         let mut p = one_event_batch(t0);
         for _ in 0..4 {
-            assert!(!p.due_at_commit(t0));
+            assert!(!p.due_at_commit(t0, CAUGHT_UP));
         }
-        assert!(p.due_at_commit(t0), "the fifth PostgreSQL commit");
+        assert!(
+            p.due_at_commit(t0, CAUGHT_UP),
+            "the fifth PostgreSQL commit"
+        );
     }
 
     /// The reports of a closed batch that the session reads after the next

@@ -21,7 +21,7 @@ use crate::pg::{Lsn, PgTimestamp};
 use crate::sink::{DeliveryReport, KafkaSettings, Marker, SinkError, TransactionalSink};
 
 use super::batch::{BatchPolicy, Overrun};
-use super::{Advanced, Delivery, InFlight, StartContext, Unsent};
+use super::{Advanced, Delivery, InFlight, Input, StartContext, Unsent};
 use crate::pipeline::PipelineError;
 
 pub(in crate::pipeline) struct ExactlyOnce {
@@ -145,26 +145,28 @@ impl Delivery for ExactlyOnce {
         &mut self,
         end: Lsn,
         commit_time: PgTimestamp,
+        input: Input,
         tracker: &mut AckTracker,
     ) -> Result<Advanced, PipelineError> {
         self.last_commit_time = Some(commit_time);
-        match self.policy.due_at_commit(Instant::now()) {
+        match self.policy.due_at_commit(Instant::now(), input) {
             true => self.commit(end, tracker).await,
             false => Ok(Advanced(false)),
         }
     }
 
-    /// A batch past `max_batch_ms` is committed between PostgreSQL
-    /// transactions; one PostgreSQL transaction that has held a Kafka
-    /// transaction open too long ends the session.
+    /// A batch past its age (see [`BatchPolicy`]) is committed between
+    /// PostgreSQL transactions; one PostgreSQL transaction that has held a
+    /// Kafka transaction open too long ends the session.
     async fn tick(
         &mut self,
         inside_transaction: bool,
+        input: Input,
         tracker: &mut AckTracker,
     ) -> Result<Advanced, PipelineError> {
         let now = Instant::now();
         if !inside_transaction {
-            if self.policy.due_between(now) {
+            if self.policy.due_between(now, input) {
                 return self.commit(tracker.last_commit_lsn(), tracker).await;
             }
             return Ok(Advanced(false));

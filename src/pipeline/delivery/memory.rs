@@ -19,7 +19,7 @@ use crate::outbox::OutboxEvent;
 use crate::pg::{Lsn, PgTimestamp};
 use crate::sink::{Delivered, DeliveryReport, SinkError};
 
-use super::{Advanced, Delivery, InFlight, StartContext, Unsent};
+use super::{Advanced, Delivery, InFlight, Input, StartContext, Unsent};
 use crate::pipeline::PipelineError;
 
 pub(in crate::pipeline) struct MemoryDelivery {
@@ -145,6 +145,7 @@ impl Delivery for MemoryDelivery {
         &mut self,
         _end: Lsn,
         _commit_time: PgTimestamp,
+        _input: Input,
         tracker: &mut AckTracker,
     ) -> Result<Advanced, PipelineError> {
         match self.commit_at_every_commit {
@@ -156,6 +157,7 @@ impl Delivery for MemoryDelivery {
     async fn tick(
         &mut self,
         _inside_transaction: bool,
+        _input: Input,
         _tracker: &mut AckTracker,
     ) -> Result<Advanced, PipelineError> {
         Ok(Advanced(false))

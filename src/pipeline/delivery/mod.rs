@@ -100,6 +100,18 @@ impl Unsent {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Advanced(pub(super) bool);
 
+/// Whether the session has read everything the server has sent so far: a
+/// batching delivery lets a batch grow past its age while the connector is
+/// behind (its events are late already, and fewer commits catch up sooner).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Input {
+    /// Nothing received is left unread.
+    CaughtUp,
+    /// Bytes of the stream were received and are not read yet: a backlog
+    /// or a burst.
+    Behind,
+}
+
 /// What a delivery needs from the session's start: the cluster and slot it
 /// streams, what the store holds, and whether the slot is held by another
 /// process (exactly-once must not fence an instance that streams).
@@ -137,19 +149,23 @@ pub(super) trait Delivery: Sized + Send {
     fn delivered(&mut self, now: Instant);
 
     /// A PostgreSQL transaction ending at `end`, committed at `commit_time`,
-    /// was read whole (the tracker has its commit).
+    /// was read whole (the tracker has its commit); `input`: whether more of
+    /// the stream waits to be read.
     fn committed(
         &mut self,
         end: Lsn,
         commit_time: PgTimestamp,
+        input: Input,
         tracker: &mut AckTracker,
     ) -> impl Future<Output = Result<Advanced, PipelineError>> + Send;
 
     /// The session's tick; `inside_transaction`: a PostgreSQL transaction is
-    /// being read (a batch may not end inside it).
+    /// being read (a batch may not end inside it); `input` as for
+    /// [`Delivery::committed`].
     fn tick(
         &mut self,
         inside_transaction: bool,
+        input: Input,
         tracker: &mut AckTracker,
     ) -> impl Future<Output = Result<Advanced, PipelineError>> + Send;
 

@@ -45,7 +45,7 @@ use crate::pg::{EventPosition, Lsn, PgTimestamp, ReplicationEvent, ReplicationSt
 use crate::pgoutput::{self, Message};
 use crate::sink::DeliveryReport;
 
-use super::delivery::{Delivery, InFlight, Unsent};
+use super::delivery::{Delivery, InFlight, Input, Unsent};
 use super::poison::{PoisonPolicyRouter, Route, row_as_json};
 use super::sequences::SequenceWatch;
 use super::spill::Spill;
@@ -134,6 +134,9 @@ pub(super) struct Session<'a, D> {
     /// The transaction whose streamed block is being read.
     block: Option<u32>,
     replay: Option<Replay>,
+    /// Whether the stream had more bytes received than read when the last
+    /// replication message was taken (a batch may grow while behind).
+    input: Input,
 }
 
 impl<'a, D: Delivery> Session<'a, D> {
@@ -181,6 +184,7 @@ impl<'a, D: Delivery> Session<'a, D> {
             spill,
             block: None,
             replay: None,
+            input: Input::CaughtUp,
         };
         (session, started.stream)
     }
@@ -243,7 +247,13 @@ impl<'a, D: Delivery> Session<'a, D> {
                     self.replay_next().await?;
                 }
                 event = stream.recv(), if has_room && self.replay.is_none() => match event? {
-                    Some(event) => self.on_replication_event(event).await?,
+                    Some(event) => {
+                        self.input = match stream.has_unread() {
+                            true => Input::Behind,
+                            false => Input::CaughtUp,
+                        };
+                        self.on_replication_event(event).await?
+                    }
                     None => return Err(PipelineError::StreamEnded),
                 },
             }
@@ -321,9 +331,12 @@ impl<'a, D: Delivery> Session<'a, D> {
                     if tracked.map_err(|e| protocol(lsn, e))?.is_some() {
                         self.checkpoint.mark_dirty();
                     }
-                    let committed =
-                        self.delivery
-                            .committed(commit.end_lsn, tx.commit_time, &mut self.tracker);
+                    let committed = self.delivery.committed(
+                        commit.end_lsn,
+                        tx.commit_time,
+                        self.input,
+                        &mut self.tracker,
+                    );
                     if committed.await?.0 {
                         self.checkpoint.mark_dirty();
                     }
@@ -554,7 +567,12 @@ impl<'a, D: Delivery> Session<'a, D> {
 
     async fn on_tick(&mut self) -> Result<(), PipelineError> {
         let inside = self.open.is_some();
-        if self.delivery.tick(inside, &mut self.tracker).await?.0 {
+        if self
+            .delivery
+            .tick(inside, self.input, &mut self.tracker)
+            .await?
+            .0
+        {
             self.checkpoint.mark_dirty();
         }
         if self.coverage.poll(&mut self.tracker)?.0 {
