@@ -130,11 +130,11 @@ pub struct DeliverySettings {
     pub max_batch_events: usize,
     /// ... or this many bytes of records (default 4 MiB) ...
     pub max_batch_bytes: usize,
-    /// ... or has been open this long (default 20 ms): the latency bound at
+    /// ... or has been open this long (default 10 ms): the latency bound at
     /// low traffic (each commit is a round trip to the transaction
-    /// coordinator; docs/performance.md has what 20 and 100 cost). While the
-    /// connector is behind (more of the stream received than read) the bound
-    /// is five times this: a backlog drains in fewer, larger transactions.
+    /// coordinator; docs/performance.md has what 10, 20 and 100 cost). While
+    /// the connector is behind (more of the stream received than read) the
+    /// bound is ten times this: a backlog drains in fewer, larger transactions.
     pub max_batch_ms: u64,
 }
 
@@ -176,7 +176,7 @@ impl Default for DeliverySettings {
             offsets_topic: "outbox-cdc.offsets".into(),
             max_batch_events: 5000,
             max_batch_bytes: 4 * 1024 * 1024,
-            max_batch_ms: 20,
+            max_batch_ms: 10,
         }
     }
 }
@@ -1201,7 +1201,7 @@ mod tests {
         assert_eq!(c.delivery.offsets_topic, "outbox-cdc.offsets");
         assert_eq!(
             (c.delivery.max_batch_ms, c.delivery.max_batch_events),
-            (20, 5000)
+            (10, 5000)
         );
         assert_eq!(c.delivery.transaction_timeout_ms, 60_000);
         let text = format!("{MINIMAL}\n[delivery]\nmode = \"exactly-once\"\n");

@@ -44,5 +44,5 @@ pub use producer::{Delivered, DeliveryReport, KafkaSink};
 pub use settings::{DEFAULT_MESSAGE_TIMEOUT_MS, KafkaSettings};
 pub use topics::{DEFAULT_PARTITIONS, DEFAULT_REPLICATION_FACTOR, TopicSettings};
 pub use transactional::{
-    Marker, TransactionalSink, read_committed_config, read_marker, transactional_id,
+    Marker, MarkerRole, TransactionalSink, read_committed_config, read_marker, transactional_id,
 };

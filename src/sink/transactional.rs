@@ -90,6 +90,27 @@ impl Marker {
     }
 }
 
+/// Which end of a Kafka transaction a marker record is at (its `marker`
+/// header). A transaction opens with a marker repeating the position before
+/// it, which puts the offsets partition into the transaction early, and
+/// closes with the marker of its last PostgreSQL commit. Readers take the
+/// last marker of a stream, which is always a closing one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkerRole {
+    Opening,
+    Closing,
+}
+
+impl MarkerRole {
+    /// The value of the record's `marker` header.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MarkerRole::Opening => "opening",
+            MarkerRole::Closing => "closing",
+        }
+    }
+}
+
 /// A transaction step's error, with what the relay needs to decide.
 fn transaction_error(op: &'static str, err: KafkaError, transactional_id: &str) -> SinkError {
     let (code, reason) = match &err {
@@ -243,17 +264,24 @@ impl<T: Send + 'static> TransactionalSink<T> {
         topic: &str,
         partition: i32,
         marker: &Marker,
+        role: MarkerRole,
     ) -> Result<(), SinkError> {
         let key = Marker::key(&marker.system_id, &marker.slot);
         let record = OutboxEvent {
             topic: topic.to_owned(),
             key: Bytes::from(key.clone()),
             payload: Bytes::from(marker.value()),
-            headers: vec![(Cow::Borrowed("lsn"), Bytes::from(marker.lsn.to_string()))],
+            headers: vec![
+                (Cow::Borrowed("lsn"), Bytes::from(marker.lsn.to_string())),
+                (
+                    Cow::Borrowed("marker"),
+                    Bytes::from_static(role.as_str().as_bytes()),
+                ),
+            ],
             timestamp_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as i64),
-            event_id: format!("marker {key} {}", marker.lsn),
+            event_id: format!("{} marker {key} {}", role.as_str(), marker.lsn),
             aggregate_type: String::new(),
             aggregate_id: String::new(),
             aggregate_sequence: None,

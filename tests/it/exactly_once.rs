@@ -111,6 +111,87 @@ async fn dead_letters_and_broker_refusals_go_through_the_transactions() {
     fx.cleanup().await;
 }
 
+/// Each Kafka transaction opens with a marker repeating the position before
+/// it (so the offsets partition is in the transaction before the commit) and
+/// closes with the marker of its last PostgreSQL commit; what a start reads,
+/// the last marker, is a closing one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_kafka_transaction_opens_and_closes_with_a_marker() {
+    init_tracing();
+    let fx = Fixture::new("eo_markers").await;
+    // The offsets topic under a prefix of its own: read with the helpers
+    // that read a prefix's topics.
+    let markers = unique_name("eo_markers");
+    let offsets_topic = format!("{markers}.offsets");
+    let env = format!(
+        "OUTBOX_CDC__DELIVERY__MODE=exactly-once OUTBOX_CDC__DELIVERY__OFFSETS_TOPIC={offsets_topic} \
+         OUTBOX_CDC__DELIVERY__MAX_BATCH_MS=50"
+    );
+    let running = Running::start(fx.config_with(&env)).await;
+    let mut committed = BTreeSet::new();
+    for i in 0..3 {
+        let aggregate = format!("m{i}");
+        committed.extend(
+            fx.write_tx(&[("order", &aggregate, "{}".into())], true)
+                .await,
+        );
+        // Visible only once its Kafka transaction committed: the next row
+        // goes into a transaction of its own.
+        read_exactly_once(&fx, &committed, TIMEOUT, "after each row");
+    }
+    let records = consume(&markers, 6, TIMEOUT, Duration::from_secs(2));
+    running.stop().await.expect("clean stop");
+    let system_id: String = fx
+        .admin
+        .query_one(
+            "SELECT system_identifier::text FROM pg_control_system()",
+            &[],
+        )
+        .await
+        .expect("system identifier")
+        .get(0);
+    let key = outbox_cdc::sink::Marker::key(&system_id, &fx.slot);
+    let lsn = |r: &common::relay::Record| -> outbox_cdc::pg::Lsn {
+        r.header("lsn").parse().expect("an LSN header")
+    };
+    let roles: Vec<&str> = records.iter().map(|r| r.header("marker")).collect();
+    assert_eq!(
+        roles,
+        ["opening", "closing"].repeat(3),
+        "three Kafka transactions, each opened and closed by a marker: {records:#?}"
+    );
+    assert!(records.iter().all(|r| r.key == key), "{records:#?}");
+    for (i, pair) in records.chunks(2).enumerate() {
+        let (opening, closing) = (lsn(&pair[0]), lsn(&pair[1]));
+        assert!(
+            opening < closing,
+            "transaction {i}: the opening marker repeats an earlier position ({opening} < {closing})"
+        );
+        if i > 0 {
+            let before = lsn(&records[2 * i - 1]);
+            assert!(
+                opening >= before,
+                "transaction {i}: the opening marker ({opening}) is not behind the last commit ({before})"
+            );
+        }
+    }
+    let settings: outbox_cdc::sink::KafkaSettings =
+        [("bootstrap.servers", common::kafka_bootstrap())]
+            .into_iter()
+            .collect();
+    let read = tokio::task::block_in_place(|| {
+        outbox_cdc::sink::read_marker(&settings, &offsets_topic, 0, &system_id, &fx.slot, TIMEOUT)
+    })
+    .expect("read the marker")
+    .expect("a committed marker");
+    assert_eq!(
+        read.lsn,
+        lsn(&records[5]),
+        "a start reads the last closing marker"
+    );
+    fx.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_too_large_for_one_kafka_transaction_stops_naming_the_limits() {
     init_tracing();

@@ -10,10 +10,11 @@
 //! boundary (the tick commits it when no PostgreSQL transaction is open), so
 //! latency stays bounded at low traffic. While the connector is behind (more
 //! of the stream received than read: a backlog, a burst) the age that closes
-//! a batch is five times `max_batch_ms`: each commit stops the reading for a
+//! a batch is ten times `max_batch_ms`: each commit stops the reading for a
 //! round trip to the coordinator and its markers, so a backlog read in
-//! batches of 20 ms would spend about half its time committing, and its
-//! events are late already. A single PostgreSQL transaction that
+//! batches of 10 ms would spend about half its time committing, and its
+//! events are late already. After a commit, the next transaction begins only
+//! after a short gap (see [`GAP_AFTER_COMMIT`]). A single PostgreSQL transaction that
 //! keeps one Kafka transaction open for most of `transaction_timeout_ms`
 //! cannot be carried whole: the session stops with the limits to raise,
 //! unless Kafka itself stalled meanwhile (records outstanding and none
@@ -28,7 +29,19 @@ use super::Input;
 
 /// While the connector is behind, a batch is closed by age only once it is
 /// this many times `max_batch_ms` old.
-const BEHIND_AGE_FACTOR: u32 = 5;
+const BEHIND_AGE_FACTOR: u32 = 10;
+
+/// After a commit, the next Kafka transaction begins no sooner than this.
+/// The coordinator answers the commit (EndTxn) before it has written the
+/// transaction's markers, and until it has, it refuses the next
+/// transaction's partitions (AddPartitionsToTxn) with
+/// CONCURRENT_TRANSACTIONS; librdkafka retries only after a fixed 20 ms,
+/// which every record of the new transaction waits for. On one local broker,
+/// a first record sent at once was refused in most transactions and one
+/// sent 5 ms later in about 2 % (docs/performance.md). Waiting only when
+/// caught up was tried: the stream often has bytes unread at a commit even
+/// at half load, and the refusals came back.
+const GAP_AFTER_COMMIT: Duration = Duration::from_millis(5);
 
 /// The open Kafka transaction.
 #[derive(Debug, Clone, Copy)]
@@ -75,6 +88,8 @@ pub(super) struct BatchPolicy {
     /// the producer, and the session reads the reports in order), and are
     /// not the open transaction's.
     owed: usize,
+    /// The next Kafka transaction begins no sooner (see [`GAP_AFTER_COMMIT`]).
+    next_begin: Option<Instant>,
 }
 
 impl BatchPolicy {
@@ -91,6 +106,7 @@ impl BatchPolicy {
             limit,
             open: None,
             owed: 0,
+            next_begin: None,
         }
     }
 
@@ -193,6 +209,17 @@ impl BatchPolicy {
         }
     }
 
+    /// The transaction committed at `now`.
+    pub(super) fn committed(&mut self, now: Instant) {
+        self.closed();
+        self.next_begin = Some(now + GAP_AFTER_COMMIT);
+    }
+
+    /// When the next Kafka transaction may begin, if not at once.
+    pub(super) fn next_begin(&self, now: Instant) -> Option<Instant> {
+        self.next_begin.filter(|at| *at > now)
+    }
+
     /// The transaction was aborted: the session ends, and no report is owed.
     pub(super) fn aborted(&mut self) {
         self.open = None;
@@ -252,19 +279,19 @@ mod tests {
         assert!(p.due_at_commit(t0 + Duration::from_millis(100), CAUGHT_UP));
     }
 
-    /// Behind (a backlog), a batch grows to five times `max_batch_ms` (here
+    /// Behind (a backlog), a batch grows to ten times `max_batch_ms` (here
     /// 100 ms) unless its size closes it first; caught up again, the usual
     /// age applies at once.
     #[test]
-    fn behind_a_batch_is_closed_by_age_only_at_five_times_max_batch_ms() {
+    fn behind_a_batch_is_closed_by_age_only_at_ten_times_max_batch_ms() {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let mut p = one_event_batch(t0);
         assert!(!p.due_between(at(100), Input::Behind));
-        assert!(!p.due_at_commit(at(499), Input::Behind));
+        assert!(!p.due_at_commit(at(999), Input::Behind));
         assert!(p.due_between(at(100), CAUGHT_UP));
-        assert!(p.due_between(at(500), Input::Behind));
-        assert!(p.due_at_commit(at(500), Input::Behind));
+        assert!(p.due_between(at(1000), Input::Behind));
+        assert!(p.due_at_commit(at(1000), Input::Behind));
         let mut p = one_event_batch(t0);
         p.added(1);
         p.added(1);
@@ -283,6 +310,26 @@ mod tests {
         p.added(1);
         assert!(!p.due_between(at(1499), Input::Behind));
         assert!(p.due_between(at(1500), Input::Behind));
+    }
+
+    /// A commit delays the next transaction by the gap, and only it.
+    #[test]
+    fn after_a_commit_the_next_transaction_waits_for_the_gap() {
+        let t0 = Instant::now();
+        let mut p = one_event_batch(t0);
+        assert_eq!(p.next_begin(t0), None, "no commit yet");
+        p.committed(t0);
+        assert!(!p.is_open());
+        assert_eq!(p.next_begin(t0), Some(t0 + GAP_AFTER_COMMIT));
+        let after = t0 + GAP_AFTER_COMMIT;
+        assert_eq!(p.next_begin(after), None, "the gap passed");
+        p.opened(after);
+        p.added(1);
+        assert_eq!(
+            p.next_begin(after),
+            None,
+            "an open transaction waits for nothing"
+        );
     }
 
     /// Transactions without events (other tables, heartbeats) wait in the

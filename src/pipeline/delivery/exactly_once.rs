@@ -18,7 +18,9 @@ use crate::config::{Config, DeliverySettings};
 use crate::metrics::{KafkaTransactionCounter, Metrics};
 use crate::outbox::OutboxEvent;
 use crate::pg::{Lsn, PgTimestamp};
-use crate::sink::{DeliveryReport, KafkaSettings, Marker, SinkError, TransactionalSink};
+use crate::sink::{
+    DeliveryReport, KafkaSettings, Marker, MarkerRole, SinkError, TransactionalSink,
+};
 
 use super::batch::{BatchPolicy, Overrun};
 use super::{Advanced, Delivery, InFlight, Input, StartContext, Unsent};
@@ -121,12 +123,26 @@ impl Delivery for ExactlyOnce {
         tracker: &mut AckTracker,
     ) -> Result<(), Unsent> {
         if !self.policy.is_open() {
+            if let Some(at) = self.policy.next_begin(Instant::now()) {
+                tokio::time::sleep_until(at.into()).await;
+            }
             self.sink
                 .begin_transaction()
                 .map_err(|e| Unsent::Failed(e.into()))?;
             self.policy.opened(Instant::now());
             let held = tracker.hold_at_last_commit();
             debug!(held_at = %held, "Kafka transaction begun");
+            // The opening marker: it registers the offsets partition in the
+            // transaction now, beside the first record's partition, rather
+            // than during the commit (one round trip to the coordinator
+            // less there). It repeats a position already covered (`held`:
+            // everything before it is committed or has no records), and the
+            // closing marker follows it in the same partition and
+            // transaction, so a reader, who takes the last one, never stops
+            // at it.
+            self.send_marker(held, MarkerRole::Opening)
+                .await
+                .map_err(|e| Unsent::Failed(e.into()))?;
         }
         let size = event.size_bytes();
         self.sink
@@ -240,6 +256,19 @@ impl Delivery for ExactlyOnce {
 }
 
 impl ExactlyOnce {
+    /// Adds a marker of `lsn` to the open transaction.
+    async fn send_marker(&self, lsn: Lsn, role: MarkerRole) -> Result<(), SinkError> {
+        let marker = Marker {
+            system_id: self.system_id.clone(),
+            slot: self.slot.clone(),
+            lsn,
+            commit_time: self.last_commit_time,
+        };
+        self.sink
+            .send_marker(&self.marker_topic, self.marker_partition, &marker, role)
+            .await
+    }
+
     /// Ends the open Kafka transaction with the marker of `lsn` (the end of
     /// the last PostgreSQL transaction in it) and commits it; only then may
     /// what it carried be acknowledged (persisted in sled by the next
@@ -252,15 +281,7 @@ impl ExactlyOnce {
         if !self.policy.is_open() {
             return Ok(Advanced(false));
         }
-        let marker = Marker {
-            system_id: self.system_id.clone(),
-            slot: self.slot.clone(),
-            lsn,
-            commit_time: self.last_commit_time,
-        };
-        self.sink
-            .send_marker(&self.marker_topic, self.marker_partition, &marker)
-            .await?;
+        self.send_marker(lsn, MarkerRole::Closing).await?;
         crate::failpoint!("before-kafka-commit");
         let timeout = self.settings.transaction_timeout();
         let started = Instant::now();
@@ -268,7 +289,7 @@ impl ExactlyOnce {
         crate::failpoint!("after-kafka-commit-before-persist");
         debug!(marker = %lsn, took_ms = started.elapsed().as_millis() as u64, "Kafka transaction committed");
         self.transactions.inc("committed");
-        self.policy.closed();
+        self.policy.committed(Instant::now());
         Ok(Advanced(tracker.release_hold().is_some()))
     }
 }
