@@ -133,8 +133,9 @@ pub struct DeliverySettings {
     /// ... or has been open this long (default 10 ms): the latency bound at
     /// low traffic (each commit is a round trip to the transaction
     /// coordinator; docs/performance.md has what 10, 20 and 100 cost). While
-    /// the connector is behind (more of the stream received than read) the
-    /// bound is ten times this: a backlog drains in fewer, larger transactions.
+    /// the connector is behind (more of the stream received than read, and
+    /// the server sent it at least this long after its commit) the bound is
+    /// ten times this: a backlog drains in fewer, larger transactions.
     pub max_batch_ms: u64,
 }
 

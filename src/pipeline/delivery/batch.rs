@@ -9,7 +9,8 @@
 //! stream is not read while too many wait), or, once it is `max_batch_ms` old, at the next
 //! boundary (the tick commits it when no PostgreSQL transaction is open), so
 //! latency stays bounded at low traffic. While the connector is behind (more
-//! of the stream received than read: a backlog, a burst) the age that closes
+//! of the stream received than read, of a commit the server sent at least
+//! `max_batch_ms` late: a backlog, a burst; see [`Input::at_commit`]) the age that closes
 //! a batch is ten times `max_batch_ms`: each commit stops the reading for a
 //! round trip to the coordinator and its markers, so a backlog read in
 //! batches of 10 ms would spend about half its time committing, and its

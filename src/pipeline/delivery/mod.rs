@@ -22,7 +22,7 @@ mod exactly_once;
 pub(super) mod memory;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
@@ -100,16 +100,40 @@ impl Unsent {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Advanced(pub(super) bool);
 
-/// Whether the session has read everything the server has sent so far: a
-/// batching delivery lets a batch grow past its age while the connector is
-/// behind (its events are late already, and fewer commits catch up sooner).
+/// Whether the connector is behind the server: a batching delivery lets a
+/// batch grow past its age while it is (its events are late already, and
+/// fewer commits catch up sooner).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Input {
-    /// Nothing received is left unread.
+    /// Nothing received is left unread, or what is was sent promptly.
     CaughtUp,
-    /// Bytes of the stream were received and are not read yet: a backlog
-    /// or a burst.
+    /// A backlog or a burst: see [`Input::at_commit`].
     Behind,
+}
+
+impl Input {
+    /// At a PostgreSQL commit that the walsender sent at `sent_at`: behind
+    /// only when bytes received are still unread *and* the server sent the
+    /// commit at least `late_from` after it happened (both times from the
+    /// server's clock). Unread bytes alone are no sign: at a steady rate,
+    /// what arrived while the last Kafka commit ran is still being read when
+    /// the next batch is due, and holding batches open for it made the
+    /// half-load tail (docs/performance.md). A real backlog or a burst larger
+    /// than the socket's buffers is sent late, since the walsender waits for
+    /// the connector to read.
+    pub(super) fn at_commit(
+        unread: bool,
+        commit_time: PgTimestamp,
+        sent_at: PgTimestamp,
+        late_from: Duration,
+    ) -> Input {
+        let late_by = sent_at.0.saturating_sub(commit_time.0);
+        if unread && late_by >= late_from.as_micros() as i64 {
+            Input::Behind
+        } else {
+            Input::CaughtUp
+        }
+    }
 }
 
 /// What a delivery needs from the session's start: the cluster and slot it
@@ -185,4 +209,27 @@ pub(super) trait Delivery: Sized + Send {
 
     /// A fatal producer error, once the producer has one.
     fn fatal_error(&self) -> Option<SinkError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Behind needs both: bytes left unread and a commit the server sent
+    /// late. Unread bytes of commits sent at once (a steady rate read after
+    /// a Kafka commit) are caught up.
+    #[test]
+    fn behind_is_unread_bytes_of_a_commit_sent_late() {
+        let at = |ms: i64| PgTimestamp(1_000_000_000 + ms * 1000);
+        let ten = Duration::from_millis(10);
+        assert_eq!(Input::at_commit(true, at(0), at(10), ten), Input::Behind);
+        assert_eq!(Input::at_commit(true, at(0), at(5_000), ten), Input::Behind);
+        assert_eq!(Input::at_commit(true, at(0), at(9), ten), Input::CaughtUp);
+        assert_eq!(
+            Input::at_commit(false, at(0), at(5_000), ten),
+            Input::CaughtUp
+        );
+        // The clock of a standby that decodes may be behind the primary's.
+        assert_eq!(Input::at_commit(true, at(0), at(-50), ten), Input::CaughtUp);
+    }
 }

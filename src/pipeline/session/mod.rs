@@ -135,7 +135,10 @@ pub(super) struct Session<'a, D> {
     block: Option<u32>,
     replay: Option<Replay>,
     /// Whether the stream had more bytes received than read when the last
-    /// replication message was taken (a batch may grow while behind).
+    /// replication message was taken.
+    unread: bool,
+    /// Behind or not as judged at the last PostgreSQL commit (a batch may
+    /// grow while behind); caught up once nothing received is unread.
     input: Input,
 }
 
@@ -184,6 +187,7 @@ impl<'a, D: Delivery> Session<'a, D> {
             spill,
             block: None,
             replay: None,
+            unread: false,
             input: Input::CaughtUp,
         };
         (session, started.stream)
@@ -248,10 +252,10 @@ impl<'a, D: Delivery> Session<'a, D> {
                 }
                 event = stream.recv(), if has_room && self.replay.is_none() => match event? {
                     Some(event) => {
-                        self.input = match stream.has_unread() {
-                            true => Input::Behind,
-                            false => Input::CaughtUp,
-                        };
+                        self.unread = stream.has_unread();
+                        if !self.unread {
+                            self.input = Input::CaughtUp;
+                        }
                         self.on_replication_event(event).await?
                     }
                     None => return Err(PipelineError::StreamEnded),
@@ -331,6 +335,12 @@ impl<'a, D: Delivery> Session<'a, D> {
                     if tracked.map_err(|e| protocol(lsn, e))?.is_some() {
                         self.checkpoint.mark_dirty();
                     }
+                    self.input = Input::at_commit(
+                        self.unread,
+                        tx.commit_time,
+                        self.stages.sent_at(),
+                        self.config.delivery.max_batch_age(),
+                    );
                     let committed = self.delivery.committed(
                         commit.end_lsn,
                         tx.commit_time,

@@ -22,6 +22,11 @@ impl StageClock {
         }
     }
 
+    /// When the walsender sent the XLogData being handled (its clock).
+    pub(super) fn sent_at(&self) -> PgTimestamp {
+        self.sent_at
+    }
+
     /// An XLogData sent by the walsender at `server_time` arrived. The clock
     /// is read only for the messages that can become events (Insert,
     /// Message): three per one-event transaction would be read otherwise.

@@ -118,6 +118,7 @@ impl Harness {
             spill: Some(Spill::open(&dir.path().join("spill"), 600).unwrap()),
             block: None,
             replay: None,
+            unread: false,
             input: Input::CaughtUp,
         };
         Harness {
