@@ -483,6 +483,29 @@ async fn nothing_is_acknowledged_inside_an_open_kafka_transaction() {
     assert_eq!(h.stored(), wal_end);
 }
 
+/// Behind is judged at each PostgreSQL commit: bytes left unread and a
+/// commit the server sent late (a backlog), not unread bytes alone (what
+/// arrived while a Kafka commit ran, at a steady rate); caught up as soon as
+/// nothing is unread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_is_judged_at_each_commit_by_unread_bytes_sent_late() {
+    let mut h = Harness::with_outbox(config(&[]), MemoryDelivery::new()).await;
+    let hour_later = PgTimestamp(PgTimestamp::now().0 + 3_600_000_000);
+    let sent = |h: &mut Harness, at: PgTimestamp, unread: bool| {
+        h.session.stages.arrived(&[], at);
+        h.session.unread = unread;
+    };
+    sent(&mut h, hour_later, true);
+    h.transaction(1).await.unwrap();
+    assert_eq!(h.session.input, Input::Behind, "unread, sent an hour late");
+    sent(&mut h, PgTimestamp::now(), true);
+    h.transaction(1).await.unwrap();
+    assert_eq!(h.session.input, Input::CaughtUp, "unread, sent at once");
+    sent(&mut h, hour_later, false);
+    h.transaction(1).await.unwrap();
+    assert_eq!(h.session.input, Input::CaughtUp, "nothing unread");
+}
+
 /// A streamed transaction is published only once its Stream Commit arrived,
 /// all its rows in order, after the transactions that committed before it
 /// (one arrived whole between its blocks); its position is acknowledged
