@@ -105,7 +105,7 @@ pub(super) struct Advanced(pub(super) bool);
 /// fewer commits catch up sooner).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Input {
-    /// Nothing received is left unread, or what is was sent promptly.
+    /// Nothing received is left unread, or what is unread was sent promptly.
     CaughtUp,
     /// A backlog or a burst: see [`Input::at_commit`].
     Behind,
