@@ -16,6 +16,7 @@ mod common;
 mod audit;
 mod cloudevents;
 mod compose_file;
+mod coverage_break;
 mod dead_letter;
 mod debezium_shape;
 mod env_servers;

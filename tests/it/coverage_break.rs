@@ -1,0 +1,405 @@
+//! Coverage breaks (issue 47, review coverage-health-security C1-C6) against
+//! the real servers: leaves published through the root are the outbox, a
+//! partition whose inserts never reach WAL is refused, a publication change
+//! is remembered across restarts until `audit --repair` republishes its
+//! window, new and dropped partitions of a leaf-list publication, and a
+//! closed catalog connection that must not freeze acknowledgement.
+
+use crate::common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use common::relay::{Fixture, Running, consume, read_ids};
+use common::{init_tracing, pg_url};
+use outbox_cdc::checkpoint::OffsetStore;
+use outbox_cdc::coverage::CoverageProblem;
+use outbox_cdc::pg::Lsn;
+use outbox_cdc::pipeline::PipelineError;
+
+/// Proofs every 3 s (as in no_silent_skip.rs).
+const SLOW_PROOFS: &str = "OUTBOX_CDC__MONITOR__SLOT_POLL_INTERVAL_MS=3000";
+
+/// A range-partitioned outbox (copied from no_silent_skip.rs): partitions
+/// `<t>_old` (year 2000) and `<t>_cur` (2001..2100), the publication
+/// `FOR TABLE <t>` with `publish_via_partition_root` as given.
+async fn partitioned_fixture(prefix: &str, via_root: bool) -> Fixture {
+    let f = Fixture::new(prefix).await;
+    let (t, p) = (&f.table, &f.publication);
+    let via = if via_root {
+        ", publish_via_partition_root = true"
+    } else {
+        ""
+    };
+    f.admin
+        .batch_execute(&format!(
+            "DROP PUBLICATION {p}; DROP TABLE public.{t};
+             CREATE TABLE public.{t} (
+                 event_id uuid NOT NULL, aggregate_type text NOT NULL, aggregate_id text NOT NULL,
+                 aggregate_sequence bigint NOT NULL, event_type text NOT NULL,
+                 schema_version integer NOT NULL DEFAULT 1, payload jsonb NOT NULL,
+                 occurred_at timestamptz NOT NULL DEFAULT now(),
+                 PRIMARY KEY (event_id, occurred_at)
+             ) PARTITION BY RANGE (occurred_at);
+             CREATE TABLE public.{t}_old PARTITION OF public.{t} FOR VALUES FROM ('2000-01-01') TO ('2001-01-01');
+             CREATE TABLE public.{t}_cur PARTITION OF public.{t} FOR VALUES FROM ('2001-01-01') TO ('2100-01-01');
+             GRANT SELECT ON public.{t} TO outbox;
+             CREATE PUBLICATION {p} FOR TABLE public.{t} WITH (publish = 'insert'{via});"
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("partitioned outbox {t}: {e}"));
+    f
+}
+
+/// [`partitioned_fixture`] whose publication lists the two leaves instead of
+/// the root: `FOR TABLE <t>_old, <t>_cur`.
+async fn leaf_list_fixture(prefix: &str, via_root: bool) -> Fixture {
+    let f = partitioned_fixture(prefix, false).await;
+    let (t, p) = (&f.table, &f.publication);
+    let via = if via_root {
+        ", publish_via_partition_root = true"
+    } else {
+        ""
+    };
+    f.admin
+        .batch_execute(&format!(
+            "DROP PUBLICATION {p};
+             CREATE PUBLICATION {p} FOR TABLE public.{t}_old, public.{t}_cur WITH (publish = 'insert'{via});"
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("leaf-list publication {p}: {e}"));
+    f
+}
+
+/// Inserts one event per aggregate in one transaction, at `occurred_at`
+/// (an SQL expression), numbering each aggregate's events from `seq`
+/// (copied from no_silent_skip.rs).
+async fn insert(
+    client: &tokio_postgres::Client,
+    table: &str,
+    aggregates: &[String],
+    seq: i64,
+    occurred_at: &str,
+) -> Vec<String> {
+    client.batch_execute("BEGIN").await.expect("BEGIN");
+    let mut ids = Vec::new();
+    for agg in aggregates {
+        let row = client
+            .query_one(
+                &format!(
+                    "INSERT INTO public.{table} (event_id, aggregate_type, aggregate_id, aggregate_sequence, \
+                     event_type, payload, occurred_at) \
+                     VALUES (gen_random_uuid(), 'order', $1, $2, 'Placed', '{{\"n\": 1}}', {occurred_at}) \
+                     RETURNING event_id::text"
+                ),
+                &[agg, &seq],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("insert into {table}: {e}"));
+        ids.push(row.get(0));
+    }
+    client.batch_execute("COMMIT").await.expect("COMMIT");
+    ids
+}
+
+fn names(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// A connector re-proving coverage every 3 s, streaming and past its first
+/// row (copied from no_silent_skip.rs).
+async fn streaming_with_slow_proofs(f: &Fixture) -> Running {
+    let running = Running::start(f.config_with(SLOW_PROOFS)).await;
+    f.write_tx(&[("order", "a", r#"{"n":1}"#.to_owned())], true)
+        .await;
+    consume(&f.topic_prefix, 1, Duration::from_secs(30), Duration::ZERO);
+    running
+}
+
+/// Neither the stored offset nor the slot's confirmed position passed `lsn`
+/// (where `what` happened) (copied from no_silent_skip.rs).
+async fn assert_not_acknowledged_past(f: &Fixture, lsn: Lsn, what: &str) {
+    let stored = OffsetStore::open(&f.offsets_path())
+        .expect("offset store")
+        .load(&f.slot)
+        .expect("load")
+        .expect("an offset")
+        .lsn;
+    let confirmed: Lsn = f
+        .slot_confirmed_flush()
+        .await
+        .expect("slot")
+        .parse()
+        .expect("lsn");
+    assert!(
+        stored <= lsn && confirmed <= lsn,
+        "acknowledged past {what} at {lsn}: stored {stored}, slot confirmed {confirmed}"
+    );
+}
+
+/// Waits (bounded) for the pipeline to end by itself and returns its result;
+/// panics, after stopping it, when it still runs after `within`.
+async fn ends_within(running: Running, within: Duration, what: &str) -> Result<(), PipelineError> {
+    let deadline = Instant::now() + within;
+    while !running.is_finished() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if !running.is_finished() {
+        let stopped = running.stop().await;
+        panic!(
+            "{what}: the connector still ran after {within:?} (then stopped on request: {stopped:?})"
+        );
+    }
+    running.finished(Duration::from_secs(5)).await
+}
+
+/// Keeps running for `period` (checked every 100 ms); panics with the
+/// connector's error if it stops.
+async fn keeps_running(running: Running, period: Duration, what: &str) -> Running {
+    let deadline = Instant::now() + period;
+    while Instant::now() < deadline {
+        if running.is_finished() {
+            let ended = running.finished(Duration::from_secs(5)).await;
+            panic!("{what}: the connector stopped: {ended:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    running
+}
+
+/// Reads every id of `ids` within 30 s; panics naming the missing ones.
+fn arrive(f: &Fixture, ids: &BTreeSet<String>, what: &str) {
+    if let Err(got) = read_ids(
+        &f.topic_prefix,
+        ids,
+        Duration::from_secs(30),
+        Duration::ZERO,
+    ) {
+        let seen: BTreeSet<&str> = got.iter().map(|r| r.header("event_id")).collect();
+        let missing: Vec<&String> = ids
+            .iter()
+            .filter(|id| !seen.contains(id.as_str()))
+            .collect();
+        panic!(
+            "{what}: {} of {} rows never reached Kafka within 30 s (first missing: {:?})",
+            missing.len(),
+            ids.len(),
+            &missing[..missing.len().min(3)]
+        );
+    }
+}
+
+/// C1 (a): the publication lists the leaves, not the root, with
+/// `publish_via_partition_root = true`. pgoutput sends each leaf under its
+/// own name (no ancestor is published): those rows are the outbox, every
+/// one is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaves_listed_with_publish_via_root_are_all_published() {
+    init_tracing();
+    let f = leaf_list_fixture("cbleafvia", true).await;
+    let t = f.table.clone();
+    let running = Running::start(f.config()).await;
+    let mut written: BTreeSet<String> = BTreeSet::new();
+    written.extend(insert(&f.admin, &t, &names("cur", 50), 1, "now()").await);
+    written.extend(insert(&f.admin, &t, &names("old", 50), 1, "'2000-06-01'").await);
+    assert_eq!(written.len(), 100);
+    arrive(
+        &f,
+        &written,
+        "leaves listed with publish_via_partition_root = true (skipped as another table?)",
+    );
+    let running = keeps_running(running, Duration::ZERO, "after the leaves' rows").await;
+    running.stop().await.expect("graceful stop");
+    f.cleanup().await;
+}
+
+/// C3, benign: a partition created and added to a leaf-list publication,
+/// empty at the next proofs, then written to: its rows are published and
+/// the connector keeps running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_added_to_a_leaf_list_before_its_first_row_streams_on() {
+    init_tracing();
+    let f = leaf_list_fixture("cbnextok", false).await;
+    let (t, p) = (f.table.clone(), f.publication.clone());
+    let running = streaming_with_slow_proofs(&f).await;
+    f.admin
+        .batch_execute(&format!(
+            "CREATE TABLE public.{t}_next PARTITION OF public.{t} FOR VALUES FROM ('2100-01-01') TO ('2101-01-01')"
+        ))
+        .await
+        .expect("create the next partition");
+    f.admin
+        .batch_execute(&format!("ALTER PUBLICATION {p} ADD TABLE public.{t}_next"))
+        .await
+        .expect("add the next partition to the publication");
+    // Two proof intervals and more: proofs see it published and empty.
+    let running = keeps_running(
+        running,
+        Duration::from_millis(7_000),
+        "an empty partition added to the leaf-list publication",
+    )
+    .await;
+    let mut written: BTreeSet<String> = BTreeSet::new();
+    written.extend(insert(&f.admin, &t, &names("next", 5), 1, "'2100-06-01'").await);
+    written.extend(insert(&f.admin, &t, &names("cur", 5), 1, "now()").await);
+    arrive(
+        &f,
+        &written,
+        "rows of the partition added before its first row",
+    );
+    let running = keeps_running(
+        running,
+        Duration::from_millis(4_000),
+        "after rows in the added partition",
+    )
+    .await;
+    running.stop().await.expect("graceful stop");
+    f.cleanup().await;
+}
+
+/// C5: a leaf-list publication; an expired partition whose rows were all
+/// published is dropped (as `[prune]` or a DBA does). Nothing was lost: the
+/// connector keeps running and later rows arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_published_partition_of_a_leaf_list_streams_on() {
+    init_tracing();
+    let f = leaf_list_fixture("cbdropleaf", false).await;
+    let t = f.table.clone();
+    let running = streaming_with_slow_proofs(&f).await;
+    let old: BTreeSet<String> = insert(&f.admin, &t, &names("old", 3), 1, "'2000-06-01'")
+        .await
+        .into_iter()
+        .collect();
+    arrive(&f, &old, "rows of the old partition before its drop");
+    f.admin
+        .batch_execute(&format!("DROP TABLE public.{t}_old"))
+        .await
+        .expect("drop the old partition");
+    let running = keeps_running(
+        running,
+        Duration::from_millis(7_000),
+        "the old, fully published partition dropped from a leaf-list publication",
+    )
+    .await;
+    let later: BTreeSet<String> = insert(&f.admin, &t, &names("cur", 3), 1, "now()")
+        .await
+        .into_iter()
+        .collect();
+    arrive(&f, &later, "rows after the drop of the old partition");
+    let running = keeps_running(running, Duration::from_millis(500), "after the later rows").await;
+    running.stop().await.expect("graceful stop");
+    f.cleanup().await;
+}
+
+/// C6: the connector's SQL (catalog) backend is terminated while its
+/// walsender survives. Acknowledgement must not freeze: within 15 s the
+/// slot's confirmed position passes rows committed after the kill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_catalog_connection_does_not_freeze_acknowledgement() {
+    init_tracing();
+    let f = Fixture::new("cbcatalog").await;
+    // The fixture sets no application_name: give this connector's SQL
+    // connections one of their own, so that only they are terminated.
+    let app = format!("oc_{}", f.name);
+    let url = pg_url();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let config = f.config_with(&format!(
+        "OUTBOX_CDC__MONITOR__SLOT_POLL_INTERVAL_MS=500 OUTBOX_CDC__POSTGRES__URL={url}{sep}application_name={app}"
+    ));
+    let running = Running::start(config).await;
+    let first: BTreeSet<String> = f
+        .write_tx(&[("order", "a", r#"{"n":1}"#.to_owned())], true)
+        .await
+        .into_iter()
+        .collect();
+    arrive(&f, &first, "the first row");
+
+    let terminated = f
+        .admin
+        .query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = $1 AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
+            &[&app],
+        )
+        .await
+        .expect("terminate the connector's SQL backends");
+    assert!(
+        !terminated.is_empty(),
+        "no client backend with application_name {app}: the test did not hit the catalog connection"
+    );
+
+    let mut ids: BTreeSet<String> = BTreeSet::new();
+    let mut committed = Lsn::new(0);
+    for n in 2..7 {
+        let (written, end) = f
+            .write_tx_ended_by(&[("order", "a", format!(r#"{{"n":{n}}}"#))])
+            .await;
+        ids.extend(written);
+        committed = end;
+    }
+    arrive(&f, &ids, "rows after the catalog connection was terminated");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let confirmed = f.confirmed_lsn().await;
+        if confirmed >= committed {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "acknowledgement froze after the catalog connection was terminated: slot confirmed {confirmed} \
+             stays below {committed} (rows committed after the kill) for 15 s; connector finished: {}",
+            running.is_finished()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let running = keeps_running(running, Duration::ZERO, "after the catalog kill").await;
+    running.stop().await.expect("graceful stop");
+    f.cleanup().await;
+}
+
+/// C3: a leaf-list publication; a new partition is created, a row lands in
+/// it, and only then is it added to the publication. pgoutput never sends
+/// that row: the connector must stop (the partition's publication entry is
+/// newer than the partition) and not acknowledge past the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_written_before_it_joined_a_leaf_list_stops_the_connector() {
+    init_tracing();
+    let f = leaf_list_fixture("cbnextlost", false).await;
+    let (t, p) = (f.table.clone(), f.publication.clone());
+    let running = streaming_with_slow_proofs(&f).await;
+    f.admin
+        .batch_execute(&format!(
+            "CREATE TABLE public.{t}_next PARTITION OF public.{t} FOR VALUES FROM ('2100-01-01') TO ('2101-01-01')"
+        ))
+        .await
+        .expect("create the next partition");
+    let before_row = f.wal_insert_lsn().await;
+    let lost = insert(&f.admin, &t, &["early".to_owned()], 1, "'2100-06-01'").await;
+    f.admin
+        .batch_execute(&format!("ALTER PUBLICATION {p} ADD TABLE public.{t}_next"))
+        .await
+        .expect("add the next partition to the publication");
+    // Rows the publication sends, for three proof intervals at most.
+    let mut n = 2;
+    let until = Instant::now() + Duration::from_secs(10);
+    while !running.is_finished() && Instant::now() < until {
+        f.write_tx(&[("order", "a", format!(r#"{{"n":{n}}}"#))], true)
+            .await;
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let what = format!("row {lost:?} written to a partition before it joined the publication");
+    match ends_within(running, Duration::from_secs(20), &what).await {
+        // NotPublished: a proof fell between the insert and the ADD (also right).
+        Err(PipelineError::CoverageLost(lost)) => assert!(
+            lost.problems.iter().any(|p| matches!(
+                p,
+                CoverageProblem::PublicationChanged { .. } | CoverageProblem::NotPublished { .. }
+            )),
+            "{what}: stopped for another reason: {lost}"
+        ),
+        other => panic!("{what}: expected CoverageLost(PublicationChanged), got {other:?}"),
+    }
+    assert_not_acknowledged_past(&f, before_row, "the row in the late-added partition").await;
+    f.cleanup().await;
+}
