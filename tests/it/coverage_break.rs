@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 use common::relay::{Fixture, Running, consume, read_ids};
 use common::{init_tracing, pg_url};
 use outbox_cdc::checkpoint::OffsetStore;
+use outbox_cdc::config::Config;
 use outbox_cdc::coverage::CoverageProblem;
 use outbox_cdc::pg::Lsn;
-use outbox_cdc::pipeline::PipelineError;
+use outbox_cdc::pipeline::{PipelineError, RunOptions, StartRefused};
 
 /// Proofs every 3 s (as in no_silent_skip.rs).
 const SLOW_PROOFS: &str = "OUTBOX_CDC__MONITOR__SLOT_POLL_INTERVAL_MS=3000";
@@ -151,6 +152,16 @@ async fn ends_within(running: Running, within: Duration, what: &str) -> Result<(
         );
     }
     running.finished(Duration::from_secs(5)).await
+}
+
+/// Starts the connector and returns the error it must refuse with; panics
+/// when it starts streaming instead (checked for 30 s).
+async fn start_refused(config: Config, what: &str) -> PipelineError {
+    let running = Running::spawn(config, RunOptions::default());
+    match ends_within(running, Duration::from_secs(30), what).await {
+        Ok(()) => panic!("{what}: the connector returned Ok instead of refusing to start"),
+        Err(e) => e,
+    }
 }
 
 /// Keeps running for `period` (checked every 100 ms); panics with the
@@ -401,5 +412,236 @@ async fn a_partition_written_before_it_joined_a_leaf_list_stops_the_connector() 
         other => panic!("{what}: expected CoverageLost(PublicationChanged), got {other:?}"),
     }
     assert_not_acknowledged_past(&f, before_row, "the row in the late-added partition").await;
+    f.cleanup().await;
+}
+
+/// The break a start must refuse with: its window (`since`, `until`), after
+/// checking that it names this slot and the exact repair command.
+fn coverage_broken(err: PipelineError, slot: &str, what: &str) -> (String, String) {
+    match err {
+        PipelineError::Refused(refusal @ StartRefused::CoverageBroken { .. }) => {
+            let text = refusal.to_string();
+            let StartRefused::CoverageBroken {
+                slot: broken_slot,
+                since,
+                until,
+                ..
+            } = refusal
+            else {
+                unreachable!()
+            };
+            assert_eq!(
+                broken_slot, slot,
+                "{what}: the refusal names another slot: {text}"
+            );
+            assert!(
+                text.contains("outbox-cdc audit --config"),
+                "{what}: the refusal does not name the audit command: {text}"
+            );
+            let window = format!("--since '{since}' --until '{until}' --repair");
+            assert!(
+                text.contains(&window),
+                "{what}: the refusal does not give the exact window `{window}`: {text}"
+            );
+            (since, until)
+        }
+        other => panic!("{what}: expected Refused(CoverageBroken), got {other:?}"),
+    }
+}
+
+/// Runs the built binary's `audit --repair` over a break's window; it must
+/// exit 0.
+fn audit_repair(f: &Fixture, since: &str, until: &str) {
+    let config = f.write_config_file();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-cdc"))
+        .args(["audit", "--config"])
+        .arg(&config)
+        .args(["--since", since, "--until", until, "--repair"])
+        .output()
+        .expect("run outbox-cdc audit --repair");
+    assert!(
+        output.status.success(),
+        "outbox-cdc audit --since '{since}' --until '{until}' --repair exited {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// After a repair the break is cleared: the connector starts, streams, and a
+/// new row arrives.
+async fn streams_again(f: &Fixture, what: &str) {
+    let running = Running::start(f.config()).await;
+    let next: BTreeSet<String> = insert(&f.admin, &f.table, &["next".to_owned()], 1, "now()")
+        .await
+        .into_iter()
+        .collect();
+    arrive(f, &next, what);
+    let running = keeps_running(running, Duration::ZERO, what).await;
+    running.stop().await.expect("graceful stop");
+}
+
+/// Whether `problems` has a NotInWal naming partition `name`.
+fn names_not_in_wal(problems: &[CoverageProblem], name: &str) -> bool {
+    problems
+        .iter()
+        .any(|p| matches!(p, CoverageProblem::NotInWal { table, .. } if table.schema == "public" && table.name == name))
+}
+
+/// C4 at start: an UNLOGGED partition of an outbox published through its
+/// root. Its inserts never reach WAL, so the start is refused naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlogged_partition_refuses_the_start() {
+    init_tracing();
+    let f = partitioned_fixture("cbunlogstart", true).await;
+    let t = f.table.clone();
+    f.admin
+        .batch_execute(&format!(
+            "CREATE UNLOGGED TABLE public.{t}_bulk PARTITION OF public.{t} FOR VALUES FROM ('2100-01-01') TO ('2101-01-01')"
+        ))
+        .await
+        .expect("an unlogged partition");
+    let what = "an UNLOGGED partition at start";
+    match start_refused(f.config(), what).await {
+        PipelineError::NotCovered(nc) => assert!(
+            names_not_in_wal(&nc.problems, &format!("{t}_bulk")),
+            "{what}: refused without NotInWal naming {t}_bulk: {nc}"
+        ),
+        other => panic!("{what}: expected NotCovered(NotInWal), got {other:?}"),
+    }
+    f.cleanup().await;
+}
+
+/// C4 while streaming: the receiving partition is made UNLOGGED (a bulk
+/// load). The next proof stops the connector naming it, and nothing past the
+/// first row written to it is acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_made_unlogged_while_streaming_stops_the_connector() {
+    init_tracing();
+    let f = partitioned_fixture("cbunlogrun", false).await;
+    let t = f.table.clone();
+    let running = streaming_with_slow_proofs(&f).await;
+    f.admin
+        .batch_execute(&format!("ALTER TABLE public.{t}_cur SET UNLOGGED"))
+        .await
+        .expect("make the receiving partition unlogged");
+    let unlogged = f.wal_insert_lsn().await;
+    let hidden = insert(&f.admin, &t, &names("bulk", 3), 1, "now()").await;
+    // Logged rows (the old partition) keep the stream moving until it stops.
+    let mut n = 2;
+    let until = Instant::now() + Duration::from_secs(10);
+    while !running.is_finished() && Instant::now() < until {
+        insert(&f.admin, &t, &["old".to_owned()], n, "'2000-06-01'").await;
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let what = format!("rows {hidden:?} written to a partition made UNLOGGED");
+    match ends_within(running, Duration::from_secs(20), &what).await {
+        Err(PipelineError::CoverageLost(nc)) => assert!(
+            names_not_in_wal(&nc.problems, &format!("{t}_cur")),
+            "{what}: stopped without NotInWal naming {t}_cur: {nc}"
+        ),
+        other => panic!("{what}: expected CoverageLost(NotInWal), got {other:?}"),
+    }
+    assert_not_acknowledged_past(&f, unlogged, "the first row in the unlogged partition").await;
+    f.cleanup().await;
+}
+
+/// C2: the outbox dropped from the publication, a row X committed, the
+/// outbox added again, between two proofs. The connector stops (as before)
+/// and remembers it: a plain restart refuses naming the window and the
+/// repair command; `audit --repair` over that window publishes X and clears
+/// the break, and the next start streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publication_change_seen_while_streaming_is_refused_until_repaired() {
+    init_tracing();
+    let f = Fixture::new("cbchanged").await;
+    let (t, p) = (f.table.clone(), f.publication.clone());
+    let running = streaming_with_slow_proofs(&f).await;
+    let narrowed = f.wal_insert_lsn().await;
+    f.admin
+        .batch_execute(&format!("ALTER PUBLICATION {p} DROP TABLE public.{t}"))
+        .await
+        .expect("drop the outbox from the publication");
+    let hidden: BTreeSet<String> = f
+        .write_tx(&[("order", "hidden", r#"{"n":2}"#.to_owned())], true)
+        .await
+        .into_iter()
+        .collect();
+    f.admin
+        .batch_execute(&format!("ALTER PUBLICATION {p} ADD TABLE public.{t}"))
+        .await
+        .expect("add it again");
+    let mut n = 3;
+    let until = Instant::now() + Duration::from_secs(10);
+    while !running.is_finished() && Instant::now() < until {
+        f.write_tx(&[("order", "a", format!(r#"{{"n":{n}}}"#))], true)
+            .await;
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let what = format!("row {hidden:?} committed while the outbox was out of the publication");
+    match ends_within(running, Duration::from_secs(20), &what).await {
+        Err(PipelineError::CoverageLost(lost)) => assert!(
+            lost.problems
+                .iter()
+                .any(|p| matches!(p, CoverageProblem::PublicationChanged { .. })),
+            "{what}: {lost}"
+        ),
+        other => panic!("{what}: expected CoverageLost(PublicationChanged), got {other:?}"),
+    }
+    assert_not_acknowledged_past(&f, narrowed, "the change").await;
+
+    // A plain restart (a supervisor's) refuses, and again the next time.
+    let mut windows = Vec::new();
+    for attempt in ["first", "second"] {
+        let what = format!("{attempt} restart after the break");
+        windows.push(coverage_broken(
+            start_refused(f.config(), &what).await,
+            &f.slot,
+            &what,
+        ));
+    }
+    assert_not_acknowledged_past(&f, narrowed, "the change (after the refused restarts)").await;
+    let (since, until) = windows.pop().expect("two refusals");
+    audit_repair(&f, &since, &until);
+    arrive(&f, &hidden, "the hidden row after audit --repair");
+    streams_again(&f, "the start after the repair").await;
+    f.cleanup().await;
+}
+
+/// C1 (b) / C2 while stopped: `publish_via_partition_root` flipped from false
+/// to true while the connector was stopped, with rows before and after the
+/// flip. pgoutput sends the row before the flip under its leaf's name: the
+/// start refuses (it cannot prove the backlog), `audit --repair` over the
+/// window publishes every row, and the next start streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_via_root_flip_while_stopped_is_refused_until_repaired() {
+    init_tracing();
+    let f = partitioned_fixture("cbflipstop", false).await;
+    let (t, p) = (f.table.clone(), f.publication.clone());
+    let running = Running::start(f.config()).await;
+    let a = insert(&f.admin, &t, &["a".to_owned()], 1, "now()").await;
+    arrive(&f, &a.iter().cloned().collect(), "row A before the stop");
+    running.stop().await.expect("graceful stop");
+    let stopped = f.wal_insert_lsn().await;
+
+    let b = insert(&f.admin, &t, &["b".to_owned()], 1, "now()").await;
+    f.admin
+        .batch_execute(&format!(
+            "ALTER PUBLICATION {p} SET (publish_via_partition_root = true)"
+        ))
+        .await
+        .expect("flip publish_via_partition_root");
+    let c = insert(&f.admin, &t, &["c".to_owned()], 1, "now()").await;
+
+    let what = format!("publish_via_partition_root flipped while stopped (row B {b:?} before it)");
+    let err = start_refused(f.config(), &what).await;
+    let (since, until) = coverage_broken(err, &f.slot, &what);
+    assert_not_acknowledged_past(&f, stopped, "the rows written while stopped").await;
+    audit_repair(&f, &since, &until);
+    let all: BTreeSet<String> = a.into_iter().chain(b).chain(c).collect();
+    arrive(&f, &all, "rows A, B, C after audit --repair");
+    streams_again(&f, "the start after the repair").await;
     f.cleanup().await;
 }
