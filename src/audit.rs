@@ -126,11 +126,18 @@ pub struct AuditReport {
     /// The window in RFC 3339 (UTC), as `replay` takes it.
     #[serde(skip)]
     window: (String, String),
+    /// The same window, in microseconds since 2000-01-01.
+    #[serde(skip)]
+    window_micros: (i64, i64),
 }
 
 impl AuditReport {
     /// Whether nothing that breaks the contract was found (duplicates and
     /// phantoms are reported, but do not fail the audit).
+    pub fn window_micros(&self) -> (i64, i64) {
+        self.window_micros
+    }
+
     pub fn passed(&self) -> bool {
         self.missing == 0 && self.order_violations == 0
     }
@@ -225,7 +232,9 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
                     (extract(epoch FROM $1::text::timestamptz) * 1000)::int8, \
                     (extract(epoch FROM $2::text::timestamptz) * 1000)::int8, \
                     to_char($1::text::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
-                    to_char($2::text::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+                    to_char($2::text::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
+                    ((extract(epoch FROM $1::text::timestamptz) - 946684800) * 1e6)::int8, \
+                    ((extract(epoch FROM $2::text::timestamptz) - 946684800) * 1e6)::int8",
             &[&options.since, &until],
         )
         .await
@@ -234,6 +243,7 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
         since: row.try_get(0).map_err(&e)?,
         until: row.try_get(1).map_err(&e)?,
         window: (row.try_get(4).map_err(&e)?, row.try_get(5).map_err(&e)?),
+        window_micros: (row.try_get(6).map_err(&e)?, row.try_get(7).map_err(&e)?),
         ..AuditReport::default()
     };
     let (since_ms, until_ms): (i64, i64) =

@@ -25,14 +25,14 @@
 //! table as it was when the change was made) that lacks a mapped column cannot
 //! be an outbox partition.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 
 use tokio_postgres::Client;
 
 use crate::outbox::{ConfigError, OutboxSettings};
 use crate::pg::control::query_value;
-use crate::pg::{Lsn, PgError, QualifiedTable, quote_ident};
+use crate::pg::{Lsn, PgError, PgTimestamp, QualifiedTable, quote_ident};
 use crate::pgoutput::Relation;
 
 /// The catalog facts the proof needs, read in one go before streaming.
@@ -40,6 +40,8 @@ use crate::pgoutput::Relation;
 pub struct CatalogFacts {
     /// `server_version_num`, e.g. 150004.
     pub server_version: i32,
+    /// The server's clock when the catalog was read.
+    pub read_at: PgTimestamp,
     /// The configured table, `None` when no relation has that name.
     pub table: Option<TableFacts>,
     /// The configured publication, `None` when it does not exist.
@@ -54,6 +56,8 @@ pub struct TableFacts {
     pub oid: u32,
     /// `pg_class.relkind`: `r` table, `p` partitioned table, others are not tables.
     pub relkind: char,
+    /// `pg_class.relpersistence`: `p` permanent, `u` unlogged, `t` temporary.
+    pub persistence: char,
     /// Column names (not dropped).
     pub columns: Vec<String>,
     /// Every partition below the table (intermediate and leaf), empty when it is
@@ -68,6 +72,31 @@ pub struct Partition {
     pub oid: u32,
     pub table: QualifiedTable,
     pub is_leaf: bool,
+    /// `pg_class.relkind`: `r` table, `p` partitioned, `f` foreign table.
+    pub relkind: char,
+    /// `pg_class.relpersistence`: `p` permanent, `u` unlogged, `t` temporary.
+    pub persistence: char,
+    /// xmin of its `pg_inherits` row: the transaction that created or
+    /// attached it as a partition.
+    pub attached_xmin: i64,
+}
+
+impl Partition {
+    /// Why inserts into this partition never reach WAL, if they do not.
+    fn outside_wal(&self) -> Option<&'static str> {
+        outside_wal(self.relkind, self.persistence)
+    }
+}
+
+/// Why inserts into a relation of this kind and persistence never reach WAL
+/// (and so never the replication stream), if they do not.
+fn outside_wal(relkind: char, persistence: char) -> Option<&'static str> {
+    match (relkind, persistence) {
+        ('f', _) => Some("a foreign table"),
+        (_, 'u') => Some("UNLOGGED"),
+        (_, 't') => Some("a temporary table"),
+        _ => None,
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,9 +130,41 @@ pub struct PublicationFacts {
 pub struct PublicationIdentity {
     /// `pg_publication` (OID, xmin).
     pub publication: (u32, i64),
-    /// `('r', OID, xmin)` of `pg_publication_rel`, `('n', OID, xmin)` of
-    /// `pg_publication_namespace` entries.
-    pub entries: std::collections::BTreeSet<(char, u32, i64)>,
+    /// `publish_via_partition_root` with the root itself published: every
+    /// change to a partition arrives under the root's name. pgoutput sends a
+    /// leaf under its own name whenever no ancestor is published, whatever
+    /// `publish_via_partition_root` says (C1), so the option alone says
+    /// nothing.
+    pub leaves_as_root: bool,
+    /// The `pg_publication_rel` and `pg_publication_namespace` entries.
+    pub entries: BTreeSet<IdentityEntry>,
+}
+
+/// One publication entry for the outbox tree, by identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct IdentityEntry {
+    /// `'r'`: `pg_publication_rel`; `'n'`: `pg_publication_namespace`.
+    pub kind: char,
+    /// The entry's own OID.
+    pub oid: u32,
+    /// The entry's xmin (raw: freezing does not change it).
+    pub xmin: i64,
+    /// The relation (`'r'`) or schema (`'n'`) it publishes.
+    pub target: u32,
+}
+
+/// What a later proof found about entries besides their identity: which
+/// changes to them cannot have hidden an outbox row, and which can.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EntryFacts {
+    /// Relations of earlier entries that no longer exist: dropping a table
+    /// drops its entries with it, and a dropped partition holds no row that
+    /// could still be written (C5).
+    pub dropped: BTreeSet<u32>,
+    /// Leaves published by an entry of their own, newer than their
+    /// attachment, that held rows when the entry was first seen: rows
+    /// written before the entry existed were never sent (C3).
+    pub filled_before_published: Vec<QualifiedTable>,
 }
 
 /// A `pg_publication_rel` entry that narrows what is sent.
@@ -163,6 +224,16 @@ pub enum CoverageProblem {
         publication: String,
         table: QualifiedTable,
         missing: Vec<MappedColumn>,
+    },
+    /// The outbox table or one of its partitions is unlogged, temporary or
+    /// foreign: its inserts are not written to WAL, so logical decoding never
+    /// sees them, whatever the publication says.
+    NotInWal {
+        table: QualifiedTable,
+        /// The configured outbox table.
+        root: QualifiedTable,
+        /// "UNLOGGED", "a temporary table" or "a foreign table".
+        why: String,
     },
     /// A catalog row the last proof rested on changed or vanished while
     /// streaming (see [`PublicationIdentity`]): the publication may have
@@ -235,13 +306,37 @@ impl CoverageProblem {
                      -- publishes every row and column of {table}"
                 )
             }
-            CoverageProblem::PublicationChanged { .. } => "restart the connector: it proves the publication \
-                 as it is now. If the change narrowed it for a while (a table dropped and added again, a \
-                 transient row filter, publish toggled, the publication recreated), outbox rows committed \
-                 meanwhile were not sent: publish them with `outbox-cdc audit --since <the change's time> \
-                 --repair` (docs/operations.md, \"Publication changed while streaming\")"
+            CoverageProblem::NotInWal { table, root, why } => match why.as_str() {
+                "UNLOGGED" => format!(
+                    "ALTER TABLE {table} SET LOGGED;  -- rows already in it were never sent: once the connector \
+                     runs again, publish them with `outbox-cdc audit --since <when it was made unlogged> --repair`"
+                ),
+                _ => format!(
+                    "ALTER TABLE {root} DETACH PARTITION {table};  -- and route outbox rows to ordinary \
+                     (logged) partitions only"
+                ),
+            },
+            CoverageProblem::PublicationChanged { .. } => "the change is recorded in the offset store: every \
+                 start refuses until the rows committed while it may have hidden them are published again. \
+                 The start's refusal names the exact `outbox-cdc audit --since ... --until ... --repair` \
+                 command (docs/operations.md, \"Publication changed while streaming\")"
                 .to_owned(),
         }
+    }
+
+    /// Whether rows committed while it held may never have been sent (a
+    /// coverage break): the publication left them out, or they never reached
+    /// WAL. A table missing under its configured name (renamed, dropped) or a
+    /// mapped column gone is not: the stream still carries its rows, and the
+    /// relation check stops on them.
+    pub fn hides_rows(&self) -> bool {
+        !matches!(
+            self,
+            CoverageProblem::TableMissing { .. }
+                | CoverageProblem::NotATable { .. }
+                | CoverageProblem::IsPartition { .. }
+                | CoverageProblem::ColumnMissing { .. }
+        )
     }
 
     /// The `check` item this problem belongs to.
@@ -256,6 +351,7 @@ impl CoverageProblem {
             CoverageProblem::NotPublished { .. }
             | CoverageProblem::RowFilter { .. }
             | CoverageProblem::ColumnList { .. }
+            | CoverageProblem::NotInWal { .. }
             | CoverageProblem::PublicationChanged { .. } => CheckItem::Tables,
         }
     }
@@ -342,6 +438,16 @@ impl fmt::Display for CoverageProblem {
                     names.join(", ")
                 )
             }
+            CoverageProblem::NotInWal { table, root, why } if table == root => write!(
+                f,
+                "the outbox table {table} is {why}: its inserts are not written to WAL, so the replication \
+                 stream never carries them"
+            ),
+            CoverageProblem::NotInWal { table, root, why } => write!(
+                f,
+                "partition {table} of the outbox table {root} is {why}: its inserts are not written to WAL, so \
+                 the replication stream never carries them"
+            ),
             CoverageProblem::PublicationChanged {
                 publication,
                 changed,
@@ -388,10 +494,6 @@ pub struct Coverage {
     identity: Vec<String>,
     /// The catalog rows the proofs so far rested on.
     publication: PublicationIdentity,
-    /// `publish_via_partition_root`: every change to a partition arrives
-    /// under the published root's name, so a relation that arrives under
-    /// its own name was not an outbox partition at that change.
-    via_root: bool,
 }
 
 /// The configuration keys of the columns every outbox row has always had.
@@ -479,6 +581,20 @@ pub fn judge(
             });
         }
     }
+    // Inserts that never reach WAL never reach the stream (C4).
+    let not_in_wal = |member: &QualifiedTable, why: &str| CoverageProblem::NotInWal {
+        table: member.clone(),
+        root: table.clone(),
+        why: why.to_owned(),
+    };
+    if let Some(why) = outside_wal(t.relkind, t.persistence) {
+        problems.push(not_in_wal(table, why));
+    }
+    for leaf in t.partitions.iter().filter(|m| m.is_leaf) {
+        if let Some(why) = leaf.outside_wal() {
+            problems.push(not_in_wal(&leaf.table, why));
+        }
+    }
     for r in &p.restrictions {
         if let Some(filter) = &r.row_filter {
             problems.push(CoverageProblem::RowFilter {
@@ -529,7 +645,6 @@ pub fn judge(
             .map(|m| m.column.clone())
             .collect(),
         publication: p.identity.clone(),
-        via_root: p.via_root,
     })
 }
 
@@ -588,7 +703,6 @@ impl Coverage {
             mapped: Vec::new(),
             identity: Vec::new(),
             publication: PublicationIdentity::default(),
-            via_root: false,
         }
     }
 
@@ -599,12 +713,15 @@ impl Coverage {
 
     /// Holds a later proof's catalog rows against those the proofs so far
     /// rested on: a row that changed or vanished is a problem (whatever the
-    /// catalog says now); rows only added widen the publication and become
-    /// part of the baseline.
+    /// catalog says now), except an entry whose relation was dropped since
+    /// (`found.dropped`, C5); rows only added widen the publication and
+    /// become part of the baseline, except a leaf's own entry added after
+    /// rows were written to it (`found.filled_before_published`, C3).
     pub fn reconfirm(
         &mut self,
         publication: &str,
         now: &PublicationIdentity,
+        found: &EntryFacts,
     ) -> Result<(), CoverageProblem> {
         let changed = |changed: String| CoverageProblem::PublicationChanged {
             publication: publication.to_owned(),
@@ -622,13 +739,29 @@ impl Coverage {
                 "its options were altered (ALTER PUBLICATION ... SET)".to_owned(),
             ));
         }
+        if now.leaves_as_root != self.publication.leaves_as_root {
+            return Err(changed(format!(
+                "the partitioned outbox's root was {} the publication, so partitions' changes now arrive under {}",
+                if now.leaves_as_root {
+                    "added to"
+                } else {
+                    "dropped from"
+                },
+                if now.leaves_as_root {
+                    "the root's name"
+                } else {
+                    "their own names"
+                },
+            )));
+        }
         let gone: Vec<String> = self
             .publication
             .entries
             .difference(&now.entries)
-            .map(|(kind, oid, _)| match kind {
-                'n' => format!("schema entry {oid}"),
-                _ => format!("table entry {oid}"),
+            .filter(|e| !(e.kind == 'r' && found.dropped.contains(&e.target)))
+            .map(|e| match e.kind {
+                'n' => format!("schema entry {} (schema OID {})", e.oid, e.target),
+                _ => format!("table entry {} (relation OID {})", e.oid, e.target),
             })
             .collect();
         if !gone.is_empty() {
@@ -638,8 +771,33 @@ impl Coverage {
                 gone.join(", ")
             )));
         }
+        if !found.filled_before_published.is_empty() {
+            let late: Vec<String> = found
+                .filled_before_published
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            return Err(changed(format!(
+                "partition {} was added to it after it was created or attached and already holds rows: rows \
+                 written to it before it was added were never sent (create and add a partition in one \
+                 transaction, or publish the partitioned table itself)",
+                late.join(", ")
+            )));
+        }
         self.publication = now.clone();
         Ok(())
+    }
+
+    /// The catalog rows the proofs so far rested on.
+    pub fn identity(&self) -> &PublicationIdentity {
+        &self.publication
+    }
+
+    /// The same coverage, holding later proofs against `baseline` (what an
+    /// earlier session's proofs rested on) instead of today's rows.
+    pub fn resting_on(mut self, baseline: PublicationIdentity) -> Coverage {
+        self.publication = baseline;
+        self
     }
 
     /// Classifies `rel` from start-up knowledge alone where that is certain.
@@ -651,9 +809,12 @@ impl Coverage {
         if name == self.table {
             return Known::Is(RelationKind::Outbox);
         }
-        // Through the root, a partition's changes never carry its own name:
-        // one that does was detached before that change (audit F15).
-        if self.outbox.get(&rel.oid) == Some(&name) && rel.oid != self.root_oid && !self.via_root {
+        // Published through the root, a partition's changes never carry its
+        // own name: one that does was detached before that change (audit F15).
+        if self.outbox.get(&rel.oid) == Some(&name)
+            && rel.oid != self.root_oid
+            && !self.publication.leaves_as_root
+        {
             return Known::Is(RelationKind::Outbox);
         }
         if self.others.get(&rel.oid) == Some(&name) && lacks_any(rel, &self.mapped) {
@@ -710,9 +871,12 @@ impl Coverage {
                     plain(&now.table)
                 ),
             )),
-            // Under its own name through the root: not a partition of the
-            // outbox at this change, whatever the catalog says now.
-            _ if self.via_root => {
+            // Under its own name while the root is published through the
+            // root: not a partition of the outbox at this change, whatever
+            // the catalog says now. The proofs hold `leaves_as_root` constant
+            // since the stored offset (a change is a coverage break), so it
+            // held at this change too.
+            _ if self.publication.leaves_as_root => {
                 self.outbox.remove(&rel.oid);
                 self.others.insert(rel.oid, name.clone());
                 Ok(RelationKind::Other)
@@ -802,11 +966,19 @@ pub async fn gather(
 ) -> Result<CatalogFacts, PgError> {
     let during = format!("reading the catalog for {table} and publication {publication:?}");
     let e = db(&during);
-    let sql = "SELECT current_setting('server_version_num')::int";
-    let version: i32 = query_value(client, sql, &[]).await.map_err(&e)?;
+    let row = client
+        .query_one(
+            "SELECT current_setting('server_version_num')::int, \
+                    ((extract(epoch FROM clock_timestamp()) - 946684800) * 1e6)::int8",
+            &[],
+        )
+        .await
+        .map_err(&e)?;
+    let version: i32 = row.try_get(0).map_err(&e)?;
+    let read_at = PgTimestamp(row.try_get(1).map_err(&e)?);
     let table_row = client
         .query_opt(
-            "SELECT c.oid, c.relkind::text, \
+            "SELECT c.oid, c.relkind::text, c.relpersistence::text, \
                     ARRAY(SELECT a.attname::text FROM pg_attribute a \
                           WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum) \
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
@@ -817,19 +989,15 @@ pub async fn gather(
         .map_err(&e)?;
     let mut facts = CatalogFacts {
         server_version: version,
+        read_at,
         ..CatalogFacts::default()
     };
     if let Some(row) = table_row {
         let oid: u32 = row.try_get(0).map_err(&e)?;
         let relkind: String = row.try_get(1).map_err(&e)?;
-        let columns: Vec<String> = row.try_get(2).map_err(&e)?;
-        let members = named_relations(
-            client,
-            "SELECT t.relid, t.isleaf FROM pg_partition_tree($1::oid::regclass) t WHERE t.relid <> $1",
-            oid,
-            &e,
-        )
-        .await?;
+        let persistence: String = row.try_get(2).map_err(&e)?;
+        let columns: Vec<String> = row.try_get(3).map_err(&e)?;
+        let partitions = partitions(client, oid, &e).await?;
         let ancestors = named_relations(
             client,
             "SELECT a.relid, false FROM pg_partition_ancestors($1::oid::regclass) a WHERE a.relid <> $1",
@@ -839,16 +1007,10 @@ pub async fn gather(
         .await?;
         facts.table = Some(TableFacts {
             oid,
-            relkind: relkind.chars().next().unwrap_or('?'),
+            relkind: first_char(&relkind),
+            persistence: first_char(&persistence),
             columns,
-            partitions: members
-                .into_iter()
-                .map(|(oid, table, is_leaf)| Partition {
-                    oid,
-                    table,
-                    is_leaf,
-                })
-                .collect(),
+            partitions,
             ancestors: ancestors
                 .into_iter()
                 .map(|(oid, table, _)| (oid, table))
@@ -878,6 +1040,44 @@ pub async fn gather(
     facts.publication =
         publication_facts(client, publication, facts.table.as_ref(), version, &e).await?;
     Ok(facts)
+}
+
+fn first_char(text: &str) -> char {
+    text.chars().next().unwrap_or('?')
+}
+
+/// Every partition below the table `oid`, intermediate and leaf.
+async fn partitions(
+    client: &Client,
+    oid: u32,
+    e: &impl Fn(tokio_postgres::Error) -> PgError,
+) -> Result<Vec<Partition>, PgError> {
+    let rows = client
+        .query(
+            "SELECT t.relid::oid, n.nspname::text, c.relname::text, t.isleaf, c.relkind::text, \
+                    c.relpersistence::text, \
+                    (SELECT i.xmin::text::bigint FROM pg_inherits i WHERE i.inhrelid = t.relid LIMIT 1) \
+             FROM pg_partition_tree($1::oid::regclass) t JOIN pg_class c ON c.oid = t.relid \
+             JOIN pg_namespace n ON n.oid = c.relnamespace WHERE t.relid <> $1",
+            &[&oid],
+        )
+        .await
+        .map_err(e)?;
+    rows.iter()
+        .map(|r| {
+            Ok(Partition {
+                oid: r.try_get(0).map_err(e)?,
+                table: QualifiedTable::new(
+                    r.try_get::<_, String>(1).map_err(e)?,
+                    r.try_get::<_, String>(2).map_err(e)?,
+                ),
+                is_leaf: r.try_get(3).map_err(e)?,
+                relkind: first_char(&r.try_get::<_, String>(4).map_err(e)?),
+                persistence: first_char(&r.try_get::<_, String>(5).map_err(e)?),
+                attached_xmin: r.try_get::<_, Option<i64>>(6).map_err(e)?.unwrap_or(0),
+            })
+        })
+        .collect()
 }
 
 /// `(oid, name, flag)` rows from a query whose first two columns are an OID and
@@ -934,6 +1134,7 @@ async fn publication_facts(
         restrictions: Vec::new(),
         identity: PublicationIdentity {
             publication: (row.try_get(3).map_err(e)?, row.try_get(4).map_err(e)?),
+            leaves_as_root: false,
             entries: Default::default(),
         },
     };
@@ -943,7 +1144,7 @@ async fn publication_facts(
         oids.extend(t.ancestors.iter().map(|(oid, _)| *oid));
         // Schema entries (TABLES IN SCHEMA) exist from PostgreSQL 15 on.
         let schemas = if version >= 150000 {
-            " UNION ALL SELECT 'n', pn.oid, pn.xmin::text::bigint FROM pg_publication_namespace pn \
+            " UNION ALL SELECT 'n', pn.oid, pn.xmin::text::bigint, pn.pnnspid FROM pg_publication_namespace pn \
                WHERE pn.pnpubid = $1 AND pn.pnnspid IN \
                  (SELECT relnamespace FROM pg_class WHERE oid = ANY ($2::oid[]))"
         } else {
@@ -952,7 +1153,7 @@ async fn publication_facts(
         let rows = client
             .query(
                 &format!(
-                    "SELECT 'r'::text, pr.oid, pr.xmin::text::bigint FROM pg_publication_rel pr \
+                    "SELECT 'r'::text, pr.oid, pr.xmin::text::bigint, pr.prrelid FROM pg_publication_rel pr \
                      WHERE pr.prpubid = $1 AND pr.prrelid = ANY ($2::oid[]){schemas}"
                 ),
                 &[&facts.identity.publication.0, &oids],
@@ -961,11 +1162,12 @@ async fn publication_facts(
             .map_err(e)?;
         for r in &rows {
             let kind: String = r.try_get(0).map_err(e)?;
-            facts.identity.entries.insert((
-                kind.chars().next().unwrap_or('r'),
-                r.try_get(1).map_err(e)?,
-                r.try_get(2).map_err(e)?,
-            ));
+            facts.identity.entries.insert(IdentityEntry {
+                kind: first_char(&kind),
+                oid: r.try_get(1).map_err(e)?,
+                xmin: r.try_get(2).map_err(e)?,
+                target: r.try_get(3).map_err(e)?,
+            });
         }
     }
     let rows = client
@@ -986,6 +1188,10 @@ async fn publication_facts(
                 r.try_get::<_, String>(2).map_err(e)?,
             ),
         ));
+    }
+    if let Some(t) = table {
+        facts.identity.leaves_as_root =
+            facts.via_root && facts.published.iter().any(|(oid, _)| *oid == t.oid);
     }
     // Row filters and column lists exist from PostgreSQL 15 on.
     if let Some(t) = table.filter(|_| version >= 150000) {
@@ -1018,6 +1224,81 @@ async fn publication_facts(
         }
     }
     Ok(Some(facts))
+}
+
+/// What the catalog says now about the entries `baseline` (an earlier
+/// proof's) does not share with `facts` (this proof's), for
+/// [`Coverage::reconfirm`].
+pub async fn entry_facts(
+    client: &Client,
+    facts: &CatalogFacts,
+    baseline: &PublicationIdentity,
+) -> Result<EntryFacts, PgError> {
+    let mut found = EntryFacts::default();
+    let (Some(t), Some(p)) = (&facts.table, &facts.publication) else {
+        return Ok(found);
+    };
+    let e = db("reading what became of the publication's entries");
+    let vanished: Vec<u32> = baseline
+        .entries
+        .difference(&p.identity.entries)
+        .filter(|entry| entry.kind == 'r')
+        .map(|entry| entry.target)
+        .collect();
+    if !vanished.is_empty() {
+        let rows = client
+            .query(
+                "SELECT v FROM unnest($1::oid[]) AS v WHERE NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = v)",
+                &[&vanished],
+            )
+            .await
+            .map_err(&e)?;
+        for r in &rows {
+            found.dropped.insert(r.try_get(0).map_err(&e)?);
+        }
+    }
+    // A leaf published by an entry of its own: rows written to it between
+    // its creation (or attachment) and the entry were never sent. Only where
+    // no ancestor or schema entry publishes it already.
+    let ancestors: BTreeSet<u32> = std::iter::once(t.oid)
+        .chain(t.ancestors.iter().map(|(oid, _)| *oid))
+        .collect();
+    let covered_above = p.all_tables
+        || p.identity
+            .entries
+            .iter()
+            .any(|entry| entry.kind == 'n' || ancestors.contains(&entry.target));
+    if covered_above {
+        return Ok(found);
+    }
+    let known: BTreeSet<u32> = baseline.entries.iter().map(|entry| entry.oid).collect();
+    for entry in p
+        .identity
+        .entries
+        .iter()
+        .filter(|entry| !known.contains(&entry.oid))
+    {
+        let Some(leaf) = t
+            .partitions
+            .iter()
+            .find(|m| m.is_leaf && m.oid == entry.target)
+        else {
+            continue;
+        };
+        // Created (or attached) and added in one transaction: no window.
+        if leaf.attached_xmin == entry.xmin {
+            continue;
+        }
+        // A heap that never held a row has no page; this needs no privilege
+        // on the leaf (a rolled-back insert also leaves a page: a stop, not
+        // a loss).
+        let sql = "SELECT pg_relation_size($1::oid::regclass) > 0";
+        let holds_rows: bool = query_value(client, sql, &[&leaf.oid]).await.map_err(&e)?;
+        if holds_rows {
+            found.filled_before_published.push(leaf.table.clone());
+        }
+    }
+    Ok(found)
 }
 
 /// The catalog's present view of relation `oid` against the outbox root.
@@ -1089,23 +1370,18 @@ mod tests {
     }
 
     fn partitioned(published: Vec<(u32, QualifiedTable)>, via_root: bool) -> CatalogFacts {
+        let leaves_as_root = via_root && published.iter().any(|(oid, _)| *oid == ROOT);
         CatalogFacts {
             server_version: 150000,
+            read_at: PgTimestamp(0),
             table: Some(TableFacts {
                 oid: ROOT,
                 relkind: 'p',
+                persistence: 'p',
                 columns: columns(),
                 partitions: vec![
-                    Partition {
-                        oid: LEAF_A,
-                        table: t("outbox_2026_11"),
-                        is_leaf: true,
-                    },
-                    Partition {
-                        oid: LEAF_B,
-                        table: t("outbox_2026_12"),
-                        is_leaf: true,
-                    },
+                    leaf(LEAF_A, "outbox_2026_11"),
+                    leaf(LEAF_B, "outbox_2026_12"),
                 ],
                 ancestors: Vec::new(),
             }),
@@ -1114,10 +1390,24 @@ mod tests {
                 insert: true,
                 via_root,
                 published,
-                identity: PublicationIdentity::default(),
+                identity: PublicationIdentity {
+                    leaves_as_root,
+                    ..PublicationIdentity::default()
+                },
                 restrictions: Vec::new(),
             }),
             similar_tables: Vec::new(),
+        }
+    }
+
+    fn leaf(oid: u32, name: &str) -> Partition {
+        Partition {
+            oid,
+            table: t(name),
+            is_leaf: true,
+            relkind: 'r',
+            persistence: 'p',
+            attached_xmin: 0,
         }
     }
 
@@ -1432,46 +1722,85 @@ mod tests {
         assert_eq!(c.resolve(&unrelated, lsn, None), Ok(RelationKind::Other));
     }
 
+    fn entry(kind: char, oid: u32, xmin: i64, target: u32) -> IdentityEntry {
+        IdentityEntry {
+            kind,
+            oid,
+            xmin,
+            target,
+        }
+    }
+
+    fn identity(publication: (u32, i64), entries: &[IdentityEntry]) -> PublicationIdentity {
+        PublicationIdentity {
+            publication,
+            leaves_as_root: false,
+            entries: entries.iter().copied().collect(),
+        }
+    }
+
     /// Audit F1: a later proof is held against the catalog rows the proofs
     /// so far rested on, not only against the state now.
     #[test]
     fn a_publication_changed_between_proofs_is_caught_by_its_rows() {
-        let identity =
-            |publication: (u32, i64), entries: &[(char, u32, i64)]| PublicationIdentity {
-                publication,
-                entries: entries.iter().copied().collect(),
-            };
-        let mut facts = partitioned(vec![(ROOT, t("outbox"))], true);
-        facts.publication.as_mut().unwrap().identity = identity((7, 100), &[('r', 20, 101)]);
+        let none = EntryFacts::default();
+        let mut facts = partitioned(vec![(ROOT, t("outbox"))], false);
+        facts.publication.as_mut().unwrap().identity =
+            identity((7, 100), &[entry('r', 20, 101, ROOT)]);
         let mut c = proven(&facts);
         // Unchanged, then widened (an entry added): fine, and the new entry
         // joins the baseline.
         assert_eq!(
-            c.reconfirm("pub", &identity((7, 100), &[('r', 20, 101)])),
+            c.reconfirm(
+                "pub",
+                &identity((7, 100), &[entry('r', 20, 101, ROOT)]),
+                &none
+            ),
             Ok(())
         );
-        let wider = identity((7, 100), &[('r', 20, 101), ('n', 30, 105)]);
-        assert_eq!(c.reconfirm("pub", &wider), Ok(()));
+        let wider = identity(
+            (7, 100),
+            &[entry('r', 20, 101, ROOT), entry('n', 30, 105, 2200)],
+        );
+        assert_eq!(c.reconfirm("pub", &wider, &none), Ok(()));
         // The table dropped and added again (a new entry), the schema entry
-        // gone, options altered, the publication recreated: each is caught
-        // although every later state would pass the proof.
+        // gone, options altered, the publication recreated, the root's
+        // publishing of partitions flipped: each is caught although every
+        // later state would pass the proof.
+        let flipped = PublicationIdentity {
+            leaves_as_root: true,
+            ..wider.clone()
+        };
         for (now, says) in [
             (
-                identity((7, 100), &[('r', 21, 110), ('n', 30, 105)]),
+                identity(
+                    (7, 100),
+                    &[entry('r', 21, 110, ROOT), entry('n', 30, 105, 2200)],
+                ),
                 "table entry 20",
             ),
-            (identity((7, 100), &[('r', 20, 101)]), "schema entry 30"),
             (
-                identity((7, 111), &[('r', 20, 101), ('n', 30, 105)]),
+                identity((7, 100), &[entry('r', 20, 101, ROOT)]),
+                "schema entry 30",
+            ),
+            (
+                identity(
+                    (7, 111),
+                    &[entry('r', 20, 101, ROOT), entry('n', 30, 105, 2200)],
+                ),
                 "options were altered",
             ),
             (
-                identity((8, 112), &[('r', 20, 101), ('n', 30, 105)]),
+                identity(
+                    (8, 112),
+                    &[entry('r', 20, 101, ROOT), entry('n', 30, 105, 2200)],
+                ),
                 "dropped and created again",
             ),
+            (flipped, "arrive under the root's name"),
         ] {
             let mut c = c.clone();
-            let problem = c.reconfirm("pub", &now).expect_err(says);
+            let problem = c.reconfirm("pub", &now, &none).expect_err(says);
             assert!(
                 matches!(&problem, CoverageProblem::PublicationChanged { changed, .. } if changed.contains(says)),
                 "{problem}"
@@ -1480,9 +1809,118 @@ mod tests {
         }
     }
 
-    /// Audit F15: through the root, a leaf of the outbox known from start-up
-    /// that arrives under its own name was detached (and is published on its
-    /// own, e.g. FOR ALL TABLES): its rows are not outbox rows.
+    /// C5: a leaf-list publication loses the entry of a partition that is
+    /// dropped (by `[prune]` or a DBA); nothing could be written to it any
+    /// more, so that is no change. An entry whose relation still exists is.
+    #[test]
+    fn the_entry_of_a_dropped_partition_vanishing_is_no_change() {
+        let mut facts = published_by_leaf();
+        let both = identity(
+            (7, 100),
+            &[entry('r', 20, 101, LEAF_A), entry('r', 21, 102, LEAF_B)],
+        );
+        facts.publication.as_mut().unwrap().identity = both;
+        let c = proven(&facts);
+        let only_b = identity((7, 100), &[entry('r', 21, 102, LEAF_B)]);
+        let dropped = EntryFacts {
+            dropped: [LEAF_A].into(),
+            ..EntryFacts::default()
+        };
+        assert_eq!(c.clone().reconfirm("pub", &only_b, &dropped), Ok(()));
+        let problem = c
+            .clone()
+            .reconfirm("pub", &only_b, &EntryFacts::default())
+            .expect_err("leaf A still exists: its entry was dropped from the publication");
+        assert!(problem.to_string().contains("table entry 20"), "{problem}");
+    }
+
+    /// C3: a leaf added to a leaf-list publication after rows were written
+    /// to it: those rows were never sent.
+    #[test]
+    fn a_partition_published_after_rows_were_written_to_it_is_a_change() {
+        let mut c = proven(&published_by_leaf());
+        let late = EntryFacts {
+            filled_before_published: vec![t("outbox_2027_01")],
+            ..EntryFacts::default()
+        };
+        let now = identity((0, 0), &[entry('r', 22, 300, 300)]);
+        let problem = c
+            .reconfirm("pub", &now, &late)
+            .expect_err("rows before the entry");
+        assert!(
+            matches!(&problem, CoverageProblem::PublicationChanged { changed, .. }
+                if changed.contains("outbox_2027_01") && changed.contains("already holds rows")),
+            "{problem}"
+        );
+        assert_eq!(c.reconfirm("pub", &now, &EntryFacts::default()), Ok(()));
+    }
+
+    /// C4: a partition (or the table) whose inserts never reach WAL is
+    /// refused by name, through the root or by leaf list alike.
+    #[test]
+    fn partitions_outside_wal_are_refused_by_name() {
+        for published in [
+            vec![(ROOT, t("outbox"))],
+            vec![(LEAF_A, t("outbox_2026_11")), (LEAF_B, t("outbox_2026_12"))],
+        ] {
+            for (relkind, persistence, why) in [
+                ('r', 'u', "UNLOGGED"),
+                ('r', 't', "a temporary table"),
+                ('f', 'p', "a foreign table"),
+            ] {
+                let mut facts = partitioned(published.clone(), true);
+                let leaf_b = &mut facts.table.as_mut().unwrap().partitions[1];
+                leaf_b.relkind = relkind;
+                leaf_b.persistence = persistence;
+                let problems = judge(&facts, &t("outbox"), "pub", &mapped()).expect_err(why);
+                assert_eq!(
+                    problems,
+                    vec![CoverageProblem::NotInWal {
+                        table: t("outbox_2026_12"),
+                        root: t("outbox"),
+                        why: why.to_owned(),
+                    }]
+                );
+                let text = problems[0].to_string();
+                assert!(
+                    text.contains("outbox_2026_12") && text.contains(why),
+                    "{text}"
+                );
+            }
+        }
+        let mut facts = partitioned(vec![(ROOT, t("outbox"))], true);
+        facts.table.as_mut().unwrap().partitions[0].persistence = 'u';
+        let fix = judge(&facts, &t("outbox"), "pub", &mapped()).unwrap_err()[0].fix();
+        assert!(
+            fix.starts_with("ALTER TABLE \"public\".\"outbox_2026_11\" SET LOGGED"),
+            "{fix}"
+        );
+    }
+
+    /// C1: pgoutput sends a leaf under its own name whenever no ancestor is
+    /// in the publication, whatever publish_via_partition_root says: leaves
+    /// listed with it are the outbox.
+    #[test]
+    fn leaves_listed_through_the_root_are_the_outbox() {
+        let mut c = proven(&partitioned(
+            vec![(LEAF_A, t("outbox_2026_11")), (LEAF_B, t("outbox_2026_12"))],
+            true,
+        ));
+        let leaf = relation(LEAF_A, "outbox_2026_11", &OUTBOX_COLS);
+        assert_eq!(c.classify(&leaf), Known::Is(RelationKind::Outbox));
+        // A partition created since, still in the tree: the outbox too.
+        let new_leaf = relation(300, "outbox_2027_01", &OUTBOX_COLS);
+        assert_eq!(
+            look_up_now(&mut c, &new_leaf, Lsn::new(1), true),
+            Ok(RelationKind::Outbox)
+        );
+    }
+
+    /// Audit F15: with the root published through the root, a leaf of the
+    /// outbox known from start-up that arrives under its own name was
+    /// detached (and is published on its own, e.g. FOR ALL TABLES): its rows
+    /// are not outbox rows. (The proofs keep the root published through the
+    /// root since the stored offset, or stop.)
     #[test]
     fn through_the_root_a_leaf_under_its_own_name_is_not_the_outbox() {
         let mut facts = partitioned(vec![(ROOT, t("outbox"))], true);

@@ -228,6 +228,37 @@ fn limit_malloc_arenas() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn limit_malloc_arenas() {}
 
+/// After an audit repair that left nothing missing: the coverage breaks the
+/// audited window covers are repaired, so `run` may start again (they are
+/// stored in the offset store, which a running connector holds).
+fn clear_coverage_breaks(config: &outbox_cdc::config::Config, (since, until): (i64, i64)) {
+    let slot = &config.postgres.slot;
+    if !config.offsets.path.exists() {
+        return;
+    }
+    // The start's refusal widens each break by the margin, since rows are
+    // chosen by occurred_at, which precedes the commit.
+    let margin = (config.repair.occurred_at_margin_ms as i64).saturating_mul(1000);
+    let cleared = outbox_cdc::checkpoint::OffsetStore::open(&config.offsets.path)
+        .and_then(|store| store.clear_coverage_breaks(slot, since.saturating_add(margin), until));
+    match cleared {
+        Ok(cleared) => {
+            for b in cleared {
+                println!(
+                    "coverage break of slot {slot:?} from {} to {} repaired and cleared ({})",
+                    outbox_cdc::pg::PgTimestamp(b.since_micros).rfc3339(),
+                    outbox_cdc::pg::PgTimestamp(b.until_micros).rfc3339(),
+                    b.what
+                );
+            }
+        }
+        Err(e) => println!(
+            "coverage breaks in this window were not cleared: {e} (a stored break keeps `run` from starting; run \
+             this audit again while no connector holds offsets.path)"
+        ),
+    }
+}
+
 fn main() -> ExitCode {
     limit_malloc_arenas();
     let cli = Cli::parse();
@@ -405,7 +436,11 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
                 print!("repair: {}", outcome.replayed);
                 print!("after the repair:\n{}", outcome.after.to_text());
             }
-            Ok(outcome.after.missing == 0 && report.order_violations == 0)
+            let repaired = outcome.after.missing == 0 && report.order_violations == 0;
+            if repaired {
+                clear_coverage_breaks(&config, report.window_micros());
+            }
+            Ok(repaired)
         }
         Command::Replay {
             config,

@@ -22,7 +22,7 @@ pub use crate::pg::DurableLsn;
 pub(crate) use acked_time::DurableCommitTime;
 pub(crate) use shared_store::SharedStore;
 pub use store::{
-    Flushed, OffsetStore, ParkedAggregate, ParkedAt, PendingRepair, StoreError, StoredOffset,
-    sequence_key,
+    CoverageBreak, CoverageRecord, Flushed, OffsetStore, ParkedAggregate, ParkedAt, PendingRepair,
+    StoreError, StoredOffset, sequence_key,
 };
 pub use tracker::{AckTracker, EventToken, TrackerError};

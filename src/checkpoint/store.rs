@@ -26,6 +26,7 @@ const OFFSETS_TREE: &str = "offsets";
 const PARKED_TREE: &str = "parked";
 const REPAIRS_TREE: &str = "repairs";
 const SEQUENCES_TREE: &str = "sequences";
+const COVERAGE_TREE: &str = "coverage";
 const ENCODING_VERSION: u32 = 1;
 /// sled's page cache bound; the store holds a handful of small keys.
 const CACHE_CAPACITY_BYTES: u64 = 8 * 1024 * 1024;
@@ -71,6 +72,42 @@ pub struct PendingRepair {
     pub since_micros: i64,
     /// `commit-timestamp` (pg_xact_commit_timestamp) or `occurred-at`.
     pub bound: String,
+}
+
+/// What the coverage proofs of a slot rest on, kept next to its offset
+/// (DESIGN.md §5a): the publication's catalog rows the last passing proof
+/// saw, so a change made while the connector was stopped is caught at the
+/// next start, and every coverage break not yet repaired, so a start after a
+/// break refuses until the rows it may have hidden are published again.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoverageRecord {
+    pub v: u32,
+    /// The server's clock when the last passing proof read the catalog
+    /// (microseconds since 2000-01-01).
+    pub proven_at_micros: i64,
+    /// `pg_publication` (OID, xmin) of that proof.
+    pub publication: (u32, i64),
+    /// Partitions' changes arrive under the root's name.
+    pub leaves_as_root: bool,
+    /// The publication's entries for the outbox tree: (kind, OID, xmin,
+    /// relation or schema OID).
+    pub entries: Vec<(char, u32, i64, u32)>,
+    /// Breaks found and not yet repaired, oldest first.
+    pub breaks: Vec<CoverageBreak>,
+}
+
+/// A span during which the publication may not have carried every outbox
+/// row: from the last passing proof before the change was seen to when it
+/// was seen. Rows committed in it may never have been sent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoverageBreak {
+    /// The last passing proof before it (server clock, microseconds since
+    /// 2000-01-01).
+    pub since_micros: i64,
+    /// When it was seen (server clock where known, else the local one).
+    pub until_micros: i64,
+    /// What was seen, as the proof said it.
+    pub what: String,
 }
 
 /// An aggregate whose events go to the dead-letter topic until released,
@@ -292,6 +329,7 @@ pub struct OffsetStore {
     parked: sled::Tree,
     repairs: sled::Tree,
     sequences: sled::Tree,
+    coverage: sled::Tree,
     /// aggregate_type → aggregate ids; mirrors the `parked` tree. Writers
     /// hold the write lock across the sled write and flush.
     /// type -> id -> the position of the event that parked it.
@@ -360,6 +398,7 @@ impl OffsetStore {
         let parked = open_tree(PARKED_TREE)?;
         let repairs = open_tree(REPAIRS_TREE)?;
         let sequences = open_tree(SEQUENCES_TREE)?;
+        let coverage = open_tree(COVERAGE_TREE)?;
         let store = OffsetStore {
             path,
             db,
@@ -367,6 +406,7 @@ impl OffsetStore {
             parked,
             repairs,
             sequences,
+            coverage,
             parked_cache: RwLock::new(HashMap::new()),
             parked_count: AtomicUsize::new(0),
         };
@@ -620,6 +660,57 @@ impl OffsetStore {
         self.flush("end repair", repair_key(slot)).map(drop)
     }
 
+    /// What the coverage proofs of `slot` rest on, if anything was stored.
+    pub fn coverage(&self, slot: &str) -> Result<Option<CoverageRecord>, StoreError> {
+        let raw = self.coverage.get(slot).map_err(|source| StoreError::Read {
+            path: self.path.clone(),
+            key: coverage_key(slot),
+            source,
+        })?;
+        raw.map(|raw| {
+            serde_json::from_slice(&raw)
+                .map_err(|e| self.corrupt(COVERAGE_TREE, coverage_key(slot), e.to_string()))
+        })
+        .transpose()
+    }
+
+    /// Stores what the coverage proofs of `slot` rest on (flushed).
+    pub fn save_coverage(&self, slot: &str, record: &CoverageRecord) -> Result<(), StoreError> {
+        let value = encode(&self.path, coverage_key(slot), record)?;
+        self.coverage
+            .insert(slot, value)
+            .map_err(|source| StoreError::Write {
+                path: self.path.clone(),
+                op: "save coverage",
+                key: coverage_key(slot),
+                source,
+            })?;
+        self.flush("save coverage", coverage_key(slot)).map(drop)
+    }
+
+    /// Forgets the breaks of `slot` that lie within `[since, until]`
+    /// (microseconds since 2000-01-01): their rows were published again.
+    /// Returns those forgotten (flushed).
+    pub fn clear_coverage_breaks(
+        &self,
+        slot: &str,
+        since_micros: i64,
+        until_micros: i64,
+    ) -> Result<Vec<CoverageBreak>, StoreError> {
+        let Some(mut record) = self.coverage(slot)? else {
+            return Ok(Vec::new());
+        };
+        let (cleared, kept): (Vec<CoverageBreak>, Vec<CoverageBreak>) = record
+            .breaks
+            .into_iter()
+            .partition(|b| since_micros <= b.since_micros && b.until_micros <= until_micros);
+        record.breaks = kept;
+        if !cleared.is_empty() {
+            self.save_coverage(slot, &record)?;
+        }
+        Ok(cleared)
+    }
+
     /// Parks an aggregate: its later events go to the dead-letter topic until
     /// [`Self::release`]. Returns false (and keeps the first reason and LSN)
     /// when it was already parked.
@@ -835,6 +926,10 @@ fn encode<T: Serialize>(path: &Path, key: String, record: &T) -> Result<Vec<u8>,
         key,
         source,
     })
+}
+
+fn coverage_key(slot: &str) -> String {
+    format!("coverage of slot {slot:?}")
 }
 
 fn repair_key(slot: &str) -> String {

@@ -66,6 +66,23 @@ pub enum StartRefused {
     )]
     SlotLost { slot: String, stored_lsn: Lsn },
     #[error(
+        "the offset store records that the publication may not have carried every outbox row of slot {slot:?} \
+         between {since} and {until} ({what}): PostgreSQL never sends rows committed while a publication \
+         leaves them out, so some may never have been published. Every start refuses until they are \
+         published again: run `outbox-cdc audit --config <this configuration> --since '{since}' --until \
+         '{until}' --repair` (it republishes the rows of that window Kafka lacks and, once none is missing, \
+         clears this record); then start again"
+    )]
+    CoverageBroken {
+        slot: String,
+        /// The audit window's start (RFC 3339): the break's start less
+        /// `repair.occurred_at_margin_ms`, since rows are chosen by `occurred_at`.
+        since: String,
+        /// The audit window's end (RFC 3339).
+        until: String,
+        what: String,
+    },
+    #[error(
         "replication slot {slot:?} was invalidated (wal_status = lost): the server removed WAL it needed, \
          so changes committed after its position can no longer be decoded. To continue, run \
          `outbox-cdc repair` (or `run --recreate-slot`): it drops and recreates the slot and publishes the \

@@ -14,7 +14,7 @@ use outbox_cdc::checkpoint::OffsetStore;
 use outbox_cdc::coverage::CoverageProblem;
 use outbox_cdc::outbox::MapError;
 use outbox_cdc::pg::Lsn;
-use outbox_cdc::pipeline::{PipelineError, RunOptions};
+use outbox_cdc::pipeline::{PipelineError, RunOptions, StartRefused};
 
 /// Replaces the fixture's plain table by a range-partitioned one with the same
 /// columns (primary key including the partition key), two monthly partitions
@@ -397,13 +397,43 @@ async fn start_is_refused_before_the_slot_moves() {
         "the refused binary moved the slot"
     );
 
-    // Fixed: everything written during the refusals arrives.
+    // Fixed: the publication was changed while the connector was stopped,
+    // so the first start that can prove it again refuses, naming the audit
+    // that republishes the window (issue 47), and keeps refusing.
     f.admin
         .batch_execute(&format!(
             "ALTER PUBLICATION {p} SET TABLE public.{t}; ALTER PUBLICATION {p} SET (publish = 'insert')"
         ))
         .await
         .expect("restore");
+    for _ in 0..2 {
+        let running = Running::spawn(f.config(), RunOptions::default());
+        match running.finished(Duration::from_secs(30)).await {
+            Err(PipelineError::Refused(refusal @ StartRefused::CoverageBroken { .. })) => {
+                let text = refusal.to_string();
+                assert!(
+                    text.contains("outbox-cdc audit") && text.contains("--repair"),
+                    "{text}"
+                );
+            }
+            other => {
+                panic!("expected a start refused for the change made while stopped, got {other:?}")
+            }
+        }
+    }
+    assert_eq!(
+        f.slot_confirmed_flush().await.as_deref(),
+        Some(confirmed.as_str()),
+        "a refused start moved the slot"
+    );
+    // Nothing was written while it was narrowed here (every row was written
+    // before a narrowing), so the break is cleared as a repair would: then
+    // everything written during the refusals arrives from the stream.
+    let cleared = OffsetStore::open(&f.offsets_path())
+        .expect("offset store")
+        .clear_coverage_breaks(&f.slot, i64::MIN / 2, i64::MAX / 2)
+        .expect("clear");
+    assert_eq!(cleared.len(), 1, "{cleared:?}");
     let running = Running::start(f.config()).await;
     let records = consume(
         &f.topic_prefix,

@@ -10,7 +10,6 @@ use tracing::{info, warn};
 
 use crate::checkpoint::{DurableLsn, OffsetStore, PendingRepair, StoreError};
 use crate::config::{Config, Streaming};
-use crate::coverage::Coverage;
 use crate::metrics::Metrics;
 use crate::outbox::OutboxMapper;
 use crate::pg::control::{self, SlotLock};
@@ -19,7 +18,7 @@ use crate::pg::{
     StartOptions, StreamOptions,
 };
 
-use super::coverage_watch::{self, ProofTarget};
+use super::coverage_watch::{self, ProofRecord, ProofTarget, StartProof};
 use super::protocol;
 use crate::pipeline::delivery::{Delivery, StartContext};
 use crate::pipeline::resume::{self, ResumeInputs, ResumePlan, StartRefused};
@@ -38,8 +37,7 @@ pub(super) struct Started<D> {
     /// The start position, persisted and flushed.
     pub(super) durable: DurableLsn,
     pub(super) system_id: String,
-    pub(super) coverage: Coverage,
-    pub(super) target: ProofTarget,
+    pub(super) proof: StartProof,
     /// The WAL position the start-up proof holds for.
     pub(super) proven_through: Lsn,
     pub(super) on_standby: bool,
@@ -92,8 +90,9 @@ pub(super) async fn bootstrap<D: Delivery>(
 
     // Proof before the slot is touched (DESIGN.md §5a): the publication
     // carries every row of the outbox table, or the start is refused.
-    let (coverage, proven_through) =
-        coverage_watch::prove_at_start(&client, config, &target).await?;
+    let record = ProofRecord::of(config, store);
+    let (proof, proven_through) =
+        coverage_watch::prove_at_start(&client, config, target, record).await?;
     // Features older majors lack: refused before the slot is touched.
     let server_version = control::server_version_num(&client).await?;
     if config.postgres.failover_slot && server_version < 170000 {
@@ -315,8 +314,7 @@ pub(super) async fn bootstrap<D: Delivery>(
         stream,
         durable,
         system_id: identity.system_id,
-        coverage,
-        target,
+        proof,
         proven_through,
         on_standby,
         skip_through,

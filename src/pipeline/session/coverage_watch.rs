@@ -17,28 +17,32 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
-use crate::checkpoint::AckTracker;
+use crate::checkpoint::{AckTracker, CoverageBreak, CoverageRecord, OffsetStore};
 use crate::config::Config;
 use crate::coverage::{
-    self, Coverage, CoverageProblem, Known, MappedColumn, NotCovered, PublicationIdentity,
-    RelationKind,
+    self, Coverage, CoverageProblem, EntryFacts, IdentityEntry, Known, MappedColumn, NotCovered,
+    PublicationIdentity, RelationKind,
 };
 use crate::pg::control;
-use crate::pg::{Lsn, PgConnectConfig, PgError, QualifiedTable};
+use crate::pg::{Lsn, PgConnectConfig, PgError, PgTimestamp, QualifiedTable};
 use crate::pgoutput::Relation;
 
 use crate::pipeline::PipelineError;
 use crate::pipeline::delivery::Advanced;
+use crate::pipeline::resume::StartRefused;
 
 /// SQLSTATE `cannot_connect_now`: "the database system is shutting down".
 const SHUTTING_DOWN: &str = "57P03";
 
-/// A re-proof's problems, the WAL position it proves through and the
-/// catalog rows it rests on (none without a publication).
-type ReproofTask =
-    JoinHandle<Result<(Vec<CoverageProblem>, Lsn, Option<PublicationIdentity>), PgError>>;
+/// How often a passing proof refreshes the stored time of the last passing
+/// proof (a break found at a later start reaches back to it).
+const PROOF_RECORD_EVERY: Duration = Duration::from_secs(60);
+
+/// A re-proof's outcome and, when the session's SQL connection had closed,
+/// the new one it was made on.
+type ReproofTask = JoinHandle<Result<(Proof, Option<tokio_postgres::Client>), PgError>>;
 
 /// What a proof checks, parsed once at start-up.
 #[derive(Clone)]
@@ -46,6 +50,18 @@ pub(super) struct ProofTarget {
     publication: String,
     table: QualifiedTable,
     mapped: Vec<MappedColumn>,
+}
+
+/// One proof: the problems it found (none: it passed), the WAL position it
+/// holds for, when the server read the catalog, the catalog rows it rests on
+/// (none without a publication) and what became of an earlier baseline's
+/// entries.
+pub(super) struct Proof {
+    problems: Vec<CoverageProblem>,
+    through: Lsn,
+    read_at: PgTimestamp,
+    identity: Option<PublicationIdentity>,
+    found: EntryFacts,
 }
 
 impl ProofTarget {
@@ -58,34 +74,135 @@ impl ProofTarget {
     }
 
     /// Reads the WAL position, then the catalog, and judges it: the
-    /// coverage (or its problems), the position it holds for and the
-    /// publication's catalog rows.
+    /// coverage (or its problems) and the proof, held against `baseline`
+    /// when given.
     async fn prove(
         &self,
         client: &tokio_postgres::Client,
-    ) -> Result<
-        (
-            Result<Coverage, Vec<CoverageProblem>>,
-            Lsn,
-            Option<PublicationIdentity>,
-        ),
-        PgError,
-    > {
+        baseline: Option<&PublicationIdentity>,
+    ) -> Result<(Result<Coverage, Vec<CoverageProblem>>, Proof), PgError> {
         let through = control::wal_position(client).await?;
         let facts = coverage::gather(client, &self.table, &self.publication).await?;
         let judged = coverage::judge(&facts, &self.table, &self.publication, &self.mapped);
-        Ok((judged, through, facts.publication.map(|p| p.identity)))
+        let found = match baseline {
+            Some(baseline) => coverage::entry_facts(client, &facts, baseline).await?,
+            None => EntryFacts::default(),
+        };
+        let proof = Proof {
+            problems: judged.as_ref().err().cloned().unwrap_or_default(),
+            through,
+            read_at: facts.read_at,
+            identity: facts.publication.map(|p| p.identity),
+            found,
+        };
+        Ok((judged, proof))
     }
 }
 
+/// The proofs' durable side (issue 47): the baseline they rest on and the
+/// breaks not yet repaired, stored next to the slot's offset.
+#[derive(Clone)]
+pub(super) struct ProofRecord {
+    store: Arc<OffsetStore>,
+    slot: String,
+    /// `repair.occurred_at_margin_ms`: audits choose rows by `occurred_at`,
+    /// which precedes the commit.
+    margin_micros: i64,
+}
+
+impl ProofRecord {
+    pub(super) fn of(config: &Config, store: &Arc<OffsetStore>) -> ProofRecord {
+        ProofRecord {
+            store: Arc::clone(store),
+            slot: config.postgres.slot.clone(),
+            margin_micros: (config.repair.occurred_at_margin_ms as i64).saturating_mul(1000),
+        }
+    }
+
+    fn load(&self) -> Result<Option<CoverageRecord>, PipelineError> {
+        Ok(tokio::task::block_in_place(|| {
+            self.store.coverage(&self.slot)
+        })?)
+    }
+
+    /// Stores `identity` as the baseline, proven at `at`, keeping the
+    /// breaks and adding `found` if any.
+    fn save(
+        &self,
+        identity: &PublicationIdentity,
+        at: PgTimestamp,
+        found: Option<CoverageBreak>,
+    ) -> Result<(), PipelineError> {
+        tokio::task::block_in_place(|| {
+            let mut record = self.store.coverage(&self.slot)?.unwrap_or_default();
+            record.v = 1;
+            record.proven_at_micros = at.0;
+            record.publication = identity.publication;
+            record.leaves_as_root = identity.leaves_as_root;
+            record.entries = identity
+                .entries
+                .iter()
+                .map(|e| (e.kind, e.oid, e.xmin, e.target))
+                .collect();
+            record.breaks.extend(found);
+            self.store.save_coverage(&self.slot, &record)
+        })?;
+        Ok(())
+    }
+
+    /// The refusal a start gives while breaks are stored: one audit window
+    /// over all of them.
+    fn refusal(&self, breaks: &[CoverageBreak]) -> Option<StartRefused> {
+        let since = breaks.iter().map(|b| b.since_micros).min()?;
+        let until = breaks.iter().map(|b| b.until_micros).max()?;
+        let what: Vec<&str> = breaks.iter().map(|b| b.what.as_str()).collect();
+        Some(StartRefused::CoverageBroken {
+            slot: self.slot.clone(),
+            since: PgTimestamp(since.saturating_sub(self.margin_micros)).rfc3339(),
+            // Whole seconds up, so the window's end is not cut by rounding.
+            until: PgTimestamp(until.saturating_add(1_000_000)).rfc3339(),
+            what: what.join("; "),
+        })
+    }
+}
+
+fn baseline_of(record: &CoverageRecord) -> PublicationIdentity {
+    PublicationIdentity {
+        publication: record.publication,
+        leaves_as_root: record.leaves_as_root,
+        entries: record
+            .entries
+            .iter()
+            .map(|&(kind, oid, xmin, target)| IdentityEntry {
+                kind,
+                oid,
+                xmin,
+                target,
+            })
+            .collect(),
+    }
+}
+
+/// What the start-up proof hands to the session's watch.
+pub(super) struct StartProof {
+    pub(super) coverage: Coverage,
+    pub(super) target: ProofTarget,
+    pub(super) record: ProofRecord,
+    /// The server's clock when it read the catalog.
+    pub(super) at: PgTimestamp,
+}
+
 /// Gathers the catalog facts (creating the publication first when configured
-/// to and missing) and proves the publication covers the outbox table.
-/// Returns the coverage and the WAL position the proof holds for.
+/// to and missing) and proves the publication covers the outbox table, also
+/// against what the last session's proofs rested on: a change made while the
+/// connector was stopped is a coverage break, stored, and every start refuses
+/// while one is stored. Returns the proof and the WAL position it holds for.
 pub(super) async fn prove_at_start(
     client: &tokio_postgres::Client,
     config: &Config,
-    target: &ProofTarget,
-) -> Result<(Coverage, Lsn), PipelineError> {
+    target: ProofTarget,
+    record: ProofRecord,
+) -> Result<(StartProof, Lsn), PipelineError> {
     let publication = target.publication.as_str();
     let table = &target.table;
     if config.postgres.create_publication {
@@ -98,9 +215,45 @@ pub(super) async fn prove_at_start(
             info!(publication, table = %table, partitioned, "created publication");
         }
     }
-    let (judged, through, _) = target.prove(client).await?;
+    let stored = record.load()?;
+    let baseline = stored
+        .as_ref()
+        .map(|s| (baseline_of(s), s.proven_at_micros));
+    let (judged, proof) = target
+        .prove(client, baseline.as_ref().map(|(b, _)| b))
+        .await?;
     let coverage = judged.map_err(|problems| PipelineError::NotCovered(NotCovered { problems }))?;
-    Ok((coverage, through))
+    let Some(now) = proof.identity.as_ref() else {
+        return Err(PipelineError::Internal {
+            what: "a passing coverage proof without a publication".to_owned(),
+        });
+    };
+    let mut breaks = stored.map(|s| s.breaks).unwrap_or_default();
+    let found = baseline.and_then(|(baseline, proven_at)| {
+        let mut held = coverage.clone().resting_on(baseline);
+        let problem = held.reconfirm(publication, now, &proof.found).err()?;
+        error!(problem = %problem, since = %PgTimestamp(proven_at).rfc3339(),
+            "the publication changed while the connector was stopped: recorded as a coverage break");
+        Some(CoverageBreak {
+            since_micros: proven_at,
+            until_micros: proof.read_at.0,
+            what: format!("seen at start-up: {problem}"),
+        })
+    });
+    breaks.extend(found.clone());
+    record.save(now, proof.read_at, found)?;
+    if let Some(refused) = record.refusal(&breaks) {
+        return Err(refused.into());
+    }
+    Ok((
+        StartProof {
+            coverage,
+            target,
+            record,
+            at: proof.read_at,
+        },
+        proof.through,
+    ))
 }
 
 pub(super) struct CoverageWatch {
@@ -110,7 +263,7 @@ pub(super) struct CoverageWatch {
     /// The session's SQL connection: relation lookups and re-proofs. `None`
     /// only in unit tests of the session, whose coverage is what they give.
     catalog: Option<Arc<tokio_postgres::Client>>,
-    /// Where a closed catalog connection is asked again why it closed.
+    /// Where a closed catalog connection is replaced (or asked why it closed).
     pg: PgConnectConfig,
     interval: Duration,
     /// The running re-proof, and when the last one started.
@@ -119,26 +272,38 @@ pub(super) struct CoverageWatch {
     /// The server was a standby when the session started: its shutdown never
     /// lifts the proof ceiling.
     on_standby: bool,
+    /// Where the baseline and breaks are kept; `None` in unit tests.
+    record: Option<ProofRecord>,
+    /// The server's clock at the last passing proof: where a break found
+    /// now begins.
+    passed_at: PgTimestamp,
+    /// When the baseline was last stored, and what it was.
+    recorded: Instant,
+    stored_identity: Option<PublicationIdentity>,
 }
 
 impl CoverageWatch {
     pub(super) fn new(
         config: &Config,
-        coverage: Coverage,
-        target: ProofTarget,
+        proof: StartProof,
         catalog: tokio_postgres::Client,
         pg: PgConnectConfig,
         on_standby: bool,
     ) -> CoverageWatch {
+        let stored_identity = Some(proof.coverage.identity().clone());
         CoverageWatch {
-            coverage,
-            target,
+            coverage: proof.coverage,
+            target: proof.target,
             catalog: Some(Arc::new(catalog)),
             pg,
             interval: config.monitor.slot_poll_interval(),
             reproof: None,
             reproof_started: Instant::now(),
             on_standby,
+            record: Some(proof.record),
+            passed_at: proof.at,
+            recorded: Instant::now(),
+            stored_identity,
         }
     }
 
@@ -154,6 +319,10 @@ impl CoverageWatch {
             reproof: None,
             reproof_started: Instant::now(),
             on_standby: false,
+            record: None,
+            passed_at: PgTimestamp::now(),
+            recorded: Instant::now(),
+            stored_identity: None,
         }
     }
 
@@ -179,6 +348,68 @@ impl CoverageWatch {
         }
     }
 
+    /// Holds a finished proof against the baseline. A problem, or a change
+    /// since the last proof, is a coverage break: stored (with the catalog
+    /// as it is now as the new baseline, so only the break makes later starts
+    /// refuse) and returned as the problems. `Ok(())`: it passed.
+    fn hold(&mut self, proof: &Proof) -> Result<(), Vec<CoverageProblem>> {
+        let mut problems = proof.problems.clone();
+        if problems.is_empty()
+            && let Some(identity) = &proof.identity
+            && let Err(problem) =
+                self.coverage
+                    .reconfirm(&self.target.publication, identity, &proof.found)
+        {
+            problems.push(problem);
+        }
+        if problems.is_empty() {
+            self.passed_at = proof.read_at;
+            if let (Some(record), Some(identity)) = (&self.record, &proof.identity)
+                && (self.recorded.elapsed() >= PROOF_RECORD_EVERY
+                    || Some(identity) != self.stored_identity.as_ref())
+            {
+                match record.save(identity, proof.read_at, None) {
+                    Ok(()) => {
+                        self.recorded = Instant::now();
+                        self.stored_identity = Some(identity.clone());
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "storing the coverage proof's baseline failed; trying again at the next proof")
+                    }
+                }
+            }
+            return Ok(());
+        }
+        if !problems.iter().any(CoverageProblem::hides_rows) {
+            return Err(problems);
+        }
+        let what = NotCovered {
+            problems: problems.clone(),
+        };
+        error!(problems = %what, since = %self.passed_at.rfc3339(), until = %proof.read_at.rfc3339(),
+            "coverage break: outbox rows committed in this window may never have been sent; recorded in the \
+             offset store, every start refuses until they are published again");
+        if let Some(record) = &self.record {
+            let found = CoverageBreak {
+                since_micros: self.passed_at.0,
+                until_micros: proof.read_at.0.max(self.passed_at.0),
+                what: problems
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            };
+            let baseline = proof
+                .identity
+                .clone()
+                .unwrap_or_else(|| self.coverage.identity().clone());
+            if let Err(e) = record.save(&baseline, proof.read_at, Some(found)) {
+                error!(error = %e, "storing the coverage break failed: the next start may not refuse");
+            }
+        }
+        Err(problems)
+    }
+
     /// Takes the result of a finished re-proof (a problem stops the session;
     /// a pass raises the tracker's ceiling) and starts the next one when due.
     pub(super) fn poll(&mut self, tracker: &mut AckTracker) -> Result<Advanced, PipelineError> {
@@ -192,22 +423,17 @@ impl CoverageWatch {
             };
             self.reproof = None;
             match done {
-                Ok(Ok((problems, _, _))) if !problems.is_empty() => {
-                    return Err(PipelineError::CoverageLost(NotCovered { problems }));
-                }
-                Ok(Ok((_, through, identity))) => {
-                    // Also what the catalog looked like in between: a
-                    // narrowing undone since leaves its trace here.
-                    if let Some(identity) = identity {
-                        self.coverage
-                            .reconfirm(&self.target.publication, &identity)
-                            .map_err(|problem| {
-                                PipelineError::CoverageLost(NotCovered {
-                                    problems: vec![problem],
-                                })
-                            })?;
+                Ok(Ok((proof, reconnected))) => {
+                    if let Some(client) = reconnected {
+                        // The session's SQL connection had closed (C6): the
+                        // new one takes its place for lookups and proofs.
+                        info!("the session's SQL connection closed; continuing on a new one");
+                        self.catalog = Some(Arc::new(client));
                     }
-                    advanced = tracker.prove_through(through).is_some();
+                    if let Err(problems) = self.hold(&proof) {
+                        return Err(PipelineError::CoverageLost(NotCovered { problems }));
+                    }
+                    advanced = tracker.prove_through(proof.through).is_some();
                 }
                 // On a standby the ceiling stays: a PG16 run lost rows when the
                 // position a shutting-down standby's walsender reported was
@@ -237,29 +463,27 @@ impl CoverageWatch {
                 }
             }
         }
-        // A closed catalog connection is asked about at once (a server
-        // shutdown closes it first, then waits for us to confirm its WAL).
+        // A closed catalog connection is replaced at once (a server shutdown
+        // closes it first, then waits for us to confirm its WAL).
         let since = self.reproof_started.elapsed();
         if since < self.interval && !(catalog.is_closed() && since >= Duration::from_millis(500)) {
             return Ok(Advanced(advanced));
         }
         self.reproof_started = Instant::now();
-        let client = catalog;
         let target = self.target.clone();
         let pg = self.pg.clone();
         let attrs = pg.session_attrs();
+        let baseline = self.coverage.identity().clone();
         self.reproof = Some(tokio::spawn(async move {
-            if client.is_closed() {
-                // Closed under us: a new connection says why (57P03 while the
-                // server shuts down).
-                pg.connect_sql().await?;
-                return Err(PgError::Closed {
-                    addr: pg.redacted(),
-                    during: "re-proving coverage (the session's SQL connection closed)",
-                });
-            }
+            // Closed under us: a new connection (its refusal says why, e.g.
+            // 57P03 while the server shuts down).
+            let reconnected = match catalog.is_closed() {
+                true => Some(pg.connect_sql().await?),
+                false => None,
+            };
+            let client = reconnected.as_ref().unwrap_or(&catalog);
             if attrs.needs_check() {
-                let kind = control::server_kind(&client).await?;
+                let kind = control::server_kind(client).await?;
                 if !attrs.accepts(Some(kind)) {
                     return Err(PgError::WrongServerKind {
                         addr: "the connected server".into(),
@@ -268,41 +492,29 @@ impl CoverageWatch {
                     });
                 }
             }
-            let (judged, through, identity) = target.prove(&client).await?;
-            Ok((judged.err().unwrap_or_default(), through, identity))
+            let (_, proof) = target.prove(client, Some(&baseline)).await?;
+            Ok((proof, reconnected))
         }));
         Ok(Advanced(advanced))
     }
 
     /// At a stop: one more proof, so that what was delivered since the last
-    /// one is acknowledged (bounded; on failure the next start re-sends it,
-    /// or refuses to start if the publication was narrowed).
+    /// one is acknowledged (bounded). A change it sees is a coverage break,
+    /// stored like one seen while streaming; a proof that cannot be made
+    /// leaves it to the next start, which re-sends what was delivered since
+    /// the last proof.
     pub(super) async fn final_proof(&mut self, tracker: &mut AckTracker) {
-        let Some(catalog) = self.catalog.as_ref() else {
+        let Some(catalog) = self.catalog.clone() else {
             return;
         };
-        let proof = self.target.prove(catalog);
+        let baseline = self.coverage.identity().clone();
+        let proof = self.target.prove(&catalog, Some(&baseline));
         match tokio::time::timeout(Duration::from_secs(5), proof).await {
-            Ok(Ok((Ok(_), through, identity))) => {
-                // A narrowing undone since the last proof is seen here too.
-                let changed = identity.and_then(|identity| {
-                    self.coverage
-                        .reconfirm(&self.target.publication, &identity)
-                        .err()
-                });
-                match changed {
-                    None => {
-                        tracker.prove_through(through);
-                    }
-                    Some(problem) => warn!(problem = %problem,
-                        "the publication changed since the last proof: what was delivered since then is not acknowledged"),
+            Ok(Ok((_, proof))) => {
+                if self.hold(&proof).is_ok() {
+                    tracker.prove_through(proof.through);
                 }
             }
-            Ok(Ok((Err(problems), _, _))) => warn!(
-                problems = %NotCovered { problems },
-                "the publication no longer carries the outbox: what was delivered since the last proof is not \
-                 acknowledged"
-            ),
             Ok(Err(e)) => {
                 warn!(error = %e, "the final coverage proof failed; the next start re-sends what was delivered since the last one")
             }

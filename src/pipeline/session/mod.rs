@@ -163,8 +163,7 @@ impl<'a, D: Delivery> Session<'a, D> {
         );
         let coverage = CoverageWatch::new(
             config,
-            started.coverage,
-            started.target,
+            started.proof,
             started.catalog,
             started.pg,
             started.on_standby,
