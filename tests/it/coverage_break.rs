@@ -402,13 +402,18 @@ async fn a_partition_written_before_it_joined_a_leaf_list_stops_the_connector() 
     let what = format!("row {lost:?} written to a partition before it joined the publication");
     match ends_within(running, Duration::from_secs(20), &what).await {
         // NotPublished: a proof fell between the insert and the ADD (also right).
-        Err(PipelineError::CoverageLost(lost)) => assert!(
-            lost.problems.iter().any(|p| matches!(
-                p,
-                CoverageProblem::PublicationChanged { .. } | CoverageProblem::NotPublished { .. }
-            )),
-            "{what}: stopped for another reason: {lost}"
-        ),
+        Err(PipelineError::CoverageLost(lost)) => {
+            let next = format!("{t}_next");
+            assert!(
+                lost.problems.iter().any(|p| match p {
+                    CoverageProblem::PublicationChanged { changed, .. } => changed.contains(&next),
+                    CoverageProblem::NotPublished { missing_leaves, .. } =>
+                        missing_leaves.iter().any(|l| l.name == next),
+                    _ => false,
+                }),
+                "{what}: stopped without naming {next}: {lost}"
+            )
+        }
         other => panic!("{what}: expected CoverageLost(PublicationChanged), got {other:?}"),
     }
     assert_not_acknowledged_past(&f, before_row, "the row in the late-added partition").await;
