@@ -650,3 +650,107 @@ async fn a_via_root_flip_while_stopped_is_refused_until_repaired() {
     streams_again(&f, "the start after the repair").await;
     f.cleanup().await;
 }
+
+/// No re-proof within these tests (the session's end must catch the change).
+const NO_REPROOF: &str = "OUTBOX_CDC__MONITOR__SLOT_POLL_INTERVAL_MS=600000";
+
+/// Streaming with no periodic re-proof, past a first row; then the outbox is
+/// dropped from the publication, a row X committed and the outbox added
+/// again. Returns the connector, X's id and the position before the change.
+async fn changed_without_a_reproof(f: &Fixture) -> (Running, BTreeSet<String>, Lsn) {
+    let (t, p) = (&f.table, &f.publication);
+    let running = Running::start(f.config_with(NO_REPROOF)).await;
+    let first: BTreeSet<String> = f
+        .write_tx(&[("order", "a", r#"{"n":1}"#.to_owned())], true)
+        .await
+        .into_iter()
+        .collect();
+    arrive(f, &first, "the first row");
+    let narrowed = f.wal_insert_lsn().await;
+    f.admin
+        .batch_execute(&format!("ALTER PUBLICATION {p} DROP TABLE public.{t}"))
+        .await
+        .expect("drop the outbox from the publication");
+    let hidden: BTreeSet<String> = f
+        .write_tx(&[("order", "hidden", r#"{"n":2}"#.to_owned())], true)
+        .await
+        .into_iter()
+        .collect();
+    f.admin
+        .batch_execute(&format!("ALTER PUBLICATION {p} ADD TABLE public.{t}"))
+        .await
+        .expect("add it again");
+    (running, hidden, narrowed)
+}
+
+/// C2 at a reconnect: the change happens between two proofs and the session
+/// then ends with a retryable error (its walsender terminated). The next
+/// session must not prove today's publication and acknowledge past X: the
+/// connector stops (or refuses), a restart refuses, and the repair
+/// publishes X.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publication_change_before_a_reconnect_is_not_forgotten() {
+    init_tracing();
+    let f = Fixture::new("cbreconnect").await;
+    let (running, hidden, narrowed) = changed_without_a_reproof(&f).await;
+    f.admin
+        .query(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+             WHERE slot_name = $1 AND active_pid IS NOT NULL",
+            &[&f.slot],
+        )
+        .await
+        .expect("terminate the walsender");
+    let mut n = 3;
+    let until = Instant::now() + Duration::from_secs(10);
+    while !running.is_finished() && Instant::now() < until {
+        f.write_tx(&[("order", "a", format!(r#"{{"n":{n}}}"#))], true)
+            .await;
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let what = format!("row {hidden:?} hidden by a change, then a reconnect");
+    match ends_within(running, Duration::from_secs(20), &what).await {
+        Err(PipelineError::CoverageLost(lost)) => assert!(
+            lost.problems
+                .iter()
+                .any(|p| matches!(p, CoverageProblem::PublicationChanged { .. })),
+            "{what}: {lost}"
+        ),
+        Err(PipelineError::Refused(StartRefused::CoverageBroken { .. })) => {}
+        other => panic!("{what}: expected a stop on the changed publication, got {other:?}"),
+    }
+    assert_not_acknowledged_past(&f, narrowed, "the change").await;
+    let err = start_refused(f.config(), "restart after the reconnect").await;
+    let (since, until) = coverage_broken(err, &f.slot, "restart after the reconnect");
+    audit_repair(&f, &since, &until);
+    arrive(&f, &hidden, "the hidden row after audit --repair");
+    streams_again(&f, "the start after the repair").await;
+    f.cleanup().await;
+}
+
+/// C2 at a graceful stop: the change happens after the last proof and the
+/// connector is stopped (SIGTERM) before the next. The restart refuses and
+/// the repair publishes X.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publication_change_before_a_graceful_stop_is_refused_at_restart() {
+    init_tracing();
+    let f = Fixture::new("cbstopchg").await;
+    let (running, hidden, narrowed) = changed_without_a_reproof(&f).await;
+    // A row after the change, so that the stream has passed it when stopped.
+    let after: BTreeSet<String> = f
+        .write_tx(&[("order", "a", r#"{"n":3}"#.to_owned())], true)
+        .await
+        .into_iter()
+        .collect();
+    arrive(&f, &after, "the row after the change");
+    let stopped = running.stop().await;
+    assert_not_acknowledged_past(&f, narrowed, "the change (at the graceful stop)").await;
+    let what = format!("restart after a change seen at the stop (which returned {stopped:?})");
+    let err = start_refused(f.config(), &what).await;
+    let (since, until) = coverage_broken(err, &f.slot, &what);
+    audit_repair(&f, &since, &until);
+    arrive(&f, &hidden, "the hidden row after audit --repair");
+    streams_again(&f, "the start after the repair").await;
+    f.cleanup().await;
+}
