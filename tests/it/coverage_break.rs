@@ -754,3 +754,57 @@ async fn a_publication_change_before_a_graceful_stop_is_refused_at_restart() {
     streams_again(&f, "the start after the repair").await;
     f.cleanup().await;
 }
+
+/// C4, a bulk load between two proofs: the receiving partition is made
+/// UNLOGGED, loaded and made LOGGED again before the next proof. The loaded
+/// rows never reach WAL as inserts (SET LOGGED copies the heap, it does not
+/// decode as inserts): the connector must stop, not acknowledge past them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlogged_bulk_load_between_two_proofs_stops_the_connector() {
+    init_tracing();
+    let f = partitioned_fixture("cbunlogload", false).await;
+    let t = f.table.clone();
+    let running = streaming_with_slow_proofs(&f).await;
+    let before = f.wal_insert_lsn().await;
+    f.admin
+        .batch_execute(&format!("ALTER TABLE public.{t}_cur SET UNLOGGED"))
+        .await
+        .expect("make the receiving partition unlogged");
+    let loaded = insert(&f.admin, &t, &names("bulk", 3), 1, "now()").await;
+    f.admin
+        .batch_execute(&format!("ALTER TABLE public.{t}_cur SET LOGGED"))
+        .await
+        .expect("make it logged again");
+    let mut n = 2;
+    let until = Instant::now() + Duration::from_secs(10);
+    while !running.is_finished() && Instant::now() < until {
+        insert(&f.admin, &t, &["a".to_owned()], n, "now()").await;
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let what = format!("rows {loaded:?} loaded while the partition was UNLOGGED");
+    if running.is_finished() {
+        match running.finished(Duration::from_secs(5)).await {
+            Err(PipelineError::CoverageLost(_)) => {}
+            other => panic!("{what}: expected CoverageLost, got {other:?}"),
+        }
+        assert_not_acknowledged_past(&f, before, "the unlogged load").await;
+    } else {
+        // Still running: acceptable only if the loaded rows were published.
+        let ids: BTreeSet<String> = loaded.iter().cloned().collect();
+        let arrived = read_ids(
+            &f.topic_prefix,
+            &ids,
+            Duration::from_secs(10),
+            Duration::ZERO,
+        );
+        let confirmed = f.confirmed_lsn().await;
+        let stopped = running.stop().await;
+        assert!(
+            arrived.is_ok(),
+            "{what}: silently lost: not in Kafka, the connector ran on for 10 s and beyond (3 s proofs), \
+             slot confirmed {confirmed} past the load at {before}; stop: {stopped:?}"
+        );
+    }
+    f.cleanup().await;
+}
