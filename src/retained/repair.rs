@@ -33,12 +33,12 @@ use futures_util::{StreamExt as _, pin_mut};
 use tokio_postgres::Client;
 use tracing::{info, warn};
 
-use crate::checkpoint::{OffsetStore, PendingRepair, StoredOffset};
+use crate::checkpoint::{OffsetStore, ParkedAggregate, PendingRepair, StoredOffset};
 use crate::config::Config;
 use crate::coverage;
 use crate::metrics::Metrics;
 use crate::pg::control::{query_value, server_version_num};
-use crate::pg::{EventPosition, Lsn, PgTimestamp};
+use crate::pg::{EventPosition, Lsn, PgTimestamp, quote_ident};
 
 use super::{
     BoundedSender, RetainedTable, micros_of, micros_text, sql, table_columns,
@@ -61,11 +61,13 @@ fn refused(reason: impl Into<String>, fix: impl Into<String>) -> PipelineError {
 }
 
 /// Plans the repair of a lost slot from its stored offset: which bound, from
-/// when, and whether the retained rows can cover the gap at all.
+/// when, and whether the retained rows can cover the gap at all (the rows of
+/// the `parked` aggregates do not count).
 pub(crate) async fn plan(
     client: &Client,
     config: &Config,
     stored: &StoredOffset,
+    parked: &[ParkedAggregate],
     accept_gap: bool,
 ) -> Result<PendingRepair, PipelineError> {
     let e = sql("planning the gap repair");
@@ -100,13 +102,30 @@ pub(crate) async fn plan(
     };
     let since = PgTimestamp(acked.0 - (margin_ms as i64) * 1000);
     // The table proves the gap is covered only if it still holds a row from
-    // before the acknowledged commit: otherwise rows in between may have been
-    // pruned already.
+    // before the acknowledged commit that deletes by age would have removed
+    // before any row of the gap: otherwise rows in between may have been
+    // deleted already. Rows kept whatever their age prove nothing (review
+    // R2): a parked aggregate's (pruning keeps them), and, when commit
+    // timestamps tell, a row committed later with an older occurred_at.
     let oldest: Option<f64> = if has_occurred_at {
+        let names = config.outbox.column_names()?;
+        let time = if track {
+            "greatest(o.occurred_at, pg_xact_commit_timestamp(o.xmin))"
+        } else {
+            "o.occurred_at"
+        };
         let select = format!(
-            "SELECT ((extract(epoch FROM min(occurred_at)) - 946684800) * 1e6)::float8 FROM {table}"
+            "SELECT {} FROM {table} AS o WHERE NOT EXISTS (SELECT FROM unnest($1::text[], $2::text[]) \
+             AS p(t, i) WHERE p.t = o.{}::text AND p.i = o.{}::text)",
+            micros_of(&format!("min({time})")),
+            quote_ident(&names.aggregate_type),
+            quote_ident(&names.aggregate_id)
         );
-        query_value(client, &select, &[]).await.map_err(&e)?
+        let types: Vec<&str> = parked.iter().map(|p| p.aggregate_type.as_str()).collect();
+        let ids: Vec<&str> = parked.iter().map(|p| p.aggregate_id.as_str()).collect();
+        query_value(client, &select, &[&types, &ids])
+            .await
+            .map_err(&e)?
     } else {
         Some(f64::MIN) // no time column: the table's history cannot be judged
     };
@@ -118,12 +137,13 @@ pub(crate) async fn plan(
         let from = micros_text(acked.0);
         let window = match oldest {
             Some(o) => format!("{from} to {}", micros_text(o as i64)),
-            None => format!("{from} to now (the table is empty)"),
+            None => format!("{from} to now (no other row is left)"),
         };
         return Err(refused(
             format!(
-                "{table} holds no row older than the last acknowledged commit ({from}), so rows committed \
-                 in {window} may have been deleted before they were published: they cannot be repaired"
+                "{table} holds no row older than the last acknowledged commit ({from}) besides those of parked \
+                 aggregates (kept whatever their age), so rows committed in {window} may have been deleted \
+                 before they were published: they cannot be repaired"
             ),
             "if nothing was deleted early (or you accept the loss in that window), start again with \
              --accept-gap; keep outbox rows longer than a slot can be lost for (docs/outbox-table.md)",
