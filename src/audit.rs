@@ -148,7 +148,7 @@ impl HeldBack {
             behind: behind.to_owned(),
             reason: format!(
                 "parked behind dead-lettered event {behind}: publishing it would pass that event. \
-                 Deal with the dead-lettered events, `outbox-cdc release` {t} {id} (connector stopped), \
+                 Deal with the dead-lettered events, `outbox-cdc release --config FILE {t} {id}` (connector stopped), \
                  then `outbox-cdc replay --aggregate-type {t} --aggregate-id {id} --since {ev}` \
                  publishes it in order"
             ),
@@ -321,8 +321,12 @@ impl AuditReport {
                 topic,
                 occurred_at,
             } = d;
+            let topic = match topic.is_empty() {
+                true => "none: the row cannot be mapped",
+                false => topic.as_str(),
+            };
             out.push_str(&format!(
-                "  dead-lettered {event_id} ({kind}/{id} seq {seq:?}, topic {topic:?}, occurred {occurred_at})\n"
+                "  dead-lettered {event_id} ({kind}/{id} seq {seq:?}, topic {topic}, occurred {occurred_at})\n"
             ));
         }
         for p in &self.phantom_records {
