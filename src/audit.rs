@@ -1,25 +1,41 @@
 //! `outbox-cdc audit`: compares the retained outbox rows of a time window with
 //! what Kafka holds, and answers "did we lose anything?".
 //!
-//! 1. The rows with `occurred_at` in `[since, until)` (optionally of one
+//! 1. The dead-letter topic (`outbox.dead_letter_topic`, when it exists) is
+//!    read from its first offset to its end as it was then (`read_committed`):
+//!    a poison event older than the window parks its aggregate as well.
+//! 2. The rows with `occurred_at` in `[since, until)` (optionally of one
 //!    aggregate type) are read as the connector maps them: event id, topic,
 //!    aggregate, sequence. Rows from `repair.occurred_at_margin_ms` earlier
 //!    are read too, but only to recognise their records (a transaction starts
 //!    before it commits, and records carry the commit time).
-//! 2. Every partition of every topic those rows route to is read with
+//! 3. Every partition of every topic those rows route to is read with
 //!    `isolation.level = read_committed`, from the first offset at or after
 //!    `since` (by record timestamp) to the end as it was when the audit began.
-//! 3. Findings: rows with no record (missing; the exit status is non-zero),
-//!    records in the window whose event id has no row (phantoms), event ids
-//!    seen more than once (duplicates), and per key, first copies whose
-//!    sequence does not increase or that sit in two partitions (order
-//!    violations; non-zero exit).
+//! 4. Findings: rows with no record in their topic but one on the dead-letter
+//!    topic (dead-lettered: `on_poison = "dead-letter"` put them there; not a
+//!    failure), rows with no record at all (missing; the exit status is
+//!    non-zero), records in the window whose event id has no row (phantoms),
+//!    event ids seen more than once (duplicates), and per key, first copies
+//!    whose sequence does not increase or that sit in two partitions (order
+//!    violations; non-zero exit). A missing row of an aggregate with a
+//!    dead-lettered event that is not provably after it (at a lower or equal
+//!    sequence, or a sequence unknown on either side) is also "held back":
+//!    `--repair` does not publish it, since it would pass the poison event of
+//!    a parked aggregate.
+//!
+//! A row the connector cannot map (poison) has no record in a topic of its
+//! own: it is counted (as a row, dead-lettered) only when its event id is on
+//! the dead-letter topic.
 //!
 //! Memory stays bounded for large windows: event ids are kept as 127-bit
 //! fingerprints (the low bit says whether the row is in the window) in a
 //! sorted vector with a copy count each (18 bytes a row), per key only the
 //! last sequence; the missing rows' details are read back in a second pass
-//! over the table. The consumer's read-ahead is capped (8 MiB queued).
+//! over the table. Of the dead-letter topic, 16 bytes a record are kept, and
+//! per parked aggregate its earliest dead-lettered event (a record without
+//! the aggregate or sequence headers keeps its event id until its row is
+//! read). The consumer's read-ahead is capped (8 MiB queued).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
@@ -96,6 +112,107 @@ pub struct MissingRow {
     pub occurred_at: String,
 }
 
+/// A row whose record is on the dead-letter topic, not on its own topic.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct DeadLettered {
+    pub event_id: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub aggregate_sequence: Option<i64>,
+    /// The topic the row maps to; empty for a row that cannot be mapped.
+    pub topic: String,
+    pub occurred_at: String,
+}
+
+/// A missing row that `--repair` leaves alone: its aggregate has a
+/// dead-lettered event that is not provably after it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct HeldBack {
+    pub event_id: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub aggregate_sequence: Option<i64>,
+    /// The dead-lettered event it would pass.
+    pub behind: String,
+    pub reason: String,
+}
+
+impl HeldBack {
+    fn new(row: &Row, behind: &str) -> HeldBack {
+        let (t, id, ev) = (&row.aggregate_type, &row.aggregate_id, &row.event_id);
+        HeldBack {
+            event_id: ev.clone(),
+            aggregate_type: t.clone(),
+            aggregate_id: id.clone(),
+            aggregate_sequence: row.sequence,
+            behind: behind.to_owned(),
+            reason: format!(
+                "parked behind dead-lettered event {behind}: publishing it would pass that event. \
+                 Deal with the dead-lettered events, `outbox-cdc release --config FILE {t} {id}` (connector stopped), \
+                 then `outbox-cdc replay --aggregate-type {t} --aggregate-id {id} --since {ev}` \
+                 publishes it in order"
+            ),
+        }
+    }
+}
+
+/// The aggregates with events on the dead-letter topic, each with the
+/// earliest of them by sequence (and one whose sequence is unknown, if any).
+#[derive(Debug, Default)]
+pub(crate) struct Parked {
+    by_aggregate: HashMap<(String, String), ParkedBy>,
+}
+
+#[derive(Debug, Default)]
+struct ParkedBy {
+    lowest: Option<(i64, String)>,
+    unknown: Option<String>,
+}
+
+impl Parked {
+    /// A dead-lettered event of an aggregate, at `sequence` when known.
+    pub(crate) fn add(
+        &mut self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        sequence: Option<i64>,
+        event_id: &str,
+    ) {
+        let by = self
+            .by_aggregate
+            .entry((aggregate_type.to_owned(), aggregate_id.to_owned()))
+            .or_default();
+        match sequence {
+            Some(s) if by.lowest.as_ref().is_none_or(|(low, _)| s < *low) => {
+                by.lowest = Some((s, event_id.to_owned()));
+            }
+            Some(_) => {}
+            None if by.unknown.is_none() => by.unknown = Some(event_id.to_owned()),
+            None => {}
+        }
+    }
+
+    /// The dead-lettered event that an event of this aggregate at `sequence`
+    /// would pass if it were published now: one at a lower or equal sequence,
+    /// or one of which either sequence is unknown (nothing proves the order).
+    pub(crate) fn holding(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        sequence: Option<i64>,
+    ) -> Option<&str> {
+        let by = self
+            .by_aggregate
+            .get(&(aggregate_type.to_owned(), aggregate_id.to_owned()))?;
+        match (&by.lowest, sequence) {
+            (Some((low, event)), Some(s)) if *low <= s => return Some(event),
+            (Some((_, event)), None) => return Some(event),
+            _ => {}
+        }
+        by.unknown.as_deref()
+    }
+}
+
 /// A record in the window whose event id matches no retained row.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Phantom {
@@ -114,6 +231,17 @@ pub struct AuditReport {
     pub topics: Vec<String>,
     pub missing: u64,
     pub missing_rows: Vec<MissingRow>,
+    /// `outbox.dead_letter_topic`, and how many records it held (all of
+    /// them are read; 0 when the topic does not exist).
+    pub dead_letter_topic: String,
+    pub dead_letter_records: u64,
+    /// Rows whose record is on the dead-letter topic only (not a failure).
+    pub dead_lettered: u64,
+    pub dead_lettered_rows: Vec<DeadLettered>,
+    /// Missing rows that `--repair` does not publish: they are parked
+    /// behind a dead-lettered event of their aggregate (counted in `missing` too).
+    pub held_back: u64,
+    pub held_back_rows: Vec<HeldBack>,
     pub phantoms: u64,
     pub phantom_records: Vec<Phantom>,
     pub duplicates: u64,
@@ -123,6 +251,9 @@ pub struct AuditReport {
     /// Every missing row's event id (the details above are only examples).
     #[serde(skip)]
     pub missing_ids: EventIdSet,
+    /// Every held-back row's event id.
+    #[serde(skip)]
+    pub held_ids: EventIdSet,
     /// The window in RFC 3339 (UTC), as `replay` takes it.
     #[serde(skip)]
     window: (String, String),
@@ -132,27 +263,31 @@ pub struct AuditReport {
 }
 
 impl AuditReport {
-    /// Whether nothing that breaks the contract was found (duplicates and
-    /// phantoms are reported, but do not fail the audit).
+    /// The audited window, in microseconds since 2000-01-01.
     pub fn window_micros(&self) -> (i64, i64) {
         self.window_micros
     }
 
+    /// Whether nothing that breaks the contract was found (dead-lettered
+    /// rows, duplicates and phantoms are reported, but do not fail the audit).
     pub fn passed(&self) -> bool {
         self.missing == 0 && self.order_violations == 0
     }
 
     pub fn to_text(&self) -> String {
         let mut out = format!(
-            "audit {} .. {}: {} rows, {} records in {} topic(s)\n",
+            "audit {} .. {}: {} rows, {} records in {} topic(s), {} in the dead-letter topic {}\n",
             self.since,
             self.until,
             self.rows,
             self.records,
             self.topics.len(),
+            self.dead_letter_records,
+            self.dead_letter_topic,
         );
         let counts = [
             ("missing", self.missing),
+            ("dead-lettered", self.dead_lettered),
             ("phantoms", self.phantoms),
             ("duplicates", self.duplicates),
             ("order violations", self.order_violations),
@@ -171,6 +306,35 @@ impl AuditReport {
             } = m;
             out.push_str(&format!(
                 "  missing {event_id} ({kind}/{id} seq {seq:?}, topic {topic}, occurred {occurred_at})\n"
+            ));
+        }
+        if self.held_back > 0 {
+            out.push_str(&format!(
+                "held back from --repair (of the missing): {}\n",
+                self.held_back
+            ));
+        }
+        for h in &self.held_back_rows {
+            out.push_str(&format!(
+                "  held back {} ({}/{} seq {:?}): {}\n",
+                h.event_id, h.aggregate_type, h.aggregate_id, h.aggregate_sequence, h.reason
+            ));
+        }
+        for d in &self.dead_lettered_rows {
+            let DeadLettered {
+                event_id,
+                aggregate_type: kind,
+                aggregate_id: id,
+                aggregate_sequence: seq,
+                topic,
+                occurred_at,
+            } = d;
+            let topic = match topic.is_empty() {
+                true => "none: the row cannot be mapped",
+                false => topic.as_str(),
+            };
+            out.push_str(&format!(
+                "  dead-lettered {event_id} ({kind}/{id} seq {seq:?}, topic {topic}, occurred {occurred_at})\n"
             ));
         }
         for p in &self.phantom_records {
@@ -213,6 +377,9 @@ fn sql(during: &'static str) -> impl Fn(tokio_postgres::Error) -> AuditError {
 /// One retained row as the connector would publish it.
 struct Row {
     event_id: String,
+    /// Whether the connector can map it; if not, `topic` is empty and the
+    /// aggregate is what the mapping read before it failed.
+    mapped: bool,
     topic: String,
     aggregate_type: String,
     aggregate_id: String,
@@ -251,11 +418,56 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
     let margin_ms = config.repair.occurred_at_margin_ms as i64;
 
     let mut progress = Progress::new(options.progress);
+    let consumer = consumer(config)?;
 
-    // 1. The rows.
+    // 1. The dead-letter topic, all of it: a poison event older than the
+    // window parks its aggregate as well.
+    let dlq_topic = config.outbox.dead_letter_topic.clone();
+    report.dead_letter_topic = dlq_topic.clone();
+    let mut dead_ids: Vec<u128> = Vec::new();
+    let mut parked = Parked::default();
+    // Records without the aggregate or sequence headers (an unmappable row's
+    // record has no sequence): their row, if it is read, tells them.
+    let mut unresolved: HashMap<u128, (Option<(String, String)>, String)> = HashMap::new();
+    read_topic(&consumer, &dlq_topic, 0, |rec| {
+        report.dead_letter_records += 1;
+        progress.show(|| {
+            format!(
+                "audit: {} records read (dead-letter topic {dlq_topic})",
+                report.dead_letter_records
+            )
+        });
+        let label = match rec.event_id.is_empty() {
+            true => format!(
+                "(no event_id) at {dlq_topic}[{}]@{}",
+                rec.partition, rec.offset
+            ),
+            false => rec.event_id.clone(),
+        };
+        match (rec.aggregate, rec.sequence) {
+            (Some((t, id)), Some(seq)) => parked.add(&t, &id, Some(seq), &label),
+            (Some((t, id)), None) if rec.event_id.is_empty() => parked.add(&t, &id, None, &label),
+            (aggregate, _) if !rec.event_id.is_empty() => {
+                let f = EventIdSet::fingerprint(&rec.event_id);
+                unresolved.entry(f).or_insert((aggregate, label));
+            }
+            _ => {}
+        }
+        if !rec.event_id.is_empty() {
+            dead_ids.push(EventIdSet::fingerprint(&rec.event_id));
+        }
+    })?;
+    dead_ids.sort_unstable();
+    dead_ids.dedup();
+    let on_dlq = |f: u128| dead_ids.binary_search(&f).is_ok();
+
+    // 2. The rows.
     // Fingerprint (low bit clear) | in-window flag.
     let mut ids: Vec<u128> = Vec::new();
     let mut topics: BTreeSet<String> = BTreeSet::new();
+    // Rows of the window on the dead-letter topic (examples; a mappable one
+    // counts only if its own topic has no copy).
+    let mut dead_examples: Vec<(u128, DeadLettered)> = Vec::new();
     for_each_row(
         &client,
         config,
@@ -264,23 +476,58 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
         since_ms,
         until_ms,
         |r| {
-            if r.in_window {
+            let f = EventIdSet::fingerprint(&r.event_id);
+            let dead = on_dlq(f);
+            if dead && let Some((aggregate, label)) = unresolved.remove(&f) {
+                match (r.aggregate_type.is_empty(), aggregate) {
+                    (false, _) => {
+                        parked.add(&r.aggregate_type, &r.aggregate_id, r.sequence, &label)
+                    }
+                    (true, Some((t, id))) => parked.add(&t, &id, r.sequence, &label),
+                    (true, None) => {}
+                }
+            }
+            if r.in_window && (r.mapped || dead) {
                 report.rows += 1;
             }
             progress.show(|| format!("audit: {} rows read", report.rows));
+            if dead && r.in_window && dead_examples.len() < options.max_examples {
+                dead_examples.push((
+                    f | u128::from(r.mapped),
+                    DeadLettered {
+                        event_id: r.event_id.clone(),
+                        aggregate_type: r.aggregate_type.clone(),
+                        aggregate_id: r.aggregate_id.clone(),
+                        aggregate_sequence: r.sequence,
+                        topic: r.topic.clone(),
+                        occurred_at: r.occurred_at.clone(),
+                    },
+                ));
+            }
+            if !r.mapped {
+                // No record in a topic of its own; found only as dead-lettered.
+                if dead && r.in_window {
+                    report.dead_lettered += 1;
+                }
+                return;
+            }
             topics.insert(r.topic.clone());
-            ids.push(EventIdSet::fingerprint(&r.event_id) | u128::from(r.in_window));
+            ids.push(f | u128::from(r.in_window));
         },
     )
     .await?;
+    for (_, (aggregate, label)) in unresolved {
+        if let Some((t, id)) = aggregate {
+            parked.add(&t, &id, None, &label);
+        }
+    }
     ids.sort_unstable_by_key(|f| *f & !1);
     ids.dedup_by_key(|f| *f & !1);
     ids.shrink_to_fit();
     let mut copies: Vec<u16> = vec![0; ids.len()];
     report.topics = topics.iter().cloned().collect();
 
-    // 2. The records.
-    let consumer = consumer(config)?;
+    // 3. The records.
     let mut last_by_key: HashMap<u64, (i32, i64)> = HashMap::new();
     for topic in &topics {
         read_topic(&consumer, topic, since_ms, |rec| {
@@ -346,17 +593,35 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
         })?;
     }
 
-    // 3. Missing rows, with their details from a second pass.
-    let missing: Vec<u128> = ids
-        .iter()
-        .zip(&copies)
-        .filter(|(f, n)| *f & 1 == 1 && **n == 0)
-        .map(|(f, _)| *f & !1)
+    // 4. Rows with no record in their topic: dead-lettered, or missing.
+    let mut missing: Vec<u128> = Vec::new();
+    for (f, n) in ids.iter().zip(&copies) {
+        if *f & 1 == 0 || *n > 0 {
+            continue;
+        }
+        match on_dlq(*f & !1) {
+            true => report.dead_lettered += 1,
+            false => missing.push(*f & !1),
+        }
+    }
+    let published = |f: u128| {
+        ids.binary_search_by_key(&f, |x| *x & !1)
+            .is_ok_and(|i| copies[i] > 0)
+    };
+    report.dead_lettered_rows = dead_examples
+        .into_iter()
+        .filter(|(f, _)| *f & 1 == 0 || !published(*f & !1))
+        .map(|(_, d)| d)
         .collect();
     report.missing = missing.len() as u64;
     report.missing_ids = EventIdSet::from_fingerprints(missing);
+
+    // 5. The missing rows' details, and which of them are parked behind a
+    // dead-lettered event, from a second pass.
     if !report.missing_ids.is_empty() {
         let mut details = Vec::new();
+        let mut held: Vec<u128> = Vec::new();
+        let mut held_rows = Vec::new();
         for_each_row(
             &client,
             config,
@@ -365,8 +630,17 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
             since_ms,
             until_ms,
             |r| {
-                if details.len() < options.max_examples && report.missing_ids.contains(&r.event_id)
+                if !r.mapped || !report.missing_ids.contains(&r.event_id) {
+                    return;
+                }
+                if let Some(behind) = parked.holding(&r.aggregate_type, &r.aggregate_id, r.sequence)
                 {
+                    held.push(EventIdSet::fingerprint(&r.event_id));
+                    if held_rows.len() < options.max_examples {
+                        held_rows.push(HeldBack::new(&r, behind));
+                    }
+                }
+                if details.len() < options.max_examples {
                     details.push(MissingRow {
                         event_id: r.event_id,
                         aggregate_type: r.aggregate_type,
@@ -380,21 +654,31 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
         )
         .await?;
         report.missing_rows = details;
+        report.held_back = held.len() as u64;
+        report.held_back_rows = held_rows;
+        report.held_ids = EventIdSet::from_fingerprints(held);
     }
     progress.finish();
     Ok(report)
 }
 
-/// What `audit --repair` did: the rows it republished, and the audit after.
+/// What `audit --repair` did: the rows it republished, those it left alone
+/// (parked behind a dead-lettered event), and the audit after.
 #[derive(Debug)]
 pub struct RepairOutcome {
     pub replayed: ReplayReport,
+    pub skipped: u64,
+    pub skipped_rows: Vec<HeldBack>,
     pub after: AuditReport,
 }
 
 /// `audit --repair`: publishes every row `found` reports missing again (in
 /// per-aggregate sequence order, through `replay` with the same window and
 /// aggregate type), then audits the window again.
+///
+/// Never a held-back row (`found.held_ids`): its aggregate has a
+/// dead-lettered event that it would pass, and is parked until `release`.
+/// Dead-lettered rows are not missing, so they are never republished either.
 ///
 /// A republished event lands after the later events of its aggregate that
 /// did arrive, so the audit after may report those keys out of order;
@@ -404,14 +688,15 @@ pub async fn repair(
     options: &AuditOptions,
     found: &AuditReport,
 ) -> Result<RepairOutcome, AuditError> {
-    let replayed = if found.missing_ids.is_empty() {
+    let to_publish = found.missing_ids.without(&found.held_ids);
+    let replayed = if to_publish.is_empty() {
         ReplayReport::default()
     } else {
         let replay = ReplayOptions {
             since: found.window.0.clone(),
             until: Some(found.window.1.clone()),
             aggregate_type: options.aggregate_type.clone(),
-            only: Some(found.missing_ids.clone()),
+            only: Some(to_publish),
             ..ReplayOptions::default()
         };
         crate::pipeline::replay(config, &replay)
@@ -430,7 +715,12 @@ pub async fn repair(
         },
     )
     .await?;
-    Ok(RepairOutcome { replayed, after })
+    Ok(RepairOutcome {
+        replayed,
+        skipped: found.held_back,
+        skipped_rows: found.held_back_rows.clone(),
+        after,
+    })
 }
 
 /// Streams the retained rows with `occurred_at` in `[from_ms, until_ms)`,
@@ -472,6 +762,10 @@ async fn for_each_row(
     let rows = client.query_raw(&query, params).await.map_err(&e)?;
     pin_mut!(rows);
     let n = retained.columns.len();
+    let sequence_at = names
+        .aggregate_sequence
+        .as_ref()
+        .and_then(|s| retained.columns.iter().position(|(c, _)| c == s));
     while let Some(row) = rows.next().await {
         let row = row.map_err(&e)?;
         let occurred_ms: i64 = row.try_get(n).map_err(&e)?;
@@ -480,9 +774,35 @@ async fn for_each_row(
             lsn: Lsn::ZERO,
             commit_time: PgTimestamp::now(),
         };
-        // A row the connector cannot map (poison) has no record to find.
-        let Ok(event) = retained.map(&row, &ctx)? else {
-            continue;
+        let event = match retained.map(&row, &ctx)? {
+            Ok(event) => event,
+            // A row the connector cannot map (poison) has no record in a
+            // topic of its own; with `on_poison = "dead-letter"` it has one
+            // on the dead-letter topic, under its event id.
+            Err(poison) => {
+                let Some(event_id) = poison.event_id() else {
+                    continue;
+                };
+                let (t, id) = poison.aggregate().unwrap_or_default();
+                let sequence = sequence_at.and_then(|i| {
+                    row.try_get::<_, Option<String>>(i)
+                        .ok()
+                        .flatten()?
+                        .parse()
+                        .ok()
+                });
+                each(Row {
+                    event_id: event_id.to_owned(),
+                    mapped: false,
+                    topic: String::new(),
+                    aggregate_type: t.to_owned(),
+                    aggregate_id: id.to_owned(),
+                    sequence,
+                    occurred_at,
+                    in_window: occurred_ms >= since_ms,
+                });
+                continue;
+            }
         };
         let sequence = names.aggregate_sequence.as_ref().and_then(|_| {
             event
@@ -493,6 +813,7 @@ async fn for_each_row(
         });
         each(Row {
             event_id: event.event_id,
+            mapped: true,
             topic: event.topic,
             aggregate_type: event.aggregate_type,
             aggregate_id: event.aggregate_id,
@@ -524,6 +845,8 @@ fn consumer(config: &Config) -> Result<BaseConsumer, AuditError> {
 
 struct Rec {
     event_id: String,
+    /// `aggregate_type` and `aggregate_id` headers, when both are there.
+    aggregate: Option<(String, String)>,
     key: Vec<u8>,
     sequence: Option<i64>,
     partition: i32,
@@ -552,6 +875,20 @@ fn read_topic(
         .iter()
         .flat_map(|t| t.partitions().iter().map(|p| p.id()))
         .collect();
+    for t in metadata.topics() {
+        match t.error() {
+            None => {}
+            Some(rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => {
+                return Ok(()); // no such topic: nothing to read
+            }
+            Some(e) => {
+                return Err(AuditError::Kafka(format!(
+                    "metadata of topic {topic:?}: {:?}",
+                    rdkafka::error::RDKafkaErrorCode::from(e)
+                )));
+            }
+        }
+    }
     let mut at_time = TopicPartitionList::new();
     for p in &partitions {
         at_time
@@ -622,6 +959,7 @@ fn read_topic(
                 };
                 each(Rec {
                     event_id: header("event_id").unwrap_or_default(),
+                    aggregate: header("aggregate_type").zip(header("aggregate_id")),
                     key: m.key().map(<[u8]>::to_vec).unwrap_or_default(),
                     sequence: header("aggregate_sequence").and_then(|s| s.parse().ok()),
                     partition,
@@ -644,4 +982,47 @@ fn read_topic(
     }
     consumer.unassign().map_err(|e| kafka("unassign", e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_event_is_held_behind_a_dead_lettered_one_unless_provably_before_it() {
+        let mut parked = Parked::default();
+        parked.add("order", "a1", Some(5), "e5");
+        parked.add("order", "a1", Some(3), "e3");
+        parked.add("order", "a1", Some(7), "e7");
+        // The earliest dead-lettered event is named; equal counts as behind.
+        assert_eq!(parked.holding("order", "a1", Some(3)), Some("e3"));
+        assert_eq!(parked.holding("order", "a1", Some(9)), Some("e3"));
+        assert_eq!(parked.holding("order", "a1", Some(2)), None);
+        // Without the row's sequence nothing proves it came first.
+        assert_eq!(parked.holding("order", "a1", None), Some("e3"));
+        // Other aggregates (same id, other type too) are not parked.
+        assert_eq!(parked.holding("order", "a2", Some(1)), None);
+        assert_eq!(parked.holding("invoice", "a1", Some(9)), None);
+    }
+
+    #[test]
+    fn a_dead_lettered_event_of_unknown_sequence_holds_its_whole_aggregate() {
+        let mut parked = Parked::default();
+        parked.add("order", "a1", None, "poison");
+        assert_eq!(parked.holding("order", "a1", Some(1)), Some("poison"));
+        assert_eq!(parked.holding("order", "a1", None), Some("poison"));
+        parked.add("order", "a1", Some(4), "e4");
+        assert_eq!(parked.holding("order", "a1", Some(5)), Some("e4"));
+        assert_eq!(parked.holding("order", "a1", Some(1)), Some("poison"));
+    }
+
+    #[test]
+    fn event_id_sets_subtract() {
+        let all =
+            EventIdSet::from_fingerprints(["a", "b", "c"].map(EventIdSet::fingerprint).to_vec());
+        let held = EventIdSet::from_fingerprints(vec![EventIdSet::fingerprint("b")]);
+        let rest = all.without(&held);
+        assert_eq!(rest.len(), 2);
+        assert!(rest.contains("a") && rest.contains("c") && !rest.contains("b"));
+    }
 }

@@ -442,9 +442,14 @@ async fn replication_slots(client: &Client, config: &Config) -> (CheckResult, Ch
     let slot = config.postgres.slot.as_str();
     match slot_facts(client).await {
         Ok(facts) => {
-            let existing = match facts.find(slot) {
-                Some(row) => judge_slot(slot, row, &facts.database),
-                None => missing_slot(config, slot),
+            let existing = match (facts.find(slot), stored_coverage_break(config)) {
+                (Some(_), Some(refused)) => fail(
+                    Item::Slot,
+                    refused.to_string(),
+                    "the `outbox-cdc audit ... --repair` command above, while the connector is stopped",
+                ),
+                (Some(row), None) => judge_slot(slot, row, &facts.database),
+                (None, _) => missing_slot(config, slot),
             };
             (judge_capacity(slot, &facts), existing)
         }
@@ -547,6 +552,21 @@ fn judge_slot(slot: &str, row: &SlotRow, database: &str) -> CheckResult {
             ),
         )
     }
+}
+
+/// The coverage breaks stored for the slot (issue 47), as the refusal `run`
+/// gives while they are; only an existing, unlocked store is read.
+fn stored_coverage_break(config: &Config) -> Option<crate::pipeline::StartRefused> {
+    let path = &config.offsets.path;
+    if !path.exists() {
+        return None;
+    }
+    let record = OffsetStore::open(path)
+        .ok()?
+        .coverage(&config.postgres.slot)
+        .ok()??;
+    let margin = (config.repair.occurred_at_margin_ms as i64).saturating_mul(1000);
+    crate::pipeline::StartRefused::coverage_broken(&config.postgres.slot, margin, &record.breaks)
 }
 
 /// The slot does not exist: fine before the first start, a lost slot when an

@@ -265,8 +265,8 @@ impl Default for AuditSettings {
 
 /// `[prune]`: retention of outbox rows (DESIGN.md §13). Rows older than
 /// `retention` AND provably committed before the last acknowledged position
-/// (`pipeline/prune.rs` says how; `repair.commit_time_margin_ms` applies to
-/// commit timestamps) are deleted, in batches of
+/// (`retained/prune.rs` says how: by transaction id, never by a clock) are
+/// deleted, in batches of
 /// `batch_rows`, every `interval` while `run` streams, or once by
 /// `outbox-cdc prune`. Off by default.
 #[derive(Debug, Deserialize)]

@@ -82,8 +82,9 @@ enum Command {
         config: PathBuf,
     },
     /// Compare the retained outbox rows of a time window with Kafka: rows
-    /// missing from Kafka, records with no row (phantoms), duplicates, and
-    /// per-key order. Exits 1 on missing rows or order violations.
+    /// missing from Kafka, rows on the dead-letter topic (dead-lettered, not
+    /// missing), records with no row (phantoms), duplicates, and per-key
+    /// order. Exits 1 on missing rows or order violations.
     Audit {
         #[arg(long, short)]
         config: PathBuf,
@@ -94,7 +95,9 @@ enum Command {
         json: bool,
         /// Publish the missing rows again (like `replay`, in per-aggregate
         /// sequence order), then audit the window again. Exits 0 when nothing
-        /// is missing after it and no key was out of order before it.
+        /// is missing after it and no key was out of order before it. Rows of
+        /// an aggregate parked behind a dead-lettered event are not published
+        /// (they are listed as skipped, with why).
         #[arg(long)]
         repair: bool,
     },
@@ -428,12 +431,26 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
                     "found": report,
                     "republished": outcome.replayed.total(),
                     "republished_by_topic": outcome.replayed.by_topic,
+                    "skipped": outcome.skipped,
+                    "skipped_rows": outcome.skipped_rows,
                     "after": outcome.after,
                 });
                 println!("{}", serde_json::to_string_pretty(&all)?);
             } else {
                 print!("{}", report.to_text());
                 print!("repair: {}", outcome.replayed);
+                if outcome.skipped > 0 {
+                    println!(
+                        "repair: skipped {} missing rows of parked aggregates:",
+                        outcome.skipped
+                    );
+                }
+                for h in &outcome.skipped_rows {
+                    println!(
+                        "  skipped {}/{} {}: {}",
+                        h.aggregate_type, h.aggregate_id, h.event_id, h.reason
+                    );
+                }
                 print!("after the repair:\n{}", outcome.after.to_text());
             }
             let repaired = outcome.after.missing == 0 && report.order_violations == 0;

@@ -995,6 +995,57 @@ mod tests {
         Lsn::new(n)
     }
 
+    /// Issue 47: a coverage break outlives the process, and only an audit
+    /// window that covers it whole clears it.
+    #[test]
+    fn coverage_breaks_survive_reopen_and_clear_only_when_covered() {
+        let dir = tempfile::tempdir().unwrap();
+        let found = |since_micros, until_micros| CoverageBreak {
+            since_micros,
+            until_micros,
+            what: format!("change {since_micros}"),
+        };
+        {
+            let store = OffsetStore::open(dir.path()).unwrap();
+            assert_eq!(store.coverage("s").unwrap(), None);
+            let record = CoverageRecord {
+                v: 1,
+                proven_at_micros: 50,
+                publication: (7, 100),
+                leaves_as_root: true,
+                entries: vec![('r', 20, 101, 16000), ('n', 30, 105, 2200)],
+                breaks: vec![found(100, 200), found(300, 400)],
+            };
+            store.save_coverage("s", &record).unwrap();
+        }
+        let store = OffsetStore::open(dir.path()).unwrap();
+        let record = store.coverage("s").unwrap().expect("stored");
+        assert_eq!(record.entries[1], ('n', 30, 105, 2200));
+        assert!(record.leaves_as_root);
+        assert_eq!(record.breaks.len(), 2);
+        // Partly covered: kept.
+        assert_eq!(
+            store.clear_coverage_breaks("s", 150, 1000).unwrap(),
+            vec![found(300, 400)]
+        );
+        assert_eq!(store.clear_coverage_breaks("s", 0, 199).unwrap(), vec![]);
+        assert_eq!(
+            store.clear_coverage_breaks("other", 0, 1000).unwrap(),
+            vec![]
+        );
+        assert_eq!(
+            store.coverage("s").unwrap().unwrap().breaks,
+            vec![found(100, 200)]
+        );
+        assert_eq!(
+            store.clear_coverage_breaks("s", 100, 200).unwrap(),
+            vec![found(100, 200)]
+        );
+        let left = store.coverage("s").unwrap().unwrap();
+        assert!(left.breaks.is_empty());
+        assert_eq!(left.publication, (7, 100), "the baseline stays");
+    }
+
     #[test]
     fn persisted_offset_survives_reopen() {
         let (dir, store) = fresh();

@@ -11,9 +11,9 @@
 //!   starting would skip events it has not published. Refused unless
 //!   `allow_slot_ahead` (an HA standby taking over from another instance).
 
-use crate::checkpoint::StoredOffset;
-use crate::pg::Lsn;
+use crate::checkpoint::{CoverageBreak, StoredOffset};
 use crate::pg::control::SlotInfo;
+use crate::pg::{Lsn, PgTimestamp};
 
 /// What the caller must do before streaming.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -159,6 +159,29 @@ pub struct ResumeInputs<'a> {
     pub create_slot: bool,
     pub recreate_slot: bool,
     pub allow_slot_ahead: bool,
+}
+
+impl StartRefused {
+    /// The refusal while coverage breaks of `slot` are stored (issue 47):
+    /// one audit window over all of them, reaching back by `margin_micros`
+    /// (`repair.occurred_at_margin_ms`: audits choose rows by `occurred_at`,
+    /// which precedes the commit). `None` without breaks.
+    pub fn coverage_broken(
+        slot: &str,
+        margin_micros: i64,
+        breaks: &[CoverageBreak],
+    ) -> Option<StartRefused> {
+        let since = breaks.iter().map(|b| b.since_micros).min()?;
+        let until = breaks.iter().map(|b| b.until_micros).max()?;
+        let what: Vec<&str> = breaks.iter().map(|b| b.what.as_str()).collect();
+        Some(StartRefused::CoverageBroken {
+            slot: slot.to_owned(),
+            since: PgTimestamp(since.saturating_sub(margin_micros)).rfc3339(),
+            // A second later, so the window's end is not cut by rounding.
+            until: PgTimestamp(until.saturating_add(1_000_000)).rfc3339(),
+            what: what.join("; "),
+        })
+    }
 }
 
 pub fn decide(input: &ResumeInputs<'_>) -> Result<ResumePlan, StartRefused> {

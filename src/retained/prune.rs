@@ -16,13 +16,14 @@
 //!     which must be at or before the acknowledged LSN), and the last
 //!     checkpoint's `oldest_active_xid` (`pg_control_checkpoint()`,
 //!     computed before its record, which must be at or before the
-//!     acknowledged LSN); the newer one is used;
-//!   - by commit timestamp (`track_commit_timestamp = on`, PostgreSQL 14+):
-//!     `pg_xact_commit_timestamp_origin(xmin)` is before the acknowledged
-//!     commit time minus `repair.commit_time_margin_ms`, for rows written
-//!     without a replication origin (an origin's commit timestamp is the
-//!     origin's, not local WAL order). Rows whose commit time is unknown, or
-//!     with an origin, need the proof by transaction id.
+//!     acknowledged LSN); the newer one is used.
+//!
+//!   Commit timestamps prove nothing here (review P1): they come from the
+//!   wall clock, which can step back (NTP, a restored VM, a failover to a
+//!   host whose clock is behind), so a transaction committed after the
+//!   acknowledged LSN can carry a timestamp earlier than the acknowledged
+//!   commit's by any amount. Transaction ids are assigned and retired by the
+//!   server alone.
 //!
 //! Rows of aggregates parked by the dead-letter policy are not deleted while
 //! parked (audit F5): a dead-lettered record may carry only a pointer to the
@@ -66,7 +67,7 @@ use crate::checkpoint::{OffsetStore, ParkedAggregate};
 use crate::config::Config;
 use crate::coverage;
 use crate::metrics::Metrics;
-use crate::pg::control::query_value;
+use crate::pg::control::{query_value, server_version_num};
 use crate::pg::{Lsn, PgConnectConfig, PgTimestamp, QualifiedTable, quote_ident};
 
 use super::{micros_text, sql, table_columns};
@@ -320,39 +321,23 @@ fn ts(param: &str) -> String {
 }
 
 /// The `WHERE` clause both the choice and the DELETE apply, over the table
-/// aliased `o`, or `None` when neither proof of "committed before the
-/// acknowledged position" is available. `$1`: the retention cutoff, `$2`:
-/// the commit-time bound (both microseconds since 2000-01-01, float8), `$3`:
-/// the xid witness (text, see [`xid_witness`]), `$4` and `$5`: the types and
-/// ids of the parked aggregates (text[]), whose rows are kept; `aggregate`:
-/// the names of the aggregate type and id columns.
-fn qualifies(by_commit_time: bool, by_xid: bool, aggregate: (&str, &str)) -> Option<String> {
-    let mut proofs = Vec::new();
-    if by_commit_time {
-        // Unknown (NULL) or with an origin: not proven here.
-        proofs.push(format!(
-            "coalesce((SELECT c.roident = 0 AND c.timestamp < {} \
-             FROM pg_xact_commit_timestamp_origin(o.xmin) AS c), false)",
-            ts("$2")
-        ));
-    }
-    if by_xid {
-        // age() compares xids modulo 2^32 against the same reference; a
-        // negative age is an xmin more than 2^31 transactions old (frozen,
-        // long before any witness).
-        proofs.push("(age(o.xmin) > age($3::text::xid) OR age(o.xmin) < 0)".to_owned());
-    }
-    if proofs.is_empty() {
-        return None;
-    }
-    Some(format!(
-        "o.occurred_at < {} AND ({}) AND NOT EXISTS (SELECT FROM unnest($4::text[], $5::text[]) \
+/// aliased `o`. `$1`: the retention cutoff (microseconds since 2000-01-01,
+/// float8), `$2`: the xid witness (text, see [`xid_witness`]), the proof of
+/// "committed before the acknowledged position", `$3` and `$4`: the types
+/// and ids of the parked aggregates (text[]), whose rows are kept;
+/// `aggregate`: the names of the aggregate type and id columns.
+fn qualifies(aggregate: (&str, &str)) -> String {
+    // age() compares xids modulo 2^32 against the same reference; a negative
+    // age is an xmin more than 2^31 transactions old (frozen, long before any
+    // witness).
+    format!(
+        "o.occurred_at < {} AND (age(o.xmin) > age($2::text::xid) OR age(o.xmin) < 0) \
+         AND NOT EXISTS (SELECT FROM unnest($3::text[], $4::text[]) \
          AS p(t, i) WHERE p.t = o.{}::text AND p.i = o.{}::text)",
         ts("$1"),
-        proofs.join(" OR "),
         quote_ident(aggregate.0),
         quote_ident(aggregate.1)
-    ))
+    )
 }
 
 type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
@@ -360,24 +345,17 @@ type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
 /// A predicate's parameters, `$1` to `$COUNT`; a statement's own follow.
 struct Params {
     cutoff: f64,
-    commit_bound: f64,
     xid: String,
     parked_types: Vec<String>,
     parked_ids: Vec<String>,
 }
 
 impl Params {
-    const COUNT: usize = 5;
+    const COUNT: usize = 4;
 
     /// The predicate's parameter types, then `extra`.
     fn types(extra: &[Type]) -> Vec<Type> {
-        let mut types = vec![
-            Type::FLOAT8,
-            Type::FLOAT8,
-            Type::TEXT,
-            Type::TEXT_ARRAY,
-            Type::TEXT_ARRAY,
-        ];
+        let mut types = vec![Type::FLOAT8, Type::TEXT, Type::TEXT_ARRAY, Type::TEXT_ARRAY];
         types.extend_from_slice(extra);
         types
     }
@@ -386,7 +364,6 @@ impl Params {
     fn values<'a>(&'a self, extra: &[Param<'a>]) -> Vec<Param<'a>> {
         let mut values: Vec<Param<'a>> = vec![
             &self.cutoff,
-            &self.commit_bound,
             &self.xid,
             &self.parked_types,
             &self.parked_ids,
@@ -443,47 +420,30 @@ async fn prune_rows(
     stop: Option<&watch::Receiver<bool>>,
 ) -> Result<(), PruneError> {
     let e = sql("pruning the outbox");
-    let row = client
-        .query_one(
-            "SELECT current_setting('track_commit_timestamp') = 'on', \
-                    current_setting('server_version_num')::int",
-            &[],
-        )
-        .await
-        .map_err(&e)?;
-    let (track, version): (bool, i32) = (row.try_get(0).map_err(&e)?, row.try_get(1).map_err(&e)?);
-    // Before 14 a commit timestamp cannot be told from an origin's.
-    let by_commit_time = track && version >= 140000;
+    let version = server_version_num(client).await?;
     let witness = xid_witness(client, &config.postgres.slot, acked.lsn).await?;
     report.witness = witness.as_ref().map(|(_, what)| what.clone());
-    let select = "SELECT ((extract(epoch FROM clock_timestamp()) - 946684800) * 1e6)::float8";
-    let now: f64 = query_value(client, select, &[]).await.map_err(&e)?;
-    let cutoff = now - retention.as_micros() as f64;
-    let commit_bound =
-        (acked.commit_time.0 - config.repair.commit_time_margin_ms as i64 * 1000) as f64;
-    let Some(pred) = qualifies(by_commit_time, witness.is_some(), aggregate) else {
+    let Some((xid, _)) = witness else {
         report.skipped = Some(format!(
-            "nothing proves a row committed before the acknowledged position {} yet{}: the slot \
-             has not confirmed a running-transactions record, nor is the last checkpoint before \
-             it. Rows become prunable once the connector has acknowledged past the next one \
+            "nothing proves a row committed before the acknowledged position {} yet: the slot has \
+             not confirmed a running-transactions record, nor is the last checkpoint before it. \
+             Rows become prunable once the connector has acknowledged past the next one \
              (PostgreSQL logs one every 15 s while busy, and at each checkpoint)",
-            acked.lsn,
-            if track {
-                " (commit timestamps cannot be told from replication origins' before PostgreSQL 14)"
-            } else {
-                " (track_commit_timestamp is off)"
-            }
+            acked.lsn
         ));
         return Ok(());
     };
+    let select = "SELECT ((extract(epoch FROM clock_timestamp()) - 946684800) * 1e6)::float8";
+    let now: f64 = query_value(client, select, &[]).await.map_err(&e)?;
+    let cutoff = now - retention.as_micros() as f64;
+    let pred = qualifies(aggregate);
     debug!(table = %table, cutoff = %micros_text(cutoff as i64), acked_lsn = %acked.lsn,
-        acked_commit_time = %micros_text(acked.commit_time.0), by_commit_time,
-        witness = ?report.witness, "pruning the outbox");
+        acked_commit_time = %micros_text(acked.commit_time.0), witness = ?report.witness,
+        "pruning the outbox");
 
     let params = Params {
         cutoff,
-        commit_bound,
-        xid: witness.map(|(xid, _)| xid).unwrap_or_else(|| "0".into()),
+        xid,
         parked_types: parked.iter().map(|p| p.aggregate_type.clone()).collect(),
         parked_ids: parked.iter().map(|p| p.aggregate_id.clone()).collect(),
     };
@@ -1028,28 +988,22 @@ mod tests {
 
     #[test]
     fn the_predicate_never_judges_acknowledgement_by_occurred_at() {
-        assert_eq!(qualifies(false, false, AGG), None);
-        let off = qualifies(false, true, AGG).unwrap();
-        assert!(!off.contains("pg_xact_commit_timestamp"), "{off}");
-        assert!(off.starts_with("o.occurred_at < to_timestamp($1"), "{off}");
-        assert_eq!(off.matches("occurred_at").count(), 1, "{off}");
-        assert!(off.contains("age(o.xmin) > age($3::text::xid)"), "{off}");
-        let on = qualifies(true, false, AGG).unwrap();
+        let pred = qualifies(AGG);
         assert!(
-            on.contains("pg_xact_commit_timestamp_origin(o.xmin)"),
-            "{on}"
+            pred.starts_with("o.occurred_at < to_timestamp($1"),
+            "{pred}"
         );
-        assert!(on.contains("c.roident = 0"), "{on}");
-        assert_eq!(on.matches("occurred_at").count(), 1, "{on}");
-        let both = qualifies(true, true, AGG).unwrap();
-        assert!(both.contains(") OR (age(o.xmin)"), "{both}");
+        assert_eq!(pred.matches("occurred_at").count(), 1, "{pred}");
+        assert!(pred.contains("age(o.xmin) > age($2::text::xid)"), "{pred}");
+        // Review P1: nor by a commit timestamp (the wall clock).
+        assert!(!pred.contains("commit_timestamp"), "{pred}");
         // F5: the rows of parked aggregates are never chosen.
         assert!(
-            both.ends_with(
-                "AND NOT EXISTS (SELECT FROM unnest($4::text[], $5::text[]) AS p(t, i) \
+            pred.ends_with(
+                "AND NOT EXISTS (SELECT FROM unnest($3::text[], $4::text[]) AS p(t, i) \
                  WHERE p.t = o.\"aggregate_type\"::text AND p.i = o.\"Aggregate Id\"::text)"
             ),
-            "{both}"
+            "{pred}"
         );
     }
 

@@ -14,9 +14,11 @@
 //! `pg_xact_commit_timestamp(xmin)` when `track_commit_timestamp = on`, from
 //! the acknowledged transaction's commit time (kept in the offset store) minus
 //! `repair.commit_time_margin_ms` (commit timestamps and WAL order can differ
-//! for concurrent commits), rows whose commit timestamp is unknown by the
-//! next rule; otherwise by `occurred_at` minus `repair.occurred_at_margin_ms`
-//! (it is the writing transaction's start, unless the writer set it).
+//! for concurrent commits), rows whose commit timestamp is unknown or an
+//! origin's (a replication origin's commit is stamped with the origin's time,
+//! not in local WAL order) also by the next rule; otherwise by `occurred_at`
+//! minus `repair.occurred_at_margin_ms` (it is the writing transaction's
+//! start, unless the writer set it).
 //!
 //! Resumable: the plan is stored before the slot is recreated and removed
 //! after the new offset is persisted. A repair killed half-way finds its plan
@@ -31,12 +33,12 @@ use futures_util::{StreamExt as _, pin_mut};
 use tokio_postgres::Client;
 use tracing::{info, warn};
 
-use crate::checkpoint::{OffsetStore, PendingRepair, StoredOffset};
+use crate::checkpoint::{OffsetStore, ParkedAggregate, PendingRepair, StoredOffset};
 use crate::config::Config;
 use crate::coverage;
 use crate::metrics::Metrics;
-use crate::pg::control::query_value;
-use crate::pg::{EventPosition, Lsn, PgTimestamp};
+use crate::pg::control::{query_value, server_version_num};
+use crate::pg::{EventPosition, Lsn, PgTimestamp, quote_ident};
 
 use super::{
     BoundedSender, RetainedTable, micros_of, micros_text, sql, table_columns,
@@ -59,11 +61,13 @@ fn refused(reason: impl Into<String>, fix: impl Into<String>) -> PipelineError {
 }
 
 /// Plans the repair of a lost slot from its stored offset: which bound, from
-/// when, and whether the retained rows can cover the gap at all.
+/// when, and whether the retained rows can cover the gap at all (the rows of
+/// the `parked` aggregates do not count).
 pub(crate) async fn plan(
     client: &Client,
     config: &Config,
     stored: &StoredOffset,
+    parked: &[ParkedAggregate],
     accept_gap: bool,
 ) -> Result<PendingRepair, PipelineError> {
     let e = sql("planning the gap repair");
@@ -98,13 +102,30 @@ pub(crate) async fn plan(
     };
     let since = PgTimestamp(acked.0 - (margin_ms as i64) * 1000);
     // The table proves the gap is covered only if it still holds a row from
-    // before the acknowledged commit: otherwise rows in between may have been
-    // pruned already.
+    // before the acknowledged commit that deletes by age would have removed
+    // before any row of the gap: otherwise rows in between may have been
+    // deleted already. Rows kept whatever their age prove nothing (review
+    // R2): a parked aggregate's (pruning keeps them), and, when commit
+    // timestamps tell, a row committed later with an older occurred_at.
     let oldest: Option<f64> = if has_occurred_at {
+        let names = config.outbox.column_names()?;
+        let time = if track {
+            "greatest(o.occurred_at, pg_xact_commit_timestamp(o.xmin))"
+        } else {
+            "o.occurred_at"
+        };
         let select = format!(
-            "SELECT ((extract(epoch FROM min(occurred_at)) - 946684800) * 1e6)::float8 FROM {table}"
+            "SELECT {} FROM {table} AS o WHERE NOT EXISTS (SELECT FROM unnest($1::text[], $2::text[]) \
+             AS p(t, i) WHERE p.t = o.{}::text AND p.i = o.{}::text)",
+            micros_of(&format!("min({time})")),
+            quote_ident(&names.aggregate_type),
+            quote_ident(&names.aggregate_id)
         );
-        query_value(client, &select, &[]).await.map_err(&e)?
+        let types: Vec<&str> = parked.iter().map(|p| p.aggregate_type.as_str()).collect();
+        let ids: Vec<&str> = parked.iter().map(|p| p.aggregate_id.as_str()).collect();
+        query_value(client, &select, &[&types, &ids])
+            .await
+            .map_err(&e)?
     } else {
         Some(f64::MIN) // no time column: the table's history cannot be judged
     };
@@ -116,12 +137,13 @@ pub(crate) async fn plan(
         let from = micros_text(acked.0);
         let window = match oldest {
             Some(o) => format!("{from} to {}", micros_text(o as i64)),
-            None => format!("{from} to now (the table is empty)"),
+            None => format!("{from} to now (no other row is left)"),
         };
         return Err(refused(
             format!(
-                "{table} holds no row older than the last acknowledged commit ({from}), so rows committed \
-                 in {window} may have been deleted before they were published: they cannot be repaired"
+                "{table} holds no row older than the last acknowledged commit ({from}) besides those of parked \
+                 aggregates (kept whatever their age), so rows committed in {window} may have been deleted \
+                 before they were published: they cannot be repaired"
             ),
             "if nothing was deleted early (or you accept the loss in that window), start again with \
              --accept-gap; keep outbox rows longer than a slot can be lost for (docs/outbox-table.md)",
@@ -141,21 +163,43 @@ pub(crate) async fn plan(
     })
 }
 
-/// Which rows a repair publishes (`WHERE`): `$1` is `since`; by commit
-/// timestamp, a row whose commit timestamp is unknown (frozen, or committed
+/// Which rows a repair publishes (`WHERE`, over the table aliased `o`): `$1`
+/// is `since`. By commit timestamp, only a local commit's timestamp is
+/// trusted: a row whose commit timestamp is unknown (frozen, or committed
 /// before it was tracked) is judged by `occurred_at` against `$2`
-/// ([`unknown_commit_time_bound`]). Both microseconds since 2000-01-01.
-fn repair_filter(bound: &str, has_occurred_at: bool) -> String {
-    let ts = micros_of("pg_xact_commit_timestamp(xmin)");
-    match bound {
-        BY_COMMIT_TIMESTAMP if has_occurred_at => format!(
-            "CASE WHEN pg_xact_commit_timestamp(xmin) IS NULL THEN {} >= $2::float8 \
-             ELSE {ts} >= $1::float8 END",
-            micros_of("occurred_at")
+/// ([`unknown_commit_time_bound`]), and so is a row committed through a
+/// replication origin, whose timestamp is the origin's and says nothing about
+/// local WAL order (review R1); such a row goes when either time says it may
+/// be after (duplicates, never loss). `origins_known`: the server tells
+/// origins apart (`pg_xact_commit_timestamp_origin`, PostgreSQL 14+); before,
+/// any commit timestamp may be an origin's. Without `occurred_at`, a row with
+/// an origin always goes (on PostgreSQL 13 it cannot be told). Both bounds
+/// microseconds since 2000-01-01.
+fn repair_filter(bound: &str, has_occurred_at: bool, origins_known: bool) -> String {
+    let ts = micros_of("c.timestamp");
+    let occurred = micros_of("o.occurred_at");
+    let judged = match (bound, has_occurred_at, origins_known) {
+        (BY_COMMIT_TIMESTAMP, true, true) => format!(
+            "CASE WHEN c.timestamp IS NULL THEN {occurred} >= $2::float8 \
+             WHEN c.roident <> 0 THEN {ts} >= $1::float8 OR {occurred} >= $2::float8 \
+             ELSE {ts} >= $1::float8 END"
         ),
-        BY_COMMIT_TIMESTAMP => format!("{ts} >= $1::float8"),
-        _ => format!("{} >= $1::float8", micros_of("occurred_at")),
-    }
+        (BY_COMMIT_TIMESTAMP, true, false) => format!(
+            "CASE WHEN c.timestamp IS NULL THEN {occurred} >= $2::float8 \
+             ELSE {ts} >= $1::float8 OR {occurred} >= $2::float8 END"
+        ),
+        (BY_COMMIT_TIMESTAMP, false, true) => {
+            format!("c.roident <> 0 OR {ts} >= $1::float8")
+        }
+        (BY_COMMIT_TIMESTAMP, false, false) => format!("{ts} >= $1::float8"),
+        _ => return format!("{occurred} >= $1::float8"),
+    };
+    let commit = if origins_known {
+        "pg_xact_commit_timestamp_origin(o.xmin) AS c"
+    } else {
+        "pg_xact_commit_timestamp(o.xmin) AS c(timestamp)"
+    };
+    format!("coalesce((SELECT {judged} FROM {commit}), false)")
 }
 
 /// The `occurred_at` bound for rows whose commit timestamp is unknown: the
@@ -187,6 +231,8 @@ pub(crate) async fn publish(
     let table = &retained.table;
 
     let has_occurred_at = retained.has_column("occurred_at");
+    // A record's time: a commit through an origin is dated by the origin's
+    // timestamp, as pgoutput dates it when streamed.
     let time = match pending.bound.as_str() {
         BY_COMMIT_TIMESTAMP if has_occurred_at => {
             "coalesce(pg_xact_commit_timestamp(xmin), occurred_at)"
@@ -195,7 +241,8 @@ pub(crate) async fn publish(
         _ => "occurred_at",
     };
     let micros = micros_of(time);
-    let filter = repair_filter(&pending.bound, has_occurred_at);
+    let origins_known = server_version_num(client).await? >= 140000;
+    let filter = repair_filter(&pending.bound, has_occurred_at, origins_known);
     if let Some(snapshot) = snapshot {
         client
             .batch_execute(&format!(
@@ -212,7 +259,7 @@ pub(crate) async fn publish(
     } else {
         vec![&since]
     };
-    let select = format!("SELECT count(*) FROM {table} WHERE {filter}");
+    let select = format!("SELECT count(*) FROM {table} AS o WHERE {filter}");
     let total: i64 = query_value(client, &select, &params).await.map_err(&e)?;
     metrics.repair_started(total.max(0) as u64);
     info!(rows = total, table = %table, bound = %pending.bound, since = %micros_text(pending.since_micros),
@@ -294,20 +341,46 @@ mod tests {
             unknown_commit_time_bound(&pending, &config),
             (acked - 3_600_000_000) as f64
         );
-        let filter = repair_filter(BY_COMMIT_TIMESTAMP, true);
+        let filter = repair_filter(BY_COMMIT_TIMESTAMP, true, true);
         assert!(
-            filter.starts_with("CASE WHEN pg_xact_commit_timestamp(xmin) IS NULL THEN"),
+            filter
+                .contains("CASE WHEN c.timestamp IS NULL THEN ((extract(epoch FROM o.occurred_at)"),
             "{filter}"
         );
         assert!(
             filter.contains("occurred_at) - 946684800) * 1e6)::float8 >= $2::float8"),
             "{filter}"
         );
-        assert!(
-            filter.contains("ELSE ((extract(epoch FROM pg_xact_commit_timestamp(xmin))"),
-            "{filter}"
-        );
-        let by_time = repair_filter(BY_OCCURRED_AT, true);
+        let by_time = repair_filter(BY_OCCURRED_AT, true, true);
         assert!(!by_time.contains("$2"), "{by_time}");
+    }
+
+    /// Review R1: a commit timestamp is trusted only for a local commit. A
+    /// row committed through a replication origin (PostgreSQL 14+ tells) is
+    /// also judged by occurred_at; before 14 any timestamp may be an origin's.
+    #[test]
+    fn origin_commit_timestamps_fall_back_to_occurred_at() {
+        let with_origins = repair_filter(BY_COMMIT_TIMESTAMP, true, true);
+        assert!(
+            with_origins.contains("FROM pg_xact_commit_timestamp_origin(o.xmin) AS c"),
+            "{with_origins}"
+        );
+        let origin_branch = with_origins
+            .split("WHEN c.roident <> 0 THEN ")
+            .nth(1)
+            .and_then(|rest| rest.split(" ELSE ").next())
+            .unwrap_or_else(|| panic!("no origin branch: {with_origins}"));
+        assert!(origin_branch.contains(">= $2::float8"), "{with_origins}");
+        let before_14 = repair_filter(BY_COMMIT_TIMESTAMP, true, false);
+        let known = before_14
+            .split(" ELSE ")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no branch for known timestamps: {before_14}"));
+        assert!(known.contains(">= $2::float8"), "{before_14}");
+        let no_occurred_at = repair_filter(BY_COMMIT_TIMESTAMP, false, true);
+        assert!(
+            no_occurred_at.contains("c.roident <> 0 OR"),
+            "{no_occurred_at}"
+        );
     }
 }

@@ -83,6 +83,17 @@ impl EventIdSet {
         self.0.binary_search(&Self::fingerprint(event_id)).is_ok()
     }
 
+    /// The ids of this set that are not in `other`.
+    pub fn without(&self, other: &EventIdSet) -> EventIdSet {
+        let kept = self
+            .0
+            .iter()
+            .filter(|f| other.0.binary_search(f).is_err())
+            .copied()
+            .collect();
+        EventIdSet(Arc::new(kept))
+    }
+
     pub fn len(&self) -> usize {
         self.0.len()
     }

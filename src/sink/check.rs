@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use rdkafka::client::ClientContext;
 use rdkafka::config::FromClientConfigAndContext;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::KafkaError;
 use rdkafka::message::DeliveryResult;
 use rdkafka::producer::{BaseProducer, Producer, ProducerContext};
@@ -33,6 +34,10 @@ struct CheckContext {
 }
 
 impl ClientContext for CheckContext {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        super::client_log::log(level, facility, message);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         tracing::debug!(%error, %reason, "Kafka client error during check");
         self.last_error.record(&error, reason);

@@ -25,6 +25,7 @@
 
 mod check;
 mod client_error;
+mod client_log;
 mod error;
 mod partition;
 mod producer;

@@ -21,6 +21,7 @@ use std::time::Duration;
 use rdkafka::bindings::rd_kafka_fatal_error;
 use rdkafka::client::ClientContext;
 use rdkafka::config::FromClientConfigAndContext;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, DeliveryResult, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
@@ -135,6 +136,10 @@ impl<T> SinkContext<T> {
 }
 
 impl<T: Send + 'static> ClientContext for SinkContext<T> {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        super::client_log::log(level, facility, message);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         match self.fatal_error() {
             Some((code, fatal_reason)) => tracing::error!(

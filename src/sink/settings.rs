@@ -22,7 +22,9 @@
 //!   gauges rise: that is the alert, not a timeout.
 //! * `enable.gapless.guarantee=true`: any other error that would leave a gap in
 //!   a partition's sequence is fatal to the producer; the pipeline recreates it
-//!   and replays from the durable acked LSN.
+//!   and replays from the durable acked LSN. librdkafka calls the property
+//!   experimental and warns (CONFWARN) at every producer's creation; that
+//!   warning is logged at DEBUG (client_log.rs).
 //!
 //! Defaulted (set by us unless the user sets it):
 //! * `max.in.flight.requests.per.connection=1` (alias `max.in.flight`): one

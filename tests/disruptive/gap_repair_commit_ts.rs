@@ -9,10 +9,10 @@
 
 use crate::common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::relay::{Fixture, Running, consume};
+use common::relay::{Fixture, Running, consume, read_ids};
 use common::{TrackingOff, set_track_commit_timestamp};
 use common::{admin_client, init_tracing};
 use outbox_cdc::pipeline::RunOptions;
@@ -106,5 +106,104 @@ async fn repair_by_commit_timestamp_is_exact() {
         );
     }
     running.stop().await.expect("graceful stop");
+    fx.cleanup().await;
+}
+
+/// Review R1: a row committed through a replication origin (a subscription,
+/// pglogical, any `pg_replication_origin_session_setup()` writer) carries the
+/// origin's commit timestamp, which says nothing about local WAL order. One
+/// committed in the gap but stamped an hour before the acknowledged commit
+/// is repaired all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_committed_in_the_gap_with_an_old_origin_timestamp_is_repaired() {
+    let _alone = common::alone().await;
+    init_tracing();
+    set_track_commit_timestamp(true);
+    let _off = TrackingOff;
+
+    let fx = Fixture::new("repairorigin").await;
+    let config = || fx.config_with("OUTBOX_CDC__REPAIR__COMMIT_TIME_MARGIN_MS=0");
+    let running = Running::start(config()).await;
+    let before = fx
+        .write_tx(&[("order", "t", r#"{"n":1}"#.to_owned())], true)
+        .await;
+    consume(
+        &fx.topic_prefix,
+        before.len(),
+        TIMEOUT,
+        Duration::from_secs(1),
+    );
+    running.stop().await.expect("graceful stop");
+
+    fx.admin
+        .execute("SELECT pg_drop_replication_slot($1)", &[&fx.slot])
+        .await
+        .expect("drop the slot");
+    // Committed in the gap by an origin session, stamped an hour ago (what a
+    // subscription applying a backlog writes); occurred_at is left to now().
+    let origin = format!("o_{}", fx.name);
+    fx.admin
+        .batch_execute(&format!(
+            "SELECT pg_replication_origin_create('{origin}');
+             SELECT pg_replication_origin_session_setup('{origin}');
+             BEGIN;
+             SELECT pg_replication_origin_xact_setup('0/1', now() - interval '1 hour');
+             INSERT INTO public.{t} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload)
+             VALUES (gen_random_uuid(), 'order', 't', 2, 'FromOrigin', '{{}}');
+             COMMIT;
+             SELECT pg_replication_origin_session_reset();
+             SELECT pg_replication_origin_drop('{origin}');",
+            t = fx.table
+        ))
+        .await
+        .expect("a row written with a replication origin");
+    let (from_origin, stamped_early): (String, bool) = {
+        let row = fx
+            .admin
+            .query_one(
+                &format!(
+                    "SELECT event_id::text, pg_xact_commit_timestamp(xmin) < now() - interval '50 minutes'
+                     FROM public.{} WHERE event_type = 'FromOrigin'",
+                    fx.table
+                ),
+                &[],
+            )
+            .await
+            .expect("the origin row");
+        (row.get(0), row.get(1))
+    };
+    assert!(
+        stamped_early,
+        "the row carries the origin's old commit timestamp"
+    );
+
+    Running::spawn(
+        config(),
+        RunOptions {
+            recreate_slot: true,
+            repair_only: true,
+            ..RunOptions::default()
+        },
+    )
+    .finished(TIMEOUT)
+    .await
+    .expect("repair");
+    let wanted = BTreeSet::from([from_origin.clone()]);
+    let records = read_ids(
+        &fx.topic_prefix,
+        &wanted,
+        Duration::from_secs(20),
+        Duration::ZERO,
+    );
+    assert!(
+        records.is_ok(),
+        "the row committed in the gap through a replication origin ({from_origin}) was not repaired; \
+         published: {:?}",
+        records
+            .unwrap_or_else(|r| r)
+            .iter()
+            .map(|r| r.header("event_id").to_owned())
+            .collect::<Vec<_>>()
+    );
     fx.cleanup().await;
 }

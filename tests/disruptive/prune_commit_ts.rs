@@ -1,11 +1,11 @@
-//! Pruning with `track_commit_timestamp = on`: rows are judged by their
-//! transaction's commit timestamp. A row with an `occurred_at` far in the
-//! past that committed after the acknowledged transaction is kept; rows
-//! committed before it (minus `repair.commit_time_margin_ms`) go. A row
-//! written with a replication origin carries the origin's commit timestamp,
-//! not one in local WAL order (audit F7b): it is not judged by it, so one
-//! committed after the acknowledged position with an old origin timestamp is
-//! kept too.
+//! Pruning with `track_commit_timestamp = on`: commit timestamps do not
+//! decide, transaction ids do. A row with an `occurred_at` far in the past
+//! that committed after the acknowledged transaction is kept; rows committed
+//! before it (proven by a checkpoint's oldest running xid) go. A row written
+//! with a replication origin carries the origin's commit timestamp, not one
+//! in local WAL order (audit F7b), so one committed after the acknowledged
+//! position with an old origin timestamp is kept too; and so is a row
+//! committed after it while the clocks disagree (review P1).
 //!
 //! This test restarts the test PostgreSQL twice (the setting needs a
 //! restart). The setting is reset
@@ -21,7 +21,7 @@ use outbox_cdc::pg::PgTimestamp;
 use outbox_cdc::pipeline::AckedPosition;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prune_by_commit_timestamp_keeps_old_rows_committed_after_the_acknowledged_one() {
+async fn with_commit_timestamps_tracked_old_rows_committed_after_the_acknowledged_one_stay() {
     let _alone = common::alone().await;
     init_tracing();
     set_track_commit_timestamp(true);
@@ -40,6 +40,12 @@ async fn prune_by_commit_timestamp_keeps_old_rows_committed_after_the_acknowledg
         .batch_execute(&insert("before"))
         .await
         .expect("rows acknowledged");
+    // The proof that "before" committed before the acknowledged position:
+    // this checkpoint's oldest running xid is newer than theirs.
+    fx.admin
+        .batch_execute("CHECKPOINT")
+        .await
+        .expect("checkpoint");
     tokio::time::sleep(Duration::from_millis(600)).await;
     // The acknowledged transaction's commit time: after "before" committed.
     let acked: i64 = fx
@@ -123,5 +129,75 @@ async fn prune_by_commit_timestamp_keeps_old_rows_committed_after_the_acknowledg
         "{report}"
     );
     assert_eq!(report.rows(), 10, "{report}");
+    fx.cleanup().await;
+}
+
+/// Review P1: commit timestamps come from the wall clock, which can step
+/// back (NTP, a restored VM, a failover to a host whose clock is behind).
+/// Here the acknowledged commit was stamped by a clock an hour ahead; a row
+/// committed after the acknowledged LSN, with an `occurred_at` past the
+/// retention, must stay: nothing proves it published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_committed_after_the_acknowledged_lsn_stays_whatever_the_clocks_say() {
+    let _alone = common::alone().await;
+    init_tracing();
+    set_track_commit_timestamp(true);
+    let _reset = TrackingOff;
+    let fx = Fixture::new("prunestep").await;
+    let t = &fx.table;
+    fx.admin
+        .batch_execute(&format!("GRANT DELETE ON public.{t} TO outbox"))
+        .await
+        .expect("grant");
+    let acked_lsn = fx.wal_insert_lsn().await;
+    let now: i64 = fx
+        .admin
+        .query_one(
+            "SELECT ((extract(epoch FROM clock_timestamp()) - 946684800) * 1e6)::int8",
+            &[],
+        )
+        .await
+        .expect("clock")
+        .get(0);
+    // Committed after acked_lsn, so not yet published.
+    let id: String = fx
+        .admin
+        .query_one(
+            &format!(
+                "INSERT INTO public.{t} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at)
+                 VALUES (gen_random_uuid(), 'order', 'late', 1, 'E', '{{}}', '2000-01-01')
+                 RETURNING event_id::text"
+            ),
+            &[],
+        )
+        .await
+        .expect("insert")
+        .get(0);
+    let acked = AckedPosition {
+        lsn: acked_lsn,
+        commit_time: PgTimestamp(now + 3_600_000_000),
+    };
+    let config = fx.config_with("OUTBOX_CDC__PRUNE__RETENTION=1h");
+    let client = outbox_cdc::pg::PgConnectConfig::parse(&config.postgres.url)
+        .expect("url")
+        .connect_sql()
+        .await
+        .expect("connect as outbox");
+    let report = common::prune_now(&client, &config, acked)
+        .await
+        .expect("prune");
+    let left: i64 = fx
+        .admin
+        .query_one(
+            &format!("SELECT count(*) FROM public.{t} WHERE event_id::text = $1"),
+            &[&id],
+        )
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(
+        left, 1,
+        "a row committed after the acknowledged LSN was pruned: {report}"
+    );
     fx.cleanup().await;
 }

@@ -272,3 +272,142 @@ async fn deleted_records_are_found_and_repaired() {
     );
     fx.cleanup().await;
 }
+
+/// Review R3: with `on_poison = "dead-letter"`, a poison event and the later
+/// events of its (now parked) aggregate are on the dead-letter topic. The
+/// audit must not call them missing, and `--repair` must not publish a row of
+/// that aggregate to the main topic past the poison event (only `release`
+/// lets the aggregate flow again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_lettered_events_are_not_missing_and_repair_keeps_their_aggregate_parked() {
+    init_tracing();
+    let fx = Fixture::new("auditdlq").await;
+    let dlq_topic = format!("{}.dlq", fx.topic_prefix);
+    let env = format!(
+        "OUTBOX_CDC__OUTBOX__ON_POISON=dead-letter OUTBOX_CDC__OUTBOX__DEAD_LETTER_TOPIC={dlq_topic} \
+         OUTBOX_CDC__OUTBOX__MAX_RECORD_BYTES=2000"
+    );
+    let since: String = fx
+        .admin
+        .query_one("SELECT (now() - interval '1 second')::text", &[])
+        .await
+        .expect("now")
+        .get(0);
+    let running = Running::start(fx.config_with(&env)).await;
+    let small = |n: usize| format!(r#"{{"n": {n}}}"#);
+    let huge = format!(r#"{{"blob": "{}"}}"#, "x".repeat(5000));
+    fx.write_tx(&[("order", "a1", small(1))], true).await;
+    let poison = fx.write_tx(&[("order", "a1", huge)], true).await;
+    let parked = fx.write_tx(&[("order", "a1", small(3))], true).await;
+    fx.write_tx(&[("order", "a2", small(4))], true).await;
+    let records = consume(&fx.topic_prefix, 4, TIMEOUT, Duration::from_secs(2));
+    let on_dlq: BTreeSet<&str> = records
+        .iter()
+        .filter(|r| r.topic == dlq_topic)
+        .map(|r| r.header("event_id"))
+        .collect();
+    assert_eq!(
+        on_dlq,
+        BTreeSet::from([poison[0].as_str(), parked[0].as_str()]),
+        "the fixture: the poison event and the parked one are dead-lettered"
+    );
+    running.stop().await.expect("graceful stop");
+
+    let options = AuditOptions {
+        since: since.clone(),
+        until: None,
+        aggregate_type: None,
+        max_examples: 100,
+        progress: false,
+    };
+    let report = run(&fx.config_with(&env), &options).await.expect("audit");
+    assert_eq!(report.missing, 0, "{}", report.to_text());
+    assert!(report.passed(), "{}", report.to_text());
+    // The poison row (unmappable: too large) and the parked one are counted
+    // as dead-lettered, with the other two rows published.
+    assert_eq!(
+        (
+            report.rows,
+            report.records,
+            report.dead_letter_records,
+            report.dead_lettered
+        ),
+        (4, 2, 2, 2),
+        "{}",
+        report.to_text()
+    );
+    let listed: BTreeSet<&str> = report
+        .dead_lettered_rows
+        .iter()
+        .map(|d| d.event_id.as_str())
+        .collect();
+    assert_eq!(listed, on_dlq, "{}", report.to_text());
+    assert!(report.to_text().contains("dead-lettered: 2"));
+
+    // A later event of the parked aggregate written while the connector is
+    // stopped has no record anywhere: missing, but parked behind the poison
+    // event, so the repair must not publish it.
+    let later = fx.write_tx(&[("order", "a1", small(5))], true).await;
+    let report = run(&fx.config_with(&env), &options).await.expect("audit");
+    assert_eq!(report.missing, 1, "{}", report.to_text());
+    assert_eq!(report.missing_rows[0].event_id, later[0]);
+    assert_eq!(report.held_back, 1, "{}", report.to_text());
+    let held = &report.held_back_rows[0];
+    assert_eq!(
+        (held.event_id.as_str(), held.behind.as_str()),
+        (later[0].as_str(), poison[0].as_str()),
+        "held back behind the poison event (sequence 2, read from its row): {}",
+        report.to_text()
+    );
+    let outcome = outbox_cdc::audit::repair(&fx.config_with(&env), &options, &report)
+        .await
+        .expect("audit --repair");
+    assert_eq!(
+        outcome.replayed.total(),
+        0,
+        "nothing of a parked aggregate is republished: {}",
+        outcome.replayed
+    );
+    assert_eq!(outcome.skipped, 1);
+    assert_eq!(outcome.skipped_rows[0].event_id, later[0]);
+    assert!(
+        outcome.skipped_rows[0]
+            .reason
+            .contains("parked behind dead-lettered event"),
+        "{}",
+        outcome.skipped_rows[0].reason
+    );
+
+    // The binary: still missing after the repair (exit 1), with what it
+    // skipped and why.
+    let config_file = fx.write_config_file();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-cdc"))
+        .args(["audit", "--repair", "--since", &since, "--config"])
+        .arg(&config_file)
+        .env("OUTBOX_CDC__OUTBOX__ON_POISON", "dead-letter")
+        .env("OUTBOX_CDC__OUTBOX__DEAD_LETTER_TOPIC", &dlq_topic)
+        .env("OUTBOX_CDC__OUTBOX__MAX_RECORD_BYTES", "2000")
+        .output()
+        .expect("run outbox-cdc audit --repair");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(stdout.contains("published 0 records"), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "skipped order/a1 {}: parked behind dead-lettered event {}",
+            later[0], poison[0]
+        )),
+        "{stdout}"
+    );
+    let main_topic = format!("{}.order", fx.topic_prefix);
+    let after = consume(&fx.topic_prefix, 4, TIMEOUT, Duration::from_secs(2));
+    let a1_on_main = after
+        .iter()
+        .filter(|r| r.topic == main_topic && r.key == "a1")
+        .count();
+    assert_eq!(
+        a1_on_main, 1,
+        "only a1's event before the poison one is on {main_topic}"
+    );
+    fx.cleanup().await;
+}

@@ -177,6 +177,77 @@ async fn a_repair_the_outbox_cannot_cover_is_refused_unless_accepted() {
     fx.cleanup().await;
 }
 
+/// Review R2: rows of a parked aggregate are kept by pruning whatever their
+/// age, so they say nothing about how far deletes reached. With only such a
+/// row from 30 days ago left and the gap's rows deleted, the repair is
+/// refused unless the operator accepts the gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_aggregates_old_row_does_not_prove_the_gap_covered() {
+    init_tracing();
+    let fx = Fixture::new("repairparked").await;
+    let env = format!(
+        "OUTBOX_CDC__OUTBOX__ON_POISON=dead-letter OUTBOX_CDC__OUTBOX__DEAD_LETTER_TOPIC={}.dlq \
+         OUTBOX_CDC__OUTBOX__MAX_RECORD_BYTES=2000",
+        fx.topic_prefix
+    );
+    let running = Running::start(fx.config_with(&env)).await;
+    // Too large for a record: dead-lettered, its aggregate parked.
+    fx.admin
+        .execute(
+            &format!(
+                "INSERT INTO public.{} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at)
+                 VALUES (gen_random_uuid(), 'order', 'parked', 1, 'Huge', jsonb_build_object('blob', repeat('x', 5000)),
+                         now() - interval '30 days')",
+                fx.table
+            ),
+            &[],
+        )
+        .await
+        .expect("insert the poison row");
+    fx.write_tx(&[("order", "g", r#"{"n":1}"#.to_owned())], true)
+        .await;
+    consume(&fx.topic_prefix, 2, TIMEOUT, Duration::ZERO);
+    running.stop().await.expect("graceful stop");
+    {
+        let store = outbox_cdc::checkpoint::OffsetStore::open(&fx.offsets_path()).unwrap();
+        assert!(store.is_parked("order", "parked").unwrap());
+    }
+
+    fx.admin
+        .execute("SELECT pg_drop_replication_slot($1)", &[&fx.slot])
+        .await
+        .expect("drop the slot");
+    // Committed in the gap, then removed by something other than the
+    // pruner (a cleanup job) before it was published.
+    fx.write_tx(&[("order", "g", r#"{"n":2}"#.to_owned())], true)
+        .await;
+    fx.admin
+        .batch_execute(&format!(
+            "DELETE FROM public.{} WHERE aggregate_id <> 'parked'",
+            fx.table
+        ))
+        .await
+        .expect("delete the gap's rows");
+
+    let err = Running::spawn(
+        fx.config_with(&env),
+        RunOptions {
+            recreate_slot: true,
+            repair_only: true,
+            ..RunOptions::default()
+        },
+    )
+    .finished(TIMEOUT)
+    .await
+    .expect_err("a repair the table cannot cover must be refused");
+    assert!(
+        matches!(&err, PipelineError::RepairRefused { fix, .. } if fix.contains("--accept-gap")),
+        "{err}"
+    );
+    assert!(fx.slot_confirmed_flush().await.is_none());
+    fx.cleanup().await;
+}
+
 /// The repair killed half-way (SIGKILL at its third record): the next start
 /// finds the unfinished repair and the new slot, publishes again, and
 /// nothing is lost.

@@ -5,9 +5,8 @@
 //! A row counts as acknowledged when its transaction provably ended before
 //! the acknowledged LSN: its xid precedes the slot's `catalog_xmin` (taken
 //! from a running-transactions record the slot confirmed) or the last
-//! acknowledged checkpoint's `oldest_active_xid` (or, with
-//! `track_commit_timestamp = on`, by its commit timestamp:
-//! tests/disruptive/prune_commit_ts.rs). The tests run `CHECKPOINT` (which logs a
+//! acknowledged checkpoint's `oldest_active_xid`, never by its commit
+//! timestamp (tests/disruptive/prune_commit_ts.rs). The tests run `CHECKPOINT` (which logs a
 //! running-transactions record) where a busy server would have logged one.
 //!
 //! Issue 29: the last two run the pruner while transactions stay open across

@@ -312,3 +312,49 @@ async fn record_larger_than_the_topic_limit_is_refused_and_stops_the_producer() 
         "only the two small records"
     );
 }
+
+/// A healthy start logs no WARN. librdkafka warns (CONFWARN) about every
+/// experimental property set, and outbox-cdc sets `enable.gapless.guarantee`
+/// on purpose: that warning says nothing an operator can act on. The real
+/// binary streams one event through the real broker; its log at level info
+/// has no WARN line, and the warning is there at DEBUG, naming the property.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_start_logs_no_warning() {
+    common::init_tracing();
+    use common::relay::{Fixture, log_of, read_records, spawn_binary_with};
+    let fx = Fixture::new("nowarn").await;
+    let config = fx.write_config_file();
+    let mut child = spawn_binary_with(&config, &[("RUST_LOG", "info,librdkafka=debug")]);
+    // A row written before the slot exists would not be streamed.
+    fx.wait_for_slot().await;
+    let ids = fx
+        .write_tx(&[("order", "w1", r#"{"n": 1}"#.to_owned())], true)
+        .await;
+    let records = read_records(
+        &fx.topic_prefix,
+        1,
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    )
+    .unwrap_or_else(|_| panic!("the event did not arrive; log:\n{}", log_of(&config)));
+    assert_eq!(records[0].header("event_id"), ids[0]);
+    child.terminate(Duration::from_secs(30));
+    let log = log_of(&config);
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect();
+    assert!(
+        warnings.is_empty(),
+        "a healthy start logged warnings:\n{}\n\nwhole log:\n{log}",
+        warnings.join("\n")
+    );
+    assert!(
+        log.lines().any(|l| l.contains(" DEBUG ")
+            && l.contains("CONFWARN")
+            && l.contains("enable.gapless.guarantee")
+            && l.contains("on purpose")),
+        "the expected CONFWARN at DEBUG:\n{log}"
+    );
+    fx.cleanup().await;
+}

@@ -230,7 +230,9 @@ pub(super) async fn bootstrap<D: Delivery>(
                         "recreate planned without a stored offset",
                     ));
                 };
-                let pending = repair::plan(&client, config, stored, options.accept_gap).await?;
+                let parked = tokio::task::block_in_place(|| store.parked())?;
+                let pending =
+                    repair::plan(&client, config, stored, &parked, options.accept_gap).await?;
                 tokio::task::block_in_place(|| store.begin_repair(slot, &pending))?;
                 if drop_invalidated {
                     control::drop_slot(&client, slot).await?;

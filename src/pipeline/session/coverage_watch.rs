@@ -150,19 +150,9 @@ impl ProofRecord {
         Ok(())
     }
 
-    /// The refusal a start gives while breaks are stored: one audit window
-    /// over all of them.
+    /// The refusal a start gives while breaks are stored.
     fn refusal(&self, breaks: &[CoverageBreak]) -> Option<StartRefused> {
-        let since = breaks.iter().map(|b| b.since_micros).min()?;
-        let until = breaks.iter().map(|b| b.until_micros).max()?;
-        let what: Vec<&str> = breaks.iter().map(|b| b.what.as_str()).collect();
-        Some(StartRefused::CoverageBroken {
-            slot: self.slot.clone(),
-            since: PgTimestamp(since.saturating_sub(self.margin_micros)).rfc3339(),
-            // Whole seconds up, so the window's end is not cut by rounding.
-            until: PgTimestamp(until.saturating_add(1_000_000)).rfc3339(),
-            what: what.join("; "),
-        })
+        StartRefused::coverage_broken(&self.slot, self.margin_micros, breaks)
     }
 }
 
