@@ -860,3 +860,42 @@ async fn an_unlogged_bulk_load_while_stopped_is_refused_or_published() {
     }
     f.cleanup().await;
 }
+
+/// C4 at start, a foreign partition (an archive range on another server):
+/// its rows are not in this server's WAL, so the start is refused naming it.
+/// A handler-less foreign-data wrapper is enough for the catalog; a
+/// partitioned table with a unique index takes no foreign partition, so the
+/// primary key goes first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_partition_refuses_the_start() {
+    init_tracing();
+    let f = partitioned_fixture("cbforeign", true).await;
+    let t = f.table.clone();
+    let (fdw, server) = (format!("fdw_{}", f.name), format!("srv_{}", f.name));
+    f.admin
+        .batch_execute(&format!(
+            "ALTER TABLE public.{t} DROP CONSTRAINT {t}_pkey;
+             CREATE FOREIGN DATA WRAPPER {fdw};
+             CREATE SERVER {server} FOREIGN DATA WRAPPER {fdw};
+             CREATE FOREIGN TABLE public.{t}_archive PARTITION OF public.{t}
+                 FOR VALUES FROM ('1990-01-01') TO ('2000-01-01') SERVER {server};"
+        ))
+        .await
+        .expect("a foreign partition");
+    let what = "a foreign partition at start";
+    let refused = start_refused(f.config(), what).await;
+    f.admin
+        .batch_execute(&format!(
+            "DROP FOREIGN TABLE public.{t}_archive; DROP SERVER {server}; DROP FOREIGN DATA WRAPPER {fdw};"
+        ))
+        .await
+        .expect("drop the foreign partition");
+    match refused {
+        PipelineError::NotCovered(nc) => assert!(
+            names_not_in_wal(&nc.problems, &format!("{t}_archive")),
+            "{what}: refused without NotInWal naming {t}_archive: {nc}"
+        ),
+        other => panic!("{what}: expected NotCovered(NotInWal), got {other:?}"),
+    }
+    f.cleanup().await;
+}
