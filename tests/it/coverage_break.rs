@@ -549,6 +549,23 @@ async fn a_partition_made_unlogged_while_streaming_stops_the_connector() {
         other => panic!("{what}: expected CoverageLost(NotInWal), got {other:?}"),
     }
     assert_not_acknowledged_past(&f, unlogged, "the first row in the unlogged partition").await;
+
+    // The fix the refusal gives, then a plain restart: the rows written
+    // while it was unlogged are still unpublished, so the start refuses
+    // until `audit --repair` has published them.
+    f.admin
+        .batch_execute(&format!("ALTER TABLE public.{t}_cur SET LOGGED"))
+        .await
+        .expect("make the partition logged again");
+    let what = "restart after the unlogged partition was made logged again";
+    let (since, until) = coverage_broken(start_refused(f.config(), what).await, &f.slot, what);
+    audit_repair(&f, &since, &until);
+    arrive(
+        &f,
+        &hidden.iter().cloned().collect(),
+        "rows written while unlogged, after audit --repair",
+    );
+    streams_again(&f, "the start after the repair").await;
     f.cleanup().await;
 }
 
