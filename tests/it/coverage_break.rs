@@ -10,7 +10,7 @@ use crate::common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::relay::{Fixture, Running, consume, read_ids};
+use common::relay::{Fixture, Running, consume, log_of, read_ids, spawn_binary};
 use common::{init_tracing, pg_url};
 use outbox_cdc::checkpoint::OffsetStore;
 use outbox_cdc::config::Config;
@@ -626,6 +626,26 @@ async fn a_publication_change_seen_while_streaming_is_refused_until_repaired() {
     }
     assert_not_acknowledged_past(&f, narrowed, "the change (after the refused restarts)").await;
     let (since, until) = windows.pop().expect("two refusals");
+    // The binary, as a supervisor restarts it: exit 1, the command in its log.
+    let config = f.write_config_file();
+    let mut child = spawn_binary(&config);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the binary did not refuse within 30 s after the break: {}",
+            log_of(&config)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log = log_of(&config);
+    assert!(
+        !status.success() && log.contains(&format!("--since '{since}' --until '{until}' --repair")),
+        "the binary after the break: {status}, log:\n{log}"
+    );
     audit_repair(&f, &since, &until);
     arrive(&f, &hidden, "the hidden row after audit --repair");
     streams_again(&f, "the start after the repair").await;
