@@ -25,7 +25,7 @@
 //! table as it was when the change was made) that lacks a mapped column cannot
 //! be an outbox partition.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 use tokio_postgres::Client;
@@ -79,6 +79,9 @@ pub struct Partition {
     /// xmin of its `pg_inherits` row: the transaction that created or
     /// attached it as a partition.
     pub attached_xmin: i64,
+    /// Its heap has a page: a row was written to it once (a heap that never
+    /// held a row has none).
+    pub holds_rows: bool,
 }
 
 impl Partition {
@@ -138,6 +141,11 @@ pub struct PublicationIdentity {
     pub leaves_as_root: bool,
     /// The `pg_publication_rel` and `pg_publication_namespace` entries.
     pub entries: BTreeSet<IdentityEntry>,
+    /// `pg_class.relfilenode` of the table or of each leaf partition, by
+    /// OID. `ALTER TABLE ... SET UNLOGGED` and `SET LOGGED` each rewrite the
+    /// table into a new file: rows loaded in between never reached WAL, and
+    /// once it is logged again nothing in the catalog but the new file says so.
+    pub storage: BTreeMap<u32, u32>,
 }
 
 /// One publication entry for the outbox tree, by identity.
@@ -571,8 +579,11 @@ pub fn judge(
             .partition(|leaf| published.contains_key(&leaf.oid));
         // A partitioned table without partitions has nothing to publish yet; it
         // is covered once the publication carries it (leaves attached later
-        // are published through it).
-        if !partitioned || present.is_empty() || !missing.is_empty() {
+        // are published through it). A leaf not yet published that never held
+        // a row hides nothing yet (a partition created, then added in another
+        // transaction): once it holds rows it must be published, and if it is
+        // added after that the proofs see it (C3).
+        if !partitioned || present.is_empty() || missing.iter().any(|m| m.holds_rows) {
             problems.push(CoverageProblem::NotPublished {
                 publication: publication.to_owned(),
                 table: table.clone(),
@@ -769,6 +780,24 @@ impl Coverage {
                 "its entries for the outbox were dropped or replaced: {} (DROP TABLE/ADD TABLE, \
                  SET TABLE, a row filter or column list changed)",
                 gone.join(", ")
+            )));
+        }
+        let rewritten: Vec<String> = self
+            .publication
+            .storage
+            .iter()
+            .filter(|(oid, node)| now.storage.get(oid).is_some_and(|n| n != *node))
+            .map(|(oid, _)| match self.outbox.get(oid) {
+                Some(name) => name.to_string(),
+                None => format!("OID {oid}"),
+            })
+            .collect();
+        if !rewritten.is_empty() {
+            return Err(changed(format!(
+                "outbox table or partition {} was rewritten into a new file (ALTER TABLE ... SET UNLOGGED or \
+                 SET LOGGED, also TRUNCATE, VACUUM FULL, CLUSTER, SET TABLESPACE or a column type change): rows \
+                 written while it was unlogged never reached WAL",
+                rewritten.join(", ")
             )));
         }
         if !found.filled_before_published.is_empty() {
@@ -1056,7 +1085,8 @@ async fn partitions(
         .query(
             "SELECT t.relid::oid, n.nspname::text, c.relname::text, t.isleaf, c.relkind::text, \
                     c.relpersistence::text, \
-                    (SELECT i.xmin::text::bigint FROM pg_inherits i WHERE i.inhrelid = t.relid LIMIT 1) \
+                    (SELECT i.xmin::text::bigint FROM pg_inherits i WHERE i.inhrelid = t.relid LIMIT 1), \
+                    c.relkind = 'r' AND pg_relation_size(c.oid) > 0 \
              FROM pg_partition_tree($1::oid::regclass) t JOIN pg_class c ON c.oid = t.relid \
              JOIN pg_namespace n ON n.oid = c.relnamespace WHERE t.relid <> $1",
             &[&oid],
@@ -1075,6 +1105,7 @@ async fn partitions(
                 relkind: first_char(&r.try_get::<_, String>(4).map_err(e)?),
                 persistence: first_char(&r.try_get::<_, String>(5).map_err(e)?),
                 attached_xmin: r.try_get::<_, Option<i64>>(6).map_err(e)?.unwrap_or(0),
+                holds_rows: r.try_get(7).map_err(e)?,
             })
         })
         .collect()
@@ -1136,6 +1167,7 @@ async fn publication_facts(
             publication: (row.try_get(3).map_err(e)?, row.try_get(4).map_err(e)?),
             leaves_as_root: false,
             entries: Default::default(),
+            storage: BTreeMap::new(),
         },
     };
     if let Some(t) = table {
@@ -1192,6 +1224,21 @@ async fn publication_facts(
     if let Some(t) = table {
         facts.identity.leaves_as_root =
             facts.via_root && facts.published.iter().any(|(oid, _)| *oid == t.oid);
+        let mut oids: Vec<u32> = vec![t.oid];
+        oids.extend(t.partitions.iter().map(|m| m.oid));
+        let rows = client
+            .query(
+                "SELECT oid, relfilenode FROM pg_class WHERE oid = ANY ($1::oid[]) AND relkind = 'r'",
+                &[&oids],
+            )
+            .await
+            .map_err(e)?;
+        for r in &rows {
+            facts
+                .identity
+                .storage
+                .insert(r.try_get(0).map_err(e)?, r.try_get(1).map_err(e)?);
+        }
     }
     // Row filters and column lists exist from PostgreSQL 15 on.
     if let Some(t) = table.filter(|_| version >= 150000) {
@@ -1285,16 +1332,20 @@ pub async fn entry_facts(
         else {
             continue;
         };
-        // Created (or attached) and added in one transaction: no window.
-        if leaf.attached_xmin == entry.xmin {
+        // Added to the publication in the transaction that created or
+        // attached it, or before (a table published on its own, then
+        // attached): no window. age() compares both xids against one
+        // reference, so wraparound does not matter.
+        let sql = "SELECT age($1::text::xid) >= age($2::text::xid)";
+        let (added, attached) = (entry.xmin.to_string(), leaf.attached_xmin.to_string());
+        let added_first: bool = query_value(client, sql, &[&added, &attached])
+            .await
+            .map_err(&e)?;
+        if added_first {
             continue;
         }
-        // A heap that never held a row has no page; this needs no privilege
-        // on the leaf (a rolled-back insert also leaves a page: a stop, not
-        // a loss).
-        let sql = "SELECT pg_relation_size($1::oid::regclass) > 0";
-        let holds_rows: bool = query_value(client, sql, &[&leaf.oid]).await.map_err(&e)?;
-        if holds_rows {
+        // A rolled-back insert also leaves a page: a stop, not a loss.
+        if leaf.holds_rows {
             found.filled_before_published.push(leaf.table.clone());
         }
     }
@@ -1408,6 +1459,7 @@ mod tests {
             relkind: 'r',
             persistence: 'p',
             attached_xmin: 0,
+            holds_rows: true,
         }
     }
 
@@ -1736,6 +1788,7 @@ mod tests {
             publication,
             leaves_as_root: false,
             entries: entries.iter().copied().collect(),
+            storage: BTreeMap::new(),
         }
     }
 
@@ -1894,6 +1947,51 @@ mod tests {
         assert!(
             fix.starts_with("ALTER TABLE \"public\".\"outbox_2026_11\" SET LOGGED"),
             "{fix}"
+        );
+    }
+
+    /// A partition made UNLOGGED for a bulk load and LOGGED again between two
+    /// proofs (or while the connector was stopped) looks as before, but for
+    /// its new file: rows loaded in between never reached WAL.
+    #[test]
+    fn a_partition_rewritten_between_proofs_is_a_change() {
+        let mut facts = partitioned(vec![(ROOT, t("outbox"))], false);
+        let mut before = identity((7, 100), &[entry('r', 20, 101, ROOT)]);
+        before.storage = BTreeMap::from([(LEAF_A, LEAF_A), (LEAF_B, LEAF_B)]);
+        facts.publication.as_mut().unwrap().identity = before.clone();
+        let c = proven(&facts);
+        let none = EntryFacts::default();
+        assert_eq!(c.clone().reconfirm("pub", &before, &none), Ok(()));
+        let mut rewritten = before.clone();
+        rewritten.storage.insert(LEAF_B, 90_000);
+        let problem = c
+            .clone()
+            .reconfirm("pub", &rewritten, &none)
+            .expect_err("a new file");
+        assert!(
+            matches!(&problem, CoverageProblem::PublicationChanged { changed, .. }
+                if changed.contains("outbox_2026_12") && changed.contains("SET UNLOGGED")),
+            "{problem}"
+        );
+        // A leaf gone from the tree (dropped, detached) is not a rewrite.
+        let mut gone = before;
+        gone.storage.remove(&LEAF_A);
+        assert_eq!(c.clone().reconfirm("pub", &gone, &none), Ok(()));
+    }
+
+    /// A leaf-list publication: a partition created and not yet added is no
+    /// problem while it never held a row; once it does, it is.
+    #[test]
+    fn an_unpublished_leaf_is_refused_once_it_held_a_row() {
+        let mut facts = partitioned(vec![(LEAF_A, t("outbox_2026_11"))], false);
+        facts.table.as_mut().unwrap().partitions[1].holds_rows = false;
+        proven(&facts);
+        facts.table.as_mut().unwrap().partitions[1].holds_rows = true;
+        let problems = judge(&facts, &t("outbox"), "pub", &mapped()).expect_err("rows in it");
+        assert!(
+            matches!(&problems[..], [CoverageProblem::NotPublished { missing_leaves, .. }]
+                if missing_leaves == &vec![t("outbox_2026_12")]),
+            "{problems:?}"
         );
     }
 

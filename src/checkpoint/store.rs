@@ -92,6 +92,10 @@ pub struct CoverageRecord {
     /// The publication's entries for the outbox tree: (kind, OID, xmin,
     /// relation or schema OID).
     pub entries: Vec<(char, u32, i64, u32)>,
+    /// (OID, relfilenode) of the table or each leaf partition: a rewrite
+    /// (SET UNLOGGED and back) is a break.
+    #[serde(default)]
+    pub storage: Vec<(u32, u32)>,
     /// Breaks found and not yet repaired, oldest first.
     pub breaks: Vec<CoverageBreak>,
 }
@@ -1014,6 +1018,7 @@ mod tests {
                 publication: (7, 100),
                 leaves_as_root: true,
                 entries: vec![('r', 20, 101, 16000), ('n', 30, 105, 2200)],
+                storage: vec![(16000, 16000)],
                 breaks: vec![found(100, 200), found(300, 400)],
             };
             store.save_coverage("s", &record).unwrap();

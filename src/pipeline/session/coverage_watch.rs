@@ -144,6 +144,7 @@ impl ProofRecord {
                 .iter()
                 .map(|e| (e.kind, e.oid, e.xmin, e.target))
                 .collect();
+            record.storage = identity.storage.iter().map(|(o, n)| (*o, *n)).collect();
             record.breaks.extend(found);
             self.store.save_coverage(&self.slot, &record)
         })?;
@@ -170,6 +171,7 @@ fn baseline_of(record: &CoverageRecord) -> PublicationIdentity {
                 target,
             })
             .collect(),
+        storage: record.storage.iter().copied().collect(),
     }
 }
 
