@@ -215,7 +215,7 @@ if [[ "${OUTBOX_CDC_TEST_FULL:-1}" == 0 ]]; then run_full=0; fi
 # `check`/`status` catalog queries, the partitioned outbox (no silent skip),
 # version-dependent features, the server's major, large transactions (streamed
 # from 14 on, whole on 13), a server restart under streaming, and a 10-cycle
-# chaos run. The first nine are modules of the
+# chaos run. The first ten are modules of the
 # shared test binary (tests/it), picked by name filter, in one run; the last
 # two are test filters ("BINARY FILTER") of tests/disruptive and tests/chaos,
 # a run each.
