@@ -268,6 +268,63 @@ async fn a_partition_added_to_a_leaf_list_before_its_first_row_streams_on() {
     f.cleanup().await;
 }
 
+/// C3, the other order: a table holding rows (written while standalone, so
+/// not outbox rows) is added to a leaf-list publication and then attached as
+/// a partition. Its entry is older than its attachment: nothing written to it
+/// as a partition went unsent, so the connector streams on, and rows routed
+/// to it arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_published_before_it_was_attached_streams_on() {
+    init_tracing();
+    let f = leaf_list_fixture("cbpubfirst", false).await;
+    let (t, p) = (f.table.clone(), f.publication.clone());
+    f.admin
+        .batch_execute(&format!(
+            "CREATE TABLE public.{t}_next (LIKE public.{t} INCLUDING ALL)"
+        ))
+        .await
+        .expect("a standalone outbox-shaped table");
+    // Written while standalone and unpublished: never an outbox row.
+    insert(
+        &f.admin,
+        &format!("{t}_next"),
+        &["standalone".into()],
+        1,
+        "'2150-01-01'",
+    )
+    .await;
+    let running = streaming_with_slow_proofs(&f).await;
+    f.admin
+        .batch_execute(&format!("ALTER PUBLICATION {p} ADD TABLE public.{t}_next"))
+        .await
+        .expect("publish it");
+    f.admin
+        .batch_execute(&format!(
+            "ALTER TABLE public.{t} ATTACH PARTITION public.{t}_next \
+             FOR VALUES FROM ('2100-01-01') TO ('2200-01-01')"
+        ))
+        .await
+        .expect("attach it");
+    let running = keeps_running(
+        running,
+        Duration::from_millis(7_000),
+        "a partition published before it was attached",
+    )
+    .await;
+    let routed: BTreeSet<String> = insert(&f.admin, &t, &names("next", 3), 1, "'2150-06-01'")
+        .await
+        .into_iter()
+        .collect();
+    arrive(
+        &f,
+        &routed,
+        "rows routed to the partition published before its attach",
+    );
+    let running = keeps_running(running, Duration::from_millis(4_000), "after its rows").await;
+    running.stop().await.expect("graceful stop");
+    f.cleanup().await;
+}
+
 /// C5: a leaf-list publication; an expired partition whose rows were all
 /// published is dropped (as `[prune]` or a DBA does). Nothing was lost: the
 /// connector keeps running and later rows arrive.
