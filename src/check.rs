@@ -566,7 +566,12 @@ fn stored_coverage_break(config: &Config) -> Option<crate::pipeline::StartRefuse
         .coverage(&config.postgres.slot)
         .ok()??;
     let margin = (config.repair.occurred_at_margin_ms as i64).saturating_mul(1000);
-    crate::pipeline::StartRefused::coverage_broken(&config.postgres.slot, margin, &record.breaks)
+    crate::pipeline::StartRefused::coverage_broken(
+        &config.postgres.slot,
+        config.config_argument(),
+        margin,
+        &record.breaks,
+    )
 }
 
 /// The slot does not exist: fine before the first start, a lost slot when an
@@ -1170,7 +1175,7 @@ fn publication_tables(name: &str, facts: &Facts, proof: Option<&Proof>) -> Check
     let leaves = table.partitions.iter().filter(|m| m.is_leaf).count();
     if table.relkind != 'p' {
         pass(NAME, format!("exactly {}", facts.table))
-    } else if publication.via_root {
+    } else if publication.identity.leaves_as_root {
         pass(
             NAME,
             format!(

@@ -69,6 +69,10 @@ impl ConfigError {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// The file it was loaded from (`None`: built from text), for messages
+    /// that name the exact command to run.
+    #[serde(skip)]
+    pub origin: Option<PathBuf>,
     pub postgres: PostgresSettings,
     #[serde(default)]
     pub outbox: OutboxSettings,
@@ -652,7 +656,18 @@ impl Config {
             k.starts_with(ENV_PREFIX).then_some(())?;
             Some((k, v.into_string().unwrap_or_default()))
         });
-        Config::from_sources(&path.display().to_string(), &text, env)
+        let mut config = Config::from_sources(&path.display().to_string(), &text, env)?;
+        config.origin = Some(path.to_owned());
+        Ok(config)
+    }
+
+    /// The `--config` argument that loads this configuration again, for
+    /// commands named in messages.
+    pub fn config_argument(&self) -> String {
+        match &self.origin {
+            Some(path) => path.display().to_string(),
+            None => "<this configuration>".to_owned(),
+        }
     }
 
     /// Parses TOML `text` (named `origin` in errors), overlays `env` (only

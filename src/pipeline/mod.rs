@@ -142,8 +142,9 @@ pub enum PipelineError {
     /// The publication stopped covering the outbox while streaming.
     #[error(
         "the publication stopped carrying every outbox row while streaming: PostgreSQL does not send rows \
-         committed after such a change, so some may never be published. {0} \
-         After fixing it, replay the outbox rows committed since the publication was changed \
+         committed after such a change, so some may never be published. {0}\n\
+         Where the change may have hidden rows it is recorded in the offset store as a coverage break: \
+         every start refuses, naming the `outbox-cdc audit ... --repair` that republishes them \
          (docs/operations.md, \"Publication changed while streaming\")"
     )]
     CoverageLost(NotCovered),

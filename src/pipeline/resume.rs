@@ -69,12 +69,14 @@ pub enum StartRefused {
         "the offset store records that the publication may not have carried every outbox row of slot {slot:?} \
          between {since} and {until} ({what}): PostgreSQL never sends rows committed while a publication \
          leaves them out, so some may never have been published. Every start refuses until they are \
-         published again: run `outbox-cdc audit --config <this configuration> --since '{since}' --until \
+         published again: run `outbox-cdc audit --config {config} --since '{since}' --until \
          '{until}' --repair` (it republishes the rows of that window Kafka lacks and, once none is missing, \
          clears this record); then start again"
     )]
     CoverageBroken {
         slot: String,
+        /// The `--config` argument of the command named.
+        config: String,
         /// The audit window's start (RFC 3339): the break's start less
         /// `repair.occurred_at_margin_ms`, since rows are chosen by `occurred_at`.
         since: String,
@@ -168,6 +170,7 @@ impl StartRefused {
     /// which precedes the commit). `None` without breaks.
     pub fn coverage_broken(
         slot: &str,
+        config: String,
         margin_micros: i64,
         breaks: &[CoverageBreak],
     ) -> Option<StartRefused> {
@@ -176,6 +179,7 @@ impl StartRefused {
         let what: Vec<&str> = breaks.iter().map(|b| b.what.as_str()).collect();
         Some(StartRefused::CoverageBroken {
             slot: slot.to_owned(),
+            config,
             since: PgTimestamp(since.saturating_sub(margin_micros)).rfc3339(),
             // A second later, so the window's end is not cut by rounding.
             until: PgTimestamp(until.saturating_add(1_000_000)).rfc3339(),

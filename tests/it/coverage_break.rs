@@ -209,6 +209,13 @@ async fn leaves_listed_with_publish_via_root_are_all_published() {
     init_tracing();
     let f = leaf_list_fixture("cbleafvia", true).await;
     let t = f.table.clone();
+    // `check` tells how the leaves arrive: under their own names (no
+    // ancestor is published), not "via the root".
+    let report = outbox_cdc::check::render(&outbox_cdc::check::run(&f.config()).await);
+    assert!(
+        report.contains("are published under their own names"),
+        "{report}"
+    );
     let running = Running::start(f.config()).await;
     let mut written: BTreeSet<String> = BTreeSet::new();
     written.extend(insert(&f.admin, &t, &names("cur", 50), 1, "now()").await);

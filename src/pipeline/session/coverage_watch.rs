@@ -105,6 +105,8 @@ impl ProofTarget {
 pub(super) struct ProofRecord {
     store: Arc<OffsetStore>,
     slot: String,
+    /// The `--config` argument of the command a refusal names.
+    config: String,
     /// `repair.occurred_at_margin_ms`: audits choose rows by `occurred_at`,
     /// which precedes the commit.
     margin_micros: i64,
@@ -115,6 +117,7 @@ impl ProofRecord {
         ProofRecord {
             store: Arc::clone(store),
             slot: config.postgres.slot.clone(),
+            config: config.config_argument(),
             margin_micros: (config.repair.occurred_at_margin_ms as i64).saturating_mul(1000),
         }
     }
@@ -153,7 +156,7 @@ impl ProofRecord {
 
     /// The refusal a start gives while breaks are stored.
     fn refusal(&self, breaks: &[CoverageBreak]) -> Option<StartRefused> {
-        StartRefused::coverage_broken(&self.slot, self.margin_micros, breaks)
+        StartRefused::coverage_broken(&self.slot, self.config.clone(), self.margin_micros, breaks)
     }
 }
 
