@@ -146,6 +146,8 @@ pub struct PublicationIdentity {
     /// table into a new file: rows loaded in between never reached WAL, and
     /// once it is logged again nothing in the catalog but the new file says so.
     pub storage: BTreeMap<u32, u32>,
+    /// The outbox table's OID.
+    pub root: u32,
 }
 
 /// One publication entry for the outbox tree, by identity.
@@ -173,6 +175,14 @@ pub struct EntryFacts {
     /// attachment, that held rows when the entry was first seen: rows
     /// written before the entry existed were never sent (C3).
     pub filled_before_published: Vec<QualifiedTable>,
+    /// Earlier entries that still exist unchanged although their relation
+    /// left the outbox tree (a partition detached, e.g. by `[prune]` before
+    /// it drops it): no change.
+    pub still_published: BTreeSet<u32>,
+    /// Leaves new since the earlier proof that hold rows and were rewritten
+    /// into a new file since they were created (made UNLOGGED, loaded, made
+    /// LOGGED again): rows loaded meanwhile never reached WAL.
+    pub rewritten_since_created: Vec<QualifiedTable>,
 }
 
 /// A `pg_publication_rel` entry that narrows what is sent.
@@ -315,6 +325,9 @@ impl CoverageProblem {
                 )
             }
             CoverageProblem::NotInWal { table, root, why } => match why.as_str() {
+                _ if table == root && why != "UNLOGGED" => format!(
+                    "create {table} again as an ordinary (logged) table, or set outbox.table to one"
+                ),
                 "UNLOGGED" => format!(
                     "ALTER TABLE {table} SET LOGGED;  -- rows already in it were never sent: once the connector \
                      runs again, publish them with `outbox-cdc audit --since <when it was made unlogged> --repair`"
@@ -461,7 +474,7 @@ impl fmt::Display for CoverageProblem {
                 changed,
             } => write!(
                 f,
-                "publication {publication:?} was changed while the connector streamed ({changed}); PostgreSQL \
+                "publication {publication:?} was changed since the last coverage proof ({changed}); PostgreSQL \
                  does not send rows committed while a publication leaves them out"
             ),
         }
@@ -750,6 +763,12 @@ impl Coverage {
                 "its options were altered (ALTER PUBLICATION ... SET)".to_owned(),
             ));
         }
+        if self.publication.root != 0 && now.root != self.publication.root {
+            return Err(changed(format!(
+                "the outbox table was dropped and created again under its name (OID {} is now {})",
+                self.publication.root, now.root
+            )));
+        }
         if now.leaves_as_root != self.publication.leaves_as_root {
             return Err(changed(format!(
                 "the partitioned outbox's root was {} the publication, so partitions' changes now arrive under {}",
@@ -769,7 +788,12 @@ impl Coverage {
             .publication
             .entries
             .difference(&now.entries)
-            .filter(|e| !(e.kind == 'r' && found.dropped.contains(&e.target)))
+            .filter(|e| {
+                !(e.kind == 'r'
+                    && e.target != self.publication.root
+                    && (found.dropped.contains(&e.target)
+                        || found.still_published.contains(&e.oid)))
+            })
             .map(|e| match e.kind {
                 'n' => format!("schema entry {} (schema OID {})", e.oid, e.target),
                 _ => format!("table entry {} (relation OID {})", e.oid, e.target),
@@ -791,6 +815,12 @@ impl Coverage {
                 Some(name) => name.to_string(),
                 None => format!("OID {oid}"),
             })
+            .chain(
+                found
+                    .rewritten_since_created
+                    .iter()
+                    .map(ToString::to_string),
+            )
             .collect();
         if !rewritten.is_empty() {
             return Err(changed(format!(
@@ -900,19 +930,20 @@ impl Coverage {
                     plain(&now.table)
                 ),
             )),
-            // Under its own name while the root is published through the
-            // root: not a partition of the outbox at this change, whatever
-            // the catalog says now. The proofs hold `leaves_as_root` constant
-            // since the stored offset (a change is a coverage break), so it
-            // held at this change too.
+            // Inside the outbox now: the outbox, whatever name it arrived
+            // under (a change from before a publish_via_partition_root flip
+            // arrives under the leaf's name).
+            Some(now) if now.inside_outbox => {
+                self.outbox.insert(rel.oid, name.clone());
+                Ok(RelationKind::Outbox)
+            }
+            // Not a partition now and under its own name while the root is
+            // published through the root: not a partition of the outbox at
+            // this change (audit F15).
             _ if self.publication.leaves_as_root => {
                 self.outbox.remove(&rel.oid);
                 self.others.insert(rel.oid, name.clone());
                 Ok(RelationKind::Other)
-            }
-            Some(now) if now.inside_outbox => {
-                self.outbox.insert(rel.oid, name.clone());
-                Ok(RelationKind::Outbox)
             }
             // Gone: only a relation without the outbox's identity columns is
             // certainly not a partition (audit F14: a dropped leaf whose
@@ -1086,7 +1117,7 @@ async fn partitions(
             "SELECT t.relid::oid, n.nspname::text, c.relname::text, t.isleaf, c.relkind::text, \
                     c.relpersistence::text, \
                     (SELECT i.xmin::text::bigint FROM pg_inherits i WHERE i.inhrelid = t.relid LIMIT 1), \
-                    c.relkind = 'r' AND pg_relation_size(c.oid) > 0 \
+                    coalesce(c.relkind = 'r' AND pg_relation_size(c.oid) > 0, false) \
              FROM pg_partition_tree($1::oid::regclass) t JOIN pg_class c ON c.oid = t.relid \
              JOIN pg_namespace n ON n.oid = c.relnamespace WHERE t.relid <> $1",
             &[&oid],
@@ -1168,6 +1199,7 @@ async fn publication_facts(
             leaves_as_root: false,
             entries: Default::default(),
             storage: BTreeMap::new(),
+            root: 0,
         },
     };
     if let Some(t) = table {
@@ -1222,6 +1254,7 @@ async fn publication_facts(
         ));
     }
     if let Some(t) = table {
+        facts.identity.root = t.oid;
         facts.identity.leaves_as_root =
             facts.via_root && facts.published.iter().any(|(oid, _)| *oid == t.oid);
         let mut oids: Vec<u32> = vec![t.oid];
@@ -1302,6 +1335,40 @@ pub async fn entry_facts(
             .map_err(&e)?;
         for r in &rows {
             found.dropped.insert(r.try_get(0).map_err(&e)?);
+        }
+        // Entries not read this time because their relation left the tree:
+        // still there, unchanged?
+        let entries: Vec<u32> = baseline
+            .entries
+            .difference(&p.identity.entries)
+            .filter(|entry| entry.kind == 'r')
+            .map(|entry| entry.oid)
+            .collect();
+        let rows = client
+            .query(
+                "SELECT pr.oid, pr.xmin::text::bigint FROM pg_publication_rel pr WHERE pr.oid = ANY ($1::oid[])",
+                &[&entries],
+            )
+            .await
+            .map_err(&e)?;
+        for r in &rows {
+            let (oid, xmin): (u32, i64) = (r.try_get(0).map_err(&e)?, r.try_get(1).map_err(&e)?);
+            if baseline
+                .entries
+                .iter()
+                .any(|entry| entry.oid == oid && entry.xmin == xmin)
+            {
+                found.still_published.insert(oid);
+            }
+        }
+    }
+    // A leaf new since the baseline holding rows in a file other than its
+    // first: rewritten since it was created (a new relation's file number is
+    // its OID).
+    for leaf in t.partitions.iter().filter(|m| m.is_leaf && m.holds_rows) {
+        let node = p.identity.storage.get(&leaf.oid);
+        if !baseline.storage.contains_key(&leaf.oid) && node.is_some_and(|n| *n != leaf.oid) {
+            found.rewritten_since_created.push(leaf.table.clone());
         }
     }
     // A leaf published by an entry of its own: rows written to it between
@@ -1789,6 +1856,7 @@ mod tests {
             leaves_as_root: false,
             entries: entries.iter().copied().collect(),
             storage: BTreeMap::new(),
+            root: 0,
         }
     }
 
@@ -1885,6 +1953,80 @@ mod tests {
             .reconfirm("pub", &only_b, &EntryFacts::default())
             .expect_err("leaf A still exists: its entry was dropped from the publication");
         assert!(problem.to_string().contains("table entry 20"), "{problem}");
+    }
+
+    /// The outbox dropped and created again under its name (while stopped):
+    /// its old entry's relation is gone, but that is no dropped partition.
+    #[test]
+    fn the_outbox_recreated_under_its_name_is_a_change() {
+        let mut before = identity((7, 100), &[entry('r', 20, 101, ROOT)]);
+        before.root = ROOT;
+        let mut facts = partitioned(vec![(ROOT, t("outbox"))], false);
+        facts.publication.as_mut().unwrap().identity = before;
+        let c = proven(&facts);
+        let mut now = identity((7, 100), &[entry('r', 25, 140, 900)]);
+        now.root = 900;
+        let dropped = EntryFacts {
+            dropped: [ROOT].into(),
+            ..EntryFacts::default()
+        };
+        let problem = c
+            .clone()
+            .reconfirm("pub", &now, &dropped)
+            .expect_err("recreated");
+        assert!(
+            problem.to_string().contains("dropped and created again"),
+            "{problem}"
+        );
+        // Its entry alone gone with the relation is not exempt either.
+        now.root = ROOT;
+        let problem = c
+            .clone()
+            .reconfirm("pub", &now, &dropped)
+            .expect_err("root entry");
+        assert!(problem.to_string().contains("table entry 20"), "{problem}");
+    }
+
+    /// A leaf-list partition detached (by `[prune]` before it drops it, or
+    /// kept as an archive) leaves the tree but keeps its entry: no change.
+    /// Its entry dropped from the publication is one.
+    #[test]
+    fn a_detached_partition_keeping_its_entry_is_no_change() {
+        let mut facts = published_by_leaf();
+        let both = identity(
+            (7, 100),
+            &[entry('r', 20, 101, LEAF_A), entry('r', 21, 102, LEAF_B)],
+        );
+        facts.publication.as_mut().unwrap().identity = both;
+        let c = proven(&facts);
+        let only_b = identity((7, 100), &[entry('r', 21, 102, LEAF_B)]);
+        let kept = EntryFacts {
+            still_published: [20].into(),
+            ..EntryFacts::default()
+        };
+        assert_eq!(c.clone().reconfirm("pub", &only_b, &kept), Ok(()));
+        assert!(
+            c.clone()
+                .reconfirm("pub", &only_b, &EntryFacts::default())
+                .is_err()
+        );
+    }
+
+    /// A partition created since the last proof, made UNLOGGED, loaded and
+    /// made LOGGED again: not in the baseline, so no file to compare, but its
+    /// file is no longer its first.
+    #[test]
+    fn a_new_partition_rewritten_since_its_creation_is_a_change() {
+        let c = proven(&partitioned(vec![(ROOT, t("outbox"))], false));
+        let found = EntryFacts {
+            rewritten_since_created: vec![t("outbox_2027_01")],
+            ..EntryFacts::default()
+        };
+        let problem = c
+            .clone()
+            .reconfirm("pub", &PublicationIdentity::default(), &found)
+            .expect_err("rewritten");
+        assert!(problem.to_string().contains("outbox_2027_01"), "{problem}");
     }
 
     /// C3: a leaf added to a leaf-list publication after rows were written
@@ -2015,10 +2157,12 @@ mod tests {
     }
 
     /// Audit F15: with the root published through the root, a leaf of the
-    /// outbox known from start-up that arrives under its own name was
-    /// detached (and is published on its own, e.g. FOR ALL TABLES): its rows
-    /// are not outbox rows. (The proofs keep the root published through the
-    /// root since the stored offset, or stop.)
+    /// outbox known from start-up that arrives under its own name and is no
+    /// partition now was detached (and is published on its own, e.g. FOR ALL
+    /// TABLES): its rows are not outbox rows. One still inside the outbox is
+    /// the outbox: its change may predate a publish_via_partition_root flip
+    /// (the flip is a break, but the backlog before its window is classified
+    /// here).
     #[test]
     fn through_the_root_a_leaf_under_its_own_name_is_not_the_outbox() {
         let mut facts = partitioned(vec![(ROOT, t("outbox"))], true);
@@ -2026,13 +2170,14 @@ mod tests {
         let mut c = proven(&facts);
         let detached = relation(LEAF_A, "outbox_2026_11", &OUTBOX_COLS);
         assert_eq!(c.classify(&detached), Known::LookUp);
-        // The catalog may say anything by now (attached again, or not).
-        for inside in [false, true] {
-            assert_eq!(
-                resolve_now(&mut c, &detached, Lsn::new(3), inside, false),
-                Ok(RelationKind::Other)
-            );
-        }
+        assert_eq!(
+            resolve_now(&mut c, &detached, Lsn::new(3), true, false),
+            Ok(RelationKind::Outbox)
+        );
+        assert_eq!(
+            resolve_now(&mut c, &detached, Lsn::new(3), false, false),
+            Ok(RelationKind::Other)
+        );
         assert_eq!(
             c.resolve(&detached, Lsn::new(3), None),
             Ok(RelationKind::Other)

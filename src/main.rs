@@ -239,11 +239,18 @@ fn clear_coverage_breaks(config: &outbox_cdc::config::Config, (since, until): (i
     if !config.offsets.path.exists() {
         return;
     }
-    // The start's refusal widens each break by the margin, since rows are
-    // chosen by occurred_at, which precedes the commit.
+    // The start's refusal widens each break by the margin on both sides:
+    // rows are chosen by occurred_at, which precedes the commit and may come
+    // from another clock.
     let margin = (config.repair.occurred_at_margin_ms as i64).saturating_mul(1000);
-    let cleared = outbox_cdc::checkpoint::OffsetStore::open(&config.offsets.path)
-        .and_then(|store| store.clear_coverage_breaks(slot, since.saturating_add(margin), until));
+    let cleared =
+        outbox_cdc::checkpoint::OffsetStore::open(&config.offsets.path).and_then(|store| {
+            store.clear_coverage_breaks(
+                slot,
+                since.saturating_add(margin),
+                until.saturating_sub(margin),
+            )
+        });
     match cleared {
         Ok(cleared) => {
             for b in cleared {
@@ -453,11 +460,12 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
                 }
                 print!("after the repair:\n{}", outcome.after.to_text());
             }
-            let repaired = outcome.after.missing == 0 && report.order_violations == 0;
-            if repaired {
+            // Coverage breaks are about missing rows: cleared once none is
+            // missing, for every aggregate type of the window.
+            if outcome.after.missing == 0 && options.aggregate_type.is_none() {
                 clear_coverage_breaks(&config, report.window_micros());
             }
-            Ok(repaired)
+            Ok(outcome.after.missing == 0 && report.order_violations == 0)
         }
         Command::Replay {
             config,

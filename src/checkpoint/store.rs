@@ -82,6 +82,13 @@ pub struct PendingRepair {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CoverageRecord {
     pub v: u32,
+    /// The database cluster (system identifier) the record belongs to.
+    #[serde(default)]
+    pub system_id: String,
+    /// The outbox table's OID at that proof: a table dropped and created
+    /// again under its name is a break.
+    #[serde(default)]
+    pub root: u32,
     /// The server's clock when the last passing proof read the catalog
     /// (microseconds since 2000-01-01).
     pub proven_at_micros: i64,
@@ -1014,6 +1021,8 @@ mod tests {
             assert_eq!(store.coverage("s").unwrap(), None);
             let record = CoverageRecord {
                 v: 1,
+                system_id: "7301".to_owned(),
+                root: 16000,
                 proven_at_micros: 50,
                 publication: (7, 100),
                 leaves_as_root: true,

@@ -181,8 +181,14 @@ impl StartRefused {
             slot: slot.to_owned(),
             config,
             since: PgTimestamp(since.saturating_sub(margin_micros)).rfc3339(),
-            // A second later, so the window's end is not cut by rounding.
-            until: PgTimestamp(until.saturating_add(1_000_000)).rfc3339(),
+            // As far ahead: `occurred_at` may come from another clock (a
+            // writer's, or the primary's when the break was seen on a standby).
+            until: PgTimestamp(
+                until
+                    .saturating_add(margin_micros)
+                    .saturating_add(1_000_000),
+            )
+            .rfc3339(),
             what: what.join("; "),
         })
     }

@@ -90,7 +90,7 @@ pub(super) async fn bootstrap<D: Delivery>(
 
     // Proof before the slot is touched (DESIGN.md §5a): the publication
     // carries every row of the outbox table, or the start is refused.
-    let record = ProofRecord::of(config, store);
+    let record = ProofRecord::of(config, store, &identity.system_id);
     let (proof, proven_through) =
         coverage_watch::prove_at_start(&client, config, target, record).await?;
     // Features older majors lack: refused before the slot is touched.

@@ -100,11 +100,15 @@ impl ProofTarget {
 }
 
 /// The proofs' durable side (issue 47): the baseline they rest on and the
-/// breaks not yet repaired, stored next to the slot's offset.
+/// breaks not yet repaired, stored next to the slot's offset, for the
+/// database cluster the offset belongs to.
 #[derive(Clone)]
 pub(super) struct ProofRecord {
     store: Arc<OffsetStore>,
     slot: String,
+    /// The server's system identifier: a record of another cluster is left
+    /// alone (the start is refused for the offset anyway).
+    system_id: String,
     /// The `--config` argument of the command a refusal names.
     config: String,
     /// `repair.occurred_at_margin_ms`: audits choose rows by `occurred_at`,
@@ -113,34 +117,52 @@ pub(super) struct ProofRecord {
 }
 
 impl ProofRecord {
-    pub(super) fn of(config: &Config, store: &Arc<OffsetStore>) -> ProofRecord {
+    pub(super) fn of(config: &Config, store: &Arc<OffsetStore>, system_id: &str) -> ProofRecord {
         ProofRecord {
             store: Arc::clone(store),
             slot: config.postgres.slot.clone(),
+            system_id: system_id.to_owned(),
             config: config.config_argument(),
             margin_micros: (config.repair.occurred_at_margin_ms as i64).saturating_mul(1000),
         }
     }
 
+    /// The record of this slot and cluster, if one is stored.
     fn load(&self) -> Result<Option<CoverageRecord>, PipelineError> {
-        Ok(tokio::task::block_in_place(|| {
-            self.store.coverage(&self.slot)
-        })?)
+        let record = tokio::task::block_in_place(|| self.store.coverage(&self.slot))?;
+        Ok(record.filter(|r| r.system_id == self.system_id))
     }
 
-    /// Stores `identity` as the baseline, proven at `at`, keeping the
-    /// breaks and adding `found` if any.
-    fn save(
+    /// Changes the stored record with `change` (a new one when none is
+    /// stored); a record of another cluster is not touched.
+    fn update(&self, change: impl FnOnce(&mut CoverageRecord)) -> Result<(), PipelineError> {
+        tokio::task::block_in_place(|| {
+            let stored = self.store.coverage(&self.slot)?;
+            if stored
+                .as_ref()
+                .is_some_and(|r| r.system_id != self.system_id)
+            {
+                return Ok(());
+            }
+            let mut record = stored.unwrap_or_default();
+            record.v = 1;
+            record.system_id.clone_from(&self.system_id);
+            change(&mut record);
+            self.store.save_coverage(&self.slot, &record)
+        })?;
+        Ok(())
+    }
+
+    /// Stores `identity` as the baseline, proven at `at`.
+    fn save_baseline(
         &self,
         identity: &PublicationIdentity,
         at: PgTimestamp,
-        found: Option<CoverageBreak>,
     ) -> Result<(), PipelineError> {
-        tokio::task::block_in_place(|| {
-            let mut record = self.store.coverage(&self.slot)?.unwrap_or_default();
-            record.v = 1;
+        self.update(|record| {
             record.proven_at_micros = at.0;
             record.publication = identity.publication;
+            record.root = identity.root;
             record.leaves_as_root = identity.leaves_as_root;
             record.entries = identity
                 .entries
@@ -148,16 +170,36 @@ impl ProofRecord {
                 .map(|e| (e.kind, e.oid, e.xmin, e.target))
                 .collect();
             record.storage = identity.storage.iter().map(|(o, n)| (*o, *n)).collect();
-            record.breaks.extend(found);
-            self.store.save_coverage(&self.slot, &record)
-        })?;
-        Ok(())
+        })
+    }
+
+    /// Stores a break, keeping the baseline: one that starts where the last
+    /// stored one starts extends it.
+    fn add_break(&self, found: CoverageBreak) -> Result<(), PipelineError> {
+        self.update(|record| match record.breaks.last_mut() {
+            Some(last) if last.since_micros == found.since_micros => {
+                last.until_micros = last.until_micros.max(found.until_micros);
+                if !last.what.contains(&found.what) {
+                    last.what = format!("{}; {}", last.what, found.what);
+                }
+            }
+            _ => record.breaks.push(found),
+        })
     }
 
     /// The refusal a start gives while breaks are stored.
     fn refusal(&self, breaks: &[CoverageBreak]) -> Option<StartRefused> {
         StartRefused::coverage_broken(&self.slot, self.config.clone(), self.margin_micros, breaks)
     }
+}
+
+/// The problems, one after the other, for a break's description.
+fn joined(problems: &[CoverageProblem]) -> String {
+    problems
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn baseline_of(record: &CoverageRecord) -> PublicationIdentity {
@@ -175,6 +217,7 @@ fn baseline_of(record: &CoverageRecord) -> PublicationIdentity {
             })
             .collect(),
         storage: record.storage.iter().copied().collect(),
+        root: record.root,
     }
 }
 
@@ -217,26 +260,48 @@ pub(super) async fn prove_at_start(
     let (judged, proof) = target
         .prove(client, baseline.as_ref().map(|(b, _)| b))
         .await?;
-    let coverage = judged.map_err(|problems| PipelineError::NotCovered(NotCovered { problems }))?;
+    let coverage = match judged {
+        Ok(coverage) => coverage,
+        Err(problems) => {
+            // Not covered now: if it was at the last proof, rows committed
+            // since may be lost already; the break outlives the fix.
+            if let Some((_, proven_at)) = &baseline
+                && problems.iter().any(CoverageProblem::hides_rows)
+            {
+                record.add_break(CoverageBreak {
+                    since_micros: *proven_at,
+                    until_micros: proof.read_at.0.max(*proven_at),
+                    what: format!("seen at start-up: {}", joined(&problems)),
+                })?;
+            }
+            return Err(PipelineError::NotCovered(NotCovered { problems }));
+        }
+    };
     let Some(now) = proof.identity.as_ref() else {
         return Err(PipelineError::Internal {
             what: "a passing coverage proof without a publication".to_owned(),
         });
     };
-    let mut breaks = stored.map(|s| s.breaks).unwrap_or_default();
-    let found = baseline.and_then(|(baseline, proven_at)| {
-        let mut held = coverage.clone().resting_on(baseline);
-        let problem = held.reconfirm(publication, now, &proof.found).err()?;
-        error!(problem = %problem, since = %PgTimestamp(proven_at).rfc3339(),
-            "the publication changed while the connector was stopped: recorded as a coverage break");
-        Some(CoverageBreak {
-            since_micros: proven_at,
-            until_micros: proof.read_at.0,
-            what: format!("seen at start-up: {problem}"),
-        })
-    });
-    breaks.extend(found.clone());
-    record.save(now, proof.read_at, found)?;
+    match baseline {
+        Some((baseline, proven_at)) => {
+            let mut held = coverage.clone().resting_on(baseline);
+            if let Err(problem) = held.reconfirm(publication, now, &proof.found) {
+                error!(problem = %problem, since = %PgTimestamp(proven_at).rfc3339(),
+                    "the publication changed while the connector was stopped: recorded as a coverage break");
+                record.add_break(CoverageBreak {
+                    since_micros: proven_at,
+                    until_micros: proof.read_at.0.max(proven_at),
+                    what: format!("seen at start-up: {problem}"),
+                })?;
+            }
+        }
+        None => warn!(slot = %config.postgres.slot,
+            "no coverage baseline is stored for this slot (its first start, or the first of a version that \
+             stores one): a publication change made while the connector was stopped cannot be seen this once"),
+    }
+    // It passes now: the baseline from here on.
+    record.save_baseline(now, proof.read_at)?;
+    let breaks = record.load()?.map(|r| r.breaks).unwrap_or_default();
     if let Some(refused) = record.refusal(&breaks) {
         return Err(refused.into());
     }
@@ -349,7 +414,10 @@ impl CoverageWatch {
     /// refuse) and returned as the problems. `Ok(())`: it passed.
     fn hold(&mut self, proof: &Proof) -> Result<(), Vec<CoverageProblem>> {
         let mut problems = proof.problems.clone();
-        if problems.is_empty()
+        // Passes now, but changed since the last proof (a change undone):
+        // now is the baseline from here on, the break records the window.
+        let passes_now = problems.is_empty();
+        if passes_now
             && let Some(identity) = &proof.identity
             && let Err(problem) =
                 self.coverage
@@ -363,7 +431,7 @@ impl CoverageWatch {
                 && (self.recorded.elapsed() >= PROOF_RECORD_EVERY
                     || Some(identity) != self.stored_identity.as_ref())
             {
-                match record.save(identity, proof.read_at, None) {
+                match record.save_baseline(identity, proof.read_at) {
                     Ok(()) => {
                         self.recorded = Instant::now();
                         self.stored_identity = Some(identity.clone());
@@ -381,26 +449,31 @@ impl CoverageWatch {
         let what = NotCovered {
             problems: problems.clone(),
         };
-        error!(problems = %what, since = %self.passed_at.rfc3339(), until = %proof.read_at.rfc3339(),
-            "coverage break: outbox rows committed in this window may never have been sent; recorded in the \
-             offset store, every start refuses until they are published again");
-        if let Some(record) = &self.record {
-            let found = CoverageBreak {
-                since_micros: self.passed_at.0,
-                until_micros: proof.read_at.0.max(self.passed_at.0),
-                what: problems
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            };
-            let baseline = proof
-                .identity
-                .clone()
-                .unwrap_or_else(|| self.coverage.identity().clone());
-            if let Err(e) = record.save(&baseline, proof.read_at, Some(found)) {
-                error!(error = %e, "storing the coverage break failed: the next start may not refuse");
+        let Some(record) = &self.record else {
+            return Err(problems);
+        };
+        let found = CoverageBreak {
+            since_micros: self.passed_at.0,
+            until_micros: proof.read_at.0.max(self.passed_at.0),
+            what: joined(&problems),
+        };
+        // Not covered now: the last passing baseline stays, so the start
+        // that finds it fixed records the time in between too.
+        let stored = record
+            .add_break(found)
+            .and_then(|()| match (&proof.identity, passes_now) {
+                (Some(identity), true) => record.save_baseline(identity, proof.read_at),
+                _ => Ok(()),
+            });
+        match stored {
+            Ok(()) => {
+                error!(problems = %what, since = %self.passed_at.rfc3339(), until = %proof.read_at.rfc3339(),
+                "coverage break: outbox rows committed in this window may never have been sent; recorded in the \
+                 offset store, every start refuses until they are published again")
             }
+            Err(e) => error!(problems = %what, error = %e,
+                "coverage break: outbox rows committed since the last proof may never have been sent, and \
+                 storing the break failed: publish them with `outbox-cdc audit --repair` before restarting"),
         }
         Err(problems)
     }
