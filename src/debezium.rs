@@ -434,12 +434,19 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, ImportError
         .get(&t("route.topic.regex"))
         .filter(|re| re != DEFAULT_ROUTE_REGEX);
     // The default regex is the whole value: a template says the same. Any
-    // other regex (or a replacement with other groups) goes to [outbox.route].
+    // other regex (or a replacement with other groups, or Java's `\`
+    // escapes, which [outbox.route] reads as Debezium does) goes to
+    // [outbox.route].
     let (topic, route) = match regex {
-        None if !replacement.replace(ROUTED_BY_VALUE, "").contains('$') => (
-            replacement.replace(ROUTED_BY_VALUE, "{aggregate_type}"),
-            None,
-        ),
+        None if !replacement
+            .replace(ROUTED_BY_VALUE, "")
+            .contains(['$', '\\']) =>
+        {
+            (
+                replacement.replace(ROUTED_BY_VALUE, "{aggregate_type}"),
+                None,
+            )
+        }
         regex => (
             "outbox.event.{aggregate_type}".to_owned(),
             Some((
@@ -1171,6 +1178,29 @@ transforms.router.type=io.debezium.transforms.outbox.EventRouter
             .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml));
         assert_eq!(config.outbox.route.regex, r"(?<kind>[a-z]+)-v(?<v>\d+)");
         assert_eq!(config.outbox.route.replacement, "${kind}.events.v${v}");
+    }
+
+    /// D1: Java's `$1_events` is group 1 then `_events`, not a group named
+    /// `1_events`: the imported route sends events where Debezium did.
+    #[test]
+    fn a_java_group_reference_routes_as_debezium_does() {
+        for (replacement, topic) in [
+            ("$1_events", "order_events"),
+            ("outbox.$1_v2", "outbox.order_v2"),
+            // The .properties escape, then Java's: `\.` is a literal dot.
+            (r"x\\.${routedByValue}", "x.order"),
+        ] {
+            let (imported, config) = import_text(&format!(
+                "connector.class=io.debezium.connector.postgresql.PostgresConnector\n\
+                 transforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\n\
+                 transforms.o.route.topic.replacement={replacement}\n"
+            ));
+            let routed = match config.outbox.route.compile().unwrap() {
+                Some(route) => route.topic("order"),
+                None => Some(config.outbox.topic.replace("{aggregate_type}", "order")),
+            };
+            assert_eq!(routed.as_deref(), Some(topic), "{}", imported.toml);
+        }
     }
 
     #[test]
