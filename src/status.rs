@@ -64,8 +64,9 @@ pub struct ConnectorStatus {
     pub spill_transactions: Option<u64>,
     pub spill_bytes: Option<u64>,
     pub spill_largest_transaction_bytes: Option<u64>,
-    /// Its `/health/ready`: whether it is ready, and each reason with what
-    /// holds or what to do (`None` when it did not answer with one).
+    /// Its `/health/ready/detail` (else `/health/ready`, names only): whether
+    /// it is ready, and each reason with what holds or what to do (`None`
+    /// when it did not answer with one).
     pub readiness: Option<crate::health::Readiness>,
 }
 
@@ -228,10 +229,18 @@ async fn running_connector(listen: &str) -> Option<ConnectorStatus> {
     // Something else may listen there; only our own exposition counts.
     samples.get(metrics::CONNECTED)?;
     let mut status = connector_status(format!("http://{addr}/metrics"), &samples);
-    status.readiness = http::get_any(addr, "/health/ready", METRICS_TIMEOUT)
-        .await
-        .ok()
-        .and_then(|(_, body)| serde_json::from_str(&body).ok());
+    // The details are served to this host only; a connector that predates
+    // them, or one reached on an address it does not take for this host,
+    // still names the reasons and causes.
+    for path in ["/health/ready/detail", "/health/ready"] {
+        status.readiness = http::get_any(addr, path, METRICS_TIMEOUT)
+            .await
+            .ok()
+            .and_then(|(_, body)| serde_json::from_str(&body).ok());
+        if status.readiness.is_some() {
+            break;
+        }
+    }
     Some(status)
 }
 
@@ -309,10 +318,12 @@ impl StatusReport {
                     rows.push(("  ready", ready.to_owned()));
                     for reason in &r.reasons {
                         let ok = if reason.ok { "ok" } else { "NOT OK" };
-                        rows.push((
-                            reason_label(&reason.name),
-                            format!("{ok}: {}", reason.message),
-                        ));
+                        let why = match (&reason.cause, reason.message.is_empty()) {
+                            (_, false) => reason.message.clone(),
+                            (Some(cause), true) => format!("{cause} (details in the log)"),
+                            (None, true) => "-".to_owned(),
+                        };
+                        rows.push((reason_label(&reason.name), format!("{ok}: {why}")));
                     }
                 }
             }
