@@ -1115,12 +1115,14 @@ fn stringify_kafka_values(table: &mut toml::Table) {
 /// password is hidden, and a key=value string that stops parsing is shown
 /// only up to that point.
 pub fn redact_url(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => {
-            format!("{scheme}://{}", redact_url_params(&redact_userinfo(rest)))
+    // A URL exactly when libpq takes it for one (a key=value value may hold
+    // `://`); anything else that is no key=value string is not shown.
+    for scheme in ["postgres", "postgresql"] {
+        if let Some(rest) = url.strip_prefix(scheme).and_then(|r| r.strip_prefix("://")) {
+            return format!("{scheme}://{}", redact_url_params(&redact_userinfo(rest)));
         }
-        None => redact_key_values(url),
     }
+    redact_key_values(url)
 }
 
 /// `user:password@host`: libpq ends the user info at the first `@` before
@@ -1741,6 +1743,8 @@ mod tests {
             "host=h\tpassword=hunter2",
             "host=h password='hunter2",
             "host=h password",
+            "host=h password=hunter2 application_name='a://b@c'",
+            "mysql://u:hunter2@h/db",
         ] {
             let shown = redact_url(url);
             assert!(!shown.contains("hunter2"), "{url} -> {shown}");
