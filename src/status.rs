@@ -454,4 +454,42 @@ mod tests {
             "{table}"
         );
     }
+
+    /// H5: the table prints each reason's message from the detail; a
+    /// connector reached only through the public body gives the cause.
+    #[tokio::test]
+    async fn the_table_shows_readiness_details_read_on_this_host() {
+        let m = std::sync::Arc::new(Metrics::default());
+        m.health
+            .kafka_unreachable("broker k1.internal:9093 refused".into());
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let server = http::serve(&addr.to_string(), m).await.unwrap().unwrap();
+        let connector = running_connector(&addr.to_string()).await.unwrap();
+        let r = connector.readiness.as_ref().unwrap();
+        let kafka = r.reason("kafka_reachable").unwrap();
+        assert!(kafka.message.contains("k1.internal:9093"), "{r:?}");
+        server.abort();
+        let mut report = StatusReport {
+            slot_name: "s".into(),
+            stored_lsn: None,
+            stored_lsn_source: None,
+            stored_system_id: None,
+            stored_at_unix_ms: None,
+            stored_lsn_note: None,
+            connector: Some(connector),
+            current_wal_lsn: None,
+            database_error: None,
+            slot: None,
+        };
+        assert!(report.to_table().contains("k1.internal:9093"));
+        let c = report.connector.as_mut().unwrap();
+        c.readiness = c.readiness.as_ref().map(|r| r.public());
+        let table = report.to_table();
+        assert!(
+            table.contains("NOT OK: kafka_unreachable (details in the log)"),
+            "{table}"
+        );
+    }
 }
