@@ -486,6 +486,36 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, ImportError
             )),
         ),
     };
+    // What Java's replacement syntax refuses, Debezium's router refuses at
+    // the first record: noted, left out, so that the file still loads.
+    let route = match route {
+        Some((regex, replacement)) => {
+            let settings = crate::outbox::RouteSettings {
+                regex: regex.clone(),
+                replacement: replacement.clone(),
+            };
+            match settings.compile() {
+                Ok(_) => Some((regex, replacement)),
+                Err(e) => {
+                    let (key, value) = if e.key == "outbox.route.regex" {
+                        (t("route.topic.regex"), regex)
+                    } else {
+                        (t("route.topic.replacement"), replacement)
+                    };
+                    r.note(
+                        &key,
+                        &value,
+                        format!(
+                            "{e}. [outbox.route] is left out and outbox.topic is \
+                             Debezium's default: fix it, then set [outbox.route]"
+                        ),
+                    );
+                    None
+                }
+            }
+        }
+        None => None,
+    };
     let expand = r
         .get(&t("table.expand.json.payload"))
         .is_some_and(|v| v == "true");
@@ -1280,6 +1310,20 @@ transforms.router.type=io.debezium.transforms.outbox.EventRouter
             };
             assert_eq!(routed.as_deref(), Some(topic), "{}", imported.toml);
         }
+    }
+
+    /// D1: a replacement Java refuses (a group the regex lacks) is noted,
+    /// not written: the file still loads.
+    #[test]
+    fn a_replacement_java_refuses_is_noted_not_written() {
+        let (imported, config) = import_text(
+            "connector.class=io.debezium.connector.postgresql.PostgresConnector\n\
+             transforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\n\
+             transforms.o.route.topic.replacement=$2.events\n",
+        );
+        assert_eq!(config.outbox.route, Default::default());
+        let notes = notes_of(&imported, "transforms.o.route.topic.replacement");
+        assert!(notes[0].contains("there is no group 2"), "{notes:?}");
     }
 
     #[test]
