@@ -1124,25 +1124,134 @@ fn stringify_kafka_values(table: &mut toml::Table) {
     }
 }
 
-/// The URL with any password replaced by `***`, for logs and `Debug`.
+/// The connection string with every password replaced by `***`, for logs,
+/// `Debug` and errors. It errs on hiding too much: whatever libpq or
+/// tokio-postgres (which read a few URLs differently) could take as a
+/// password is hidden, and a key=value string that stops parsing is shown
+/// only up to that point.
 pub fn redact_url(url: &str) -> String {
-    // URL form: scheme://user:password@host...
-    if let Some((scheme, rest)) = url.split_once("://") {
-        if let Some((userinfo, host)) = rest.split_once('@')
-            && let Some((user, _)) = userinfo.split_once(':')
-        {
-            return format!("{scheme}://{user}:***@{host}");
+    // A URL exactly when libpq takes it for one (a key=value value may hold
+    // `://`); anything else that is no key=value string is not shown.
+    for scheme in ["postgres", "postgresql"] {
+        if let Some(rest) = url.strip_prefix(scheme).and_then(|r| r.strip_prefix("://")) {
+            return format!("{scheme}://{}", redact_url_params(&redact_userinfo(rest)));
         }
-        return url.to_owned();
     }
-    // key=value form
-    url.split_whitespace()
-        .map(|kv| match kv.split_once('=') {
-            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-            _ => kv.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+    redact_key_values(url)
+}
+
+/// `user:password@host`: libpq ends the user info at the first `@` before
+/// any `/`, tokio-postgres at the first `@` anywhere. The password shown as
+/// `***` runs from the first `:` to the last `@` before the first `/` (an
+/// unencoded `@` in the password), else to the first `@`.
+fn redact_userinfo(rest: &str) -> String {
+    let slash = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..slash].rfind('@').or_else(|| rest.find('@')) else {
+        return rest.to_owned();
+    };
+    match rest[..at].split_once(':') {
+        Some((user, _)) => format!("{user}:***{}", &rest[at..]),
+        None => rest.to_owned(),
+    }
+}
+
+/// Every `password=` parameter after a `?` or `&`, its key percent-decoded
+/// and in any case (both parsers decode the key; either refuses another
+/// case, in an error that shows this text): the value, up to the next `&`,
+/// becomes `***`.
+fn redact_url_params(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find(['?', '&']) {
+        out.push_str(&rest[..=i]);
+        rest = &rest[i + 1..];
+        let key_end = rest.find(['=', '?', '&']).unwrap_or(rest.len());
+        if rest[key_end..].starts_with('=') && is_password_key(&lenient_decode(&rest[..key_end])) {
+            let value_end = rest.find('&').unwrap_or(rest.len());
+            out.push_str(&rest[..=key_end]);
+            out.push_str("***");
+            rest = &rest[value_end..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// libpq's key=value form: spaces around `=` allowed, values bare or
+/// single-quoted, `\` escaping the next character in both.
+fn redact_key_values(s: &str) -> String {
+    let mut shown = Vec::new();
+    let mut chars = s.chars().peekable();
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if chars.peek().is_none() {
+            break;
+        }
+        let mut key = String::new();
+        while let Some(c) = chars.next_if(|c| *c != '=' && !c.is_whitespace()) {
+            key.push(c);
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if chars.next() != Some('=') {
+            shown.push("[the rest does not parse and is not shown]".to_owned());
+            break;
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        let mut raw = String::new();
+        let quoted = chars.next_if_eq(&'\'').is_some();
+        let mut terminated = !quoted;
+        if quoted {
+            raw.push('\'');
+        }
+        while let Some(c) = chars.next_if(|c| quoted || !c.is_whitespace()) {
+            raw.push(c);
+            if c == '\\' {
+                raw.extend(chars.next());
+            } else if quoted && c == '\'' {
+                terminated = true;
+                break;
+            }
+        }
+        if is_password_key(&key) {
+            shown.push(format!("{key}=***"));
+        } else if terminated {
+            shown.push(format!("{key}={raw}"));
+        } else {
+            shown.push("[the rest does not parse and is not shown]".to_owned());
+        }
+        if !terminated {
+            break;
+        }
+    }
+    shown.join(" ")
+}
+
+fn is_password_key(key: &str) -> bool {
+    key.eq_ignore_ascii_case("password")
+}
+
+/// `%XX` decoded where it is valid, everything else kept.
+fn lenient_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -1622,5 +1731,46 @@ mod tests {
         );
         let c = parse(MINIMAL, &[]).unwrap();
         assert!(!format!("{c:?}").contains("secret"));
+    }
+
+    /// A2: every form libpq takes a password in, URL or key=value, and
+    /// strings that do not parse (shown in the primary_url error).
+    #[test]
+    fn redact_url_hides_every_password_form() {
+        for url in [
+            "postgres://u@h/db?password=hunter2",
+            "postgres://u@h/db?sslmode=require&password=hunter2&application_name=x",
+            "postgres://u@h/db?pass%77ord=hunter2",
+            "postgres://u@h/db?PASSWORD=hunter2",
+            "postgresql://u:hunter2%40ss@h/db",
+            "postgres://u:hunter2@h1,h2:5433/db",
+            "postgres://u:hunter2@[::1]:5432/db",
+            "postgres://u:p@hunter2@h/db",
+            "postgres://u:p?hunter2@h/db",
+            "postgres://h/db?password=hunter2@x",
+            "postgres://u@h/db?password=a?hunter2",
+            "host=h user=u password = hunter2",
+            "host=h user=u password= hunter2",
+            "host=h password='a hunter2'",
+            r"host=h password='a \' hunter2'",
+            r"host=h password=a\ hunter2",
+            "host=h PASSWORD=hunter2",
+            "host=h\tpassword=hunter2",
+            "host=h password='hunter2",
+            "host=h password",
+            "host=h password=hunter2 application_name='a://b@c'",
+            "mysql://u:hunter2@h/db",
+        ] {
+            let shown = redact_url(url);
+            assert!(!shown.contains("hunter2"), "{url} -> {shown}");
+        }
+        assert_eq!(
+            redact_url("postgres://u@h/db?sslmode=require&password=x&application_name=a"),
+            "postgres://u@h/db?sslmode=require&password=***&application_name=a"
+        );
+        assert_eq!(
+            redact_url("host=h password = 'a b' user=u"),
+            "host=h password=*** user=u"
+        );
     }
 }

@@ -69,6 +69,18 @@ pub struct Imported {
     pub toml: String,
     /// Settings carried over differently or not at all, in key order.
     pub notes: Vec<Note>,
+    /// The secrets not written to the file, in key order: each has to be
+    /// given in the environment.
+    pub withheld: Vec<Withheld>,
+}
+
+/// A secret the import did not write, and where to give it instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Withheld {
+    /// The Debezium key.
+    pub key: String,
+    /// The environment variable that takes it.
+    pub instead: String,
 }
 
 /// Reads a connector config: JSON when it starts with `{`, `.properties` otherwise.
@@ -170,6 +182,9 @@ struct Reader<'a> {
     config: &'a BTreeMap<String, String>,
     used: BTreeSet<String>,
     notes: Vec<Note>,
+    withheld: Vec<Withheld>,
+    /// `[kafka]` keys whose secret is withheld, with their variable.
+    kafka_withheld: BTreeMap<String, String>,
 }
 
 impl Reader<'_> {
@@ -187,6 +202,19 @@ impl Reader<'_> {
             value: value.to_owned(),
             why: why.into(),
         });
+    }
+
+    /// `key`'s secret is not written: `instead` takes it (for `[kafka]`
+    /// key `kafka`, which the file then names in a comment).
+    fn withhold(&mut self, key: &str, kafka: Option<&str>, instead: &str) {
+        self.withheld.push(Withheld {
+            key: key.to_owned(),
+            instead: instead.to_owned(),
+        });
+        if let Some(kafka) = kafka {
+            self.kafka_withheld
+                .insert(kafka.to_owned(), instead.to_owned());
+        }
     }
 
     /// A value that becomes part of postgres.url: `default` in its place
@@ -266,6 +294,8 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, ImportError
         config,
         used: BTreeSet::new(),
         notes: Vec::new(),
+        withheld: Vec::new(),
+        kafka_withheld: BTreeMap::new(),
     };
 
     let class = r.get("connector.class").unwrap_or_default();
@@ -336,6 +366,7 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, ImportError
                 .to_owned(),
         };
         r.note("database.password", &pw, why);
+        r.withhold("database.password", None, "PGPASSWORD");
     }
     let slot = r.get("slot.name").unwrap_or_else(|| "debezium".into());
     let publication = r
@@ -434,12 +465,19 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, ImportError
         .get(&t("route.topic.regex"))
         .filter(|re| re != DEFAULT_ROUTE_REGEX);
     // The default regex is the whole value: a template says the same. Any
-    // other regex (or a replacement with other groups) goes to [outbox.route].
+    // other regex (or a replacement with other groups, or Java's `\`
+    // escapes, which [outbox.route] reads as Debezium does) goes to
+    // [outbox.route].
     let (topic, route) = match regex {
-        None if !replacement.replace(ROUTED_BY_VALUE, "").contains('$') => (
-            replacement.replace(ROUTED_BY_VALUE, "{aggregate_type}"),
-            None,
-        ),
+        None if !replacement
+            .replace(ROUTED_BY_VALUE, "")
+            .contains(['$', '\\']) =>
+        {
+            (
+                replacement.replace(ROUTED_BY_VALUE, "{aggregate_type}"),
+                None,
+            )
+        }
         regex => (
             "outbox.event.{aggregate_type}".to_owned(),
             Some((
@@ -447,6 +485,36 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, ImportError
                 replacement.clone(),
             )),
         ),
+    };
+    // What Java's replacement syntax refuses, Debezium's router refuses at
+    // the first record: noted, left out, so that the file still loads.
+    let route = match route {
+        Some((regex, replacement)) => {
+            let settings = crate::outbox::RouteSettings {
+                regex: regex.clone(),
+                replacement: replacement.clone(),
+            };
+            match settings.compile() {
+                Ok(_) => Some((regex, replacement)),
+                Err(e) => {
+                    let (key, value) = if e.key == "outbox.route.regex" {
+                        (t("route.topic.regex"), regex)
+                    } else {
+                        (t("route.topic.replacement"), replacement)
+                    };
+                    r.note(
+                        &key,
+                        &value,
+                        format!(
+                            "{e}. [outbox.route] is left out and outbox.topic is \
+                             Debezium's default: fix it, then set [outbox.route]"
+                        ),
+                    );
+                    None
+                }
+            }
+        }
+        None => None,
     };
     let expand = r
         .get(&t("table.expand.json.payload"))
@@ -520,6 +588,8 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, ImportError
     }
     let mut notes = r.notes;
     notes.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut withheld = r.withheld;
+    withheld.sort_by(|a, b| a.key.cmp(&b.key));
 
     let mut out = String::new();
     let name = config.get("name").cloned().unwrap_or_default();
@@ -575,6 +645,13 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, ImportError
     for (k, v) in &kafka {
         let _ = writeln!(out, "{} = {}", quote(k), quote(v));
     }
+    for (k, env) in &r.kafka_withheld {
+        let _ = writeln!(
+            out,
+            "# {} is a secret, not written here: set {env}",
+            quote(k)
+        );
+    }
     if let Some(ms) = heartbeat.as_deref().and_then(|v| v.parse::<u64>().ok()) {
         let _ = writeln!(out, "\n[monitor]\nheartbeat_interval_ms = {ms}");
     }
@@ -598,7 +675,11 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, ImportError
             let _ = writeln!(out, "#   {} = {}: {why}", n.key, value);
         }
     }
-    Ok(Imported { toml: out, notes })
+    Ok(Imported {
+        toml: out,
+        notes,
+        withheld,
+    })
 }
 
 /// `table.fields.additional.placement`: Debezium's syntax, taken as it is.
@@ -810,6 +891,16 @@ fn import_kafka(r: &mut Reader<'_>) -> BTreeMap<String, String> {
             why.to_owned()
         } else if prop == "plugin.library.paths" {
             "librdkafka plugins are not loaded from an imported configuration".to_owned()
+        } else if secret(prop) && librdkafka_has(prop) {
+            // Never written, nor checked: librdkafka's refusal could quote it.
+            r.withhold(&key, Some(prop), &env);
+            match reference(&value) {
+                Some(source) => format!(
+                    "{source}: outbox-cdc does not resolve Kafka Connect config providers: \
+                     give the value as {env}"
+                ),
+                None => format!("a secret, not written to the file: give it as {env}"),
+            }
         } else if let Some(problem) = librdkafka_refuses(prop, &value) {
             problem
         } else if let Some(source) = reference(&value) {
@@ -873,6 +964,19 @@ fn librdkafka_refuses(prop: &str, value: &str) -> Option<String> {
     }
 }
 
+/// Whether librdkafka has property `prop` (probed with a placeholder value).
+fn librdkafka_has(prop: &str) -> bool {
+    let mut probe = ClientConfig::new();
+    probe.set(prop, "placeholder");
+    !matches!(
+        probe.create_native_config(),
+        Err(KafkaError::ClientConfig(
+            RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN,
+            ..
+        ))
+    )
+}
+
 /// Where the Java producer's property lives in librdkafka, if anywhere.
 fn java_only(prop: &str) -> &'static str {
     match prop {
@@ -928,11 +1032,18 @@ fn jaas(r: &mut Reader<'_>, key: &str, value: &str, kafka: &mut BTreeMap<String,
             "the password is {source}, not resolved: give it as \
              OUTBOX_CDC__KAFKA__SASL_PASSWORD"
         )),
-        Some(None) => why.push(
-            "the password is not written to the file: give it as \
-             OUTBOX_CDC__KAFKA__SASL_PASSWORD"
-                .to_owned(),
-        ),
+        Some(None) => {
+            r.withhold(
+                key,
+                Some("sasl.password"),
+                "OUTBOX_CDC__KAFKA__SASL_PASSWORD",
+            );
+            why.push(
+                "the password is not written to the file: give it as \
+                 OUTBOX_CDC__KAFKA__SASL_PASSWORD"
+                    .to_owned(),
+            )
+        }
         None => {
             why.push("no password in it: give it as OUTBOX_CDC__KAFKA__SASL_PASSWORD".to_owned())
         }
@@ -993,19 +1104,24 @@ fn explain_unmapped(key: &str, router: &str) -> String {
     why.to_owned()
 }
 
-/// Whether a note's value must not be written to the file.
+/// Whether a setting's value must not be written to the file: passwords,
+/// secrets, JAAS configs, credentials, private keys (also inline PEM) and
+/// tokens (a token endpoint's URL is none).
 fn secret(key: &str) -> bool {
     let k = key.to_ascii_lowercase();
     [
         "password",
         "secret",
-        "token",
         "jaas",
         "credential",
         "private",
+        "passphrase",
+        "key.pem",
+        "keystore.key",
     ]
     .iter()
     .any(|s| k.contains(s))
+        || (k.contains("token") && !k.ends_with(".url"))
 }
 
 /// A table as Debezium's include list writes it (a regular expression,
@@ -1171,6 +1287,43 @@ transforms.router.type=io.debezium.transforms.outbox.EventRouter
             .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml));
         assert_eq!(config.outbox.route.regex, r"(?<kind>[a-z]+)-v(?<v>\d+)");
         assert_eq!(config.outbox.route.replacement, "${kind}.events.v${v}");
+    }
+
+    /// D1: Java's `$1_events` is group 1 then `_events`, not a group named
+    /// `1_events`: the imported route sends events where Debezium did.
+    #[test]
+    fn a_java_group_reference_routes_as_debezium_does() {
+        for (replacement, topic) in [
+            ("$1_events", "order_events"),
+            ("outbox.$1_v2", "outbox.order_v2"),
+            // The .properties escape, then Java's: `\.` is a literal dot.
+            (r"x\\.${routedByValue}", "x.order"),
+        ] {
+            let (imported, config) = import_text(&format!(
+                "connector.class=io.debezium.connector.postgresql.PostgresConnector\n\
+                 transforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\n\
+                 transforms.o.route.topic.replacement={replacement}\n"
+            ));
+            let routed = match config.outbox.route.compile().unwrap() {
+                Some(route) => route.topic("order"),
+                None => Some(config.outbox.topic.replace("{aggregate_type}", "order")),
+            };
+            assert_eq!(routed.as_deref(), Some(topic), "{}", imported.toml);
+        }
+    }
+
+    /// D1: a replacement Java refuses (a group the regex lacks) is noted,
+    /// not written: the file still loads.
+    #[test]
+    fn a_replacement_java_refuses_is_noted_not_written() {
+        let (imported, config) = import_text(
+            "connector.class=io.debezium.connector.postgresql.PostgresConnector\n\
+             transforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\n\
+             transforms.o.route.topic.replacement=$2.events\n",
+        );
+        assert_eq!(config.outbox.route, Default::default());
+        let notes = notes_of(&imported, "transforms.o.route.topic.replacement");
+        assert!(notes[0].contains("there is no group 2"), "{notes:?}");
     }
 
     #[test]
@@ -1462,6 +1615,99 @@ transforms.outbox.table.fields.additional.placement=event_type:header:event_type
         let producer: Result<rdkafka::producer::BaseProducer, _> =
             config.kafka.client_config().unwrap().create();
         producer.unwrap();
+    }
+
+    /// D2: secrets among the producer overrides are never written to the
+    /// file; [kafka] says which environment variable to set instead, and
+    /// the import names every key it withheld.
+    #[test]
+    fn producer_override_secrets_are_withheld_and_named() {
+        let (imported, config) = import_text(
+            "connector.class=io.debezium.connector.postgresql.PostgresConnector\n\
+             bootstrap.servers=kafka:9093\n\
+             database.password=hunter1\n\
+             producer.override.security.protocol=SSL\n\
+             producer.override.ssl.keystore.location=/etc/kafka/client.p12\n\
+             producer.override.ssl.key.password=hunter2\n\
+             producer.override.ssl.keystore.password=hunter3\n\
+             producer.override.sasl.oauthbearer.client.secret=hunter4\n\
+             producer.override.sasl.password=hunter5\n\
+             producer.override.ssl.truststore.password=hunter6\n\
+             producer.override.sasl.jaas.config=org.apache.kafka.common.security.plain.\
+             PlainLoginModule required username=\"relay\" password=\"hunter7\";\n\
+             transforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\n",
+        );
+        for n in 1..=7 {
+            let secret = format!("hunter{n}");
+            assert!(
+                !imported.toml.contains(&secret),
+                "{secret}:\n{}",
+                imported.toml
+            );
+        }
+        let k = &config.kafka;
+        assert_eq!(
+            k.get("ssl.keystore.location"),
+            Some("/etc/kafka/client.p12")
+        );
+        for absent in [
+            "ssl.key.password",
+            "ssl.keystore.password",
+            "sasl.oauthbearer.client.secret",
+            "sasl.password",
+        ] {
+            assert_eq!(k.get(absent), None, "{absent}");
+            let env = format!(
+                "OUTBOX_CDC__KAFKA__{}",
+                absent.to_ascii_uppercase().replace('.', "_")
+            );
+            assert!(
+                imported.toml.contains(&format!(
+                    "# \"{absent}\" is a secret, not written here: set {env}"
+                )),
+                "{absent}:\n{}",
+                imported.toml
+            );
+        }
+        let withheld: Vec<(&str, &str)> = imported
+            .withheld
+            .iter()
+            .map(|w| (w.key.as_str(), w.instead.as_str()))
+            .collect();
+        assert_eq!(
+            withheld,
+            [
+                ("database.password", "PGPASSWORD"),
+                (
+                    "producer.override.sasl.jaas.config",
+                    "OUTBOX_CDC__KAFKA__SASL_PASSWORD"
+                ),
+                (
+                    "producer.override.sasl.oauthbearer.client.secret",
+                    "OUTBOX_CDC__KAFKA__SASL_OAUTHBEARER_CLIENT_SECRET"
+                ),
+                (
+                    "producer.override.sasl.password",
+                    "OUTBOX_CDC__KAFKA__SASL_PASSWORD"
+                ),
+                (
+                    "producer.override.ssl.key.password",
+                    "OUTBOX_CDC__KAFKA__SSL_KEY_PASSWORD"
+                ),
+                (
+                    "producer.override.ssl.keystore.password",
+                    "OUTBOX_CDC__KAFKA__SSL_KEYSTORE_PASSWORD"
+                ),
+            ]
+        );
+        // A Java-only secret librdkafka lacks is noted as such, never shown.
+        assert!(
+            notes_of(&imported, "producer.override.ssl.truststore.password")[0]
+                .contains("has no property"),
+            "{:?}",
+            imported.notes
+        );
+        assert!(!imported.notes.iter().any(|n| n.why.contains("hunter")));
     }
 
     #[test]

@@ -12,8 +12,12 @@
 //!   `health.max_gap_open_ms` (a jump whose missing events did not follow).
 //!
 //! Each reason turns red within its bound and green again by itself when its
-//! cause passes; the JSON body lists every reason with a message that says
-//! what to do. `/metrics` exports the same as `outbox_cdc_ready` and
+//! cause passes. `/health/ready` answers whoever reaches `http.listen`, so
+//! its body lists every reason by name, with the name of the cause when it
+//! does not hold ([`Readiness::public`]); the message that says what is wrong
+//! and what to do names hosts, users, slots, aggregates and event ids, and is
+//! only in the log and `outbox-cdc status` (`/health/ready/detail`, served to
+//! this host alone). `/metrics` exports the same as `outbox_cdc_ready` and
 //! `outbox_cdc_ready_reason{reason}`.
 
 use std::sync::Mutex;
@@ -37,6 +41,22 @@ pub const STREAMING: &str = "streaming";
 pub const KAFKA_REACHABLE: &str = "kafka_reachable";
 pub const ACKNOWLEDGING: &str = "acknowledging";
 pub const SEQUENCE_GAPS: &str = "sequence_gaps";
+
+/// The causes of a reason that does not hold, as [`Reason::cause`] names them.
+pub mod cause {
+    /// streaming: the slot is held by another process (an HA standby waits).
+    pub const SLOT_IN_USE: &str = "slot_in_use";
+    /// streaming: the last session ended with an error; it reconnects.
+    pub const SESSION_ERROR: &str = "session_error";
+    /// streaming: the first session is starting.
+    pub const STARTING: &str = "starting";
+    /// kafka_reachable: no recent answer to a metadata request.
+    pub const KAFKA_UNREACHABLE: &str = "kafka_unreachable";
+    /// acknowledging: the oldest unacknowledged event is older than the bound.
+    pub const ACKNOWLEDGEMENT_OVERDUE: &str = "acknowledgement_overdue";
+    /// sequence_gaps: an aggregate misses numbers for longer than the bound.
+    pub const SEQUENCE_GAP_OPEN: &str = "sequence_gap_open";
+}
 
 /// Open gaps kept; beyond this, new ones are counted but not listed.
 const MAX_OPEN_GAPS: usize = 1000;
@@ -112,7 +132,11 @@ impl HealthSettings {
 pub struct Reason {
     pub name: String,
     pub ok: bool,
-    /// What holds, or what is wrong and what to do.
+    /// When it does not hold, why, as one of the names in [`cause`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
+    /// What holds, or what is wrong and what to do; empty in the public body.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
 }
 
@@ -126,6 +150,23 @@ pub struct Readiness {
 impl Readiness {
     pub fn reason(&self, name: &str) -> Option<&Reason> {
         self.reasons.iter().find(|r| r.name == name)
+    }
+
+    /// What `/health/ready` shows whoever reaches it: each reason's name,
+    /// whether it holds and the name of its cause; no message, which names
+    /// hosts, users, slots, aggregates, event ids and error texts.
+    pub fn public(&self) -> Readiness {
+        Readiness {
+            ready: self.ready,
+            reasons: self
+                .reasons
+                .iter()
+                .map(|r| Reason {
+                    message: String::new(),
+                    ..r.clone()
+                })
+                .collect(),
+        }
     }
 }
 
@@ -349,7 +390,7 @@ fn judge(i: &Inputs, s: &HealthSettings) -> Readiness {
         format!("replication slot {:?}", i.slot)
     };
     let streaming = match (&i.connected, &i.not_streaming) {
-        (true, _) => (true, format!("streaming from {slot}")),
+        (true, _) => (true, None, format!("streaming from {slot}")),
         (
             false,
             Some(NotStreaming {
@@ -359,6 +400,7 @@ fn judge(i: &Inputs, s: &HealthSettings) -> Readiness {
             let pid = pid.map_or_else(|| "another process".to_owned(), |p| format!("PID {p}"));
             (
                 false,
+                Some(cause::SLOT_IN_USE),
                 format!(
                     "standby: {slot} is in use by {pid} (another outbox-cdc instance or a \
                      replication client); this instance starts streaming by itself once it is \
@@ -369,6 +411,7 @@ fn judge(i: &Inputs, s: &HealthSettings) -> Readiness {
         }
         (false, Some(NotStreaming { error, .. })) => (
             false,
+            Some(cause::SESSION_ERROR),
             format!(
                 "not streaming: the last session ended with: {error}. The connector reconnects \
                  with backoff by itself; if this lasts, run `outbox-cdc check` and see \
@@ -377,6 +420,7 @@ fn judge(i: &Inputs, s: &HealthSettings) -> Readiness {
         ),
         (false, None) => (
             false,
+            Some(cause::STARTING),
             format!("not streaming yet: the session is starting (connecting to {slot})"),
         ),
     };
@@ -384,6 +428,7 @@ fn judge(i: &Inputs, s: &HealthSettings) -> Readiness {
     let kafka = match (i.kafka_ok_age, &i.kafka_error) {
         (Some(ok), err) if ok <= bound && err.as_ref().is_none_or(|(e, _)| *e >= ok) => (
             true,
+            None,
             format!("Kafka answered a metadata request {} ago", secs(ok)),
         ),
         (ok, err) => {
@@ -396,6 +441,7 @@ fn judge(i: &Inputs, s: &HealthSettings) -> Readiness {
                 .map_or_else(String::new, |(_, e)| format!(" (last error: {e})"));
             (
                 false,
+                Some(cause::KAFKA_UNREACHABLE),
                 format!(
                     "Kafka {last}{error}. Start or reach the brokers in kafka \
                      bootstrap.servers (network, listeners, TLS/SASL settings); events wait in \
@@ -406,9 +452,10 @@ fn judge(i: &Inputs, s: &HealthSettings) -> Readiness {
     };
     let max_unacked = Duration::from_millis(s.max_unacked_age_ms);
     let acknowledging = match i.unacked_age {
-        None => (true, "nothing is waiting for Kafka".to_owned()),
+        None => (true, None, "nothing is waiting for Kafka".to_owned()),
         Some(age) if age <= max_unacked => (
             true,
+            None,
             format!(
                 "the oldest unacknowledged event was committed {} ago (bound \
                  health.max_unacked_age_ms = {})",
@@ -418,6 +465,7 @@ fn judge(i: &Inputs, s: &HealthSettings) -> Readiness {
         ),
         Some(age) => (
             false,
+            Some(cause::ACKNOWLEDGEMENT_OVERDUE),
             format!(
                 "the oldest unacknowledged event was committed {} ago, more than \
                  health.max_unacked_age_ms = {}: Kafka does not acknowledge (broker down or \
@@ -433,9 +481,14 @@ fn judge(i: &Inputs, s: &HealthSettings) -> Readiness {
     let overdue: Vec<&(OpenGap, Duration)> =
         i.gaps.iter().filter(|(_, open)| *open > max_gap).collect();
     let gaps = match overdue.first() {
-        None if i.gaps.is_empty() => (true, "no aggregate misses sequence numbers".to_owned()),
+        None if i.gaps.is_empty() => (
+            true,
+            None,
+            "no aggregate misses sequence numbers".to_owned(),
+        ),
         None => (
             true,
+            None,
             format!(
                 "{} open sequence gap(s), each younger than health.max_gap_open_ms = {}",
                 i.gaps.len(),
@@ -444,6 +497,7 @@ fn judge(i: &Inputs, s: &HealthSettings) -> Readiness {
         ),
         Some((g, open)) => (
             false,
+            Some(cause::SEQUENCE_GAP_OPEN),
             format!(
                 "{} sequence gap(s) open longer than health.max_gap_open_ms = {}; the oldest: \
                  aggregate {}/{} misses aggregate_sequence {}..={} for {} (the jump came at \
@@ -469,9 +523,10 @@ fn judge(i: &Inputs, s: &HealthSettings) -> Readiness {
         (SEQUENCE_GAPS, gaps),
     ]
     .into_iter()
-    .map(|(name, (ok, message))| Reason {
+    .map(|(name, (ok, cause, message))| Reason {
         name: name.to_owned(),
         ok,
+        cause: cause.map(str::to_owned),
         message,
     })
     .collect();

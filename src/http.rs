@@ -3,6 +3,12 @@
 //! aliases), and the matching client `status` uses to read a running
 //! connector.
 //!
+//! `/health/ready` names reasons and causes only: it answers anyone who
+//! reaches `http.listen`. The messages (hosts, users, aggregates, event ids,
+//! error texts) are served at `/health/ready/detail` to a client on this host
+//! alone (loopback, or the address the connection came in on), which is
+//! where `outbox-cdc status` runs.
+//!
 //! Only GET of a few fixed paths, one request per connection, a request head
 //! read whole (however it is segmented) up to a bound: small enough that a
 //! framework would add more than it saves.
@@ -121,14 +127,17 @@ pub async fn serve(listen: &str, metrics: Arc<Metrics>) -> std::io::Result<Optio
     let listener = TcpListener::bind(listen).await?;
     Ok(Some(tokio::spawn(async move {
         loop {
-            let Ok((mut socket, _)) = listener.accept().await else {
+            let Ok((mut socket, peer)) = listener.accept().await else {
                 continue;
             };
+            let this_host = socket
+                .local_addr()
+                .is_ok_and(|local| same_host(peer.ip(), local.ip()));
             let metrics = metrics.clone();
             tokio::spawn(async move {
                 let read = tokio::time::timeout(REQUEST_TIMEOUT, read_head(&mut socket)).await;
                 let (status, content_type, body) = match read {
-                    Ok(Ok(Head::Complete(head))) => respond(&head, &metrics),
+                    Ok(Ok(Head::Complete(head))) => respond(&head, &metrics, this_host),
                     Ok(Ok(Head::TooLarge)) => (
                         "431 Request Header Fields Too Large",
                         "text/plain",
@@ -150,6 +159,15 @@ pub async fn serve(listen: &str, metrics: Arc<Metrics>) -> std::io::Result<Optio
             });
         }
     })))
+}
+
+/// Whether a connection from `peer` to `local` comes from this host: from
+/// loopback, or from the very address it reached (a connection to a
+/// specific address of this host). Anything else, a container's gateway or
+/// another pod, is remote.
+fn same_host(peer: IpAddr, local: IpAddr) -> bool {
+    let peer = peer.to_canonical();
+    peer.is_loopback() || peer == local.to_canonical()
 }
 
 /// Largest request head (request line and headers) the server reads.
@@ -189,7 +207,13 @@ async fn read_head<R: tokio::io::AsyncRead + Unpin>(socket: &mut R) -> std::io::
     }
 }
 
-fn respond(request: &[u8], metrics: &Metrics) -> (&'static str, &'static str, String) {
+/// The answer to `request`; `this_host`: the client runs on this host (see
+/// [`same_host`]), the only one shown readiness details.
+fn respond(
+    request: &[u8],
+    metrics: &Metrics,
+    this_host: bool,
+) -> (&'static str, &'static str, String) {
     let line = request
         .split(|b| *b == b'\r' || *b == b'\n')
         .next()
@@ -208,14 +232,29 @@ fn respond(request: &[u8], metrics: &Metrics) -> (&'static str, &'static str, St
             ("200 OK", "text/plain; version=0.0.4", metrics.render())
         }
         "/health/live" | "/healthz" => ("200 OK", JSON, "{\"live\":true}\n".into()),
-        "/health/ready" | "/readyz" => {
+        "/health/ready" | "/readyz" | "/health/ready/detail" => {
+            let detail = path == "/health/ready/detail";
+            if detail && !this_host {
+                return (
+                    "403 Forbidden",
+                    "text/plain",
+                    "readiness details are shown on the connector's host only: run \
+                     `outbox-cdc status` there, or read the log\n"
+                        .into(),
+                );
+            }
             let readiness = metrics.readiness();
             let status = if readiness.ready {
                 "200 OK"
             } else {
                 "503 Service Unavailable"
             };
-            let mut body = serde_json::to_string_pretty(&readiness).unwrap_or_default();
+            let shown = if detail {
+                readiness
+            } else {
+                readiness.public()
+            };
+            let mut body = serde_json::to_string_pretty(&shown).unwrap_or_default();
             body.push('\n');
             (status, JSON, body)
         }
@@ -230,22 +269,28 @@ mod tests {
     #[test]
     fn routes() {
         let m = Metrics::default();
-        assert_eq!(respond(b"GET /healthz HTTP/1.1\r\n\r\n", &m).0, "200 OK");
         assert_eq!(
-            respond(b"GET /readyz HTTP/1.1\r\n\r\n", &m).0,
+            respond(b"GET /healthz HTTP/1.1\r\n\r\n", &m, false).0,
+            "200 OK"
+        );
+        assert_eq!(
+            respond(b"GET /readyz HTTP/1.1\r\n\r\n", &m, false).0,
             "503 Service Unavailable"
         );
         m.set_connected(true);
         // Streaming, but Kafka has not answered the probe yet.
-        let (status, _, body) = respond(b"GET /health/ready HTTP/1.1\r\n\r\n", &m);
+        let (status, _, body) = respond(b"GET /health/ready HTTP/1.1\r\n\r\n", &m, false);
         assert_eq!(status, "503 Service Unavailable");
         let r: crate::health::Readiness = serde_json::from_str(&body).unwrap();
         assert!(!r.ready && r.reason("streaming").unwrap().ok, "{body}");
         assert!(!r.reason("kafka_reachable").unwrap().ok, "{body}");
         m.health.kafka_reached();
         for ready in ["/readyz", "/health/ready"] {
-            let (status, content_type, body) =
-                respond(format!("GET {ready} HTTP/1.1\r\n\r\n").as_bytes(), &m);
+            let (status, content_type, body) = respond(
+                format!("GET {ready} HTTP/1.1\r\n\r\n").as_bytes(),
+                &m,
+                false,
+            );
             assert_eq!(
                 (status, content_type),
                 ("200 OK", "application/json"),
@@ -256,9 +301,9 @@ mod tests {
         }
         for live in ["/healthz", "/health/live"] {
             let request = format!("GET {live} HTTP/1.1\r\n\r\n");
-            assert_eq!(respond(request.as_bytes(), &m).0, "200 OK", "{live}");
+            assert_eq!(respond(request.as_bytes(), &m, false).0, "200 OK", "{live}");
         }
-        let (status, _, body) = respond(b"GET /metrics HTTP/1.1\r\n\r\n", &m);
+        let (status, _, body) = respond(b"GET /metrics HTTP/1.1\r\n\r\n", &m, false);
         assert_eq!(status, "200 OK");
         assert!(body.contains("outbox_cdc_connected 1"));
         assert!(body.contains("outbox_cdc_ready 1\n"), "{body}");
@@ -267,14 +312,97 @@ mod tests {
             "{body}"
         );
         assert_eq!(
-            respond(b"POST /metrics HTTP/1.1\r\n\r\n", &m).0,
+            respond(b"POST /metrics HTTP/1.1\r\n\r\n", &m, false).0,
             "405 Method Not Allowed"
         );
         assert_eq!(
-            respond(b"GET /nope HTTP/1.1\r\n\r\n", &m).0,
+            respond(b"GET /nope HTTP/1.1\r\n\r\n", &m, false).0,
             "404 Not Found"
         );
-        assert_eq!(respond(b"", &m).0, "405 Method Not Allowed");
+        assert_eq!(respond(b"", &m, false).0, "405 Method Not Allowed");
+    }
+
+    /// H5: `/health/ready` answers whoever reaches http.listen (0.0.0.0 in
+    /// the docker and kubernetes configs): reason names only, never the
+    /// details (hosts, users, aggregate and event ids, error texts), which
+    /// the log and `outbox-cdc status` show.
+    #[test]
+    fn readiness_names_reasons_without_details() {
+        let m = Metrics::default();
+        m.health.configure(
+            &crate::health::HealthSettings {
+                max_gap_open_ms: 0,
+                ..Default::default()
+            },
+            "orders_slot",
+        );
+        m.health.session_ended(&crate::pipeline::PipelineError::Pg(
+            crate::pg::PgError::Config {
+                key: "host".into(),
+                message: "postgres://outbox@db.internal:5432/app: event 7f3c9a refused".into(),
+            },
+        ));
+        m.health.kafka_unreachable(
+            "kafka-1.internal:9093/1: SASL authentication failed for relay".into(),
+        );
+        m.health
+            .gap_opened("order", "customer-42", 1, 5, crate::pg::Lsn::new(16));
+        std::thread::sleep(Duration::from_millis(5));
+        for path in ["/health/ready", "/readyz"] {
+            let (status, _, body) =
+                respond(format!("GET {path} HTTP/1.1\r\n\r\n").as_bytes(), &m, false);
+            assert_eq!(status, "503 Service Unavailable");
+            for detail in [
+                "db.internal",
+                "outbox@",
+                "7f3c9a",
+                "kafka-1",
+                "relay",
+                "customer-42",
+                "orders_slot",
+            ] {
+                assert!(!body.contains(detail), "{path} shows {detail}: {body}");
+            }
+            let r: crate::health::Readiness = serde_json::from_str(&body).unwrap();
+            let causes: Vec<(&str, Option<&str>)> = r
+                .reasons
+                .iter()
+                .map(|r| (r.name.as_str(), r.cause.as_deref()))
+                .collect();
+            assert_eq!(
+                causes,
+                [
+                    ("streaming", Some("session_error")),
+                    ("kafka_reachable", Some("kafka_unreachable")),
+                    ("acknowledging", None),
+                    ("sequence_gaps", Some("sequence_gap_open")),
+                ]
+            );
+        }
+        // The details: for `outbox-cdc status` on this host, for nobody else.
+        let detail = b"GET /health/ready/detail HTTP/1.1\r\n\r\n";
+        let (status, _, body) = respond(detail, &m, false);
+        assert_eq!(status, "403 Forbidden", "{body}");
+        assert!(!body.contains("db.internal"), "{body}");
+        let (status, _, body) = respond(detail, &m, true);
+        assert_eq!(status, "503 Service Unavailable");
+        let r: crate::health::Readiness = serde_json::from_str(&body).unwrap();
+        let streaming = &r.reason("streaming").unwrap().message;
+        assert!(streaming.contains("db.internal:5432"), "{body}");
+        let gaps = &r.reason("sequence_gaps").unwrap().message;
+        assert!(gaps.contains("order/customer-42"), "{body}");
+    }
+
+    #[test]
+    fn only_this_host_is_this_host() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(same_host(ip("127.0.0.1"), ip("0.0.0.0")));
+        assert!(same_host(ip("::1"), ip("::")));
+        assert!(same_host(ip("::ffff:127.0.0.1"), ip("::")));
+        assert!(same_host(ip("10.0.0.5"), ip("10.0.0.5")));
+        assert!(same_host(ip("::ffff:10.0.0.5"), ip("10.0.0.5")));
+        assert!(!same_host(ip("172.17.0.1"), ip("172.17.0.2")));
+        assert!(!same_host(ip("10.0.0.6"), ip("10.0.0.5")));
     }
 
     #[tokio::test]
@@ -342,6 +470,13 @@ mod tests {
         assert!(ready.contains("\"ready\": true"), "{ready}");
         m.set_connected(false);
         let (status, body) = get_any(addr, "/health/ready", Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(status.contains("503"), "{status}");
+        assert!(body.contains("\"cause\": \"starting\""), "{body}");
+        assert!(!body.contains("not streaming yet"), "{body}");
+        // The client is on this host: it is shown the details.
+        let (status, body) = get_any(addr, "/health/ready/detail", Duration::from_secs(5))
             .await
             .unwrap();
         assert!(status.contains("503"), "{status}");

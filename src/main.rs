@@ -548,6 +548,15 @@ fn import_debezium(input: &Path, output: Option<&Path>) -> anyhow::Result<bool> 
             eprintln!("  {}: {}", n.key, n.why);
         }
     }
+    if !imported.withheld.is_empty() {
+        eprintln!(
+            "{} secret(s) not written to the file; give each in the environment:",
+            imported.withheld.len()
+        );
+        for w in &imported.withheld {
+            eprintln!("  {}: {}", w.key, w.instead);
+        }
+    }
     Ok(true)
 }
 

@@ -364,7 +364,7 @@ impl Default for Metrics {
         );
         let ready_reasons: Family<Label, Gauge> = r.add(
             "outbox_cdc_ready_reason",
-            "1 while the readiness reason holds, 0 while it does not (reason: streaming, kafka_reachable, acknowledging, sequence_gaps); /health/ready says why",
+            "1 while the readiness reason holds, 0 while it does not (reason: streaming, kafka_reachable, acknowledging, sequence_gaps); /health/ready names the cause, the log and `outbox-cdc status` say why",
             Family::default(),
         );
         create_members(&ready_reasons, "reason", &crate::health::REASONS);

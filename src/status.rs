@@ -64,8 +64,9 @@ pub struct ConnectorStatus {
     pub spill_transactions: Option<u64>,
     pub spill_bytes: Option<u64>,
     pub spill_largest_transaction_bytes: Option<u64>,
-    /// Its `/health/ready`: whether it is ready, and each reason with what
-    /// holds or what to do (`None` when it did not answer with one).
+    /// Its `/health/ready/detail` (else `/health/ready`, names only): whether
+    /// it is ready, and each reason with what holds or what to do (`None`
+    /// when it did not answer with one).
     pub readiness: Option<crate::health::Readiness>,
 }
 
@@ -228,10 +229,18 @@ async fn running_connector(listen: &str) -> Option<ConnectorStatus> {
     // Something else may listen there; only our own exposition counts.
     samples.get(metrics::CONNECTED)?;
     let mut status = connector_status(format!("http://{addr}/metrics"), &samples);
-    status.readiness = http::get_any(addr, "/health/ready", METRICS_TIMEOUT)
-        .await
-        .ok()
-        .and_then(|(_, body)| serde_json::from_str(&body).ok());
+    // The details are served to this host only; a connector that predates
+    // them, or one reached on an address it does not take for this host,
+    // still names the reasons and causes.
+    for path in ["/health/ready/detail", "/health/ready"] {
+        status.readiness = http::get_any(addr, path, METRICS_TIMEOUT)
+            .await
+            .ok()
+            .and_then(|(_, body)| serde_json::from_str(&body).ok());
+        if status.readiness.is_some() {
+            break;
+        }
+    }
     Some(status)
 }
 
@@ -309,10 +318,12 @@ impl StatusReport {
                     rows.push(("  ready", ready.to_owned()));
                     for reason in &r.reasons {
                         let ok = if reason.ok { "ok" } else { "NOT OK" };
-                        rows.push((
-                            reason_label(&reason.name),
-                            format!("{ok}: {}", reason.message),
-                        ));
+                        let why = match (&reason.cause, reason.message.is_empty()) {
+                            (_, false) => reason.message.clone(),
+                            (Some(cause), true) => format!("{cause} (details in the log)"),
+                            (None, true) => "-".to_owned(),
+                        };
+                        rows.push((reason_label(&reason.name), format!("{ok}: {why}")));
                     }
                 }
             }
@@ -440,6 +451,44 @@ mod tests {
         let table = report.to_table();
         assert!(
             table.contains("no consumer") && table.contains("unlimited"),
+            "{table}"
+        );
+    }
+
+    /// H5: the table prints each reason's message from the detail; a
+    /// connector reached only through the public body gives the cause.
+    #[tokio::test]
+    async fn the_table_shows_readiness_details_read_on_this_host() {
+        let m = std::sync::Arc::new(Metrics::default());
+        m.health
+            .kafka_unreachable("broker k1.internal:9093 refused".into());
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let server = http::serve(&addr.to_string(), m).await.unwrap().unwrap();
+        let connector = running_connector(&addr.to_string()).await.unwrap();
+        let r = connector.readiness.as_ref().unwrap();
+        let kafka = r.reason("kafka_reachable").unwrap();
+        assert!(kafka.message.contains("k1.internal:9093"), "{r:?}");
+        server.abort();
+        let mut report = StatusReport {
+            slot_name: "s".into(),
+            stored_lsn: None,
+            stored_lsn_source: None,
+            stored_system_id: None,
+            stored_at_unix_ms: None,
+            stored_lsn_note: None,
+            connector: Some(connector),
+            current_wal_lsn: None,
+            database_error: None,
+            slot: None,
+        };
+        assert!(report.to_table().contains("k1.internal:9093"));
+        let c = report.connector.as_mut().unwrap();
+        c.readiness = c.readiness.as_ref().map(|r| r.public());
+        let table = report.to_table();
+        assert!(
+            table.contains("NOT OK: kafka_unreachable (details in the log)"),
             "{table}"
         );
     }

@@ -192,8 +192,9 @@ pub struct RouteSettings {
     /// Matched against the whole aggregate type; `(?<routedByValue>.*)` is
     /// Debezium's default. Default `""`: routing by `outbox.topic`.
     pub regex: String,
-    /// The topic, with `${name}` / `$1` for the regex's groups; Debezium's
-    /// default is `outbox.event.${routedByValue}`.
+    /// The topic, with `${name}` / `$1` for the regex's groups, in Java's
+    /// syntax as Debezium reads it (`$1_events` is group 1 then `_events`,
+    /// `\$` a literal `$`); Debezium's default is `outbox.event.${routedByValue}`.
     pub replacement: String,
 }
 
@@ -237,11 +238,80 @@ impl RouteSettings {
                 "a topic such as outbox.event.${routedByValue}",
             ));
         }
-        Ok(Some(TopicRoute {
-            regex,
-            replacement: self.replacement.clone(),
-        }))
+        let replacement = java_replacement(&self.replacement, &regex).map_err(|why| {
+            ConfigError::new(
+                "outbox.route.replacement",
+                &self.replacement,
+                format!(
+                    "Java's replacement syntax, as Debezium reads it ($1 or ${{name}} for a \
+                     group of outbox.route.regex, \\$ for a literal $): {why}"
+                ),
+            )
+        })?;
+        Ok(Some(TopicRoute { regex, replacement }))
     }
+}
+
+/// Debezium's replacement, which Java's `Matcher.appendReplacement` reads,
+/// as the template `regex::Captures::expand` reads (what the two differ in
+/// would route elsewhere: Rust takes `$1_events` as a group named
+/// `1_events`). Java: `\` makes the next character literal; `$` is followed
+/// by `{name}` or by digits, the first always part of the number and each
+/// further one only while the number still names a group (`$12` with one
+/// group is group 1, then `2`). A reference to a group the regex lacks is
+/// an error in Java too, here at startup.
+fn java_replacement(java: &str, regex: &Regex) -> Result<String, String> {
+    let groups = regex.captures_len() - 1;
+    let mut out = String::with_capacity(java.len() + 8);
+    let mut chars = java.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some('$') => out.push_str("$$"),
+                Some(c) => out.push(c),
+                None => return Err("a \\ at the end has nothing to escape".to_owned()),
+            },
+            '$' if chars.next_if_eq(&'{').is_some() => {
+                let mut name = String::new();
+                loop {
+                    match chars.next() {
+                        Some('}') => break,
+                        Some(c) => name.push(c),
+                        None => return Err(format!("${{{name} lacks its closing }}")),
+                    }
+                }
+                if !regex.capture_names().flatten().any(|n| n == name) {
+                    return Err(format!("there is no group named {name}"));
+                }
+                out.push_str(&format!("${{{name}}}"));
+            }
+            '$' => {
+                let Some(mut number) = chars.next_if(char::is_ascii_digit).map(digit) else {
+                    return Err("a $ must be followed by a group number or {name}".to_owned());
+                };
+                while let Some(&d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+                    let longer = number * 10 + digit(d);
+                    if longer > groups {
+                        break;
+                    }
+                    number = longer;
+                    chars.next();
+                }
+                if number > groups {
+                    return Err(format!(
+                        "there is no group {number} ({groups} in the regex)"
+                    ));
+                }
+                out.push_str(&format!("${{{number}}}"));
+            }
+            c => out.push(c),
+        }
+    }
+    Ok(out)
+}
+
+fn digit(c: char) -> usize {
+    c.to_digit(10).unwrap_or(0) as usize
 }
 
 impl TopicRoute {
@@ -371,5 +441,59 @@ mod tests {
         .compile()
         .unwrap_err();
         assert!(e.to_string().contains("outbox.route.regex"), "{e}");
+    }
+
+    /// D1: the replacement is Java's (Debezium's RegexRouter): `$` takes
+    /// only digits (as many as still name a group), `${name}` a named group,
+    /// `\` escapes the next character.
+    #[test]
+    fn the_replacement_is_read_as_java_reads_it() {
+        let topic = |regex: &str, replacement: &str, value: &str| {
+            RouteSettings {
+                regex: regex.into(),
+                replacement: replacement.into(),
+            }
+            .compile()
+            .unwrap()
+            .unwrap()
+            .topic(value)
+        };
+        let all = "(?<routedByValue>.*)";
+        assert_eq!(
+            topic(all, "$1_events", "order").as_deref(),
+            Some("order_events")
+        );
+        assert_eq!(
+            topic(all, "outbox.$1_v2", "order").as_deref(),
+            Some("outbox.order_v2")
+        );
+        // One group: `$12` is group 1 then "2".
+        assert_eq!(topic(all, "t$12", "order").as_deref(), Some("torder2"));
+        assert_eq!(topic(all, r"a\$b.$1", "x").as_deref(), Some("a$b.x"));
+        assert_eq!(topic(all, r"a\\b", "x").as_deref(), Some(r"a\b"));
+        assert_eq!(
+            topic(all, "${routedByValue}.x", "o").as_deref(),
+            Some("o.x")
+        );
+        let two = "(a)(b)(c)(d)(e)(f)(g)(h)(i)(j)";
+        assert_eq!(topic(two, "$10-$1", "abcdefghij").as_deref(), Some("j-a"));
+        for (bad, why) in [
+            ("$2", "no group 2"),
+            ("${nope}", "no group named nope"),
+            ("$x", "a $ must be followed"),
+            ("$", "a $ must be followed"),
+            (r"a\", "nothing to escape"),
+        ] {
+            let e = RouteSettings {
+                regex: all.into(),
+                replacement: bad.into(),
+            }
+            .compile()
+            .unwrap_err();
+            assert!(
+                e.to_string().contains("outbox.route.replacement") && e.to_string().contains(why),
+                "{bad}: {e}"
+            );
+        }
     }
 }

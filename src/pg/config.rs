@@ -573,6 +573,7 @@ type OwnPairs = Vec<(String, String)>;
 
 /// Removes our own parameters ([`OWN_KEYS`]) from a URL's query string.
 fn split_url(s: &str) -> Result<(String, OwnPairs), PgError> {
+    let s = &encode_late_at_signs(s);
     let Some((base, query)) = s.split_once('?') else {
         return Ok((s.to_owned(), Vec::new()));
     };
@@ -593,6 +594,23 @@ fn split_url(s: &str) -> Result<(String, OwnPairs), PgError> {
         format!("{base}?{}", kept.join("&"))
     };
     Ok((rest, own))
+}
+
+/// libpq reads a URL's user info up to an `@` before the first `/` after
+/// the scheme, tokio-postgres up to the first `@` anywhere: with none before
+/// that `/`, an `@` after it (in the database name or a parameter, such as a
+/// password) would become tokio-postgres' user and password. Encoded, it is
+/// read as libpq reads it.
+fn encode_late_at_signs(s: &str) -> String {
+    let Some((scheme, rest)) = s.split_once("://") else {
+        return s.to_owned();
+    };
+    let slash = rest.find('/').unwrap_or(rest.len());
+    if rest[..slash].contains('@') {
+        return s.to_owned();
+    }
+    let (authority, path) = rest.split_at(slash);
+    format!("{scheme}://{authority}{}", path.replace('@', "%40"))
 }
 
 fn percent_decode(s: &str, key: &str) -> Result<String, PgError> {
@@ -717,6 +735,21 @@ mod tests {
             c.redacted(),
             "postgres://u@127.0.0.1:5433/my db?sslmode=verify-ca"
         );
+    }
+
+    /// A2: libpq ends the user info at the first `/`; an `@` in a parameter
+    /// after it (here in the password) is not one, and the description for
+    /// logs never shows the password.
+    #[test]
+    fn an_at_sign_after_the_path_is_no_user_info() {
+        let c = parse_without_env("postgres://h/db?user=u&password=hunter2@x").unwrap();
+        assert_eq!(c.password(), Some(&b"hunter2@x"[..]));
+        assert_eq!(c.user(), "u");
+        assert_eq!(c.redacted(), "postgres://u@h:5432/db?sslmode=prefer");
+        let c = parse_without_env("postgres://u:pw@h/db?application_name=a@b").unwrap();
+        assert_eq!(c.user(), "u");
+        assert_eq!(c.password(), Some(&b"pw"[..]));
+        assert_eq!(c.tokio_config().get_application_name(), Some("a@b"));
     }
 
     #[test]

@@ -32,6 +32,26 @@ async fn ready(port: u16) -> Option<(u16, Readiness)> {
     Some((code, readiness))
 }
 
+/// `/health/ready/detail`, the messages `/health/ready` leaves out, which
+/// this host (the test's client on loopback) is shown.
+async fn detail(port: u16) -> Readiness {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let (_, body) = outbox_cdc::http::get_any(addr, "/health/ready/detail", Duration::from_secs(2))
+        .await
+        .expect("the detail answers");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("not readiness JSON ({e}): {body}"))
+}
+
+/// The public body names the reason's cause, never its message.
+fn cause<'r>(r: &'r Readiness, name: &str) -> Option<&'r str> {
+    let reason = r.reason(name).unwrap();
+    assert!(
+        reason.message.is_empty(),
+        "/health/ready shows a message: {r:#?}"
+    );
+    reason.cause.as_deref()
+}
+
 async fn live(port: u16) -> bool {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     outbox_cdc::http::get(addr, "/health/live", Duration::from_secs(2))
@@ -106,23 +126,15 @@ async fn a_standby_is_live_not_ready_and_takes_over_by_itself() {
         .await
         .expect("the active instance holds the slot");
     let (_, r) = until_reason(pb, "streaming", false, Duration::from_secs(30)).await;
-    // It must have tried the slot: the message names the holder.
-    let (_, r) = if r
-        .reason("streaming")
-        .unwrap()
-        .message
-        .starts_with("standby:")
-    {
+    // It must have tried the slot: the cause is the slot in use (the
+    // message, on this host only, names the holder).
+    let (_, r) = if cause(&r, "streaming") == Some("slot_in_use") {
         (Duration::ZERO, r)
     } else {
         let started = Instant::now();
         loop {
             let (_, r) = ready(pb).await.expect("the standby answers");
-            if r.reason("streaming")
-                .unwrap()
-                .message
-                .starts_with("standby:")
-            {
+            if cause(&r, "streaming") == Some("slot_in_use") {
                 break (started.elapsed(), r);
             }
             assert!(started.elapsed() < Duration::from_secs(30), "{r:#?}");
@@ -132,7 +144,9 @@ async fn a_standby_is_live_not_ready_and_takes_over_by_itself() {
     assert!(live(pb).await, "a standby is live");
     let (code, _) = ready(pb).await.unwrap();
     assert_eq!(code, 503, "a standby is not ready");
-    let message = &r.reason("streaming").unwrap().message;
+    let d = detail(pb).await;
+    let message = &d.reason("streaming").unwrap().message;
+    assert!(message.starts_with("standby:"), "{message}");
     assert!(message.contains(&format!("PID {holder}")), "{message}");
     assert!(r.reason("kafka_reachable").unwrap().ok, "{r:#?}");
 
@@ -209,16 +223,18 @@ async fn a_slot_taken_by_another_process_turns_readiness_red_then_green() {
     // The first reconnect names the holder, as a standby's wait.
     let started = Instant::now();
     let mut r = r;
-    let standby = |r: &Readiness| {
-        let message = &r.reason("streaming").unwrap().message;
-        message.starts_with("standby:") && message.contains(&format!("PID {theirs}"))
-    };
-    while !standby(&r) {
+    while cause(&r, "streaming") != Some("slot_in_use") {
         assert!(started.elapsed() < Duration::from_secs(15), "{r:#?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
         r = ready(port).await.unwrap().1;
     }
     assert!(!r.ready);
+    let d = detail(port).await;
+    let message = &d.reason("streaming").unwrap().message;
+    assert!(
+        message.starts_with("standby:") && message.contains(&format!("PID {theirs}")),
+        "{message}"
+    );
     assert!(live(port).await);
 
     taker.kill().expect("stop pg_recvlogical");
@@ -278,7 +294,9 @@ async fn stalled_acknowledgement_turns_readiness_red_within_the_bound() {
     );
     assert!(r.reason("kafka_reachable").unwrap().ok, "{r:#?}");
     assert!(r.reason("streaming").unwrap().ok, "{r:#?}");
-    let message = &r.reason("acknowledging").unwrap().message;
+    assert_eq!(cause(&r, "acknowledging"), Some("acknowledgement_overdue"));
+    let d = detail(port).await;
+    let message = &d.reason("acknowledging").unwrap().message;
     assert!(
         message.contains("health.max_unacked_age_ms = 3000"),
         "{message}"
