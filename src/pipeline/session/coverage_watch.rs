@@ -133,6 +133,11 @@ impl ProofRecord {
         Ok(record.filter(|r| r.system_id == self.system_id))
     }
 
+    /// Whether an offset is stored for the slot.
+    fn has_offset(&self) -> Result<bool, PipelineError> {
+        Ok(tokio::task::block_in_place(|| self.store.load(&self.slot))?.is_some())
+    }
+
     /// Changes the stored record with `change` (a new one when none is
     /// stored); a record of another cluster is not touched.
     fn update(&self, change: impl FnOnce(&mut CoverageRecord)) -> Result<(), PipelineError> {
@@ -295,9 +300,12 @@ pub(super) async fn prove_at_start(
                 })?;
             }
         }
-        None => warn!(slot = %config.postgres.slot,
-            "no coverage baseline is stored for this slot (its first start, or the first of a version that \
-             stores one): a publication change made while the connector was stopped cannot be seen this once"),
+        // An offset but no baseline: the first start of a version that
+        // stores one (a first start has neither).
+        None if record.has_offset()? => warn!(slot = %config.postgres.slot,
+            "no coverage baseline is stored for this slot yet (the first start of a version that stores one): \
+             a publication change made while the connector was stopped cannot be seen this once"),
+        None => {}
     }
     // It passes now: the baseline from here on.
     record.save_baseline(now, proof.read_at)?;
