@@ -10,47 +10,17 @@ use crate::common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::relay::{Fixture, Running, consume, log_of, read_ids, spawn_binary};
+use common::relay::{Fixture, Running, log_of, read_ids, spawn_binary};
 use common::{init_tracing, pg_url};
-use outbox_cdc::checkpoint::OffsetStore;
 use outbox_cdc::config::Config;
 use outbox_cdc::coverage::CoverageProblem;
 use outbox_cdc::pg::Lsn;
 use outbox_cdc::pipeline::{PipelineError, RunOptions, StartRefused};
 
-/// Proofs every 3 s (as in no_silent_skip.rs).
-const SLOW_PROOFS: &str = "OUTBOX_CDC__MONITOR__SLOT_POLL_INTERVAL_MS=3000";
-
-/// A range-partitioned outbox (copied from no_silent_skip.rs): partitions
-/// `<t>_old` (year 2000) and `<t>_cur` (2001..2100), the publication
-/// `FOR TABLE <t>` with `publish_via_partition_root` as given.
-async fn partitioned_fixture(prefix: &str, via_root: bool) -> Fixture {
-    let f = Fixture::new(prefix).await;
-    let (t, p) = (&f.table, &f.publication);
-    let via = if via_root {
-        ", publish_via_partition_root = true"
-    } else {
-        ""
-    };
-    f.admin
-        .batch_execute(&format!(
-            "DROP PUBLICATION {p}; DROP TABLE public.{t};
-             CREATE TABLE public.{t} (
-                 event_id uuid NOT NULL, aggregate_type text NOT NULL, aggregate_id text NOT NULL,
-                 aggregate_sequence bigint NOT NULL, event_type text NOT NULL,
-                 schema_version integer NOT NULL DEFAULT 1, payload jsonb NOT NULL,
-                 occurred_at timestamptz NOT NULL DEFAULT now(),
-                 PRIMARY KEY (event_id, occurred_at)
-             ) PARTITION BY RANGE (occurred_at);
-             CREATE TABLE public.{t}_old PARTITION OF public.{t} FOR VALUES FROM ('2000-01-01') TO ('2001-01-01');
-             CREATE TABLE public.{t}_cur PARTITION OF public.{t} FOR VALUES FROM ('2001-01-01') TO ('2100-01-01');
-             GRANT SELECT ON public.{t} TO outbox;
-             CREATE PUBLICATION {p} FOR TABLE public.{t} WITH (publish = 'insert'{via});"
-        ))
-        .await
-        .unwrap_or_else(|e| panic!("partitioned outbox {t}: {e}"));
-    f
-}
+use super::no_silent_skip::{
+    assert_not_acknowledged_past, hide_one_row, insert, partitioned_fixture,
+    streaming_with_slow_proofs,
+};
 
 /// [`partitioned_fixture`] whose publication lists the two leaves instead of
 /// the root: `FOR TABLE <t>_old, <t>_cur`.
@@ -72,70 +42,8 @@ async fn leaf_list_fixture(prefix: &str, via_root: bool) -> Fixture {
     f
 }
 
-/// Inserts one event per aggregate in one transaction, at `occurred_at`
-/// (an SQL expression), numbering each aggregate's events from `seq`
-/// (copied from no_silent_skip.rs).
-async fn insert(
-    client: &tokio_postgres::Client,
-    table: &str,
-    aggregates: &[String],
-    seq: i64,
-    occurred_at: &str,
-) -> Vec<String> {
-    client.batch_execute("BEGIN").await.expect("BEGIN");
-    let mut ids = Vec::new();
-    for agg in aggregates {
-        let row = client
-            .query_one(
-                &format!(
-                    "INSERT INTO public.{table} (event_id, aggregate_type, aggregate_id, aggregate_sequence, \
-                     event_type, payload, occurred_at) \
-                     VALUES (gen_random_uuid(), 'order', $1, $2, 'Placed', '{{\"n\": 1}}', {occurred_at}) \
-                     RETURNING event_id::text"
-                ),
-                &[agg, &seq],
-            )
-            .await
-            .unwrap_or_else(|e| panic!("insert into {table}: {e}"));
-        ids.push(row.get(0));
-    }
-    client.batch_execute("COMMIT").await.expect("COMMIT");
-    ids
-}
-
 fn names(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}{i}")).collect()
-}
-
-/// A connector re-proving coverage every 3 s, streaming and past its first
-/// row (copied from no_silent_skip.rs).
-async fn streaming_with_slow_proofs(f: &Fixture) -> Running {
-    let running = Running::start(f.config_with(SLOW_PROOFS)).await;
-    f.write_tx(&[("order", "a", r#"{"n":1}"#.to_owned())], true)
-        .await;
-    consume(&f.topic_prefix, 1, Duration::from_secs(30), Duration::ZERO);
-    running
-}
-
-/// Neither the stored offset nor the slot's confirmed position passed `lsn`
-/// (where `what` happened) (copied from no_silent_skip.rs).
-async fn assert_not_acknowledged_past(f: &Fixture, lsn: Lsn, what: &str) {
-    let stored = OffsetStore::open(&f.offsets_path())
-        .expect("offset store")
-        .load(&f.slot)
-        .expect("load")
-        .expect("an offset")
-        .lsn;
-    let confirmed: Lsn = f
-        .slot_confirmed_flush()
-        .await
-        .expect("slot")
-        .parse()
-        .expect("lsn");
-    assert!(
-        stored <= lsn && confirmed <= lsn,
-        "acknowledged past {what} at {lsn}: stored {stored}, slot confirmed {confirmed}"
-    );
 }
 
 /// Waits (bounded) for the pipeline to end by itself and returns its result;
@@ -642,22 +550,8 @@ async fn a_partition_made_unlogged_while_streaming_stops_the_connector() {
 async fn a_publication_change_seen_while_streaming_is_refused_until_repaired() {
     init_tracing();
     let f = Fixture::new("cbchanged").await;
-    let (t, p) = (f.table.clone(), f.publication.clone());
     let running = streaming_with_slow_proofs(&f).await;
-    let narrowed = f.wal_insert_lsn().await;
-    f.admin
-        .batch_execute(&format!("ALTER PUBLICATION {p} DROP TABLE public.{t}"))
-        .await
-        .expect("drop the outbox from the publication");
-    let hidden: BTreeSet<String> = f
-        .write_tx(&[("order", "hidden", r#"{"n":2}"#.to_owned())], true)
-        .await
-        .into_iter()
-        .collect();
-    f.admin
-        .batch_execute(&format!("ALTER PUBLICATION {p} ADD TABLE public.{t}"))
-        .await
-        .expect("add it again");
+    let (narrowed, hidden) = hide_one_row(&f).await;
     let mut n = 3;
     let until = Instant::now() + Duration::from_secs(10);
     while !running.is_finished() && Instant::now() < until {
@@ -759,7 +653,6 @@ const NO_REPROOF: &str = "OUTBOX_CDC__MONITOR__SLOT_POLL_INTERVAL_MS=600000";
 /// dropped from the publication, a row X committed and the outbox added
 /// again. Returns the connector, X's id and the position before the change.
 async fn changed_without_a_reproof(f: &Fixture) -> (Running, BTreeSet<String>, Lsn) {
-    let (t, p) = (&f.table, &f.publication);
     let running = Running::start(f.config_with(NO_REPROOF)).await;
     let first: BTreeSet<String> = f
         .write_tx(&[("order", "a", r#"{"n":1}"#.to_owned())], true)
@@ -767,20 +660,7 @@ async fn changed_without_a_reproof(f: &Fixture) -> (Running, BTreeSet<String>, L
         .into_iter()
         .collect();
     arrive(f, &first, "the first row");
-    let narrowed = f.wal_insert_lsn().await;
-    f.admin
-        .batch_execute(&format!("ALTER PUBLICATION {p} DROP TABLE public.{t}"))
-        .await
-        .expect("drop the outbox from the publication");
-    let hidden: BTreeSet<String> = f
-        .write_tx(&[("order", "hidden", r#"{"n":2}"#.to_owned())], true)
-        .await
-        .into_iter()
-        .collect();
-    f.admin
-        .batch_execute(&format!("ALTER PUBLICATION {p} ADD TABLE public.{t}"))
-        .await
-        .expect("add it again");
+    let (narrowed, hidden) = hide_one_row(f).await;
     (running, hidden, narrowed)
 }
 

@@ -20,7 +20,7 @@ use outbox_cdc::pipeline::{PipelineError, RunOptions, StartRefused};
 /// columns (primary key including the partition key), two monthly partitions
 /// for 2026-11 and 2026-12 plus one for "old" rows, and a publication created
 /// the plain way (`via_root = false`) or through the root.
-async fn partitioned_fixture(prefix: &str, via_root: bool) -> Fixture {
+pub(crate) async fn partitioned_fixture(prefix: &str, via_root: bool) -> Fixture {
     let f = Fixture::new(prefix).await;
     let (t, p) = (&f.table, &f.publication);
     let via = if via_root {
@@ -50,7 +50,7 @@ async fn partitioned_fixture(prefix: &str, via_root: bool) -> Fixture {
 
 /// Inserts one event per aggregate in one transaction, at `occurred_at`
 /// (an SQL expression), numbering each aggregate's events from `seq`.
-async fn insert(
+pub(crate) async fn insert(
     client: &tokio_postgres::Client,
     table: &str,
     aggregates: &[String],
@@ -636,7 +636,7 @@ async fn tables_added_to_the_publication_while_streaming() {
 }
 
 /// A connector re-proving coverage every 3 s, streaming and past its first row.
-async fn streaming_with_slow_proofs(f: &Fixture) -> Running {
+pub(crate) async fn streaming_with_slow_proofs(f: &Fixture) -> Running {
     let running =
         Running::start(f.config_with("OUTBOX_CDC__MONITOR__SLOT_POLL_INTERVAL_MS=3000")).await;
     f.write_tx(&[("order", "a", r#"{"n":1}"#.to_owned())], true)
@@ -647,7 +647,7 @@ async fn streaming_with_slow_proofs(f: &Fixture) -> Running {
 
 /// Neither the stored offset nor the slot's confirmed position passed `lsn`
 /// (where `what` happened).
-async fn assert_not_acknowledged_past(f: &Fixture, lsn: Lsn, what: &str) {
+pub(crate) async fn assert_not_acknowledged_past(f: &Fixture, lsn: Lsn, what: &str) {
     let stored = OffsetStore::open(&f.offsets_path())
         .expect("offset store")
         .load(&f.slot)
@@ -802,6 +802,28 @@ async fn a_published_table_attached_as_a_partition_while_streaming_is_the_outbox
     f.cleanup().await;
 }
 
+/// The outbox dropped from the publication, one row committed, the outbox
+/// added again: PostgreSQL never sends that row. Returns the WAL position
+/// before the change and the row's event id.
+pub(crate) async fn hide_one_row(f: &Fixture) -> (Lsn, BTreeSet<String>) {
+    let (t, p) = (&f.table, &f.publication);
+    let narrowed = f.wal_insert_lsn().await;
+    f.admin
+        .batch_execute(&format!("ALTER PUBLICATION {p} DROP TABLE public.{t}"))
+        .await
+        .expect("drop the outbox from the publication");
+    let hidden = f
+        .write_tx(&[("order", "hidden", r#"{"n":2}"#.to_owned())], true)
+        .await
+        .into_iter()
+        .collect();
+    f.admin
+        .batch_execute(&format!("ALTER PUBLICATION {p} ADD TABLE public.{t}"))
+        .await
+        .expect("add it again");
+    (narrowed, hidden)
+}
+
 /// Audit F1: the outbox dropped from the publication, a row committed, the
 /// outbox added again, all between two coverage proofs. Both proofs see a
 /// complete publication now, but PostgreSQL never sends the row committed in
@@ -811,20 +833,8 @@ async fn a_published_table_attached_as_a_partition_while_streaming_is_the_outbox
 async fn a_publication_narrowing_undone_between_two_proofs_stops_the_connector() {
     init_tracing();
     let f = Fixture::new("narrowundone").await;
-    let (t, p) = (f.table.clone(), f.publication.clone());
     let running = streaming_with_slow_proofs(&f).await;
-    let narrowed = f.wal_insert_lsn().await;
-    f.admin
-        .batch_execute(&format!("ALTER PUBLICATION {p} DROP TABLE public.{t}"))
-        .await
-        .expect("drop the outbox from the publication");
-    let hidden = f
-        .write_tx(&[("order", "hidden", r#"{"n":2}"#.to_owned())], true)
-        .await;
-    f.admin
-        .batch_execute(&format!("ALTER PUBLICATION {p} ADD TABLE public.{t}"))
-        .await
-        .expect("add it again");
+    let (narrowed, hidden) = hide_one_row(&f).await;
     // Rows the publication sends again, for three proof intervals at most.
     let mut n = 3;
     let until = std::time::Instant::now() + Duration::from_secs(10);
