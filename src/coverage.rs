@@ -177,7 +177,7 @@ pub struct EntryFacts {
     pub filled_before_published: Vec<QualifiedTable>,
     /// Earlier entries that still exist unchanged although their relation
     /// left the outbox tree (a partition detached, e.g. by `[prune]` before
-    /// it drops it): no change.
+    /// it drops it), or the last tree member in their schema did: no change.
     pub still_published: BTreeSet<u32>,
     /// Leaves new since the earlier proof that hold rows and were rewritten
     /// into a new file since they were created (made UNLOGGED, loaded, made
@@ -789,10 +789,14 @@ impl Coverage {
             .entries
             .difference(&now.entries)
             .filter(|e| {
-                !(e.kind == 'r'
-                    && e.target != self.publication.root
-                    && (found.dropped.contains(&e.target)
-                        || found.still_published.contains(&e.oid)))
+                let exempt = match e.kind {
+                    'r' if e.target != self.publication.root => {
+                        found.dropped.contains(&e.target) || found.still_published.contains(&e.oid)
+                    }
+                    'n' => found.still_published.contains(&e.oid),
+                    _ => false,
+                };
+                !exempt
             })
             .map(|e| match e.kind {
                 'n' => format!("schema entry {} (schema OID {})", e.oid, e.target),
@@ -1336,21 +1340,25 @@ pub async fn entry_facts(
         for r in &rows {
             found.dropped.insert(r.try_get(0).map_err(&e)?);
         }
-        // Entries not read this time because their relation left the tree:
-        // still there, unchanged?
-        let entries: Vec<u32> = baseline
-            .entries
-            .difference(&p.identity.entries)
-            .filter(|entry| entry.kind == 'r')
-            .map(|entry| entry.oid)
-            .collect();
-        let rows = client
-            .query(
-                "SELECT pr.oid, pr.xmin::text::bigint FROM pg_publication_rel pr WHERE pr.oid = ANY ($1::oid[])",
-                &[&entries],
-            )
-            .await
-            .map_err(&e)?;
+    }
+    // Entries not read this time because their relation (or the last tree
+    // member in their schema) left the tree: still there, unchanged?
+    let unread: Vec<u32> = baseline
+        .entries
+        .difference(&p.identity.entries)
+        .map(|entry| entry.oid)
+        .collect();
+    if !unread.is_empty() {
+        let schemas = if facts.server_version >= 150000 {
+            " UNION ALL SELECT pn.oid, pn.xmin::text::bigint FROM pg_publication_namespace pn \
+              WHERE pn.oid = ANY ($1::oid[])"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "SELECT pr.oid, pr.xmin::text::bigint FROM pg_publication_rel pr WHERE pr.oid = ANY ($1::oid[]){schemas}"
+        );
+        let rows = client.query(&sql, &[&unread]).await.map_err(&e)?;
         for r in &rows {
             let (oid, xmin): (u32, i64) = (r.try_get(0).map_err(&e)?, r.try_get(1).map_err(&e)?);
             if baseline
@@ -2010,6 +2018,24 @@ mod tests {
                 .reconfirm("pub", &only_b, &EntryFacts::default())
                 .is_err()
         );
+        // A schema entry not read because no tree member is left in its
+        // schema: the same.
+        let mut facts = published_by_leaf();
+        facts.publication.as_mut().unwrap().identity = identity(
+            (7, 100),
+            &[entry('r', 21, 102, LEAF_B), entry('n', 30, 105, 2300)],
+        );
+        let c = proven(&facts);
+        let kept = EntryFacts {
+            still_published: [30].into(),
+            ..EntryFacts::default()
+        };
+        assert_eq!(c.clone().reconfirm("pub", &only_b, &kept), Ok(()));
+        let problem = c
+            .clone()
+            .reconfirm("pub", &only_b, &EntryFacts::default())
+            .unwrap_err();
+        assert!(problem.to_string().contains("schema entry 30"), "{problem}");
     }
 
     /// A partition created since the last proof, made UNLOGGED, loaded and

@@ -71,7 +71,7 @@ use crate::pg::control::{query_value, server_version_num};
 use crate::pg::{Lsn, PgConnectConfig, PgTimestamp, QualifiedTable, quote_ident};
 
 use super::{micros_text, sql, table_columns};
-use crate::pipeline::PipelineError;
+use crate::pipeline::{PipelineError, StartRefused};
 
 /// Why pruning cannot run at all; the operator fixes the setup.
 #[derive(Debug, thiserror::Error)]
@@ -196,6 +196,20 @@ pub async fn prune_stored(config: &Config, metrics: &Metrics) -> Result<PruneRep
         (None, Vec::new())
     } else {
         let store = OffsetStore::open(&config.offsets.path).map_err(PipelineError::from)?;
+        // Rows of a coverage break's window may be unpublished although
+        // acknowledged: the audit that republishes them needs them.
+        let breaks = store
+            .coverage(&config.postgres.slot)
+            .map_err(PipelineError::from)?
+            .map(|r| r.breaks)
+            .unwrap_or_default();
+        let margin = (config.repair.occurred_at_margin_ms as i64).saturating_mul(1000);
+        let slot = &config.postgres.slot;
+        if let Some(refused) =
+            StartRefused::coverage_broken(slot, config.config_argument(), margin, &breaks)
+        {
+            return Err(PipelineError::from(refused).into());
+        }
         (
             store
                 .load(&config.postgres.slot)

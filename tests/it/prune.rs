@@ -1454,3 +1454,48 @@ async fn prune_while_gap_repair_runs_keeps_the_repair_window() {
     );
     fx.cleanup().await;
 }
+
+/// Issue 47: while a coverage break is stored, rows of its window may be
+/// unpublished although acknowledged; the one-shot prune refuses (naming the
+/// audit that republishes them) and deletes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_coverage_break_stops_the_one_shot_prune() {
+    init_tracing();
+    let fx = Fixture::new("prunebreak").await;
+    fx.admin
+        .batch_execute(&format!("GRANT DELETE ON public.{} TO outbox", fx.table))
+        .await
+        .expect("grant delete");
+    let running = Running::start(fx.config_with(PRUNE_ENV)).await;
+    fx.write_tx(&[("order", "a", r#"{"n":1}"#.to_owned())], true)
+        .await;
+    consume(&fx.topic_prefix, 1, TIMEOUT, Duration::ZERO);
+    running.stop().await.expect("graceful stop");
+    {
+        let store = OffsetStore::open(&fx.offsets_path()).expect("store");
+        let mut record = store
+            .coverage(&fx.slot)
+            .expect("read")
+            .expect("a coverage record after a run");
+        let now = PgTimestamp::now().0;
+        record.breaks.push(outbox_cdc::checkpoint::CoverageBreak {
+            since_micros: now - 60_000_000,
+            until_micros: now,
+            what: "a test break".to_owned(),
+        });
+        store.save_coverage(&fx.slot, &record).expect("save");
+    }
+    let before = table_ids(&fx).await;
+    match pipeline::prune_stored(&fx.config_with(PRUNE_ENV), &Metrics::default()).await {
+        Err(e) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("outbox-cdc audit") && text.contains("--repair"),
+                "{text}"
+            );
+        }
+        Ok(report) => panic!("the prune ran although a coverage break is stored: {report}"),
+    }
+    assert_eq!(table_ids(&fx).await, before, "rows were deleted");
+    fx.cleanup().await;
+}
