@@ -107,6 +107,9 @@ pub struct Config {
     /// `[health]`: the bounds of `/health/ready`.
     #[serde(default)]
     pub health: crate::health::HealthSettings,
+    /// `[reconcile]`: the outbox table as a live second witness.
+    #[serde(default)]
+    pub reconcile: ReconcileSettings,
 }
 
 /// `[delivery]`: what a Kafka consumer can count on (DESIGN.md §14,
@@ -299,6 +302,54 @@ impl Default for PruneSettings {
             interval: "5m".into(),
             lock_timeout_ms: 1000,
         }
+    }
+}
+
+/// `[reconcile]`: while `run` streams, the outbox table is compared with what
+/// the stream delivered, and a committed row the stream skipped is published
+/// from the table (`src/witness/`, docs/guarantees.md). On by default.
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReconcileSettings {
+    /// Default true; false turns the witness off (a stored coverage break then
+    /// refuses the start until `audit --repair` clears it).
+    pub enabled: bool,
+    /// How often a round starts. Default 5000.
+    pub interval_ms: u64,
+    /// How far before the previous round rows are looked for by
+    /// `occurred_at`: the longest a writing transaction may stay open (or its
+    /// clock lag) and still have its rows checked. Default 300000 (5 min).
+    pub settle_margin_ms: u64,
+}
+
+impl Default for ReconcileSettings {
+    fn default() -> Self {
+        ReconcileSettings {
+            enabled: true,
+            interval_ms: 5_000,
+            settle_margin_ms: 300_000,
+        }
+    }
+}
+
+impl ReconcileSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        within(
+            "reconcile.interval_ms",
+            self.interval_ms,
+            100..=3_600_000,
+            "",
+        )?;
+        within(
+            "reconcile.settle_margin_ms",
+            self.settle_margin_ms,
+            0..=86_400_000,
+            "",
+        )
+    }
+
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.interval_ms)
     }
 }
 
@@ -855,6 +906,7 @@ impl Config {
             ));
         }
         self.prune.validate()?;
+        self.reconcile.validate()?;
         self.delivery.validate()?;
         self.topics.validate()?;
         self.outbox.validate()?;
@@ -1057,6 +1109,8 @@ const NUMBER_KEYS: &[&str] = &[
     "topics.replication_factor",
     "prune.batch_rows",
     "prune.lock_timeout_ms",
+    "reconcile.interval_ms",
+    "reconcile.settle_margin_ms",
     "health.max_unacked_age_ms",
     "health.max_gap_open_ms",
     "health.kafka_probe_interval_ms",
@@ -1070,6 +1124,7 @@ const BOOL_KEYS: &[&str] = &[
     "outbox.cloudevents.enabled",
     "outbox.cloudevents.subject",
     "topics.create",
+    "reconcile.enabled",
 ];
 
 fn typed_env_value(var: &str, key: &str, value: String) -> Result<toml::Value, ConfigError> {

@@ -103,6 +103,28 @@ pub fn sabotaged(what: &str) -> bool {
     }
 }
 
+/// A number given to a sabotage, `OUTBOX_CDC_SABOTAGE=<what>:<n>` (for
+/// example `drop-insert-every:97`: the session skips every 97th outbox
+/// insert it decodes, as an unknown cause of loss would); `None` without the
+/// feature, when unset, or not a positive number.
+pub fn sabotage_count(what: &str) -> Option<u64> {
+    #[cfg(feature = "failpoints")]
+    {
+        std::env::var("OUTBOX_CDC_SABOTAGE")
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|s| s.trim().split_once(':'))
+            .find(|(name, _)| *name == what)
+            .and_then(|(_, n)| n.trim().parse().ok())
+            .filter(|n| *n > 0)
+    }
+    #[cfg(not(feature = "failpoints"))]
+    {
+        let _ = what;
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::CrashPoint;

@@ -21,7 +21,7 @@
 //! `outbox_cdc_ready_reason{reason}`.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -36,11 +36,18 @@ use crate::pipeline::PipelineError;
 use crate::setting::InvalidSetting;
 
 /// The reasons, in the order the JSON body lists them.
-pub const REASONS: [&str; 4] = [STREAMING, KAFKA_REACHABLE, ACKNOWLEDGING, SEQUENCE_GAPS];
+pub const REASONS: [&str; 5] = [
+    STREAMING,
+    KAFKA_REACHABLE,
+    ACKNOWLEDGING,
+    SEQUENCE_GAPS,
+    RECONCILED,
+];
 pub const STREAMING: &str = "streaming";
 pub const KAFKA_REACHABLE: &str = "kafka_reachable";
 pub const ACKNOWLEDGING: &str = "acknowledging";
 pub const SEQUENCE_GAPS: &str = "sequence_gaps";
+pub const RECONCILED: &str = "reconciled";
 
 /// The causes of a reason that does not hold, as [`Reason::cause`] names them.
 pub mod cause {
@@ -56,6 +63,9 @@ pub mod cause {
     pub const ACKNOWLEDGEMENT_OVERDUE: &str = "acknowledgement_overdue";
     /// sequence_gaps: an aggregate misses numbers for longer than the bound.
     pub const SEQUENCE_GAP_OPEN: &str = "sequence_gap_open";
+    /// reconciled: the live witness found committed rows the stream skipped
+    /// and has not published them yet.
+    pub const ROWS_NOT_REPUBLISHED: &str = "rows_not_republished";
 }
 
 /// Open gaps kept; beyond this, new ones are counted but not listed.
@@ -209,6 +219,8 @@ pub struct HealthState {
     gaps: Mutex<Vec<OpenGap>>,
     /// `gaps.len()`, read without the lock on every event.
     open_gaps: AtomicUsize,
+    /// Rows the live witness found missing and has not published yet.
+    witness_unpublished: AtomicU64,
 }
 
 impl Default for HealthState {
@@ -221,6 +233,7 @@ impl Default for HealthState {
             oldest_unacked: AtomicI64::new(i64::MIN),
             gaps: Mutex::default(),
             open_gaps: AtomicUsize::new(0),
+            witness_unpublished: AtomicU64::new(0),
         }
     }
 }
@@ -328,6 +341,11 @@ impl HealthState {
         self.open_gaps.store(gaps.len(), Ordering::Relaxed);
     }
 
+    /// The live witness holds `rows` found missing and not yet published (0: none).
+    pub(crate) fn witness_unpublished(&self, rows: u64) {
+        self.witness_unpublished.store(rows, Ordering::Relaxed);
+    }
+
     /// Judges readiness now.
     pub fn readiness(&self, metrics: &Metrics) -> Readiness {
         let settings = self.settings();
@@ -360,6 +378,7 @@ impl HealthState {
                 )),
             },
             gaps,
+            witness_unpublished: self.witness_unpublished.load(Ordering::Relaxed),
         };
         judge(&inputs, &settings)
     }
@@ -376,6 +395,7 @@ struct Inputs {
     unacked_age: Option<Duration>,
     /// Open gaps with how long each has been open.
     gaps: Vec<(OpenGap, Duration)>,
+    witness_unpublished: u64,
 }
 
 fn secs(d: Duration) -> String {
@@ -516,11 +536,28 @@ fn judge(i: &Inputs, s: &HealthSettings) -> Readiness {
             ),
         ),
     };
+    let reconciled = match i.witness_unpublished {
+        0 => (
+            true,
+            None,
+            "the live witness holds no row it found missing".to_owned(),
+        ),
+        n => (
+            false,
+            Some(cause::ROWS_NOT_REPUBLISHED),
+            format!(
+                "the live witness found {n} committed outbox row(s) the stream did not deliver and \
+                 is publishing them from the table; the log names each (ERROR \"not delivered by \
+                 the stream\"). This clears once they are in Kafka"
+            ),
+        ),
+    };
     let reasons: Vec<Reason> = [
         (STREAMING, streaming),
         (KAFKA_REACHABLE, kafka),
         (ACKNOWLEDGING, acknowledging),
         (SEQUENCE_GAPS, gaps),
+        (RECONCILED, reconciled),
     ]
     .into_iter()
     .map(|(name, (ok, cause, message))| Reason {
@@ -600,7 +637,25 @@ mod tests {
             kafka_error: None,
             unacked_age: None,
             gaps: Vec::new(),
+            witness_unpublished: 0,
         }
+    }
+
+    #[test]
+    fn rows_the_witness_found_keep_readiness_red_until_published() {
+        let mut i = healthy();
+        i.witness_unpublished = 3;
+        assert_eq!(red(&i), [RECONCILED]);
+        let r = judge(&i, &HealthSettings::default());
+        let reason = r.reason(RECONCILED).unwrap();
+        assert_eq!(reason.cause.as_deref(), Some(cause::ROWS_NOT_REPUBLISHED));
+        assert!(
+            reason.message.contains("found 3 committed"),
+            "{}",
+            reason.message
+        );
+        i.witness_unpublished = 0;
+        assert!(red(&i).is_empty());
     }
 
     fn red(i: &Inputs) -> Vec<String> {

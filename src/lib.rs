@@ -29,5 +29,6 @@ pub mod retained;
 pub(crate) mod setting;
 pub mod sink;
 pub mod status;
+pub mod witness;
 
 pub use disposition::Disposition;

@@ -482,7 +482,7 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
                 aggregate_id,
                 topic_suffix,
                 dry_run,
-                only: None,
+                ..pipeline::ReplayOptions::default()
             };
             let report = pipeline::replay(&config, &options).await?;
             print!("{report}");

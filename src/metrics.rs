@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
@@ -142,6 +143,10 @@ pub struct Metrics {
     repair_rows: Counter,
     repair_rows_left: UnsignedGauge,
     pruned_rows: Counter,
+    reconcile_missing: Counter,
+    reconcile_repaired: Counter,
+    reconcile_checked: Counter,
+    reconcile_lag: SecondsGauge,
     outbox_rows: Gauge,
     outbox_bytes: Gauge,
     oldest_retained_age: SecondsGauge,
@@ -337,6 +342,23 @@ impl Default for Metrics {
             "outbox_cdc_pruned_rows_total",
             "Outbox rows deleted by pruning ([prune] retention), by batch delete or partition drop",
         );
+        let reconcile_missing = r.counter(
+            "outbox_cdc_reconcile_missing_total",
+            "Committed outbox rows the live witness found that the stream did not deliver ([reconcile])",
+        );
+        let reconcile_repaired = r.counter(
+            "outbox_cdc_reconcile_repaired_total",
+            "Rows the live witness found missing and published from the table (marked by the outbox_cdc_repaired header)",
+        );
+        let reconcile_checked = r.counter(
+            "outbox_cdc_reconcile_checked_rows_total",
+            "Outbox rows the live witness checked against what the stream delivered",
+        );
+        let reconcile_lag = r.seconds(
+            "outbox_cdc_reconcile_lag_seconds",
+            "Age of the oldest committed outbox row not yet checked by the live witness (-1 until its first round; with it off)",
+            -1.0,
+        );
         let outbox_rows = r.gauge(
             "outbox_cdc_outbox_rows",
             "Estimated rows in the outbox table (pg_class.reltuples of the table or its partitions; -1 until pruning measured it)",
@@ -400,6 +422,10 @@ impl Default for Metrics {
             repair_rows,
             repair_rows_left,
             pruned_rows,
+            reconcile_missing,
+            reconcile_repaired,
+            reconcile_checked,
+            reconcile_lag,
             outbox_rows,
             outbox_bytes,
             oldest_retained_age,
@@ -670,6 +696,29 @@ impl Metrics {
     }
 
     /// One pruning pass deleted `rows`.
+    /// The live witness found `missing` rows the stream did not deliver.
+    pub(crate) fn reconcile_found(&self, missing: u64) {
+        self.reconcile_missing.inc_by(missing);
+    }
+
+    pub(crate) fn reconcile_repaired(&self, rows: u64) {
+        self.reconcile_repaired.inc_by(rows);
+    }
+
+    /// A round checked `rows`; every row committed more than `lag` ago is checked.
+    pub(crate) fn reconcile_round(&self, rows: u64, lag: Duration) {
+        self.reconcile_checked.inc_by(rows);
+        self.reconcile_lag.set(lag.as_secs_f64());
+    }
+
+    pub fn reconcile_missing(&self) -> u64 {
+        self.reconcile_missing.get()
+    }
+
+    pub fn reconcile_repaired_rows(&self) -> u64 {
+        self.reconcile_repaired.get()
+    }
+
     pub fn pruned(&self, rows: u64) {
         self.pruned_rows.inc_by(rows);
     }

@@ -1,6 +1,6 @@
 //! `outbox-cdc run` as one composition: the pipeline with its companions
 //! (the HTTP endpoint, the slot monitor, the Kafka probe of readiness, the
-//! optional heartbeat, the pruner),
+//! optional heartbeat, the pruner, the live witness),
 //! all stopped by one signal. The binary adds only the process signals
 //! ([`run_until_signal`]); tests call [`run`] with their own stop channel, so
 //! they exercise the same wiring.
@@ -72,6 +72,11 @@ pub async fn run(
     let pruner = tokio::spawn(pipeline::run_pruner(
         config.clone(),
         metrics.clone(),
+        companions_rx.clone(),
+    ));
+    let witness = tokio::spawn(crate::witness::run_reconciler(
+        config.clone(),
+        metrics.clone(),
         companions_rx,
     ));
 
@@ -86,13 +91,14 @@ pub async fn run(
             let _ = h.await;
         }
         let _ = pruner.await;
+        let _ = witness.await;
     };
     if tokio::time::timeout(COMPANION_STOP_TIMEOUT, companions)
         .await
         .is_err()
     {
         warn!(
-            "slot monitor, heartbeat or pruner did not stop in time; leaving them to the runtime's shutdown"
+            "slot monitor, heartbeat, pruner or live witness did not stop in time; leaving them to the runtime's shutdown"
         );
     }
     if let Some(h) = http {

@@ -23,6 +23,6 @@ pub(crate) use acked_time::DurableCommitTime;
 pub(crate) use shared_store::SharedStore;
 pub use store::{
     CoverageBreak, CoverageRecord, Flushed, OffsetStore, ParkedAggregate, ParkedAt, PendingRepair,
-    StoreError, StoredOffset, sequence_key,
+    StoreError, StoredOffset, WitnessPosition, sequence_key,
 };
 pub use tracker::{AckTracker, EventToken, TrackerError};

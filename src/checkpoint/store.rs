@@ -27,6 +27,9 @@ const PARKED_TREE: &str = "parked";
 const REPAIRS_TREE: &str = "repairs";
 const SEQUENCES_TREE: &str = "sequences";
 const COVERAGE_TREE: &str = "coverage";
+
+mod witness;
+pub use witness::WitnessPosition;
 const ENCODING_VERSION: u32 = 1;
 /// sled's page cache bound; the store holds a handful of small keys.
 const CACHE_CAPACITY_BYTES: u64 = 8 * 1024 * 1024;
@@ -341,6 +344,8 @@ pub struct OffsetStore {
     repairs: sled::Tree,
     sequences: sled::Tree,
     coverage: sled::Tree,
+    /// The live witness's pages and position (`witness.rs`).
+    witness: sled::Tree,
     /// aggregate_type → aggregate ids; mirrors the `parked` tree. Writers
     /// hold the write lock across the sled write and flush.
     /// type -> id -> the position of the event that parked it.
@@ -410,6 +415,7 @@ impl OffsetStore {
         let repairs = open_tree(REPAIRS_TREE)?;
         let sequences = open_tree(SEQUENCES_TREE)?;
         let coverage = open_tree(COVERAGE_TREE)?;
+        let witness = open_tree(witness::WITNESS_TREE)?;
         let store = OffsetStore {
             path,
             db,
@@ -418,6 +424,7 @@ impl OffsetStore {
             repairs,
             sequences,
             coverage,
+            witness,
             parked_cache: RwLock::new(HashMap::new()),
             parked_count: AtomicUsize::new(0),
         };

@@ -34,7 +34,9 @@ pub(crate) mod repair;
 mod replay;
 
 pub use prune::{AckedPosition, PruneError, PruneReport, prune_once, prune_stored, run_pruner};
-pub use replay::{EventIdSet, ReplayError, ReplayOptions, ReplayReport, replay};
+pub use replay::{
+    EventIdSet, H_REPAIRED, ReplayError, ReplayOptions, ReplayReport, replay, replay_with,
+};
 
 pub(crate) fn sql(during: &str) -> impl Fn(tokio_postgres::Error) -> PipelineError + '_ {
     move |e| PipelineError::Pg(PgError::sql(during.to_owned(), e))

@@ -53,7 +53,16 @@ pub struct ReplayOptions {
     pub dry_run: bool,
     /// Only rows with these event ids (the other filters still apply).
     pub only: Option<EventIdSet>,
+    /// Where parked aggregates are read and parked (the connector's offset
+    /// store, for the live witness); `None`: in memory, for this replay only.
+    pub parking: Option<std::sync::Arc<crate::checkpoint::OffsetStore>>,
+    /// Adds the header [`H_REPAIRED`] with this value to every record.
+    pub mark_repaired: Option<&'static str>,
 }
+
+/// The header that marks a record published again from the table by the
+/// connector (the live witness), not by the stream.
+pub const H_REPAIRED: &str = "outbox_cdc_repaired";
 
 /// A compact set of event ids: 127-bit fingerprints (two differently seeded
 /// 64-bit hashes, the lowest bit cleared for its users' flags), 16 bytes an
@@ -313,7 +322,11 @@ pub async fn replay_with(
         false => Some(BoundedSender::new(config)?),
     };
     let router = PoisonPolicyRouter::new(&config.outbox);
-    let parking = MemoryParking::default();
+    let memory = MemoryParking::default();
+    let parking: &(dyn crate::pipeline::poison::Parking + Sync) = match &options.parking {
+        Some(store) => store.as_ref(),
+        None => &memory,
+    };
     let rows = client.query_raw(&query, params.iter()).await.map_err(&e)?;
     pin_mut!(rows);
     let mut report = ReplayReport {
@@ -332,9 +345,12 @@ pub async fn replay_with(
         }
         let raw = || Bytes::from_static(b"{}");
         let mut event =
-            match router.route(mapped, raw, &parking, EventPosition::at(at), commit_time)? {
+            match router.route(mapped, raw, parking, EventPosition::at(at), commit_time)? {
                 Route::Publish(event) | Route::DeadLetter(event) => event,
             };
+        if let Some(value) = options.mark_repaired {
+            (event.headers).push((H_REPAIRED.into(), Bytes::from_static(value.as_bytes())));
+        }
         if !options.topic_suffix.is_empty() {
             event.topic.push_str(&options.topic_suffix);
             if let Err(reason) = validate_topic_name(&event.topic) {

@@ -20,6 +20,7 @@ use crate::pg::{FeedbackHandle, Lsn};
 
 use crate::pipeline::PipelineError;
 use crate::pipeline::sequences::SequenceWatch;
+use crate::witness::Ledger;
 
 /// What one persist made durable.
 pub(super) struct Persisted {
@@ -54,6 +55,9 @@ pub(super) struct Checkpointer<'a> {
     persisting: Option<JoinHandle<Result<Persisted, StoreError>>>,
     /// When the numbers were last taken for the store (`audit.save_interval_ms`).
     sequences_taken_at: Instant,
+    /// The events sent, for the live witness (`None` with `[reconcile]` off):
+    /// written to the store with the offset that covers them.
+    ledger: Option<Ledger>,
 }
 
 impl<'a> Checkpointer<'a> {
@@ -81,6 +85,15 @@ impl<'a> Checkpointer<'a> {
             dirty_since: replaying.then(Instant::now),
             persisting: None,
             sequences_taken_at: Instant::now(),
+            ledger: config.reconcile.enabled.then(Ledger::default),
+        }
+    }
+
+    /// An event of the transaction committing at `commit` was sent (or
+    /// dead-lettered): the live witness will not take its row for missing.
+    pub(super) fn record_sent(&mut self, commit: Lsn, event_id: &str) {
+        if let Some(ledger) = self.ledger.as_mut() {
+            ledger.record(commit, event_id);
         }
     }
 
@@ -170,8 +183,16 @@ impl<'a> Checkpointer<'a> {
             Vec::new()
         };
         let durable_commit_time = Arc::clone(&self.metrics.durable_commit_time);
+        let page = self
+            .ledger
+            .as_mut()
+            .and_then(|l| l.take_acknowledged(acked));
         self.persisting = Some(tokio::task::spawn_blocking(move || {
             store.save_sequences(&numbers)?;
+            // Before the offset: the pages on disk cover what it covers.
+            if let Some((through, fingerprints)) = page {
+                store.save_witness_page(&slot, through, &fingerprints)?;
+            }
             let durable = store.persist_acked(&slot, acked, &system_id, commit_time)?;
             durable_commit_time.set(commit_time);
             Ok(Persisted {
@@ -230,8 +251,16 @@ impl<'a> Checkpointer<'a> {
             let commit_time = tracker.acked_commit_time();
             let numbers = sequences.take_unsaved();
             self.sequences_taken_at = Instant::now();
+            let page = self
+                .ledger
+                .as_mut()
+                .and_then(|l| l.take_acknowledged(acked));
             let durable = tokio::task::block_in_place(|| {
                 self.store.save_sequences(&numbers)?;
+                if let Some((through, fingerprints)) = page {
+                    self.store
+                        .save_witness_page(&self.slot, through, &fingerprints)?;
+                }
                 self.store
                     .persist_acked(&self.slot, acked, &self.system_id, commit_time)
             })?;

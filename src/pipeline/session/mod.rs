@@ -140,6 +140,10 @@ pub(super) struct Session<'a, D> {
     /// Behind or not as judged at the last PostgreSQL commit (a batch may
     /// grow while behind); caught up once nothing received is unread.
     input: Input,
+    /// Sabotage for the live witness's tests (`failpoints` builds only):
+    /// skip every n-th decoded outbox insert, counted in `inserts_seen`.
+    drop_every: Option<u64>,
+    inserts_seen: u64,
 }
 
 impl<'a, D: Delivery> Session<'a, D> {
@@ -188,6 +192,8 @@ impl<'a, D: Delivery> Session<'a, D> {
             replay: None,
             unread: false,
             input: Input::CaughtUp,
+            drop_every: crate::failpoint::sabotage_count("drop-insert-every"),
+            inserts_seen: 0,
         };
         (session, started.stream)
     }
@@ -376,6 +382,13 @@ impl<'a, D: Delivery> Session<'a, D> {
                     return self.replayed(mapped, lsn);
                 }
                 let (commit_time, at) = (tx.commit_time, EventPosition::new(tx.commit_lsn, lsn));
+                if let Some(every) = self.drop_every {
+                    self.inserts_seen += 1;
+                    if self.inserts_seen.is_multiple_of(every) {
+                        warn!(lsn = %lsn, "sabotage drop-insert-every: this outbox insert is skipped");
+                        return Ok(());
+                    }
+                }
                 let mapped = self.mapper.map_insert(bound, &insert.new, &ctx);
                 let max_raw = self.config.outbox.max_record_bytes / 2;
                 let raw = || row_as_json(description, &insert.new, max_raw);
@@ -498,6 +511,7 @@ impl<'a, D: Delivery> Session<'a, D> {
             }
         };
         self.metrics.trace_dropped(event.trace_dropped);
+        self.checkpoint.record_sent(at.commit(), &event.event_id);
         let token = self
             .tracker
             .add_event(event.size_bytes())

@@ -120,6 +120,8 @@ impl Harness {
             replay: None,
             unread: false,
             input: Input::CaughtUp,
+            drop_every: None,
+            inserts_seen: 0,
         };
         Harness {
             session,
@@ -584,4 +586,36 @@ async fn a_later_segment_without_its_first_stops_the_connector() {
         "{failure}"
     );
     assert_eq!(failure.disposition(), crate::Disposition::Stop);
+}
+
+/// The live witness's pages: a sent event's fingerprint reaches the store
+/// with the offset that covers its transaction, not before (it would stand
+/// for an event that may yet be lost), and not only after (a crash between
+/// would make a delivered row look missing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sent_events_are_stored_for_the_witness_with_the_offset_that_covers_them() {
+    let mut h = Harness::with_outbox(config(&[]), MemoryDelivery::new()).await;
+    let first = h.transaction(2).await.unwrap();
+    h.transaction(1).await.unwrap();
+    let ids = h.session.delivery.sent.clone();
+    assert_eq!(ids.len(), 3);
+    h.session.delivery.ack(2);
+    h.take_reports().unwrap();
+    h.tick_and_persist().await;
+    assert_eq!(h.stored(), first);
+    let mut expected: Vec<u64> = ids[..2]
+        .iter()
+        .map(|id| crate::witness::fingerprint(id))
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(h.store.witness_fingerprints(SLOT).unwrap(), expected);
+    h.session.delivery.ack(1);
+    h.take_reports().unwrap();
+    h.tick_and_persist().await;
+    let mut expected: Vec<u64> = ids
+        .iter()
+        .map(|id| crate::witness::fingerprint(id))
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(h.store.witness_fingerprints(SLOT).unwrap(), expected);
 }

@@ -1,0 +1,282 @@
+//! What the live witness (`src/witness/`) keeps in the offset store, tree
+//! `witness`, per slot:
+//!
+//! - pages of fingerprints of the event ids the stream delivered, each keyed
+//!   by the commit position of its last transaction. A page is written before
+//!   the offset that covers it is persisted (and flushed with it), so the
+//!   pages on disk hold at least every event the durable offset covers. Values
+//!   are one version byte then little-endian u64s (a page holds thousands of
+//!   them; JSON would triple its size). Pages expire once every row they can
+//!   match is checked.
+//! - the witness's position: below which transaction id every row is checked
+//!   (JSON with a version field, like the other trees).
+
+use serde::{Deserialize, Serialize};
+
+use super::{OffsetStore, StoreError, decode_versioned, encode};
+use crate::pg::Lsn;
+
+pub(super) const WITNESS_TREE: &str = "witness";
+const PAGE_VERSION: u8 = 1;
+const PAGE_TAG: u8 = b'p';
+const POSITION_TAG: u8 = b's';
+
+/// Where the live witness has checked up to, for one slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WitnessPosition {
+    /// The database cluster the transaction ids belong to.
+    pub system_id: String,
+    /// Every visible outbox row whose transaction id (64-bit, epoch included)
+    /// is below this was checked.
+    pub checked_below_xid: u64,
+    /// Rows of transactions at or above `checked_below_xid` are looked for
+    /// from this time (PostgreSQL microseconds since 2000-01-01) minus the
+    /// settle margin: when the position was set, no transaction that could
+    /// still write had started before it.
+    pub look_from_micros: i64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct PositionRecordV1 {
+    v: u32,
+    #[serde(flatten)]
+    position: WitnessPosition,
+}
+
+fn prefix(slot: &str, tag: u8) -> Vec<u8> {
+    let mut key = Vec::with_capacity(slot.len() + 2);
+    key.extend_from_slice(slot.as_bytes());
+    key.push(0);
+    key.push(tag);
+    key
+}
+
+fn position_key(slot: &str) -> String {
+    format!("witness position of slot {slot:?}")
+}
+
+fn pages_key(slot: &str) -> String {
+    format!("witness pages of slot {slot:?}")
+}
+
+impl OffsetStore {
+    /// Stores the fingerprints of events whose transactions committed at or
+    /// before `through`. Not flushed: the persist of the offset that covers
+    /// them flushes it (sled flushes every tree at once).
+    pub fn save_witness_page(
+        &self,
+        slot: &str,
+        through: Lsn,
+        fingerprints: &[u64],
+    ) -> Result<(), StoreError> {
+        if fingerprints.is_empty() {
+            return Ok(());
+        }
+        let mut key = prefix(slot, PAGE_TAG);
+        key.extend_from_slice(&through.as_u64().to_be_bytes());
+        // Two pages may end at the same position (a restart replays it).
+        let unique = self.db.generate_id().map_err(|source| StoreError::Write {
+            path: self.path.clone(),
+            op: "save witness page",
+            key: pages_key(slot),
+            source,
+        })?;
+        key.extend_from_slice(&unique.to_be_bytes());
+        let mut value = Vec::with_capacity(1 + fingerprints.len() * 8);
+        value.push(PAGE_VERSION);
+        for f in fingerprints {
+            value.extend_from_slice(&f.to_le_bytes());
+        }
+        self.witness
+            .insert(key, value)
+            .map_err(|source| StoreError::Write {
+                path: self.path.clone(),
+                op: "save witness page",
+                key: pages_key(slot),
+                source,
+            })?;
+        Ok(())
+    }
+
+    /// Every stored fingerprint of `slot`, sorted.
+    pub fn witness_fingerprints(&self, slot: &str) -> Result<Vec<u64>, StoreError> {
+        let mut all = Vec::new();
+        for entry in self.witness.scan_prefix(prefix(slot, PAGE_TAG)) {
+            let (_, value) = entry.map_err(|source| StoreError::Read {
+                path: self.path.clone(),
+                key: pages_key(slot),
+                source,
+            })?;
+            let body = match value.split_first() {
+                Some((&PAGE_VERSION, body)) if body.len() % 8 == 0 => body,
+                _ => {
+                    return Err(self.corrupt(
+                        WITNESS_TREE,
+                        pages_key(slot),
+                        format!(
+                            "a page of {} bytes is not version {PAGE_VERSION} fingerprints",
+                            value.len()
+                        ),
+                    ));
+                }
+            };
+            all.extend(
+                body.chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
+            );
+        }
+        all.sort_unstable();
+        Ok(all)
+    }
+
+    /// Removes the pages of `slot` whose transactions all committed at or
+    /// before `through`; returns how many fingerprints went.
+    pub fn expire_witness_pages(&self, slot: &str, through: Lsn) -> Result<usize, StoreError> {
+        let start = prefix(slot, PAGE_TAG);
+        let mut end = start.clone();
+        end.extend_from_slice(&through.as_u64().to_be_bytes());
+        end.extend_from_slice(&u64::MAX.to_be_bytes());
+        let mut removed = 0;
+        for entry in self.witness.range(start..=end) {
+            let (key, value) = entry.map_err(|source| StoreError::Read {
+                path: self.path.clone(),
+                key: pages_key(slot),
+                source,
+            })?;
+            self.witness
+                .remove(key)
+                .map_err(|source| StoreError::Write {
+                    path: self.path.clone(),
+                    op: "expire witness pages",
+                    key: pages_key(slot),
+                    source,
+                })?;
+            removed += value.len().saturating_sub(1) / 8;
+        }
+        Ok(removed)
+    }
+
+    pub fn witness_position(&self, slot: &str) -> Result<Option<WitnessPosition>, StoreError> {
+        let raw = self
+            .witness
+            .get(prefix(slot, POSITION_TAG))
+            .map_err(|source| StoreError::Read {
+                path: self.path.clone(),
+                key: position_key(slot),
+                source,
+            })?;
+        raw.map(|raw| {
+            decode_versioned::<PositionRecordV1>(&raw)
+                .map(|r| r.position)
+                .map_err(|reason| self.corrupt(WITNESS_TREE, position_key(slot), reason))
+        })
+        .transpose()
+    }
+
+    /// Stores the witness's position (flushed, with any pages expired before).
+    pub fn save_witness_position(
+        &self,
+        slot: &str,
+        position: &WitnessPosition,
+    ) -> Result<(), StoreError> {
+        let record = PositionRecordV1 {
+            v: super::ENCODING_VERSION,
+            position: position.clone(),
+        };
+        let value = encode(&self.path, position_key(slot), &record)?;
+        self.witness
+            .insert(prefix(slot, POSITION_TAG), value)
+            .map_err(|source| StoreError::Write {
+                path: self.path.clone(),
+                op: "save witness position",
+                key: position_key(slot),
+                source,
+            })?;
+        self.flush("save witness position", position_key(slot))
+            .map(drop)
+    }
+
+    /// Forgets the witness's pages and position of `slot` (its offset was
+    /// removed: a new slot's transactions are checked from its start).
+    pub fn clear_witness(&self, slot: &str) -> Result<(), StoreError> {
+        for tag in [PAGE_TAG, POSITION_TAG] {
+            for entry in self.witness.scan_prefix(prefix(slot, tag)) {
+                let (key, _) = entry.map_err(|source| StoreError::Read {
+                    path: self.path.clone(),
+                    key: pages_key(slot),
+                    source,
+                })?;
+                self.witness
+                    .remove(key)
+                    .map_err(|source| StoreError::Write {
+                        path: self.path.clone(),
+                        op: "clear witness",
+                        key: pages_key(slot),
+                        source,
+                    })?;
+            }
+        }
+        self.flush("clear witness", position_key(slot)).map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fresh() -> (tempfile::TempDir, OffsetStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        (dir, store)
+    }
+
+    #[test]
+    fn pages_are_read_sorted_and_expire_by_position_per_slot() {
+        let (_dir, store) = fresh();
+        store
+            .save_witness_page("s", Lsn::new(100), &[5, 1])
+            .unwrap();
+        store.save_witness_page("s", Lsn::new(200), &[3]).unwrap();
+        store.save_witness_page("s", Lsn::new(200), &[9]).unwrap();
+        store.save_witness_page("s2", Lsn::new(50), &[7]).unwrap();
+        store.save_witness_page("s", Lsn::new(300), &[]).unwrap();
+        assert_eq!(store.witness_fingerprints("s").unwrap(), [1, 3, 5, 9]);
+        assert_eq!(store.expire_witness_pages("s", Lsn::new(199)).unwrap(), 2);
+        assert_eq!(store.witness_fingerprints("s").unwrap(), [3, 9]);
+        assert_eq!(store.expire_witness_pages("s", Lsn::new(200)).unwrap(), 2);
+        assert!(store.witness_fingerprints("s").unwrap().is_empty());
+        assert_eq!(store.witness_fingerprints("s2").unwrap(), [7]);
+    }
+
+    #[test]
+    fn the_position_survives_a_reopen_and_clear_forgets_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let position = WitnessPosition {
+            system_id: "7".into(),
+            checked_below_xid: (1 << 32) + 5,
+            look_from_micros: 42,
+        };
+        {
+            let store = OffsetStore::open(dir.path()).unwrap();
+            assert_eq!(store.witness_position("s").unwrap(), None);
+            store.save_witness_page("s", Lsn::new(1), &[1]).unwrap();
+            store.save_witness_position("s", &position).unwrap();
+        }
+        let store = OffsetStore::open(dir.path()).unwrap();
+        assert_eq!(store.witness_position("s").unwrap(), Some(position));
+        assert_eq!(store.witness_fingerprints("s").unwrap(), [1]);
+        store.clear_witness("s").unwrap();
+        assert_eq!(store.witness_position("s").unwrap(), None);
+        assert!(store.witness_fingerprints("s").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_damaged_page_is_an_error_naming_it() {
+        let (_dir, store) = fresh();
+        let mut key = prefix("s", PAGE_TAG);
+        key.extend_from_slice(&[0; 16]);
+        store.witness.insert(key, &b"\x02abc"[..]).unwrap();
+        let err = store.witness_fingerprints("s").unwrap_err().to_string();
+        assert!(err.contains("witness pages of slot \"s\""), "{err}");
+    }
+}
