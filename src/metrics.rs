@@ -715,6 +715,17 @@ impl Metrics {
         self.reconcile_missing.get()
     }
 
+    /// Seconds since the rows the witness checked were committed; `None`
+    /// before its first round.
+    pub fn reconcile_lag(&self) -> Option<f64> {
+        let lag = self.reconcile_lag.get();
+        (lag >= 0.0).then_some(lag)
+    }
+
+    pub fn reconcile_checked_rows(&self) -> u64 {
+        self.reconcile_checked.get()
+    }
+
     pub fn reconcile_repaired_rows(&self) -> u64 {
         self.reconcile_repaired.get()
     }

@@ -485,7 +485,9 @@ impl OffsetStore {
     }
 
     /// [`Self::persist`] for a slot (re)created at `created_at`: the time a gap
-    /// repair starts from until a transaction is acknowledged.
+    /// repair starts from until a transaction is acknowledged. The live
+    /// witness starts over with the new slot: what the old one delivered (and
+    /// what a gap repair published outside the stream) is not in its pages.
     pub fn persist_created(
         &self,
         slot: &str,
@@ -493,6 +495,7 @@ impl OffsetStore {
         system_id: &str,
         created_at: PgTimestamp,
     ) -> Result<DurableLsn, StoreError> {
+        self.clear_witness(slot)?;
         self.persist_with(slot, lsn, system_id, Some(created_at), true)
     }
 

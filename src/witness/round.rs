@@ -195,19 +195,23 @@ impl Witness {
             .witness_position(&slot)?
             .filter(|p| p.system_id == system_id);
         let Some(position) = position else {
+            // From the snapshot's xmax, not its xmin: a transaction below it
+            // may have ended before the slot existed (its rows were never
+            // streamed, nor meant to be).
             info!(
-                from_xid = mark.xmin,
+                from_xid = mark.xmax,
                 "live witness: rows of transactions from this id on are checked"
             );
             store.save_witness_position(
                 &slot,
                 &WitnessPosition {
                     system_id,
-                    checked_below_xid: mark.xmin,
+                    checked_below_xid: mark.xmax,
                     look_from_micros: mark.look_from_micros,
                 },
             )?;
             self.marks.push_back(mark);
+            self.metrics.reconcile_round(0, Duration::ZERO);
             return Ok(());
         };
         if !self.wait_for_acknowledgement(mark.after, shutdown).await {
@@ -216,6 +220,9 @@ impl Witness {
         let mut lo = position.checked_below_xid;
         let hi = mark.xmin;
         if hi <= lo {
+            // No transaction ended since: everything before the mark is checked.
+            self.metrics
+                .reconcile_round(0, lag_since(mark.taken_micros));
             return Ok(());
         }
         if hi - lo > MAX_WINDOW_XIDS {
@@ -256,12 +263,7 @@ impl Witness {
             let gone = tokio::task::block_in_place(|| store.expire_witness_pages(&slot, through))?;
             debug!(through = %through, fingerprints = gone, "live witness: pages expired");
         }
-        let lag = PgTimestamp::now()
-            .0
-            .saturating_sub(mark.taken_micros)
-            .max(0) as u64;
-        self.metrics
-            .reconcile_round(checked, Duration::from_micros(lag));
+        (self.metrics).reconcile_round(checked, lag_since(mark.taken_micros));
         debug!(
             from_xid = lo,
             to_xid = hi,
@@ -346,7 +348,7 @@ impl Witness {
                     .map_err(&e)?
                     .unwrap_or_default(),
                 xid,
-                occurred_micros: row.try_get::<_, f64>(4).map_err(&e)? as i64,
+                occurred_micros: row.try_get::<_, i64>(4).map_err(&e)?,
             });
         }
         Ok((checked, missing))
@@ -447,6 +449,11 @@ async fn take_mark(client: &Client) -> Result<Mark, PipelineError> {
         taken_micros: get(3)?,
         look_from_micros: get(4)?,
     })
+}
+
+/// How long ago `micros` (PostgreSQL time) was.
+fn lag_since(micros: i64) -> Duration {
+    Duration::from_micros(PgTimestamp::now().0.saturating_sub(micros).max(0) as u64)
 }
 
 /// A row's 32-bit transaction id as the 64-bit id it stands for, taken as

@@ -50,3 +50,4 @@ mod sink_kafka;
 mod slot_takeover;
 mod trace_context;
 mod version_features;
+mod witness;
