@@ -348,7 +348,7 @@ impl Default for Metrics {
         );
         let reconcile_repaired = r.counter(
             "outbox_cdc_reconcile_repaired_total",
-            "Rows the live witness found missing and published from the table (marked by the outbox_cdc_repaired header)",
+            "Rows the live witness found missing and published from the table (marked by the header repaired_by: witness)",
         );
         let reconcile_checked = r.counter(
             "outbox_cdc_reconcile_checked_rows_total",
@@ -822,7 +822,7 @@ mod tests {
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .filter_map(|l| l.split(' ').next())
             .collect();
-        assert_eq!(typed.len(), 38, "metrics exported:\n{text}");
+        assert_eq!(typed.len(), 42, "metrics exported:\n{text}");
         for name in typed {
             assert!(
                 text.contains(&format!("# HELP {name} ")),

@@ -62,7 +62,7 @@ pub struct ReplayOptions {
 
 /// The header that marks a record published again from the table by the
 /// connector (the live witness), not by the stream.
-pub const H_REPAIRED: &str = "outbox_cdc_repaired";
+pub const H_REPAIRED: &str = "repaired_by";
 
 /// A compact set of event ids: 127-bit fingerprints (two differently seeded
 /// 64-bit hashes, the lowest bit cleared for its users' flags), 16 bytes an

@@ -18,7 +18,7 @@
 //!    (`ledger`). A dead-lettered row was sent too (to the dead-letter topic).
 //! 4. The rows not found are logged at ERROR, counted, and published from
 //!    the table through `replay` (per-aggregate order, parked aggregates
-//!    respected through the offset store, header `outbox_cdc_repaired:
+//!    respected through the offset store, header `repaired_by:
 //!    witness`); then the position moves to `xmin`.
 //! 5. Pages whose transactions can match no row still unchecked expire: a
 //!    transaction whose commit record started before a mark's `before` had

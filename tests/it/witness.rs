@@ -77,7 +77,7 @@ fn each_once<'a>(
 /// A sabotaged session skips every third outbox insert it decodes, as a cause
 /// nobody has thought of would: the witness finds each of those rows in the
 /// table (top-level and savepoint rows alike) and publishes it, once, with
-/// the `outbox_cdc_repaired` header; the rows the stream delivered are not
+/// the `repaired_by` header; the rows the stream delivered are not
 /// published again.
 #[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -128,7 +128,7 @@ async fn rows_the_stream_skips_are_published_from_the_table() {
     let by_id = each_once(&records, &written);
     let repaired = by_id
         .values()
-        .filter(|r| r.headers.get("outbox_cdc_repaired").map(String::as_str) == Some("witness"))
+        .filter(|r| r.headers.get("repaired_by").map(String::as_str) == Some("witness"))
         .count();
     // The 24 committed inserts are decoded (a savepoint rolled back in a
     // transaction small enough not to be streamed is never sent): every
@@ -210,7 +210,7 @@ async fn rows_the_stream_delivered_are_never_taken_for_missing() {
     assert!(
         by_id
             .values()
-            .all(|r| !r.headers.contains_key("outbox_cdc_repaired"))
+            .all(|r| !r.headers.contains_key("repaired_by"))
     );
     f.cleanup().await;
 }
