@@ -192,10 +192,13 @@ fn write_list<T>(
 /// the offset store (the connector must be stopped: it holds the store).
 pub async fn prune_stored(config: &Config, metrics: &Metrics) -> Result<PruneReport, PruneError> {
     // No store, no acknowledged position (and no store is created here).
-    let (stored, parked) = if !config.offsets.path.exists() {
-        (None, Vec::new())
+    // The store stays open (and published to `metrics`) until the prune
+    // ends: the live witness's position in it bounds what may go.
+    let (stored, parked, _store) = if !config.offsets.path.exists() {
+        (None, Vec::new(), None)
     } else {
-        let store = OffsetStore::open(&config.offsets.path).map_err(PipelineError::from)?;
+        let store = Arc::new(OffsetStore::open(&config.offsets.path).map_err(PipelineError::from)?);
+        metrics.offset_store.publish(&store);
         // Rows of a coverage break's window may be unpublished although
         // acknowledged: the audit that republishes them needs them.
         let breaks = store
@@ -215,6 +218,7 @@ pub async fn prune_stored(config: &Config, metrics: &Metrics) -> Result<PruneRep
                 .load(&config.postgres.slot)
                 .map_err(PipelineError::from)?,
             store.parked().map_err(PipelineError::from)?,
+            Some(store),
         )
     };
     let (url, key) = pruner_url(config);
@@ -309,12 +313,13 @@ pub async fn prune_once(
         }
         Some(acked) => {
             let aggregate = (names.aggregate_type.as_str(), names.aggregate_id.as_str());
+            let checked_below = witness_bound(config, metrics)?;
             prune_rows(
                 client,
                 config,
                 &table,
                 retention,
-                (acked, parked, aggregate),
+                (acked, parked, aggregate, checked_below),
                 &mut report,
                 stop,
             )
@@ -332,6 +337,21 @@ pub async fn prune_once(
 /// `$n` (microseconds since 2000-01-01, float8) as a timestamptz.
 fn ts(param: &str) -> String {
     format!("to_timestamp({param}::float8 / 1e6 + 946684800)")
+}
+
+/// Below which transaction id the live witness has checked every row, when
+/// it is on and has a position (read from the store the pipeline or the
+/// one-shot prune opened).
+fn witness_bound(config: &Config, metrics: &Metrics) -> Result<Option<u64>, PruneError> {
+    if !config.reconcile.enabled {
+        return Ok(None);
+    }
+    let Some(store) = metrics.offset_store.get() else {
+        return Ok(None);
+    };
+    let position = tokio::task::block_in_place(|| store.witness_position(&config.postgres.slot))
+        .map_err(PipelineError::from)?;
+    Ok(position.map(|p| p.checked_below_xid))
 }
 
 /// The `WHERE` clause both the choice and the DELETE apply, over the table
@@ -429,13 +449,33 @@ async fn prune_rows(
     config: &Config,
     table: &QualifiedTable,
     retention: Duration,
-    (acked, parked, aggregate): (AckedPosition, &[ParkedAggregate], (&str, &str)),
+    (acked, parked, aggregate, checked_below): (
+        AckedPosition,
+        &[ParkedAggregate],
+        (&str, &str),
+        Option<u64>,
+    ),
     report: &mut PruneReport,
     stop: Option<&watch::Receiver<bool>>,
 ) -> Result<(), PruneError> {
     let e = sql("pruning the outbox");
     let version = server_version_num(client).await?;
-    let witness = xid_witness(client, &config.postgres.slot, acked.lsn).await?;
+    let mut witness = xid_witness(client, &config.postgres.slot, acked.lsn).await?;
+    // The live witness has not checked rows from its position on: they stay
+    // until it has (it publishes from them what the stream skipped).
+    if let (Some((xid, what)), Some(below)) = (witness.as_mut(), checked_below) {
+        let live = (below as u32).to_string();
+        let select = "SELECT age($1::text::xid) > age($2::text::xid)";
+        let older: bool = query_value(client, select, &[&live, &*xid])
+            .await
+            .map_err(&e)?;
+        if older {
+            *what = format!(
+                "the live witness's position, transaction {below} (not yet checked from there)"
+            );
+            *xid = live;
+        }
+    }
     report.witness = witness.as_ref().map(|(_, what)| what.clone());
     let Some((xid, _)) = witness else {
         report.skipped = Some(format!(

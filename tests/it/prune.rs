@@ -1499,3 +1499,86 @@ async fn a_stored_coverage_break_stops_the_one_shot_prune() {
     assert_eq!(table_ids(&fx).await, before, "rows were deleted");
     fx.cleanup().await;
 }
+
+/// Issue 48: the pruner never deletes a row the live witness has not checked
+/// (it would publish from it what the stream skipped). With the witness's
+/// stored position below the rows, the one-shot prune keeps them and says
+/// why; once the position passes them, they go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_the_live_witness_has_not_checked_are_not_pruned() {
+    init_tracing();
+    let fx = Fixture::new("prunewitness").await;
+    fx.admin
+        .batch_execute(&format!("GRANT DELETE ON public.{} TO outbox", fx.table))
+        .await
+        .expect("grant delete");
+    let running = Running::start(fx.config_with(PRUNE_ENV)).await;
+    for n in 0..5 {
+        fx.write_tx(&[("order", "a", format!(r#"{{"n":{n}}}"#))], true)
+            .await;
+    }
+    consume(&fx.topic_prefix, 5, TIMEOUT, Duration::ZERO);
+    slot_passes_rows(&fx).await;
+    running.stop().await.expect("graceful stop");
+    tokio::time::sleep(Duration::from_millis(1500)).await; // past the retention
+    let oldest: i64 = fx
+        .admin
+        .query_one(
+            &format!("SELECT min(xmin::text::int8) FROM public.{}", fx.table),
+            &[],
+        )
+        .await
+        .expect("xmin")
+        .get(0);
+    let set_position = |below: u64| {
+        let store = OffsetStore::open(&fx.offsets_path()).expect("store");
+        let system_id = store
+            .load(&fx.slot)
+            .expect("load")
+            .expect("offset")
+            .system_id;
+        let position = outbox_cdc::checkpoint::WitnessPosition {
+            system_id,
+            checked_below_xid: below,
+            look_from_micros: 0,
+        };
+        store
+            .save_witness_position(&fx.slot, &position)
+            .expect("save");
+    };
+    set_position(oldest as u64);
+    let before = table_ids(&fx).await;
+    assert_eq!(before.len(), 5);
+    let report = pipeline::prune_stored(&fx.config_with(PRUNE_ENV), &Metrics::default())
+        .await
+        .expect("prune");
+    assert_eq!(report.rows(), 0, "{report}");
+    assert!(
+        report
+            .witness
+            .as_deref()
+            .unwrap_or("")
+            .contains("live witness"),
+        "{report}"
+    );
+    assert_eq!(
+        table_ids(&fx).await,
+        before,
+        "rows the witness has not checked were deleted"
+    );
+    let now: i64 = fx
+        .admin
+        .query_one(
+            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8",
+            &[],
+        )
+        .await
+        .expect("xmax")
+        .get(0);
+    set_position(now as u64);
+    let report = pipeline::prune_stored(&fx.config_with(PRUNE_ENV), &Metrics::default())
+        .await
+        .expect("prune");
+    assert_eq!(report.rows(), 5, "{report}");
+    fx.cleanup().await;
+}

@@ -89,6 +89,11 @@ impl<'a> Checkpointer<'a> {
         }
     }
 
+    /// Whether sent events are recorded for the live witness.
+    pub(super) fn records_sent(&self) -> bool {
+        self.ledger.is_some()
+    }
+
     /// An event of the transaction committing at `commit` was sent (or
     /// dead-lettered): the live witness will not take its row for missing.
     pub(super) fn record_sent(&mut self, commit: Lsn, event_id: &str) {

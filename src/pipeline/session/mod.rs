@@ -377,8 +377,21 @@ impl<'a, D: Delivery> Session<'a, D> {
                     commit_time: tx.commit_time,
                 };
                 if tx.replayed {
-                    let mapped = (self.sequences.is_on())
+                    let commit = tx.commit_lsn;
+                    let mapped = (self.sequences.is_on() || self.checkpoint.records_sent())
                         .then(|| self.mapper.map_insert(bound, &insert.new, &ctx));
+                    // Sent by an earlier session whose pages may not have
+                    // reached the store (exactly-once resumes at a Kafka
+                    // marker ahead of the stored offset).
+                    let event_id = match &mapped {
+                        Some(Ok(event)) => Some(event.event_id.as_str()),
+                        Some(Err(poison)) => poison.event_id(),
+                        None => None,
+                    };
+                    if let Some(id) = event_id {
+                        self.checkpoint.record_sent(commit, id);
+                    }
+                    let mapped = mapped.filter(|_| self.sequences.is_on());
                     return self.replayed(mapped, lsn);
                 }
                 let (commit_time, at) = (tx.commit_time, EventPosition::new(tx.commit_lsn, lsn));
