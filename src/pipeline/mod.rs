@@ -190,6 +190,10 @@ pub enum PipelineError {
          slot's advisory lock): waiting for it to finish; retrying"
     )]
     RepairRunning { slot: String },
+    /// The live witness could not audit a stored coverage break's window
+    /// (Kafka unreachable): the start tries again.
+    #[error("repairing a stored coverage break failed: {what}; retrying")]
+    BreakRepair { what: String },
     /// Exactly-once: another process streams from the slot; this one waits
     /// instead of fencing it (the HA standby's wait).
     #[error(
@@ -233,6 +237,7 @@ impl PipelineError {
             | PipelineError::SlotBusy { .. }
             | PipelineError::SlotNotReady { .. }
             | PipelineError::RepairRunning { .. }
+            | PipelineError::BreakRepair { .. }
             | PipelineError::KafkaStalled { .. } => Retry,
             PipelineError::Refused(_)
             | PipelineError::Protocol { .. }

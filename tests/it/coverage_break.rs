@@ -10,7 +10,7 @@ use crate::common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::relay::{Fixture, Running, log_of, read_ids, spawn_binary};
+use common::relay::{Fixture, Running, log_of, read_ids, spawn_binary_with};
 use common::{init_tracing, pg_url};
 use outbox_cdc::config::Config;
 use outbox_cdc::coverage::CoverageProblem;
@@ -61,6 +61,11 @@ async fn ends_within(running: Running, within: Duration, what: &str) -> Result<(
     }
     running.finished(Duration::from_secs(5)).await
 }
+
+/// The live witness off: the refusals below are what a start gives without
+/// it (with it, the start repairs a stored break itself:
+/// `the_witness_repairs_a_stored_break_at_restart`).
+const WITNESS_OFF: &str = "OUTBOX_CDC__RECONCILE__ENABLED=false";
 
 /// Starts the connector and returns the error it must refuse with; panics
 /// when it starts streaming instead (checked for 30 s).
@@ -479,7 +484,7 @@ async fn an_unlogged_partition_refuses_the_start() {
         .await
         .expect("an unlogged partition");
     let what = "an UNLOGGED partition at start";
-    match start_refused(f.config(), what).await {
+    match start_refused(f.config_with(WITNESS_OFF), what).await {
         PipelineError::NotCovered(nc) => assert!(
             names_not_in_wal(&nc.problems, &format!("{t}_bulk")),
             "{what}: refused without NotInWal naming {t}_bulk: {nc}"
@@ -530,7 +535,11 @@ async fn a_partition_made_unlogged_while_streaming_stops_the_connector() {
         .await
         .expect("make the partition logged again");
     let what = "restart after the unlogged partition was made logged again";
-    let (since, until) = coverage_broken(start_refused(f.config(), what).await, &f.slot, what);
+    let (since, until) = coverage_broken(
+        start_refused(f.config_with(WITNESS_OFF), what).await,
+        &f.slot,
+        what,
+    );
     audit_repair(&f, &since, &until);
     arrive(
         &f,
@@ -577,7 +586,7 @@ async fn a_publication_change_seen_while_streaming_is_refused_until_repaired() {
     for attempt in ["first", "second"] {
         let what = format!("{attempt} restart after the break");
         windows.push(coverage_broken(
-            start_refused(f.config(), &what).await,
+            start_refused(f.config_with(WITNESS_OFF), &what).await,
             &f.slot,
             &what,
         ));
@@ -586,7 +595,7 @@ async fn a_publication_change_seen_while_streaming_is_refused_until_repaired() {
     let (since, until) = windows.pop().expect("two refusals");
     // The binary, as a supervisor restarts it: exit 1, the command in its log.
     let config = f.write_config_file();
-    let mut child = spawn_binary(&config);
+    let mut child = spawn_binary_with(&config, &[("OUTBOX_CDC__RECONCILE__ENABLED", "false")]);
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {
         if let Some(status) = child.try_wait() {
@@ -636,7 +645,7 @@ async fn a_via_root_flip_while_stopped_is_refused_until_repaired() {
     let c = insert(&f.admin, &t, &["c".to_owned()], 1, "now()").await;
 
     let what = format!("publish_via_partition_root flipped while stopped (row B {b:?} before it)");
-    let err = start_refused(f.config(), &what).await;
+    let err = start_refused(f.config_with(WITNESS_OFF), &what).await;
     let (since, until) = coverage_broken(err, &f.slot, &what);
     assert_not_acknowledged_past(&f, stopped, "the rows written while stopped").await;
     audit_repair(&f, &since, &until);
@@ -702,7 +711,7 @@ async fn a_publication_change_before_a_reconnect_is_not_forgotten() {
         other => panic!("{what}: expected a stop on the changed publication, got {other:?}"),
     }
     assert_not_acknowledged_past(&f, narrowed, "the change").await;
-    let err = start_refused(f.config(), "restart after the reconnect").await;
+    let err = start_refused(f.config_with(WITNESS_OFF), "restart after the reconnect").await;
     let (since, until) = coverage_broken(err, &f.slot, "restart after the reconnect");
     audit_repair(&f, &since, &until);
     arrive(&f, &hidden, "the hidden row after audit --repair");
@@ -728,7 +737,7 @@ async fn a_publication_change_before_a_graceful_stop_is_refused_at_restart() {
     let stopped = running.stop().await;
     assert_not_acknowledged_past(&f, narrowed, "the change (at the graceful stop)").await;
     let what = format!("restart after a change seen at the stop (which returned {stopped:?})");
-    let err = start_refused(f.config(), &what).await;
+    let err = start_refused(f.config_with(WITNESS_OFF), &what).await;
     let (since, until) = coverage_broken(err, &f.slot, &what);
     audit_repair(&f, &since, &until);
     arrive(&f, &hidden, "the hidden row after audit --repair");
@@ -864,7 +873,7 @@ async fn a_foreign_partition_refuses_the_start() {
         .await
         .expect("a foreign partition");
     let what = "a foreign partition at start";
-    let refused = start_refused(f.config(), what).await;
+    let refused = start_refused(f.config_with(WITNESS_OFF), what).await;
     f.admin
         .batch_execute(&format!(
             "DROP FOREIGN TABLE public.{t}_archive; DROP SERVER {server}; DROP FOREIGN DATA WRAPPER {fdw};"
@@ -878,5 +887,96 @@ async fn a_foreign_partition_refuses_the_start() {
         ),
         other => panic!("{what}: expected NotCovered(NotInWal), got {other:?}"),
     }
+    f.cleanup().await;
+}
+
+/// Issue 48: with the live witness on (the default), a stored break does not
+/// wait for an operator. The outbox leaves the publication and comes back
+/// between two proofs, hiding row X; the connector stops as before, and a
+/// plain restart (a supervisor's) audits the break's window, publishes X
+/// from the table, logs it at ERROR, clears the break and streams on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_witness_repairs_a_stored_break_at_restart() {
+    init_tracing();
+    let f = Fixture::new("cbwitness").await;
+    let running = streaming_with_slow_proofs(&f).await;
+    let (narrowed, hidden) = hide_one_row(&f).await;
+    let mut n = 3;
+    let until = Instant::now() + Duration::from_secs(10);
+    while !running.is_finished() && Instant::now() < until {
+        f.write_tx(&[("order", "a", format!(r#"{{"n":{n}}}"#))], true)
+            .await;
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let what = format!("row {hidden:?} committed while the outbox was out of the publication");
+    assert!(
+        matches!(
+            ends_within(running, Duration::from_secs(20), &what).await,
+            Err(PipelineError::CoverageLost(_))
+        ),
+        "{what}: the connector did not stop on the change"
+    );
+    assert_not_acknowledged_past(&f, narrowed, "the change").await;
+    {
+        let store = outbox_cdc::checkpoint::OffsetStore::open(&f.offsets_path()).expect("store");
+        let record = store.coverage(&f.slot).expect("read").expect("a record");
+        assert_eq!(
+            record.breaks.len(),
+            1,
+            "the break is stored: {:?}",
+            record.breaks
+        );
+    }
+    // The binary, as a supervisor restarts it, with the defaults.
+    let config = f.write_config_file();
+    let mut child = spawn_binary_with(&config, &[]);
+    if read_ids(
+        &f.topic_prefix,
+        &hidden,
+        Duration::from_secs(40),
+        Duration::ZERO,
+    )
+    .is_err()
+    {
+        panic!(
+            "the hidden row did not arrive after a plain restart; log:\n{}",
+            log_of(&config)
+        );
+    }
+    let next: BTreeSet<String> = insert(&f.admin, &f.table, &["next".to_owned()], 1, "now()")
+        .await
+        .into_iter()
+        .collect();
+    if read_ids(
+        &f.topic_prefix,
+        &next,
+        Duration::from_secs(40),
+        Duration::ZERO,
+    )
+    .is_err()
+    {
+        panic!(
+            "a row after the repaired start did not arrive; log:\n{}",
+            log_of(&config)
+        );
+    }
+    let log = log_of(&config);
+    assert!(
+        log.contains("ERROR") && log.contains("a coverage break is stored"),
+        "the repair is not logged at ERROR:\n{log}"
+    );
+    assert!(
+        log.contains("the break is cleared"),
+        "the break is not cleared:\n{log}"
+    );
+    child.terminate(Duration::from_secs(20));
+    let store = outbox_cdc::checkpoint::OffsetStore::open(&f.offsets_path()).expect("store");
+    let record = store.coverage(&f.slot).expect("read").expect("a record");
+    assert!(
+        record.breaks.is_empty(),
+        "the break is still stored: {:?}",
+        record.breaks
+    );
     f.cleanup().await;
 }

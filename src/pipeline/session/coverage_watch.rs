@@ -311,7 +311,14 @@ pub(super) async fn prove_at_start(
     record.save_baseline(now, proof.read_at)?;
     let breaks = record.load()?.map(|r| r.breaks).unwrap_or_default();
     if let Some(refused) = record.refusal(&breaks) {
-        return Err(refused.into());
+        // The live witness repairs the break's window instead of waiting for
+        // an operator; without it (or when rows stay missing) the start is
+        // refused, naming the command.
+        let repaired = config.reconcile.enabled
+            && crate::witness::repair_breaks(config, &record.store, &breaks, &refused).await?;
+        if !repaired {
+            return Err(refused.into());
+        }
     }
     Ok((
         StartProof {
