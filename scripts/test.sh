@@ -220,7 +220,7 @@ if [[ "${OUTBOX_CDC_TEST_FULL:-1}" == 0 ]]; then run_full=0; fi
 # two are test filters ("BINARY FILTER") of tests/disruptive and tests/chaos,
 # a run each.
 MATRIX_IT_MODULES=(env_servers pipeline pgoutput_live pg_replication pg_control operations
-    no_silent_skip coverage_break version_features large_transactions)
+    no_silent_skip coverage_break version_features large_transactions witness)
 MATRIX_TESTS=("disruptive server_shutdown::" "chaos at_least_once::")
 # Failover tests (tests/standby, not a default cargo target: they stop the
 # primary), run per major from 17 on, each on a fresh `scripts/env.sh up --standby`.

@@ -214,3 +214,83 @@ async fn rows_the_stream_delivered_are_never_taken_for_missing() {
     );
     f.cleanup().await;
 }
+
+/// A publication narrowed and restored between two coverage proofs (the
+/// outbox dropped from it, a row committed, the outbox added again) while a
+/// `failpoints` build has its coverage checks off, as if the proofs missed
+/// it: PostgreSQL never sends the row, and nothing in the stream says so.
+/// The witness finds it in the table and publishes it while the connector
+/// streams on.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_hidden_from_the_stream_is_published_by_the_witness() {
+    init_tracing();
+    let f = Fixture::new("witnesshidden").await;
+    let config = f.write_config_file();
+    let mut text = std::fs::read_to_string(&config).expect("config");
+    text.push_str("\n[reconcile]\ninterval_ms = 300\n");
+    std::fs::write(&config, text).expect("config");
+    let mut child = common::relay::spawn_binary_with(
+        &config,
+        &[("OUTBOX_CDC_SABOTAGE", "coverage-checks-off")],
+    );
+    f.wait_for_slot().await;
+    let first_round = {
+        let config = config.clone();
+        move || {
+            let log = common::relay::log_of(&config);
+            async move { log.contains("live witness: rows of transactions from this id on are checked") }
+        }
+    };
+    common::relay::eventually(
+        "the witness's first round",
+        Duration::from_secs(30),
+        first_round,
+    )
+    .await;
+    let mut written: BTreeSet<String> = f
+        .write_tx(&[("order", "a", r#"{"n":1}"#.to_owned())], true)
+        .await
+        .into_iter()
+        .collect();
+    let (_, hidden) = super::no_silent_skip::hide_one_row(&f).await;
+    written.extend(hidden.iter().cloned());
+    written.extend(
+        f.write_tx(&[("order", "a", r#"{"n":3}"#.to_owned())], true)
+            .await,
+    );
+    let read = common::relay::read_records(
+        &f.topic_prefix,
+        written.len(),
+        Duration::from_secs(60),
+        Duration::from_secs(2),
+    );
+    let records = read.unwrap_or_else(|partial| {
+        panic!(
+            "{} of {} records: the hidden row {hidden:?} was not published; log:\n{}",
+            partial.len(),
+            written.len(),
+            common::relay::log_of(&config)
+        )
+    });
+    let by_id = each_once(&records, &written);
+    for id in &hidden {
+        assert_eq!(
+            by_id[id.as_str()]
+                .headers
+                .get("repaired_by")
+                .map(String::as_str),
+            Some("witness"),
+            "the hidden row came from the stream?"
+        );
+    }
+    assert!(child.try_wait().is_none(), "the connector stopped");
+    let log = common::relay::log_of(&config);
+    assert_eq!(
+        log.matches("was not delivered by the stream").count(),
+        1,
+        "{log}"
+    );
+    child.terminate(Duration::from_secs(20));
+    f.cleanup().await;
+}
