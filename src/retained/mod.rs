@@ -165,10 +165,26 @@ pub(crate) async fn tracks_commit_timestamps(client: &Client) -> Result<bool, Pi
     query_value(client, select, &[]).await.map_err(&e)
 }
 
+/// The producer of a [`BoundedSender`]: idempotent, or transactional (all
+/// its records in one Kafka transaction, committed by `finish`).
+enum Producer {
+    Idempotent(KafkaSink<u64>),
+    Transactional(crate::sink::TransactionalSink<u64>),
+}
+
+impl Producer {
+    fn sink(&self) -> &KafkaSink<u64> {
+        match self {
+            Producer::Idempotent(sink) => sink,
+            Producer::Transactional(sink) => sink,
+        }
+    }
+}
+
 /// A Kafka producer with at most `max` records in flight; a failed delivery
 /// ends the caller's work with the event id.
 pub(crate) struct BoundedSender {
-    sink: KafkaSink<u64>,
+    sink: Producer,
     reports: tokio::sync::mpsc::UnboundedReceiver<DeliveryReport<u64>>,
     in_flight: HashMap<u64, String>,
     sent: u64,
@@ -179,7 +195,35 @@ impl BoundedSender {
     pub(crate) fn new(config: &Config) -> Result<Self, PipelineError> {
         let (sink, reports) = KafkaSink::<u64>::with_topics(&config.kafka, &config.topics)?;
         Ok(BoundedSender {
-            sink,
+            sink: Producer::Idempotent(sink),
+            reports,
+            in_flight: HashMap::new(),
+            sent: 0,
+            max: config.limits.max_in_flight_events.max(1),
+        })
+    }
+
+    /// A sender whose records all go in one Kafka transaction of
+    /// `transactional_id` (begun here, committed by [`Self::finish`]), for
+    /// read_committed consumers of the exactly-once mode. An error leaves
+    /// the transaction open: the next producer with that id aborts it.
+    pub(crate) fn transactional(
+        config: &Config,
+        transactional_id: &str,
+    ) -> Result<Self, PipelineError> {
+        let timeout = config.delivery.transaction_timeout();
+        let (sink, reports) = crate::sink::TransactionalSink::<u64>::new(
+            &config.kafka,
+            &config.topics,
+            transactional_id,
+            timeout,
+        )?;
+        tokio::task::block_in_place(|| {
+            sink.init_transactions(timeout)?;
+            sink.begin_transaction()
+        })?;
+        Ok(BoundedSender {
+            sink: Producer::Transactional(sink),
             reports,
             in_flight: HashMap::new(),
             sent: 0,
@@ -195,16 +239,21 @@ impl BoundedSender {
             delivered += self.wait_report().await?;
         }
         self.sent += 1;
-        self.sink.send(event, self.sent).await?;
+        self.sink.sink().send(event, self.sent).await?;
         self.in_flight.insert(self.sent, event.event_id.clone());
         Ok(delivered)
     }
 
-    /// Waits for every record in flight; returns how many were acknowledged.
+    /// Waits for every record in flight (and commits the transaction of a
+    /// transactional sender); returns how many were acknowledged.
     pub(crate) async fn finish(&mut self) -> Result<u64, PipelineError> {
         let mut delivered = 0;
         while !self.in_flight.is_empty() {
             delivered += self.wait_report().await?;
+        }
+        if let Producer::Transactional(sink) = &self.sink {
+            let timeout = std::time::Duration::from_secs(60);
+            tokio::task::block_in_place(|| sink.commit_transaction(timeout))?;
         }
         Ok(delivered)
     }

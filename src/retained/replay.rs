@@ -58,6 +58,9 @@ pub struct ReplayOptions {
     pub parking: Option<std::sync::Arc<crate::checkpoint::OffsetStore>>,
     /// Adds the header [`H_REPAIRED`] with this value to every record.
     pub mark_repaired: Option<&'static str>,
+    /// Publishes every record in one Kafka transaction of this id (the
+    /// exactly-once mode's read_committed consumers see them).
+    pub transactional_id: Option<String>,
 }
 
 /// The header that marks a record published again from the table by the
@@ -317,9 +320,10 @@ pub async fn replay_with(
         aggregate_id = ?options.aggregate_id, topic_suffix = %options.topic_suffix, dry_run = options.dry_run,
         lsn = %at, "replaying retained outbox rows");
 
-    let mut sender = match options.dry_run {
-        true => None,
-        false => Some(BoundedSender::new(config)?),
+    let mut sender = match (options.dry_run, &options.transactional_id) {
+        (true, _) => None,
+        (false, None) => Some(BoundedSender::new(config)?),
+        (false, Some(id)) => Some(BoundedSender::transactional(config, id)?),
     };
     let router = PoisonPolicyRouter::new(&config.outbox);
     let memory = MemoryParking::default();

@@ -242,7 +242,7 @@ impl Witness {
             .await?;
         drop(delivered);
         if !missing.is_empty() {
-            self.republish(client, store, look_from, (lo, hi), &missing)
+            self.republish(client, store, &system_id, look_from, (lo, hi), &missing)
                 .await?;
         }
         store.save_witness_position(
@@ -359,6 +359,7 @@ impl Witness {
         &self,
         client: &Client,
         store: &Arc<OffsetStore>,
+        system_id: &str,
         look_from: i64,
         (lo, hi): (u64, u64),
         missing: &[MissingRow],
@@ -390,13 +391,24 @@ impl Witness {
                 .map(|r| EventIdSet::fingerprint(&r.event_id))
                 .collect(),
         );
+        // Exactly-once: a Kafka transaction of their own, under an id of
+        // the witness's (the stream's producer keeps its own id).
+        let exactly_once = self.config.delivery.mode == crate::config::DeliveryMode::ExactlyOnce;
+        let transactional_id = exactly_once.then(|| {
+            let stream = crate::sink::transactional_id(system_id, &self.config.postgres.slot);
+            format!("{stream}.witness")
+        });
         let options = ReplayOptions {
             since: PgTimestamp(look_from).rfc3339(),
             only: Some(only),
             parking: Some(store.clone()),
             mark_repaired: Some("witness"),
+            transactional_id,
             ..ReplayOptions::default()
         };
+        if let Some(id) = &options.transactional_id {
+            info!(transactional_id = %id, "live witness: publishing in a Kafka transaction of its own");
+        }
         let report = crate::retained::replay_with(client, &self.config, &options).await?;
         self.metrics.reconcile_repaired(report.total());
         self.metrics.health.witness_unpublished(0);

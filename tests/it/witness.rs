@@ -82,11 +82,35 @@ fn each_once<'a>(
 #[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_the_stream_skips_are_published_from_the_table() {
+    rows_the_stream_skips_are_published("witnessskip", "").await;
+}
+
+/// The same in exactly-once mode: the repaired rows go in a Kafka
+/// transaction of their own, so a read_committed reader sees every row
+/// exactly once.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_the_stream_skips_are_published_once_in_exactly_once_mode() {
+    let offsets = common::unique_name("witness_offsets");
+    let delivery = format!(
+        "\n[delivery]\nmode = \"exactly-once\"\noffsets_topic = \"{offsets}\"\nmax_batch_ms = 50\n"
+    );
+    let log = rows_the_stream_skips_are_published("witnesseo", &delivery).await;
+    assert!(
+        log.contains("publishing in a Kafka transaction of its own"),
+        "the repaired rows did not go in a Kafka transaction:\n{log}"
+    );
+}
+
+#[cfg(feature = "failpoints")]
+/// Returns the connector's log.
+async fn rows_the_stream_skips_are_published(prefix: &str, extra_config: &str) -> String {
     init_tracing();
-    let f = Fixture::new("witnessskip").await;
+    let f = Fixture::new(prefix).await;
     let config = f.write_config_file();
     let mut text = std::fs::read_to_string(&config).expect("config");
     text.push_str("\n[reconcile]\ninterval_ms = 300\n");
+    text.push_str(extra_config);
     std::fs::write(&config, text).expect("config");
     let mut child = common::relay::spawn_binary_with(
         &config,
@@ -142,6 +166,7 @@ async fn rows_the_stream_skips_are_published_from_the_table() {
     );
     child.terminate(Duration::from_secs(20));
     f.cleanup().await;
+    log
 }
 
 /// No false positives: savepoints, rolled-back savepoints and transactions,
