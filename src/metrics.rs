@@ -32,6 +32,9 @@ pub const RECONNECTS: &str = "outbox_cdc_reconnects_total";
 pub const SPILL_TRANSACTIONS: &str = "outbox_cdc_spill_transactions";
 pub const SPILL_BYTES: &str = "outbox_cdc_spill_bytes";
 pub const SPILL_LARGEST_BYTES: &str = "outbox_cdc_spill_largest_transaction_bytes";
+pub const RECONCILE_LAG: &str = "outbox_cdc_reconcile_lag_seconds";
+pub const RECONCILE_CHECKED: &str = "outbox_cdc_reconcile_checked_rows_total";
+pub const RECONCILE_MISSING: &str = "outbox_cdc_reconcile_missing_total";
 
 /// Upper bounds of the commit-to-ack histogram buckets, in seconds.
 const LATENCY_BUCKETS: [f64; 14] = [
@@ -343,7 +346,7 @@ impl Default for Metrics {
             "Outbox rows deleted by pruning ([prune] retention), by batch delete or partition drop",
         );
         let reconcile_missing = r.counter(
-            "outbox_cdc_reconcile_missing_total",
+            RECONCILE_MISSING,
             "Committed outbox rows the live witness found that the stream did not deliver ([reconcile])",
         );
         let reconcile_repaired = r.counter(
@@ -351,11 +354,11 @@ impl Default for Metrics {
             "Rows the live witness found missing and published from the table (marked by the header repaired_by: witness)",
         );
         let reconcile_checked = r.counter(
-            "outbox_cdc_reconcile_checked_rows_total",
+            RECONCILE_CHECKED,
             "Outbox rows the live witness checked against what the stream delivered",
         );
         let reconcile_lag = r.seconds(
-            "outbox_cdc_reconcile_lag_seconds",
+            RECONCILE_LAG,
             "Age of the oldest committed outbox row not yet checked by the live witness (-1 until its first round; with it off)",
             -1.0,
         );

@@ -64,6 +64,12 @@ pub struct ConnectorStatus {
     pub spill_transactions: Option<u64>,
     pub spill_bytes: Option<u64>,
     pub spill_largest_transaction_bytes: Option<u64>,
+    /// The live witness: how long ago the last checked round's snapshot was
+    /// taken (`None`: off or before its first round), rows checked, rows it
+    /// found the stream had not delivered.
+    pub reconcile_lag_seconds: Option<f64>,
+    pub reconcile_checked_rows: Option<u64>,
+    pub reconcile_missing: Option<u64>,
     /// Its `/health/ready/detail` (else `/health/ready`, names only): whether
     /// it is ready, and each reason with what holds or what to do (`None`
     /// when it did not answer with one).
@@ -262,6 +268,12 @@ fn connector_status(metrics_url: String, samples: &HashMap<&str, &str>) -> Conne
         spill_transactions: int(metrics::SPILL_TRANSACTIONS),
         spill_bytes: int(metrics::SPILL_BYTES),
         spill_largest_transaction_bytes: int(metrics::SPILL_LARGEST_BYTES),
+        reconcile_lag_seconds: samples
+            .get(metrics::RECONCILE_LAG)
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|lag| *lag >= 0.0),
+        reconcile_checked_rows: int(metrics::RECONCILE_CHECKED),
+        reconcile_missing: int(metrics::RECONCILE_MISSING),
         readiness: None,
     }
 }
@@ -311,6 +323,18 @@ impl StatusReport {
                             c.spill_largest_transaction_bytes.unwrap_or(0)
                         ),
                         _ => "-".to_owned(),
+                    },
+                ));
+                rows.push((
+                    "  live witness",
+                    match c.reconcile_lag_seconds {
+                        None => "off, or before its first round".to_owned(),
+                        Some(lag) => format!(
+                            "rows committed before {lag:.1} s ago checked; {} rows checked, {} not \
+                             delivered by the stream (published from the table)",
+                            shown(c.reconcile_checked_rows),
+                            shown(c.reconcile_missing)
+                        ),
                     },
                 ));
                 if let Some(r) = &c.readiness {
@@ -372,6 +396,7 @@ fn reason_label(name: &str) -> &'static str {
         crate::health::KAFKA_REACHABLE => "    kafka_reachable",
         crate::health::ACKNOWLEDGING => "    acknowledging",
         crate::health::SEQUENCE_GAPS => "    sequence_gaps",
+        crate::health::RECONCILED => "    reconciled",
         _ => "    (reason)",
     }
 }
@@ -392,6 +417,8 @@ mod tests {
         }
         m.set_in_flight(0, 0, Some(1_500_000));
         m.set_spill(2, 3000, 1000, 2500);
+        m.reconcile_round(7, std::time::Duration::from_millis(2500));
+        m.reconcile_found(1);
         let text = m.render();
         let samples = parse_samples(&text);
         let c = connector_status("u".into(), &samples);
@@ -410,11 +437,15 @@ mod tests {
                 spill_transactions: Some(2),
                 spill_bytes: Some(3000),
                 spill_largest_transaction_bytes: Some(2500),
+                reconcile_lag_seconds: Some(2.5),
+                reconcile_checked_rows: Some(7),
+                reconcile_missing: Some(1),
                 readiness: None,
             }
         );
         let idle = Metrics::default();
         let c = connector_status("u".into(), &parse_samples(&idle.render()));
+        assert_eq!(c.reconcile_lag_seconds, None, "-1: before the first round");
         assert!(!c.connected);
         assert_eq!(c.acked_lsn, None, "0 means not yet known");
     }
