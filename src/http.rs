@@ -297,7 +297,10 @@ mod tests {
                 "{ready}"
             );
             let r: crate::health::Readiness = serde_json::from_str(&body).unwrap();
-            assert!(r.ready && r.reasons.len() == 4, "{body}");
+            assert!(
+                r.ready && r.reasons.len() == crate::health::REASONS.len(),
+                "{body}"
+            );
         }
         for live in ["/healthz", "/health/live"] {
             let request = format!("GET {live} HTTP/1.1\r\n\r\n");
@@ -376,6 +379,7 @@ mod tests {
                     ("kafka_reachable", Some("kafka_unreachable")),
                     ("acknowledging", None),
                     ("sequence_gaps", Some("sequence_gap_open")),
+                    ("reconciled", None),
                 ]
             );
         }
