@@ -122,11 +122,7 @@ pub async fn run_reconciler(
             debug!("live witness: the offset store is not open (yet)");
             continue;
         };
-        let connected = match client.take() {
-            Some(c) if !c.is_closed() => Ok(c),
-            _ => pg.connect_sql().await,
-        };
-        let c = match connected {
+        let c = match crate::periodic::connected(&pg, &mut client).await {
             Ok(c) => c,
             Err(e) => {
                 if !failing {
@@ -136,14 +132,12 @@ pub async fn run_reconciler(
                 continue;
             }
         };
-        let round = witness.round(&c, &store, &mut shutdown);
-        match round.await {
+        match witness.round(c, &store, &mut shutdown).await {
             Ok(()) => {
                 if failing {
                     info!("live witness: rounds succeed again");
                 }
                 failing = false;
-                client = Some(c);
             }
             Err(e) => {
                 if !failing {
@@ -152,6 +146,7 @@ pub async fn run_reconciler(
                     debug!(error = %e, "live witness: the round failed again");
                 }
                 failing = true;
+                client = None;
             }
         }
     }

@@ -397,6 +397,28 @@ async fn a_partition_written_before_it_joined_a_leaf_list_stops_the_connector() 
     f.cleanup().await;
 }
 
+/// Streams with re-proofs every 3 s, hides one row from the stream
+/// ([`hide_one_row`]) and writes on until the connector stops (10 s at
+/// most); returns where the change began, the hidden row, what it is (for
+/// messages) and how the connector ended.
+async fn stopped_on_a_hidden_row(
+    f: &Fixture,
+) -> (Lsn, BTreeSet<String>, String, Result<(), PipelineError>) {
+    let running = streaming_with_slow_proofs(f).await;
+    let (narrowed, hidden) = hide_one_row(f).await;
+    let mut n = 3;
+    let until = Instant::now() + Duration::from_secs(10);
+    while !running.is_finished() && Instant::now() < until {
+        f.write_tx(&[("order", "a", format!(r#"{{"n":{n}}}"#))], true)
+            .await;
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let what = format!("row {hidden:?} committed while the outbox was out of the publication");
+    let ended = ends_within(running, Duration::from_secs(20), &what).await;
+    (narrowed, hidden, what, ended)
+}
+
 /// The break a start must refuse with: its window (`since`, `until`), after
 /// checking that it names this slot and the exact repair command.
 fn coverage_broken(err: PipelineError, slot: &str, what: &str) -> (String, String) {
@@ -559,18 +581,8 @@ async fn a_partition_made_unlogged_while_streaming_stops_the_connector() {
 async fn a_publication_change_seen_while_streaming_is_refused_until_repaired() {
     init_tracing();
     let f = Fixture::new("cbchanged").await;
-    let running = streaming_with_slow_proofs(&f).await;
-    let (narrowed, hidden) = hide_one_row(&f).await;
-    let mut n = 3;
-    let until = Instant::now() + Duration::from_secs(10);
-    while !running.is_finished() && Instant::now() < until {
-        f.write_tx(&[("order", "a", format!(r#"{{"n":{n}}}"#))], true)
-            .await;
-        n += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let what = format!("row {hidden:?} committed while the outbox was out of the publication");
-    match ends_within(running, Duration::from_secs(20), &what).await {
+    let (narrowed, hidden, what, ended) = stopped_on_a_hidden_row(&f).await;
+    match ended {
         Err(PipelineError::CoverageLost(lost)) => assert!(
             lost.problems
                 .iter()
@@ -899,22 +911,9 @@ async fn a_foreign_partition_refuses_the_start() {
 async fn the_witness_repairs_a_stored_break_at_restart() {
     init_tracing();
     let f = Fixture::new("cbwitness").await;
-    let running = streaming_with_slow_proofs(&f).await;
-    let (narrowed, hidden) = hide_one_row(&f).await;
-    let mut n = 3;
-    let until = Instant::now() + Duration::from_secs(10);
-    while !running.is_finished() && Instant::now() < until {
-        f.write_tx(&[("order", "a", format!(r#"{{"n":{n}}}"#))], true)
-            .await;
-        n += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let what = format!("row {hidden:?} committed while the outbox was out of the publication");
+    let (narrowed, hidden, what, ended) = stopped_on_a_hidden_row(&f).await;
     assert!(
-        matches!(
-            ends_within(running, Duration::from_secs(20), &what).await,
-            Err(PipelineError::CoverageLost(_))
-        ),
+        matches!(ended, Err(PipelineError::CoverageLost(_))),
         "{what}: the connector did not stop on the change"
     );
     assert_not_acknowledged_past(&f, narrowed, "the change").await;
@@ -931,6 +930,12 @@ async fn the_witness_repairs_a_stored_break_at_restart() {
     // The binary, as a supervisor restarts it, with the defaults.
     let config = f.write_config_file();
     let mut child = spawn_binary_with(&config, &[]);
+    // Written while the start repairs: the slot delivers it (the audit
+    // after the repair may see it missing meanwhile; that keeps no break).
+    let next: BTreeSet<String> = insert(&f.admin, &f.table, &["next".to_owned()], 1, "now()")
+        .await
+        .into_iter()
+        .collect();
     if read_ids(
         &f.topic_prefix,
         &hidden,
@@ -944,10 +949,7 @@ async fn the_witness_repairs_a_stored_break_at_restart() {
             log_of(&config)
         );
     }
-    let next: BTreeSet<String> = insert(&f.admin, &f.table, &["next".to_owned()], 1, "now()")
-        .await
-        .into_iter()
-        .collect();
+
     if read_ids(
         &f.topic_prefix,
         &next,

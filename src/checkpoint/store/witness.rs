@@ -136,8 +136,19 @@ impl OffsetStore {
         let mut end = start.clone();
         end.extend_from_slice(&through.as_u64().to_be_bytes());
         end.extend_from_slice(&u64::MAX.to_be_bytes());
-        let mut removed = 0;
-        for entry in self.witness.range(start..=end) {
+        let removed = self.remove_witness_entries(slot, self.witness.range(start..=end))?;
+        Ok(removed / 8)
+    }
+
+    /// Removes the entries `entries` yields; returns the bytes their values
+    /// held beyond the version byte.
+    fn remove_witness_entries(
+        &self,
+        slot: &str,
+        entries: impl Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>,
+    ) -> Result<usize, StoreError> {
+        let mut bytes = 0;
+        for entry in entries {
             let (key, value) = entry.map_err(|source| StoreError::Read {
                 path: self.path.clone(),
                 key: pages_key(slot),
@@ -147,13 +158,13 @@ impl OffsetStore {
                 .remove(key)
                 .map_err(|source| StoreError::Write {
                     path: self.path.clone(),
-                    op: "expire witness pages",
+                    op: "remove witness entries",
                     key: pages_key(slot),
                     source,
                 })?;
-            removed += value.len().saturating_sub(1) / 8;
+            bytes += value.len().saturating_sub(1);
         }
-        Ok(removed)
+        Ok(bytes)
     }
 
     pub fn witness_position(&self, slot: &str) -> Result<Option<WitnessPosition>, StoreError> {
@@ -200,21 +211,7 @@ impl OffsetStore {
     /// removed: a new slot's transactions are checked from its start).
     pub fn clear_witness(&self, slot: &str) -> Result<(), StoreError> {
         for tag in [PAGE_TAG, POSITION_TAG] {
-            for entry in self.witness.scan_prefix(prefix(slot, tag)) {
-                let (key, _) = entry.map_err(|source| StoreError::Read {
-                    path: self.path.clone(),
-                    key: pages_key(slot),
-                    source,
-                })?;
-                self.witness
-                    .remove(key)
-                    .map_err(|source| StoreError::Write {
-                        path: self.path.clone(),
-                        op: "clear witness",
-                        key: pages_key(slot),
-                        source,
-                    })?;
-            }
+            self.remove_witness_entries(slot, self.witness.scan_prefix(prefix(slot, tag)))?;
         }
         self.flush("clear witness", position_key(slot)).map(drop)
     }
