@@ -306,7 +306,10 @@ pub async fn replay_with(
     } else {
         "o.occurred_at"
     };
-    let select = "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8";
+    // On a standby (the live witness reads where the connector decodes):
+    // its replay position.
+    let select = "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                  ELSE pg_current_wal_lsn() END - '0/0'::pg_lsn)::int8";
     let at: i64 = query_value(client, select, &[]).await.map_err(&e)?;
     let at = Lsn::new(at as u64);
     let micros = micros_of(time);

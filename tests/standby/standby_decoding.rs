@@ -153,3 +153,91 @@ async fn events_written_on_the_primary_arrive_through_a_slot_on_the_standby() {
     );
     fx.cleanup().await;
 }
+
+/// The live witness on a decoding standby (issue 48): a `failpoints` build
+/// skips every fifth outbox insert it decodes; the witness reads the
+/// standby (snapshot, replay position, the rows), never writes to it, and
+/// publishes each skipped row once, marked `repaired_by: witness`.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_skipped_while_decoding_on_the_standby_are_published_by_the_witness() {
+    let _alone = common::alone().await;
+    init_tracing();
+    let fx = Fixture::new("standbywitness").await;
+    fx.admin
+        .batch_execute("GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO outbox")
+        .await
+        .expect("grant pg_log_standby_snapshot");
+    let text = fx.config_text().replacen(
+        &format!("url = \"{}\"", pg_url()),
+        &format!(
+            "url = \"{}\"\nprimary_url = \"{}\"",
+            standby_url(),
+            pg_url()
+        ),
+        1,
+    ) + "\n[monitor]\nheartbeat_interval_ms = 500\nslot_poll_interval_ms = 500\n\n[reconcile]\ninterval_ms = 300\n";
+    let config = fx.write_config_file().with_file_name("standby.toml");
+    std::fs::write(&config, text).expect("write the standby config");
+    let log = config.with_file_name("connector.log");
+    let mut connector = common::relay::spawn_binary_with(
+        &config,
+        &[("OUTBOX_CDC_SABOTAGE", "drop-insert-every:5")],
+    );
+    common::relay::eventually(
+        "the witness's first round on the standby",
+        Duration::from_secs(90),
+        || {
+            let log = log.clone();
+            async move {
+                std::fs::read_to_string(&log).is_ok_and(|l| {
+                    l.contains("live witness: rows of transactions from this id on are checked")
+                })
+            }
+        },
+    )
+    .await;
+    let mut written = BTreeSet::new();
+    for n in 0..20 {
+        written.extend(
+            fx.write_tx(
+                &[("order", &format!("s{}", n % 4), format!(r#"{{"n":{n}}}"#))],
+                true,
+            )
+            .await,
+        );
+    }
+    let records = read_ids(
+        &fx.topic_prefix,
+        &written,
+        Duration::from_secs(120),
+        Duration::from_secs(3),
+    )
+    .unwrap_or_else(|partial| {
+        panic!(
+            "{} of {} events arrived through the standby; connector log:\n{}",
+            partial.len(),
+            written.len(),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        )
+    });
+    let mut seen = BTreeSet::new();
+    for r in &records {
+        assert!(
+            seen.insert(r.header("event_id").to_owned()),
+            "published twice: {}",
+            r.header("event_id")
+        );
+    }
+    let repaired = records
+        .iter()
+        .filter(|r| r.headers.get("repaired_by").map(String::as_str) == Some("witness"))
+        .count();
+    assert_eq!(
+        repaired, 4,
+        "every fifth of 20 rows, published from the standby's table"
+    );
+    let exit = connector.terminate(Duration::from_secs(60));
+    assert!(exit.success(), "the connector exited with {exit}");
+    fx.cleanup().await;
+}
