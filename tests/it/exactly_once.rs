@@ -521,7 +521,32 @@ mod crash_points {
             log_of(&config).contains("resuming after it"),
             "the restart resumed from the marker"
         );
+        // 4. Idle after the last Kafka commit, so the slot is confirmed past
+        //    the marker (the usual state), stopped, then the store lost: the
+        //    start takes over from the slot, as docs/guarantees.md says,
+        //    instead of refusing it as ahead of the marker (review F4).
+        let marker = last_marker(&fx, &offsets_topic).await;
+        crate::common::relay::eventually("the slot confirmed past the marker", TIMEOUT, || async {
+            fx.confirmed_lsn().await > marker.lsn
+        })
+        .await;
         f.terminate(TIMEOUT);
+        std::fs::remove_dir_all(fx.offsets_path()).expect("wipe the offset store");
+        let mut g = spawn_binary_with(&config, &[]);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        committed.extend(write_rows(&fx, 10, 2).await);
+        read_exactly_once(
+            &fx,
+            &committed,
+            TIMEOUT,
+            "after the store was lost while idle",
+        );
+        assert!(
+            g.try_wait().is_none(),
+            "the start was refused: {}",
+            log_of(&config)
+        );
+        g.terminate(TIMEOUT);
         fx.cleanup().await;
     }
 }

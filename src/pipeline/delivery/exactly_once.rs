@@ -96,11 +96,24 @@ impl Delivery for ExactlyOnce {
         info!(slot, transactional_id = %crate::sink::transactional_id(start.system_id, slot),
             offsets_topic = %topic, marker = ?marker.as_ref().map(|m| m.lsn),
             stored = ?stored.as_ref().map(|s| s.lsn), "exactly-once delivery: transactional producer ready");
+        // With no store (lost, or new), a slot confirmed at or past the
+        // marker (the usual state: keepalives move it on after the last
+        // Kafka commit) is where to resume, as at least once does: a
+        // position is confirmed only once persisted, and persisted only up
+        // to what Kafka committed (review F4). Adopting the older marker
+        // would be refused as a slot ahead of the stored offset.
+        let slot_past_marker = |m: &Marker| {
+            start
+                .slot_info
+                .and_then(|i| i.confirmed_flush_lsn)
+                .is_some_and(|confirmed| confirmed >= m.lsn)
+        };
         if let Some(marker) = marker
             && !start.repair_pending
-            && stored
-                .as_ref()
-                .is_none_or(|s| s.system_id == start.system_id && s.lsn < marker.lsn)
+            && match &stored {
+                None => !slot_past_marker(&marker),
+                Some(s) => s.system_id == start.system_id && s.lsn < marker.lsn,
+            }
         {
             // Committed in Kafka, not yet stored here (a crash between the two,
             // or a store lost or new): what the marker covers is published.
