@@ -19,7 +19,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use bytes::{Bytes, BytesMut};
@@ -77,7 +77,16 @@ struct OpenTransaction {
     /// Records not yet in the file.
     buffered: Vec<u8>,
     file: Option<File>,
+    /// Bytes of records: those in the file, then those buffered.
     bytes: u64,
+    /// Bytes in the file.
+    written: u64,
+    /// Where each subtransaction's first record starts (an offset into the
+    /// transaction's records). Savepoints nest, so everything from there
+    /// until its Stream Abort is its own or its descendants' (what
+    /// PostgreSQL's apply worker relies on too): a rollback cuts the
+    /// records back to it (review F3).
+    first_record: HashMap<u32, u64>,
     /// Subtransactions rolled back: their records are skipped on reading.
     aborted: HashSet<u32>,
 }
@@ -138,6 +147,9 @@ impl Spill {
         }
         let max_buffer = self.max_buffer();
         let tx = self.open.get_mut(&xid).expect("checked above");
+        if sub != xid {
+            tx.first_record.entry(sub).or_insert(tx.bytes);
+        }
         if tx.buffered.capacity() == 0 {
             tx.buffered.reserve_exact(max_buffer.max(added));
         }
@@ -186,6 +198,7 @@ impl Spill {
         })
         .map_err(failed)?;
         self.in_memory -= tx.buffered.len();
+        tx.written += tx.buffered.len() as u64;
         tx.buffered.clear();
         Ok(())
     }
@@ -193,17 +206,22 @@ impl Spill {
     /// Stream Abort of `sub` in transaction `xid`: the whole transaction when
     /// they are equal, else that subtransaction's records. False if `xid` is
     /// not open (a transaction with nothing streamed has nothing to drop).
-    pub(crate) fn abort(&mut self, xid: u32, sub: u32) -> bool {
+    pub(crate) fn abort(&mut self, xid: u32, sub: u32) -> Result<bool, SpillError> {
         if xid != sub {
-            return match self.open.get_mut(&xid) {
-                Some(tx) => {
-                    tx.aborted.insert(sub);
-                    true
-                }
-                None => false,
+            let Some(tx) = self.open.get_mut(&xid) else {
+                return Ok(false);
             };
+            tx.aborted.insert(sub);
+            if let Some(&from) = tx.first_record.get(&sub) {
+                let path = self.dir.join(format!("{xid}.spill"));
+                let freed = tx
+                    .cut_back(from)
+                    .map_err(|source| SpillError { path, source })?;
+                self.in_memory -= freed;
+            }
+            return Ok(true);
         }
-        match self.open.remove(&xid) {
+        Ok(match self.open.remove(&xid) {
             Some(tx) => {
                 self.in_memory -= tx.buffered.len();
                 if tx.file.is_some() {
@@ -215,7 +233,7 @@ impl Spill {
                 true
             }
             None => false,
-        }
+        })
     }
 
     /// Stream Commit of `xid`: its records in the order they were received,
@@ -262,6 +280,30 @@ impl Spill {
             memory_bytes: self.in_memory,
             largest_bytes: self.open.values().map(|tx| tx.bytes).max().unwrap_or(0),
         }
+    }
+}
+
+impl OpenTransaction {
+    /// Drops every record from offset `from` on (a rolled-back
+    /// subtransaction's first record): from the buffer, or by truncating the
+    /// file there. Returns the buffered bytes freed.
+    fn cut_back(&mut self, from: u64) -> io::Result<usize> {
+        let buffered = self.buffered.len();
+        if from >= self.written {
+            self.buffered.truncate((from - self.written) as usize);
+        } else {
+            if let Some(file) = self.file.as_mut() {
+                blocking(|| {
+                    file.set_len(from)?;
+                    file.seek(SeekFrom::Start(from)).map(drop)
+                })?;
+            }
+            self.written = from;
+            self.buffered.clear();
+        }
+        self.bytes = from;
+        self.first_record.retain(|_, at| *at < from);
+        Ok(buffered - self.buffered.len())
     }
 }
 
@@ -455,8 +497,10 @@ mod tests {
         assert!(spill.begin(100));
         spill.append(100, 100, Lsn::new(1), b"top").unwrap();
         spill.append(100, 101, Lsn::new(2), b"rolled back").unwrap();
+        // ROLLBACK TO: its Stream Abort comes before the next savepoint's
+        // records (the abort record precedes them in WAL).
+        assert!(spill.abort(100, 101).unwrap());
         spill.append(100, 102, Lsn::new(3), b"kept").unwrap();
-        assert!(spill.abort(100, 101));
         let read = all(spill.commit(100).unwrap().unwrap());
         assert_eq!(
             read,
@@ -466,11 +510,80 @@ mod tests {
 
         assert!(spill.begin(200));
         spill.append(200, 200, Lsn::new(4), b"gone").unwrap();
-        assert!(spill.abort(200, 200));
+        assert!(spill.abort(200, 200).unwrap());
         assert!(!spill.is_open(200));
         assert!(spill.commit(200).unwrap().is_none());
         assert_eq!(files(dir.path()), 0);
-        assert!(!spill.abort(300, 300), "nothing of 300 was streamed");
+        assert!(
+            !spill.abort(300, 300).unwrap(),
+            "nothing of 300 was streamed"
+        );
+    }
+
+    /// Review F3: fifty savepoints of 1 MB each, each rolled back (a
+    /// backfill with an exception block per chunk): their bytes go at each
+    /// rollback, from memory and from the file, not at the transaction's
+    /// end; nested savepoints go with their parent; the kept records read
+    /// back in order.
+    #[test]
+    fn rolled_back_savepoints_give_their_space_back_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let budget = 64 * 1024;
+        let mut spill = Spill::open(dir.path(), budget).unwrap();
+        assert!(spill.begin(1));
+        let record = [3u8; 1000];
+        let mut lsn = 0;
+        let mut kept = Vec::new();
+        for sub in 2..52u32 {
+            lsn += 1;
+            spill.append(1, 1, Lsn::new(lsn), b"top").unwrap();
+            kept.push(lsn);
+            for _ in 0..1000 {
+                lsn += 1;
+                spill.append(1, sub, Lsn::new(lsn), &record).unwrap();
+            }
+            // A savepoint nested in it, rolled back with it.
+            lsn += 1;
+            spill.append(1, sub + 1000, Lsn::new(lsn), &record).unwrap();
+            assert!(spill.abort(1, sub).unwrap());
+            assert!(spill.stats().memory_bytes <= budget);
+        }
+        let on_disk: u64 = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum();
+        assert!(on_disk < 2 * 1024 * 1024, "{on_disk} bytes left on disk");
+        let stats = spill.stats();
+        assert_eq!(stats.bytes, 50 * (HEADER_LEN as u64 + 3), "{stats:?}");
+        let read = all(spill.commit(1).unwrap().unwrap());
+        let lsns: Vec<u64> = read.iter().map(|(l, _)| *l).collect();
+        assert_eq!(lsns, kept);
+        assert!(read.iter().all(|(_, m)| m == b"top"));
+    }
+
+    /// A rollback cut inside the file leaves later appends right after the
+    /// cut (no hole, no stale tail).
+    #[test]
+    fn appends_after_a_cut_in_the_file_continue_from_the_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spill = Spill::open(dir.path(), 2 * (HEADER_LEN + 4)).unwrap();
+        assert!(spill.begin(9));
+        spill.append(9, 9, Lsn::new(1), b"keep").unwrap();
+        for i in 0..10 {
+            spill.append(9, 10, Lsn::new(2 + i), b"drop").unwrap();
+        }
+        assert!(spill.abort(9, 10).unwrap());
+        spill.append(9, 11, Lsn::new(20), b"late").unwrap();
+        spill.append(9, 9, Lsn::new(21), b"last").unwrap();
+        let read = all(spill.commit(9).unwrap().unwrap());
+        assert_eq!(
+            read,
+            vec![
+                (1, b"keep".to_vec()),
+                (20, b"late".to_vec()),
+                (21, b"last".to_vec())
+            ]
+        );
     }
 
     #[test]

@@ -143,7 +143,7 @@ impl<D: Delivery> Session<'_, D> {
                 "Stream Abort inside a transaction or without streaming asked for",
             ));
         };
-        let known = spill.abort(abort.xid, abort.subxid);
+        let known = spill.abort(abort.xid, abort.subxid)?;
         debug!(
             xid = abort.xid,
             subxid = abort.subxid,
