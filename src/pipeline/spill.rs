@@ -82,11 +82,18 @@ struct OpenTransaction {
     /// Bytes in the file.
     written: u64,
     /// Where each subtransaction's first record starts (an offset into the
-    /// transaction's records). Savepoints nest, so everything from there
-    /// until its Stream Abort is its own or its descendants' (what
-    /// PostgreSQL's apply worker relies on too): a rollback cuts the
+    /// transaction's records). Savepoints nest and PostgreSQL sends a
+    /// rolled-back child's Stream Abort before its parent's, so everything
+    /// from there until its Stream Abort is its own or already rolled back
+    /// (what PostgreSQL's apply worker relies on too): a rollback cuts the
     /// records back to it (review F3).
     first_record: HashMap<u32, u64>,
+    /// Who wrote the records: (offset, sub) where the writer changes. A cut
+    /// is made only when every record after its point belongs to the
+    /// subtransaction rolled back or to ones rolled back before; otherwise
+    /// (a server breaking that order) the records stay and are skipped on
+    /// reading, as before the cut existed.
+    writers: Vec<(u64, u32)>,
     /// Subtransactions rolled back: their records are skipped on reading.
     aborted: HashSet<u32>,
 }
@@ -150,6 +157,9 @@ impl Spill {
         if sub != xid {
             tx.first_record.entry(sub).or_insert(tx.bytes);
         }
+        if tx.writers.last().is_none_or(|&(_, last)| last != sub) {
+            tx.writers.push((tx.bytes, sub));
+        }
         if tx.buffered.capacity() == 0 {
             tx.buffered.reserve_exact(max_buffer.max(added));
         }
@@ -212,7 +222,7 @@ impl Spill {
                 return Ok(false);
             };
             tx.aborted.insert(sub);
-            if let Some(&from) = tx.first_record.get(&sub) {
+            if let Some(from) = tx.cut_point(sub) {
                 let path = self.dir.join(format!("{xid}.spill"));
                 let freed = tx
                     .cut_back(from)
@@ -284,6 +294,20 @@ impl Spill {
 }
 
 impl OpenTransaction {
+    /// Where the records of the rolled-back `sub` can be cut off: its first
+    /// record, when nothing after it was written by a transaction still
+    /// alive.
+    fn cut_point(&self, sub: u32) -> Option<u64> {
+        let from = *self.first_record.get(&sub)?;
+        let alive_after = self
+            .writers
+            .iter()
+            .rev()
+            .take_while(|&&(at, _)| at >= from)
+            .any(|(_, writer)| *writer != sub && !self.aborted.contains(writer));
+        (!alive_after).then_some(from)
+    }
+
     /// Drops every record from offset `from` on (a rolled-back
     /// subtransaction's first record): from the buffer, or by truncating the
     /// file there. Returns the buffered bytes freed.
@@ -302,7 +326,12 @@ impl OpenTransaction {
             self.buffered.clear();
         }
         self.bytes = from;
-        self.first_record.retain(|_, at| *at < from);
+        let kept = self.writers.partition_point(|&(at, _)| at < from);
+        for (_, writer) in self.writers.drain(kept..) {
+            if self.first_record.get(&writer).is_some_and(|&at| at >= from) {
+                self.first_record.remove(&writer);
+            }
+        }
         Ok(buffered - self.buffered.len())
     }
 }
@@ -542,9 +571,11 @@ mod tests {
                 lsn += 1;
                 spill.append(1, sub, Lsn::new(lsn), &record).unwrap();
             }
-            // A savepoint nested in it, rolled back with it.
+            // A savepoint nested in it, rolled back with it: PostgreSQL
+            // sends the child's Stream Abort first.
             lsn += 1;
             spill.append(1, sub + 1000, Lsn::new(lsn), &record).unwrap();
+            assert!(spill.abort(1, sub + 1000).unwrap());
             assert!(spill.abort(1, sub).unwrap());
             assert!(spill.stats().memory_bytes <= budget);
         }
@@ -559,6 +590,23 @@ mod tests {
         let lsns: Vec<u64> = read.iter().map(|(l, _)| *l).collect();
         assert_eq!(lsns, kept);
         assert!(read.iter().all(|(_, m)| m == b"top"));
+    }
+
+    /// A Stream Abort arriving after records of a transaction still alive
+    /// (an order PostgreSQL does not send) cuts nothing: the live records
+    /// are read back, the rolled-back ones skipped.
+    #[test]
+    fn a_rollback_behind_live_records_cuts_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spill = Spill::open(dir.path(), 2 * (HEADER_LEN + 4)).unwrap();
+        assert!(spill.begin(5));
+        spill.append(5, 6, Lsn::new(1), b"drop").unwrap();
+        spill.append(5, 7, Lsn::new(2), b"kept").unwrap();
+        spill.append(5, 6, Lsn::new(3), b"drop").unwrap();
+        spill.append(5, 5, Lsn::new(4), b"top!").unwrap();
+        assert!(spill.abort(5, 6).unwrap());
+        let read = all(spill.commit(5).unwrap().unwrap());
+        assert_eq!(read, vec![(2, b"kept".to_vec()), (4, b"top!".to_vec())]);
     }
 
     /// A rollback cut inside the file leaves later appends right after the

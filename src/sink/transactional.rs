@@ -296,6 +296,9 @@ impl<T: Send + 'static> TransactionalSink<T> {
     }
 }
 
+/// Between two reads of the end offsets while the brokers come back.
+const WATERMARKS_PAUSE: Duration = Duration::from_millis(200);
+
 /// The last committed marker of `system_id`/`slot` in the offsets topic,
 /// read with `read_committed` to the partition's end as it is now. Blocking
 /// (bounded by `timeout`). Call after `init_transactions`: an undecided
@@ -324,14 +327,36 @@ pub fn read_marker(
                 topic: topic.to_owned(),
                 reason: format!("cannot create its reader from [kafka]: {e}"),
             })?;
-    let (low, high) = consumer
-        .fetch_watermarks(topic, partition, timeout)
-        .map_err(|e| {
-            failed(
-                &format!("reading the end offsets of partition {partition}"),
-                e,
-            )
-        })?;
+    let deadline = Instant::now() + timeout;
+    // Brokers coming back answer with stale metadata (the partition
+    // "unknown" until its leader is known again) for a moment: asked again
+    // until the deadline; what is still wrong then is reported as it is.
+    let (low, high) = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match consumer.fetch_watermarks(topic, partition, left) {
+            Ok(ends) => break ends,
+            Err(e)
+                if Instant::now() + WATERMARKS_PAUSE < deadline
+                    && e.rdkafka_error_code().is_some_and(|code| {
+                        retryable_code(code)
+                            || matches!(
+                                code,
+                                RDKafkaErrorCode::UnknownPartition
+                                    | RDKafkaErrorCode::UnknownTopicOrPartition
+                            )
+                    }) =>
+            {
+                debug!(topic, partition, error = %e, "offsets topic: end offsets not readable yet; asking again");
+                std::thread::sleep(WATERMARKS_PAUSE);
+            }
+            Err(e) => {
+                return Err(failed(
+                    &format!("reading the end offsets of partition {partition}"),
+                    e,
+                ));
+            }
+        }
+    };
     if high <= low {
         return Ok(None);
     }
@@ -343,7 +368,6 @@ pub fn read_marker(
         .assign(&assignment)
         .map_err(|e| failed("assigning it", e))?;
     let key = Marker::key(system_id, slot);
-    let deadline = Instant::now() + timeout;
     let mut last = None;
     // The last transient error the consumer reported: it reconnects by
     // itself, so it only matters if the deadline passes.
