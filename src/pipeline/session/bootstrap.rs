@@ -41,6 +41,9 @@ pub(super) struct Started<D> {
     /// The WAL position the start-up proof holds for.
     pub(super) proven_through: Lsn,
     pub(super) on_standby: bool,
+    /// The live witness will check what this session delivers against the
+    /// table (on, reading a primary, and the table has `occurred_at`).
+    pub(super) witness_checks: bool,
     pub(super) skip_through: Lsn,
     /// What was reported to PostgreSQL at the start (see `Checkpointer::reported`).
     pub(super) reported: Lsn,
@@ -307,6 +310,12 @@ pub(super) async fn bootstrap<D: Delivery>(
         .filter(|s| !s.commit_time_is_slot_creation)
         .and_then(|s| s.acked_commit_time);
     metrics.durable_commit_time.set(stored_time);
+    let witness_checks = config.reconcile.enabled
+        && !on_standby
+        && crate::retained::table_columns(&client, &crate::coverage::configured_table(&config.outbox)?)
+            .await?
+            .iter()
+            .any(|(name, _)| name == "occurred_at");
     info!(slot, start = %start, skip_through = %skip_through, system_id = %identity.system_id, "streaming");
     Ok(Some(Started {
         mapper,
@@ -319,6 +328,7 @@ pub(super) async fn bootstrap<D: Delivery>(
         proof,
         proven_through,
         on_standby,
+        witness_checks,
         skip_through,
         reported,
         streaming,

@@ -347,6 +347,10 @@ pub(super) struct CoverageWatch {
     /// The server was a standby when the session started: its shutdown never
     /// lifts the proof ceiling.
     on_standby: bool,
+    /// The live witness checks what is delivered against the table: a final
+    /// proof that cannot be made leaves the window since the last proof to
+    /// it instead of to the next start (which would send it again).
+    witness_checks: bool,
     /// Where the baseline and breaks are kept; `None` in unit tests.
     record: Option<ProofRecord>,
     /// The server's clock at the last passing proof: where a break found
@@ -364,6 +368,7 @@ impl CoverageWatch {
         catalog: tokio_postgres::Client,
         pg: PgConnectConfig,
         on_standby: bool,
+        witness_checks: bool,
     ) -> CoverageWatch {
         let stored_identity = Some(proof.coverage.identity().clone());
         CoverageWatch {
@@ -375,6 +380,7 @@ impl CoverageWatch {
             reproof: None,
             reproof_started: Instant::now(),
             on_standby,
+            witness_checks,
             record: Some(proof.record),
             passed_at: proof.at,
             recorded: Instant::now(),
@@ -394,6 +400,7 @@ impl CoverageWatch {
             reproof: None,
             reproof_started: Instant::now(),
             on_standby: false,
+            witness_checks: false,
             record: None,
             passed_at: PgTimestamp::now(),
             recorded: Instant::now(),
@@ -604,12 +611,24 @@ impl CoverageWatch {
                     tracker.prove_through(proof.through);
                 }
             }
-            Ok(Err(e)) => {
-                warn!(error = %e, "the final coverage proof failed; the next start re-sends what was delivered since the last one")
-            }
-            Err(_) => warn!(
-                "the final coverage proof timed out; the next start re-sends what was delivered since the last one"
-            ),
+            Ok(Err(e)) => self.no_final_proof(tracker, &format!("failed: {e}")),
+            Err(_) => self.no_final_proof(tracker, "timed out"),
+        }
+    }
+
+    /// The final proof could not be made (the server went away, a failover):
+    /// with the live witness checking, what was delivered since the last
+    /// proof is acknowledged and the witness finds, from the table, any row
+    /// the stream skipped in that window (a change of the publication meant
+    /// is also seen by the next start against the stored identity); without
+    /// it, the next start sends that window again.
+    fn no_final_proof(&self, tracker: &mut AckTracker, why: &str) {
+        if self.witness_checks {
+            let through = tracker.lift_ceiling();
+            warn!(through = ?through, "the final coverage proof {why}; the live witness checks what was delivered \
+                since the last one against the table, so it is acknowledged, not sent again");
+        } else {
+            warn!("the final coverage proof {why}; the next start re-sends what was delivered since the last one");
         }
     }
 }

@@ -171,6 +171,7 @@ impl<'a, D: Delivery> Session<'a, D> {
             started.catalog,
             started.pg,
             started.on_standby,
+            started.witness_checks,
         );
         let session = Session {
             config,
