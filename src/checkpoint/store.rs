@@ -487,15 +487,21 @@ impl OffsetStore {
     /// [`Self::persist`] for a slot (re)created at `created_at`: the time a gap
     /// repair starts from until a transaction is acknowledged. The live
     /// witness starts over with the new slot: what the old one delivered (and
-    /// what a gap repair published outside the stream) is not in its pages.
+    /// what a gap repair published outside the stream) is not in its pages;
+    /// it checks from `witness_from` (read just after the slot was created,
+    /// so that rows committed before its first round are checked too).
     pub fn persist_created(
         &self,
         slot: &str,
         lsn: Lsn,
         system_id: &str,
         created_at: PgTimestamp,
+        witness_from: Option<WitnessPosition>,
     ) -> Result<DurableLsn, StoreError> {
         self.clear_witness(slot)?;
+        if let Some(position) = witness_from {
+            self.save_witness_position(slot, &position)?;
+        }
         self.persist_with(slot, lsn, system_id, Some(created_at), true)
     }
 

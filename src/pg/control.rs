@@ -150,6 +150,29 @@ pub async fn server_kind(client: &Client) -> Result<super::config::ServerKind, P
     Ok(super::config::ServerKind::from_text(&text(0)?, &text(1)?))
 }
 
+/// Where transaction ids stand now: the next one to be assigned (64-bit,
+/// epoch included; every transaction from it on starts later) and the
+/// start of the oldest transaction still writing (PostgreSQL microseconds
+/// since 2000-01-01; now when none is).
+pub async fn xid_horizon(client: &Client) -> Result<(u64, i64), PgError> {
+    let during = "reading the next transaction id (pg_current_snapshot())";
+    let row = client
+        .query_one(
+            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8, \
+             ((extract(epoch FROM least(now(), \
+               (SELECT min(xact_start) FROM pg_stat_activity WHERE backend_xid IS NOT NULL), \
+               (SELECT min(prepared) FROM pg_prepared_xacts))) - 946684800) * 1e6)::int8",
+            &[],
+        )
+        .await
+        .map_err(|e| PgError::sql(during, e))?;
+    let get = |i: usize| {
+        row.try_get::<_, i64>(i)
+            .map_err(|e| PgError::sql(during, e))
+    };
+    Ok((get(0)? as u64, get(1)?))
+}
+
 /// Whether the server is a standby (in recovery).
 pub async fn in_recovery(client: &Client) -> Result<bool, PgError> {
     query_value(client, "SELECT pg_is_in_recovery()", &[])

@@ -3,8 +3,9 @@
 //! are killed at every crash point and at random moments while a writer
 //! commits, Kafka is stopped and started and PostgreSQL restarted; then the
 //! four invariants are checked (`support::verify`). One run per delivery mode
-//! and outbox shape, and one with large transactions streamed into the
-//! connector's spill; each holds `common::alone` (in `support::harness::run`),
+//! and outbox shape, one with large transactions streamed into the
+//! connector's spill, and one whose connector skips rows for the live witness
+//! to find; each holds `common::alone` (in `support::harness::run`),
 //! so the runs go one after another.
 //!
 //! `cargo test --features failpoints --test chaos at_least_once::` runs one;
@@ -19,3 +20,4 @@ mod at_least_once;
 mod exactly_once;
 mod large_transactions;
 mod partitioned;
+mod witness;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use crate::checkpoint::{DurableLsn, OffsetStore, PendingRepair, StoreError};
+use crate::checkpoint::{DurableLsn, OffsetStore, PendingRepair, StoreError, WitnessPosition};
 use crate::config::{Config, Streaming};
 use crate::metrics::Metrics;
 use crate::outbox::OutboxMapper;
@@ -152,6 +152,7 @@ pub(super) async fn bootstrap<D: Delivery>(
     let stored = store.load(slot)?;
     let pending = store.pending_repair(slot)?;
     let mut created_at: Option<PgTimestamp> = None;
+    let mut witness_from: Option<WitnessPosition> = None;
     let repair_locked = std::sync::atomic::AtomicBool::new(false);
     // Both ways into a gap repair (an interrupted one, a lost slot) end here.
     let mut repair = async |pending: &PendingRepair, existing: Option<Lsn>| {
@@ -220,6 +221,7 @@ pub(super) async fn bootstrap<D: Delivery>(
                     true => with_standby_snapshots(config, creating).await?,
                     false => creating.await?,
                 };
+                witness_from = witness_start(config, &client, &identity.system_id).await?;
                 info!(slot, lsn = %at, failover = config.postgres.failover_slot, "created replication slot");
                 (at, Lsn::ZERO)
             }
@@ -272,7 +274,7 @@ pub(super) async fn bootstrap<D: Delivery>(
     // Persist the start before streaming: it records the cluster identity on
     // first start and gives the first reportable (durable) position.
     let durable = tokio::task::block_in_place(|| match created_at {
-        Some(at) => store.persist_created(slot, start, &identity.system_id, at),
+        Some(at) => store.persist_created(slot, start, &identity.system_id, at, witness_from),
         None => store.persist(slot, start, &identity.system_id),
     })?;
     let stream = repl
@@ -312,10 +314,13 @@ pub(super) async fn bootstrap<D: Delivery>(
     metrics.durable_commit_time.set(stored_time);
     let witness_checks = config.reconcile.enabled
         && !on_standby
-        && crate::retained::table_columns(&client, &crate::coverage::configured_table(&config.outbox)?)
-            .await?
-            .iter()
-            .any(|(name, _)| name == "occurred_at");
+        && crate::retained::table_columns(
+            &client,
+            &crate::coverage::configured_table(&config.outbox)?,
+        )
+        .await?
+        .iter()
+        .any(|(name, _)| name == "occurred_at");
     info!(slot, start = %start, skip_through = %skip_through, system_id = %identity.system_id, "streaming");
     Ok(Some(Started {
         mapper,
@@ -360,6 +365,7 @@ async fn repair_lost_slot(
             (created.consistent_point, Some(created.snapshot))
         }
     };
+    let witness_from = witness_start(config, client, system_id).await?;
     // The commit time the new offset stands for: everything before the
     // slot's consistent point committed before this moment.
     let now = server_clock(client).await?;
@@ -375,11 +381,31 @@ async fn repair_lost_slot(
     .await?;
     tokio::task::block_in_place(|| -> Result<(), StoreError> {
         store.remove(slot)?;
-        store.persist_created(slot, at, system_id, now)?;
+        store.persist_created(slot, at, system_id, now, witness_from)?;
         store.end_repair(slot)
     })?;
     info!(slot, rows, start = %at, "gap repair finished: every retained row committed after the lost position was published");
     Ok(at)
+}
+
+/// Where the live witness starts checking with a slot just created: from
+/// the next transaction id on, since every transaction from it starts after
+/// the slot exists and is streamed (one still running at the creation is
+/// not checked). `None` with the witness off.
+async fn witness_start(
+    config: &Config,
+    client: &tokio_postgres::Client,
+    system_id: &str,
+) -> Result<Option<WitnessPosition>, PipelineError> {
+    if !config.reconcile.enabled {
+        return Ok(None);
+    }
+    let (next_xid, look_from_micros) = control::xid_horizon(client).await?;
+    Ok(Some(WitnessPosition {
+        system_id: system_id.to_owned(),
+        checked_below_xid: next_xid,
+        look_from_micros,
+    }))
 }
 
 /// The server's clock now, as a commit-time bound.

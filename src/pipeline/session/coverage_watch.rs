@@ -628,7 +628,9 @@ impl CoverageWatch {
             warn!(through = ?through, "the final coverage proof {why}; the live witness checks what was delivered \
                 since the last one against the table, so it is acknowledged, not sent again");
         } else {
-            warn!("the final coverage proof {why}; the next start re-sends what was delivered since the last one");
+            warn!(
+                "the final coverage proof {why}; the next start re-sends what was delivered since the last one"
+            );
         }
     }
 }

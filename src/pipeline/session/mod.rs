@@ -396,14 +396,15 @@ impl<'a, D: Delivery> Session<'a, D> {
                     return self.replayed(mapped, lsn);
                 }
                 let (commit_time, at) = (tx.commit_time, EventPosition::new(tx.commit_lsn, lsn));
+                let mapped = self.mapper.map_insert(bound, &insert.new, &ctx);
                 if let Some(every) = self.drop_every {
                     self.inserts_seen += 1;
                     if self.inserts_seen.is_multiple_of(every) {
-                        warn!(lsn = %lsn, "sabotage drop-insert-every: this outbox insert is skipped");
+                        let event_id = mapped.as_ref().ok().map(|e| e.event_id.as_str());
+                        warn!(lsn = %lsn, event_id, "sabotage drop-insert-every: this outbox insert is skipped");
                         return Ok(());
                     }
                 }
-                let mapped = self.mapper.map_insert(bound, &insert.new, &ctx);
                 let max_raw = self.config.outbox.max_record_bytes / 2;
                 let raw = || row_as_json(description, &insert.new, max_raw);
                 let route = self

@@ -120,6 +120,9 @@ pub struct Launcher {
     pub connector_config: PathBuf,
     pub consumer_args: Vec<String>,
     pub dir: PathBuf,
+    /// `OUTBOX_CDC_SABOTAGE` for every connector start (a `failpoints`
+    /// build's deliberate fault, e.g. `drop-insert-every:97`).
+    pub sabotage: Option<String>,
 }
 
 impl Launcher {
@@ -151,7 +154,11 @@ impl Launcher {
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .env_remove("OUTBOX_CDC_FAILPOINT")
-            .env_remove("OUTBOX_CDC_CONSUMER_FAILPOINT");
+            .env_remove("OUTBOX_CDC_CONSUMER_FAILPOINT")
+            .env_remove("OUTBOX_CDC_SABOTAGE");
+        if let (Kind::Connector, Some(sabotage)) = (kind, &self.sabotage) {
+            command.env("OUTBOX_CDC_SABOTAGE", sabotage);
+        }
         // Each connector serves /metrics on its own loopback port (the config
         // file, shared by every start, has none): the harness reads its
         // acknowledged offset there while it runs and holds the offset store.

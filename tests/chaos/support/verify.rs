@@ -42,6 +42,14 @@ pub struct Rec {
     pub event_id: String,
     pub sequence: i64,
     pub lsn: String,
+    /// Published from the table by the live witness (`repaired_by`), not
+    /// from the stream.
+    pub repaired: bool,
+    /// Its insert was skipped by the connector's sabotage in some session
+    /// (the harness sets it from the connector's log): whatever publishes
+    /// it (the witness, a later session, a slot repair) may come after
+    /// later events of its aggregate.
+    pub skipped: bool,
 }
 
 impl Rec {
@@ -181,6 +189,9 @@ impl KafkaReader {
                             .and_then(|s| s.parse().ok())
                             .unwrap_or(-1),
                         lsn: header("lsn").unwrap_or_default(),
+                        repaired: header(outbox_cdc::retained::H_REPAIRED).as_deref()
+                            == Some("witness"),
+                        skipped: false,
                     };
                     if rec.event_id.is_empty() || rec.sequence < 0 {
                         self.malformed.push(rec.place());
@@ -321,6 +332,12 @@ pub struct Verdict {
     pub missing_effects: Vec<String>,
     /// Invariant 4.
     pub order_violations: Vec<String>,
+    /// Events first published by the live witness.
+    pub repaired: usize,
+    /// Events the stream skipped (sabotage) arrive after later events of
+    /// their aggregate: they are left out of the order check, listed here
+    /// when they did.
+    pub repaired_late: Vec<String>,
     pub unexplained_duplicates: Vec<String>,
     /// Duplicates across a crash or outage of transactions whose end the
     /// writer could not read (COMMIT's reply lost): not bounded.
@@ -716,6 +733,12 @@ pub fn verify(
             .or_default()
             .push(r);
     }
+    v.repaired = records
+        .iter()
+        .filter(|r| r.repaired)
+        .map(|r| r.event_id.as_str())
+        .collect::<HashSet<_>>()
+        .len();
     for ((topic, key), mut recs) in by_aggregate {
         let parts: BTreeSet<i32> = recs.iter().map(|r| r.partition).collect();
         if parts.len() > 1 {
@@ -725,6 +748,21 @@ pub fn verify(
             continue;
         }
         recs.sort_by_key(|r| r.offset);
+        let skipped = |r: &&Rec| r.repaired || r.skipped;
+        for (i, late) in recs.iter().enumerate().filter(|(_, r)| skipped(r)) {
+            if let Some(passed) = recs[..i].iter().find(|r| r.sequence > late.sequence) {
+                v.repaired_late.push(format!(
+                    "aggregate {key}: seq {} (event {}, skipped by the stream{}) at {}, after seq {} at {}",
+                    late.sequence,
+                    late.event_id,
+                    if late.repaired { ", published by the witness" } else { "" },
+                    late.place(),
+                    passed.sequence,
+                    passed.place()
+                ));
+            }
+        }
+        recs.retain(|r| !skipped(r));
         for pair in recs.windows(2) {
             if pair[0].sequence >= pair[1].sequence {
                 v.order_violations.push(format!(
@@ -851,6 +889,8 @@ pub fn self_check() {
         event_id: ev.into(),
         sequence: seq,
         lsn: "0/1".into(),
+        repaired: false,
+        skipped: false,
     };
     let good_db = || DbState {
         outbox: vec![
