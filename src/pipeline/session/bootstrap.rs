@@ -401,6 +401,10 @@ async fn witness_start(
         return Ok(None);
     }
     let (next_xid, look_from_micros) = control::xid_horizon(client).await?;
+    info!(
+        from_xid = next_xid,
+        "live witness: rows of transactions from this id on are checked (the slot was just created)"
+    );
     Ok(Some(WitnessPosition {
         system_id: system_id.to_owned(),
         checked_below_xid: next_xid,
