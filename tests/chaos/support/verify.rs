@@ -334,6 +334,9 @@ pub struct Verdict {
     pub order_violations: Vec<String>,
     /// Events first published by the live witness.
     pub repaired: usize,
+    /// Events the live witness published that the stream did not skip (a
+    /// false positive, or a skip nobody planned).
+    pub false_repairs: Vec<String>,
     /// Events the stream skipped (sabotage) arrive after later events of
     /// their aggregate: they are left out of the order check, listed here
     /// when they did.
@@ -383,6 +386,10 @@ impl Verdict {
                 &self.missing_effects,
             ),
             ("per-aggregate order violations", &self.order_violations),
+            (
+                "events the live witness published although the stream did not skip them",
+                &self.false_repairs,
+            ),
             (
                 "duplicates outside any crash/outage window",
                 &self.unexplained_duplicates,
@@ -732,6 +739,17 @@ pub fn verify(
             .entry((r.topic.as_str(), r.key.as_str()))
             .or_default()
             .push(r);
+    }
+    let mut falsely: BTreeSet<&str> = BTreeSet::new();
+    for r in records.iter().filter(|r| r.repaired && !r.skipped) {
+        if falsely.insert(r.event_id.as_str()) {
+            v.false_repairs.push(format!(
+                "event {} (seq {}) published by the live witness at {}, though the stream did not skip it",
+                r.event_id,
+                r.sequence,
+                r.place()
+            ));
+        }
     }
     v.repaired = records
         .iter()
@@ -1096,6 +1114,57 @@ pub fn self_check() {
             Some(Lsn::new(0x90))
         )
         .is_ok()
+    );
+
+    // A row the stream skipped arrives late from the witness: out of order
+    // by design, not a violation; the same record with no skip behind it is
+    // a false repair, and a late row nobody skipped stays an order violation.
+    let late = |skipped: bool, repaired: bool| {
+        let mut e1 = rec("e1", "a", 1, 0, 1);
+        e1.skipped = skipped;
+        e1.repaired = repaired;
+        vec![
+            rec("e2", "a", 2, 0, 0),
+            e1,
+            rec("e4", "b", 1, 1, 0),
+            rec("e5", "b", 2, 1, 1),
+        ]
+    };
+    let v = verify(
+        &ledger,
+        &good_db(),
+        &late(true, true),
+        &[],
+        Delivery::AtLeastOnce,
+    );
+    assert!(
+        v.is_clean() && v.repaired == 1 && v.repaired_late.len() == 1,
+        "harness self-check: a skipped row published late by the witness was flagged:\n{}",
+        v.details()
+    );
+    let v = verify(
+        &ledger,
+        &good_db(),
+        &late(false, true),
+        &[],
+        Delivery::AtLeastOnce,
+    );
+    assert!(
+        v.false_repairs.len() == 1,
+        "harness self-check: the witness publishing a row the stream did not skip was not flagged:\n{}",
+        v.details()
+    );
+    let v = verify(
+        &ledger,
+        &good_db(),
+        &late(false, false),
+        &[],
+        Delivery::AtLeastOnce,
+    );
+    assert!(
+        v.order_violations.len() == 1,
+        "harness self-check: a late row nobody skipped was not flagged:\n{}",
+        v.details()
     );
 
     // Broken: the rolled-back l3 has an outbox row, e5 is lost, e9 was never
