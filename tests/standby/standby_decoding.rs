@@ -22,13 +22,11 @@ fn standby_url() -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_written_on_the_primary_arrive_through_a_slot_on_the_standby() {
-    let _alone = common::alone().await;
-    init_tracing();
-    let fx = Fixture::new("standby").await;
-    // The connector's role may ask the primary for a running-transactions
-    // record, so that creating the slot on the standby does not wait for one.
+/// A config file that decodes on the standby (the primary named for what
+/// a standby cannot do), with `extra` appended; the connector's role may ask
+/// the primary for a running-transactions record, so that creating the slot
+/// on the standby does not wait for one.
+async fn standby_config(fx: &Fixture, extra: &str) -> std::path::PathBuf {
     fx.admin
         .batch_execute("GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO outbox")
         .await
@@ -41,9 +39,19 @@ async fn events_written_on_the_primary_arrive_through_a_slot_on_the_standby() {
             pg_url()
         ),
         1,
-    ) + "\n[monitor]\nheartbeat_interval_ms = 500\nslot_poll_interval_ms = 500\n";
+    ) + "\n[monitor]\nheartbeat_interval_ms = 500\nslot_poll_interval_ms = 500\n"
+        + extra;
     let config = fx.write_config_file().with_file_name("standby.toml");
     std::fs::write(&config, text).expect("write the standby config");
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_written_on_the_primary_arrive_through_a_slot_on_the_standby() {
+    let _alone = common::alone().await;
+    init_tracing();
+    let fx = Fixture::new("standby").await;
+    let config = standby_config(&fx, "").await;
     let log = config.with_file_name("connector.log");
     let mut connector = spawn_binary(&config);
 
@@ -164,21 +172,7 @@ async fn rows_skipped_while_decoding_on_the_standby_are_published_by_the_witness
     let _alone = common::alone().await;
     init_tracing();
     let fx = Fixture::new("standbywitness").await;
-    fx.admin
-        .batch_execute("GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO outbox")
-        .await
-        .expect("grant pg_log_standby_snapshot");
-    let text = fx.config_text().replacen(
-        &format!("url = \"{}\"", pg_url()),
-        &format!(
-            "url = \"{}\"\nprimary_url = \"{}\"",
-            standby_url(),
-            pg_url()
-        ),
-        1,
-    ) + "\n[monitor]\nheartbeat_interval_ms = 500\nslot_poll_interval_ms = 500\n\n[reconcile]\ninterval_ms = 300\n";
-    let config = fx.write_config_file().with_file_name("standby.toml");
-    std::fs::write(&config, text).expect("write the standby config");
+    let config = standby_config(&fx, "\n[reconcile]\ninterval_ms = 300\n").await;
     let log = config.with_file_name("connector.log");
     let mut connector = common::relay::spawn_binary_with(
         &config,
