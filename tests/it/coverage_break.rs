@@ -22,6 +22,23 @@ use super::no_silent_skip::{
     streaming_with_slow_proofs,
 };
 
+/// Calls `write` with `first`, `first + 1`, ..., `pause` apart, until the
+/// connector stops (10 s at most).
+async fn write_until_stopped(
+    running: &Running,
+    first: i64,
+    pause: Duration,
+    mut write: impl AsyncFnMut(i64),
+) {
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut n = first;
+    while !running.is_finished() && Instant::now() < until {
+        write(n).await;
+        n += 1;
+        tokio::time::sleep(pause).await;
+    }
+}
+
 /// [`partitioned_fixture`] whose publication lists the two leaves instead of
 /// the root: `FOR TABLE <t>_old, <t>_cur`.
 async fn leaf_list_fixture(prefix: &str, via_root: bool) -> Fixture {
@@ -368,14 +385,11 @@ async fn a_partition_written_before_it_joined_a_leaf_list_stops_the_connector() 
         .await
         .expect("add the next partition to the publication");
     // Rows the publication sends, for three proof intervals at most.
-    let mut n = 2;
-    let until = Instant::now() + Duration::from_secs(10);
-    while !running.is_finished() && Instant::now() < until {
+    write_until_stopped(&running, 2, Duration::from_millis(50), async |n| {
         f.write_tx(&[("order", "a", format!(r#"{{"n":{n}}}"#))], true)
             .await;
-        n += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     let what = format!("row {lost:?} written to a partition before it joined the publication");
     match ends_within(running, Duration::from_secs(20), &what).await {
         // NotPublished: a proof fell between the insert and the ADD (also right).
@@ -406,14 +420,11 @@ async fn stopped_on_a_hidden_row(
 ) -> (Lsn, BTreeSet<String>, String, Result<(), PipelineError>) {
     let running = streaming_with_slow_proofs(f).await;
     let (narrowed, hidden) = hide_one_row(f).await;
-    let mut n = 3;
-    let until = Instant::now() + Duration::from_secs(10);
-    while !running.is_finished() && Instant::now() < until {
+    write_until_stopped(&running, 3, Duration::from_millis(50), async |n| {
         f.write_tx(&[("order", "a", format!(r#"{{"n":{n}}}"#))], true)
             .await;
-        n += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     let what = format!("row {hidden:?} committed while the outbox was out of the publication");
     let ended = ends_within(running, Duration::from_secs(20), &what).await;
     (narrowed, hidden, what, ended)
@@ -532,13 +543,10 @@ async fn a_partition_made_unlogged_while_streaming_stops_the_connector() {
     let unlogged = f.wal_insert_lsn().await;
     let hidden = insert(&f.admin, &t, &names("bulk", 3), 1, "now()").await;
     // Logged rows (the old partition) keep the stream moving until it stops.
-    let mut n = 2;
-    let until = Instant::now() + Duration::from_secs(10);
-    while !running.is_finished() && Instant::now() < until {
+    write_until_stopped(&running, 2, Duration::from_millis(50), async |n| {
         insert(&f.admin, &t, &["old".to_owned()], n, "'2000-06-01'").await;
-        n += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     let what = format!("rows {hidden:?} written to a partition made UNLOGGED");
     match ends_within(running, Duration::from_secs(20), &what).await {
         Err(PipelineError::CoverageLost(nc)) => assert!(
@@ -705,14 +713,11 @@ async fn a_publication_change_before_a_reconnect_is_not_forgotten() {
         )
         .await
         .expect("terminate the walsender");
-    let mut n = 3;
-    let until = Instant::now() + Duration::from_secs(10);
-    while !running.is_finished() && Instant::now() < until {
+    write_until_stopped(&running, 3, Duration::from_millis(100), async |n| {
         f.write_tx(&[("order", "a", format!(r#"{{"n":{n}}}"#))], true)
             .await;
-        n += 1;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     let what = format!("row {hidden:?} hidden by a change, then a reconnect");
     match ends_within(running, Duration::from_secs(20), &what).await {
         Err(PipelineError::CoverageLost(lost)) => assert!(
@@ -779,13 +784,10 @@ async fn an_unlogged_bulk_load_between_two_proofs_stops_the_connector() {
         .batch_execute(&format!("ALTER TABLE public.{t}_cur SET LOGGED"))
         .await
         .expect("make it logged again");
-    let mut n = 2;
-    let until = Instant::now() + Duration::from_secs(10);
-    while !running.is_finished() && Instant::now() < until {
+    write_until_stopped(&running, 2, Duration::from_millis(50), async |n| {
         insert(&f.admin, &t, &["a".to_owned()], n, "now()").await;
-        n += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     let what = format!("rows {loaded:?} loaded while the partition was UNLOGGED");
     if running.is_finished() {
         match running.finished(Duration::from_secs(5)).await {
