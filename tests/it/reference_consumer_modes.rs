@@ -116,6 +116,11 @@ fn run_without_inbox(topic: &str, isolation: &str) -> (Counts, String) {
 /// Runs the built consumer on `topic` with `args` until it has been idle for
 /// `IDLE_MS`; returns its log.
 fn run_consumer(topic: &str, args: &[&str]) -> String {
+    run_consumer_matching(&format!("^{topic}$"), args)
+}
+
+/// [`run_consumer`] on the topics `topic_regex` matches.
+fn run_consumer_matching(topic_regex: &str, args: &[&str]) -> String {
     let log_path: PathBuf = [
         env!("CARGO_TARGET_TMPDIR"),
         &format!("{}.log", common::unique_name("reference_consumer")),
@@ -128,7 +133,7 @@ fn run_consumer(topic: &str, args: &[&str]) -> String {
         .arg("--bootstrap-servers")
         .arg(common::kafka_bootstrap())
         .arg("--topic-regex")
-        .arg(format!("^{topic}$"))
+        .arg(topic_regex)
         .arg("--group")
         .arg(common::unique_name("consumer_modes_group"))
         .args(["--exit-after-idle-ms", &IDLE_MS.to_string()])
@@ -138,6 +143,7 @@ fn run_consumer(topic: &str, args: &[&str]) -> String {
         .env_remove("CONSUMER_NO_INBOX")
         .env_remove("CONSUMER_ISOLATION")
         .env_remove("CONSUMER_EXIT_AFTER_IDLE_MS")
+        .env_remove("CONSUMER_APPLY_SIDE_RECORDS")
         .env_remove("OUTBOX_CDC_CONSUMER_FAILPOINT")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -351,5 +357,84 @@ fn the_inbox_mode_without_a_database_is_refused_with_the_way_out() {
     assert!(
         stderr.contains("--pg-url") && stderr.contains("--no-inbox"),
         "{stderr}"
+    );
+}
+
+/// Review 2026-12-05 F3 (issue 49): a subscription that also matches the
+/// dead-letter and replay topics, as the default `^outbox\..*` does for the
+/// default names, applies only the live events; a dead-lettered record and
+/// a replayed copy are logged, counted and passed over.
+/// `--apply-side-records` reads them as before.
+#[tokio::test]
+async fn dead_lettered_and_replayed_records_are_not_applied_by_default() {
+    let prefix = common::unique_name("consumer_side");
+    let live = format!("{prefix}.event.order");
+    let dlq = format!("{prefix}.dlq");
+    let replay = format!("{prefix}.event.order.replay");
+    for topic in [&live, &dlq, &replay] {
+        common::create_topic(topic, 1, &[]).await;
+    }
+    let (by_default, applying_all) = tokio::task::spawn_blocking(move || {
+        produce_plain(
+            &live,
+            &[("o1".into(), event_id(1)), ("o1".into(), event_id(2))],
+        );
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", common::kafka_bootstrap())
+            .create()
+            .expect("producer");
+        let id = event_id(3);
+        producer
+            .send(
+                BaseRecord::to(dlq.as_str())
+                    .key("o1")
+                    .payload(r#"{"too":"large"}"#)
+                    .headers(
+                        OwnedHeaders::new()
+                            .insert(Header {
+                                key: "event_id",
+                                value: Some(id.as_str()),
+                            })
+                            .insert(Header {
+                                key: "dlq_reason",
+                                value: Some("Broker: Message size too large"),
+                            }),
+                    ),
+            )
+            .unwrap_or_else(|(e, _)| panic!("send the dead-lettered record: {e}"));
+        producer.flush(KAFKA_TIMEOUT).expect("flush");
+        produce_plain(&replay, &[("o1".into(), event_id(1))]);
+        let regex = format!("^{prefix}\\..*");
+        (
+            run_consumer_matching(&regex, &["--no-inbox"]),
+            run_consumer_matching(&regex, &["--no-inbox", "--apply-side-records"]),
+        )
+    })
+    .await
+    .expect("producer and consumers");
+    let last = final_line(&by_default);
+    assert_eq!(
+        (
+            field(last, "records"),
+            field(last, "duplicates"),
+            field(last, "side_records")
+        ),
+        (2, 0, 2),
+        "only the two live events are read; log:\n{by_default}"
+    );
+    assert!(
+        by_default.contains("not applied: a dead-lettered record (Broker: Message size too large)")
+            && by_default.contains("not applied: a record of a replay topic"),
+        "each side record is reported with why; log:\n{by_default}"
+    );
+    let last = final_line(&applying_all);
+    assert_eq!(
+        (
+            field(last, "records"),
+            field(last, "duplicates"),
+            field(last, "side_records")
+        ),
+        (4, 1, 0),
+        "--apply-side-records reads all four (the replayed copy a duplicate); log:\n{applying_all}"
     );
 }

@@ -92,6 +92,16 @@ struct Args {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     no_inbox: bool,
+    /// Apply dead-lettered records and records of replay topics too. Off by
+    /// default: they match `^outbox\..*` but are not live events (a
+    /// dead-lettered event and its parked successors would be applied out of
+    /// order); they are logged, counted and their offsets committed.
+    #[arg(
+        long,
+        env = "CONSUMER_APPLY_SIDE_RECORDS",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    apply_side_records: bool,
     /// Kafka `isolation.level`: read_committed skips the records of aborted
     /// Kafka transactions, read_uncommitted delivers them too.
     #[arg(
@@ -208,6 +218,8 @@ struct Counts {
     applied: u64,
     /// Records whose event_id was seen before (inbox row or memory).
     duplicates: u64,
+    /// Dead-lettered and replayed records, not applied.
+    side_records: u64,
 }
 
 /// How a record is recognised as seen before.
@@ -334,6 +346,25 @@ async fn run(args: Args) -> anyhow::Result<()> {
         };
         idle_deadline = idle_limit.map(|d| Instant::now() + d);
         failpoint::hit("after-receive");
+        if !args.apply_side_records
+            && let Some(why) = side_record_of(&message)
+        {
+            counts.side_records += 1;
+            warn!(
+                topic = message.topic(),
+                partition = message.partition(),
+                offset = message.offset(),
+                "not applied: {why}; it is not a live event (--apply-side-records applies such records)"
+            );
+            if !commit_offset(&consumer, &message, max_backoff).await {
+                warn!(
+                    topic = message.topic(),
+                    offset = message.offset(),
+                    "offset not committed; the record is passed over again after a restart"
+                );
+            }
+            continue;
+        }
         let rec = parse_message(&message)
             .context("refusing to skip a record that cannot be deduplicated")?;
         match &mut dedupe {
@@ -387,12 +418,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
             records = counts.records,
             duplicates = counts.duplicates,
             applied = counts.applied,
+            side_records = counts.side_records,
             "stopping"
         ),
         Dedupe::Memory(_) => info!(
             records = counts.records,
             duplicates = counts.duplicates,
             distinct = counts.records - counts.duplicates,
+            side_records = counts.side_records,
             "stopping"
         ),
     }
@@ -483,6 +516,35 @@ fn parse_message(m: &BorrowedMessage<'_>) -> Result<InboxRecord, record::RecordE
     record::parse(place, m.key(), m.payload(), headers.unwrap_or_default())
 }
 
+fn side_record_of(m: &BorrowedMessage<'_>) -> Option<String> {
+    let headers = m
+        .headers()
+        .map(|h| h.iter().map(|x| (x.key, x.value)).collect::<Vec<_>>());
+    record::side_record(m.topic(), headers.unwrap_or_default())
+}
+
+/// Commits the record's offset, retrying a few times; false if it was not
+/// committed (the record is then delivered again after a restart).
+async fn commit_offset(
+    consumer: &StreamConsumer<LogRebalance>,
+    message: &BorrowedMessage<'_>,
+    max_backoff: Duration,
+) -> bool {
+    let mut backoff = Duration::from_millis(100).min(max_backoff);
+    for attempt in 1..=5 {
+        // A synchronous commit blocks on the broker's reply.
+        match tokio::task::block_in_place(|| consumer.commit_message(message, CommitMode::Sync)) {
+            Ok(()) => return true,
+            Err(e) => {
+                warn!(error = %e, topic = message.topic(), offset = message.offset(), attempt, "offset commit failed");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(max_backoff);
+            }
+        }
+    }
+    false
+}
+
 /// Retries the inbox transaction until it commits, fails for good, or a stop
 /// is asked (`None`). The record's offset is not committed meanwhile, so
 /// giving up (exiting) is safe: the next instance reads the record again.
@@ -522,19 +584,9 @@ async fn commit_with_retry(
     max_backoff: Duration,
     redelivery_note: &str,
 ) {
-    let mut backoff = Duration::from_millis(100).min(max_backoff);
-    for attempt in 1..=5 {
-        // A synchronous commit blocks on the broker's reply.
-        match tokio::task::block_in_place(|| consumer.commit_message(message, CommitMode::Sync)) {
-            Ok(()) => return,
-            Err(e) => {
-                warn!(error = %e, at = %rec.place, attempt, "offset commit failed");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(max_backoff);
-            }
-        }
+    if !commit_offset(consumer, message, max_backoff).await {
+        warn!(at = %rec.place, event_id = %rec.event_id, "offset not committed; the record may be delivered again ({redelivery_note})");
     }
-    warn!(at = %rec.place, event_id = %rec.event_id, "offset not committed; the record may be delivered again ({redelivery_note})");
 }
 
 /// A flag that turns true on SIGTERM or SIGINT. The handlers are installed

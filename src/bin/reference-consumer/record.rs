@@ -41,6 +41,29 @@ pub(crate) enum RecordError {
     BadEventId { place: Place, value: String },
 }
 
+/// Why a record is not a live event of the outbox topics, if it is not: a
+/// dead-lettered record (the relay's `dlq_reason` header; its aggregate's
+/// later events are parked with it, so applying it here would break their
+/// order) or a record of a replay topic (`outbox-cdc replay --topic-suffix
+/// .replay`, meant for a consumer being restored). Both are in `^outbox\..*`.
+pub(crate) fn side_record<'a>(
+    topic: &str,
+    headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>,
+) -> Option<String> {
+    if topic.ends_with(".replay") {
+        return Some("a record of a replay topic".to_owned());
+    }
+    headers
+        .into_iter()
+        .find(|(name, _)| *name == "dlq_reason")
+        .map(|(_, value)| {
+            format!(
+                "a dead-lettered record ({})",
+                String::from_utf8_lossy(value.unwrap_or_default())
+            )
+        })
+}
+
 /// Builds the inbox view of one record from its parts.
 pub(crate) fn parse<'a>(
     place: Place,
@@ -106,6 +129,23 @@ fn is_uuid(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dead_lettered_and_replayed_records_are_side_records() {
+        let reason: &[u8] = b"too large";
+        assert!(
+            side_record(
+                "outbox.dlq",
+                [("event_id", None), ("dlq_reason", Some(reason))]
+            )
+            .is_some_and(|why| why.contains("dead-lettered") && why.contains("too large"))
+        );
+        assert!(side_record("outbox.event.order.replay", []).is_some());
+        assert_eq!(
+            side_record("outbox.event.order", [("event_id", None)]),
+            None
+        );
+    }
 
     const ID: &str = "0b7f5c9e-3d1a-4c8e-9f00-1234567890ab";
 
