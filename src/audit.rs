@@ -24,6 +24,13 @@
 //!    `--repair` does not publish it, since it would pass the poison event of
 //!    a parked aggregate.
 //!
+//! Before anything is read, the slot is asked which rows it has provably
+//! passed ([`crate::retained::passed_bound`]; with a running connector the
+//! audit waits up to 15 s for it to confirm a snapshot taken then). A row
+//! with no record whose transaction the slot has not passed is pending, not
+//! missing: the connector will still send it, so `--repair` leaves it alone
+//! (it would arrive twice). With no slot (or a lost one) nothing is pending.
+//!
 //! A row the connector cannot map (poison) has no record in a topic of its
 //! own: it is counted (as a row, dead-lettered) only when its event id is on
 //! the dead-letter topic.
@@ -52,7 +59,13 @@ use crate::config::Config;
 use crate::outbox::ChangeContext;
 use crate::pg::{Lsn, PgConnectConfig, PgError, PgTimestamp, quote_ident};
 use crate::pipeline::{EventIdSet, ReplayOptions, ReplayReport};
-use crate::retained::RetainedTable;
+use crate::retained::{PassedBound, RetainedTable, passed_bound};
+
+/// How long the audit waits for a running connector's slot to confirm the
+/// snapshot it takes at its start (an idle connector confirms within a
+/// second or two; a busy one may take longer, and its rows then count as
+/// pending unless an older proof covers them).
+const SLOT_WAIT: Duration = Duration::from_secs(15);
 
 /// What to audit.
 #[derive(Debug, Clone)]
@@ -110,6 +123,19 @@ pub struct MissingRow {
     pub aggregate_sequence: Option<i64>,
     pub topic: String,
     pub occurred_at: String,
+}
+
+impl MissingRow {
+    fn of(r: Row) -> MissingRow {
+        MissingRow {
+            event_id: r.event_id,
+            aggregate_type: r.aggregate_type,
+            aggregate_id: r.aggregate_id,
+            aggregate_sequence: r.sequence,
+            topic: r.topic,
+            occurred_at: r.occurred_at,
+        }
+    }
 }
 
 /// A row whose record is on the dead-letter topic, not on its own topic.
@@ -231,6 +257,12 @@ pub struct AuditReport {
     pub topics: Vec<String>,
     pub missing: u64,
     pub missing_rows: Vec<MissingRow>,
+    /// What the slot has provably passed ([`PassedBound::describe`]).
+    pub slot: String,
+    /// Rows with no record that the slot has not passed yet: the connector
+    /// will still send them (not a failure; never repaired).
+    pub pending: u64,
+    pub pending_rows: Vec<MissingRow>,
     /// `outbox.dead_letter_topic`, and how many records it held (all of
     /// them are read; 0 when the topic does not exist).
     pub dead_letter_topic: String,
@@ -254,6 +286,9 @@ pub struct AuditReport {
     /// Every held-back row's event id.
     #[serde(skip)]
     pub held_ids: EventIdSet,
+    /// Every pending row's event id.
+    #[serde(skip)]
+    pending_ids: EventIdSet,
     /// The window in RFC 3339 (UTC), as `replay` takes it.
     #[serde(skip)]
     window: (String, String),
@@ -287,6 +322,7 @@ impl AuditReport {
         );
         let counts = [
             ("missing", self.missing),
+            ("pending (the slot has not passed them yet)", self.pending),
             ("dead-lettered", self.dead_lettered),
             ("phantoms", self.phantoms),
             ("duplicates", self.duplicates),
@@ -306,6 +342,24 @@ impl AuditReport {
             } = m;
             out.push_str(&format!(
                 "  missing {event_id} ({kind}/{id} seq {seq:?}, topic {topic}, occurred {occurred_at})\n"
+            ));
+        }
+        if self.pending > 0 {
+            out.push_str(&format!(
+                "the slot has not passed {} row(s) without a record yet ({}): the connector will send \
+                 them; audit again once it has caught up\n",
+                self.pending, self.slot
+            ));
+        }
+        for m in &self.pending_rows {
+            out.push_str(&format!(
+                "  pending {} ({}/{} seq {:?}, topic {}, occurred {})\n",
+                m.event_id,
+                m.aggregate_type,
+                m.aggregate_id,
+                m.aggregate_sequence,
+                m.topic,
+                m.occurred_at
             ));
         }
         if self.held_back > 0 {
@@ -386,6 +440,8 @@ struct Row {
     sequence: Option<i64>,
     occurred_at: String,
     in_window: bool,
+    /// Whether the slot has provably passed the row's transaction.
+    passed: bool,
 }
 
 pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport, AuditError> {
@@ -416,6 +472,18 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
     let (since_ms, until_ms): (i64, i64) =
         (row.try_get(2).map_err(&e)?, row.try_get(3).map_err(&e)?);
     let margin_ms = config.repair.occurred_at_margin_ms as i64;
+
+    // Before any record is read: a row the slot passed was sent by then.
+    let bound = match stored_break(config, report.window_micros) {
+        Some(what) => PassedBound::NoSlot {
+            why: format!(
+                "a stored coverage break overlaps the window ({what}): the stream may skip its rows \
+                 again, so every row counts"
+            ),
+        },
+        None => passed_bound(&client, &config.postgres.slot, SLOT_WAIT).await?,
+    };
+    report.slot = bound.describe();
 
     let mut progress = Progress::new(options.progress);
     let consumer = consumer(config)?;
@@ -468,10 +536,13 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
     // Rows of the window on the dead-letter topic (examples; a mappable one
     // counts only if its own topic has no copy).
     let mut dead_examples: Vec<(u128, DeadLettered)> = Vec::new();
+    // Rows of the window the slot has not passed (16 bytes each).
+    let mut not_passed: Vec<u128> = Vec::new();
     for_each_row(
         &client,
         config,
         options,
+        &bound,
         since_ms - margin_ms,
         since_ms,
         until_ms,
@@ -512,6 +583,9 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
                 return;
             }
             topics.insert(r.topic.clone());
+            if r.in_window && !r.passed {
+                not_passed.push(f);
+            }
             ids.push(f | u128::from(r.in_window));
         },
     )
@@ -593,17 +667,25 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
         })?;
     }
 
-    // 4. Rows with no record in their topic: dead-lettered, or missing.
+    // 4. Rows with no record in their topic: dead-lettered, pending (the
+    // slot has not passed them), or missing.
+    not_passed.sort_unstable();
     let mut missing: Vec<u128> = Vec::new();
+    let mut pending: Vec<u128> = Vec::new();
     for (f, n) in ids.iter().zip(&copies) {
         if *f & 1 == 0 || *n > 0 {
             continue;
         }
-        match on_dlq(*f & !1) {
-            true => report.dead_lettered += 1,
-            false => missing.push(*f & !1),
+        let f = *f & !1;
+        if on_dlq(f) {
+            report.dead_lettered += 1;
+        } else if not_passed.binary_search(&f).is_ok() {
+            pending.push(f);
+        } else {
+            missing.push(f);
         }
     }
+    drop(not_passed);
     let published = |f: u128| {
         ids.binary_search_by_key(&f, |x| *x & !1)
             .is_ok_and(|i| copies[i] > 0)
@@ -615,22 +697,35 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
         .collect();
     report.missing = missing.len() as u64;
     report.missing_ids = EventIdSet::from_fingerprints(missing);
+    report.pending = pending.len() as u64;
+    report.pending_ids = EventIdSet::from_fingerprints(pending);
 
     // 5. The missing rows' details, and which of them are parked behind a
     // dead-lettered event, from a second pass.
-    if !report.missing_ids.is_empty() {
+    if !report.missing_ids.is_empty() || !report.pending_ids.is_empty() {
         let mut details = Vec::new();
+        let mut pending_details = Vec::new();
         let mut held: Vec<u128> = Vec::new();
         let mut held_rows = Vec::new();
         for_each_row(
             &client,
             config,
             options,
+            &bound,
             since_ms,
             since_ms,
             until_ms,
             |r| {
-                if !r.mapped || !report.missing_ids.contains(&r.event_id) {
+                if !r.mapped || !r.in_window {
+                    return;
+                }
+                if report.pending_ids.contains(&r.event_id) {
+                    if pending_details.len() < options.max_examples {
+                        pending_details.push(MissingRow::of(r));
+                    }
+                    return;
+                }
+                if !report.missing_ids.contains(&r.event_id) {
                     return;
                 }
                 if let Some(behind) = parked.holding(&r.aggregate_type, &r.aggregate_id, r.sequence)
@@ -641,19 +736,13 @@ pub async fn run(config: &Config, options: &AuditOptions) -> Result<AuditReport,
                     }
                 }
                 if details.len() < options.max_examples {
-                    details.push(MissingRow {
-                        event_id: r.event_id,
-                        aggregate_type: r.aggregate_type,
-                        aggregate_id: r.aggregate_id,
-                        aggregate_sequence: r.sequence,
-                        topic: r.topic,
-                        occurred_at: r.occurred_at,
-                    });
+                    details.push(MissingRow::of(r));
                 }
             },
         )
         .await?;
         report.missing_rows = details;
+        report.pending_rows = pending_details;
         report.held_back = held.len() as u64;
         report.held_back_rows = held_rows;
         report.held_ids = EventIdSet::from_fingerprints(held);
@@ -723,13 +812,38 @@ pub async fn repair(
     })
 }
 
+/// A coverage break stored for the slot (by a connector that stopped on it)
+/// that overlaps `(since, until)` (microseconds), widened by the repair
+/// margin as the start's refusal widens it. The stream is not trusted over
+/// such a window: a row the slot has not passed would be skipped again. A
+/// store that a running connector holds has none (it started, so it had
+/// none or its live witness repaired them).
+fn stored_break(config: &Config, (since, until): (i64, i64)) -> Option<String> {
+    if !config.offsets.path.exists() {
+        return None;
+    }
+    let store = crate::checkpoint::OffsetStore::open(&config.offsets.path).ok()?;
+    let record = store.coverage(&config.postgres.slot).ok()??;
+    let margin = (config.repair.occurred_at_margin_ms as i64).saturating_mul(1000);
+    record
+        .breaks
+        .iter()
+        .find(|b| {
+            b.since_micros.saturating_sub(margin) < until
+                && b.until_micros.saturating_add(margin) >= since
+        })
+        .map(|b| b.what.clone())
+}
+
 /// Streams the retained rows with `occurred_at` in `[from_ms, until_ms)`,
 /// mapped as the connector maps them; `in_window` marks those at or after
-/// `since_ms`.
+/// `since_ms`, `passed` those the slot has passed (by `bound`).
+#[allow(clippy::too_many_arguments)]
 async fn for_each_row(
     client: &Client,
     config: &Config,
     options: &AuditOptions,
+    bound: &PassedBound,
     from_ms: i64,
     since_ms: i64,
     until_ms: i64,
@@ -749,10 +863,11 @@ async fn for_each_row(
         None => String::new(),
     };
     let query = format!(
-        "SELECT {}, (extract(epoch FROM o.occurred_at) * 1000)::int8, o.occurred_at::text FROM {table} AS o \
+        "SELECT {}, (extract(epoch FROM o.occurred_at) * 1000)::int8, o.occurred_at::text, {} FROM {table} AS o \
          WHERE o.occurred_at >= to_timestamp($1::int8 / 1000.0) \
            AND o.occurred_at < to_timestamp($2::int8 / 1000.0){type_filter}",
-        retained.select_list()
+        retained.select_list(),
+        bound.sql()
     );
     let kind = options.aggregate_type.clone().unwrap_or_default();
     let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match &options.aggregate_type {
@@ -770,6 +885,7 @@ async fn for_each_row(
         let row = row.map_err(&e)?;
         let occurred_ms: i64 = row.try_get(n).map_err(&e)?;
         let occurred_at: String = row.try_get(n + 1).map_err(&e)?;
+        let passed: bool = row.try_get(n + 2).map_err(&e)?;
         let ctx = ChangeContext {
             lsn: Lsn::ZERO,
             commit_time: PgTimestamp::now(),
@@ -800,6 +916,7 @@ async fn for_each_row(
                     sequence,
                     occurred_at,
                     in_window: occurred_ms >= since_ms,
+                    passed,
                 });
                 continue;
             }
@@ -820,6 +937,7 @@ async fn for_each_row(
             sequence,
             occurred_at,
             in_window: occurred_ms >= since_ms,
+            passed,
         });
     }
     Ok(())

@@ -234,6 +234,7 @@ fn limit_malloc_arenas() {}
 /// After an audit repair that left nothing missing: the coverage breaks the
 /// audited window covers are repaired, so `run` may start again (they are
 /// stored in the offset store, which a running connector holds).
+/// Says what it cleared on stderr (stdout may be `--json`).
 fn clear_coverage_breaks(config: &outbox_cdc::config::Config, (since, until): (i64, i64)) {
     let slot = &config.postgres.slot;
     if !config.offsets.path.exists() {
@@ -254,7 +255,7 @@ fn clear_coverage_breaks(config: &outbox_cdc::config::Config, (since, until): (i
     match cleared {
         Ok(cleared) => {
             for b in cleared {
-                println!(
+                eprintln!(
                     "coverage break of slot {slot:?} from {} to {} repaired and cleared ({})",
                     outbox_cdc::pg::PgTimestamp(b.since_micros).rfc3339(),
                     outbox_cdc::pg::PgTimestamp(b.until_micros).rfc3339(),
@@ -262,7 +263,7 @@ fn clear_coverage_breaks(config: &outbox_cdc::config::Config, (since, until): (i
                 );
             }
         }
-        Err(e) => println!(
+        Err(e) => eprintln!(
             "coverage breaks in this window were not cleared: {e} (a stored break keeps `run` from starting; run \
              this audit again while no connector holds offsets.path)"
         ),

@@ -29,10 +29,12 @@ use crate::sink::{DeliveryReport, KafkaSink};
 
 use crate::pipeline::PipelineError;
 
+mod passed;
 mod prune;
 pub(crate) mod repair;
 mod replay;
 
+pub use passed::{PassedBound, passed_bound};
 pub use prune::{AckedPosition, PruneError, PruneReport, prune_once, prune_stored, run_pruner};
 pub use replay::{
     EventIdSet, H_REPAIRED, ReplayError, ReplayOptions, ReplayReport, replay, replay_with,

@@ -70,6 +70,7 @@ use crate::metrics::Metrics;
 use crate::pg::control::{query_value, server_version_num};
 use crate::pg::{Lsn, PgConnectConfig, PgTimestamp, QualifiedTable, quote_ident};
 
+use super::passed::{older, xid_witness};
 use super::{micros_text, sql, table_columns};
 use crate::pipeline::{PipelineError, StartRefused};
 
@@ -407,43 +408,6 @@ impl Params {
     }
 }
 
-/// An xid every older transaction of which had ended before a WAL position
-/// at or before the acknowledged LSN: the newer of the slot's `catalog_xmin`
-/// and the last checkpoint's `oldest_active_xid`, each only when its position
-/// is at or before `acked`. Returns the xid (text) and what it is.
-async fn xid_witness(
-    client: &Client,
-    slot: &str,
-    acked: Lsn,
-) -> Result<Option<(String, String)>, PipelineError> {
-    let e = sql("reading the slot's catalog_xmin and the last checkpoint");
-    // A slot's catalog_xmin comes from a running-transactions record at or
-    // before its confirmed_flush_lsn; in PostgreSQL 17+ it may consider only
-    // its own database's transactions, hence current_database(). A
-    // checkpoint's oldest_active_xid is 0 after a shutdown checkpoint.
-    let row = client
-        .query_opt(
-            "SELECT w.xid::text, w.what FROM ( \
-               SELECT s.catalog_xmin AS xid, \
-                      format('slot %s catalog_xmin %s (confirmed %s)', s.slot_name, s.catalog_xmin, \
-                             s.confirmed_flush_lsn) AS what \
-                 FROM pg_replication_slots s \
-                WHERE s.slot_name = $1 AND s.slot_type = 'logical' AND s.database = current_database() \
-                  AND s.catalog_xmin IS NOT NULL AND s.confirmed_flush_lsn <= $2::text::pg_lsn \
-               UNION ALL \
-               SELECT c.oldest_active_xid, \
-                      format('checkpoint %s oldest_active_xid %s', c.checkpoint_lsn, c.oldest_active_xid) \
-                 FROM pg_control_checkpoint() c \
-                WHERE c.checkpoint_lsn <= $2::text::pg_lsn AND c.oldest_active_xid::text::int8 >= 3 \
-             ) w ORDER BY age(w.xid) LIMIT 1",
-            &[&slot, &acked.to_string()],
-        )
-        .await
-        .map_err(&e)?;
-    row.map(|r| Ok((r.try_get(0).map_err(&e)?, r.try_get(1).map_err(&e)?)))
-        .transpose()
-}
-
 async fn prune_rows(
     client: &Client,
     config: &Config,
@@ -464,12 +428,8 @@ async fn prune_rows(
     // The live witness has not checked rows from its position on: they stay
     // until it has (it publishes from them what the stream skipped).
     if let (Some((xid, what)), Some(below)) = (witness.as_mut(), checked_below) {
-        let live = (below as u32).to_string();
-        let select = "SELECT age($1::text::xid) > age($2::text::xid)";
-        let older: bool = query_value(client, select, &[&live, &*xid])
-            .await
-            .map_err(&e)?;
-        if older {
+        let live = below as u32;
+        if older(client, live, *xid).await? {
             *what = format!(
                 "the live witness's position, transaction {below} (not yet checked from there)"
             );
@@ -497,7 +457,7 @@ async fn prune_rows(
 
     let params = Params {
         cutoff,
-        xid,
+        xid: xid.to_string(),
         parked_types: parked.iter().map(|p| p.aggregate_type.clone()).collect(),
         parked_ids: parked.iter().map(|p| p.aggregate_id.clone()).collect(),
     };

@@ -91,8 +91,8 @@ async fn audit_finds_exactly_what_is_missing_foreign_or_repeated() {
     );
     assert!(clean.passed());
 
-    // Rows the connector never saw (it is stopped), a foreign record, and a
-    // second copy of a published one.
+    // Rows the connector has not sent yet (it is stopped; the slot holds
+    // them), a foreign record, and a second copy of a published one.
     let mut unpublished = BTreeSet::new();
     for i in 0..3 {
         unpublished.extend(
@@ -112,13 +112,34 @@ async fn audit_finds_exactly_what_is_missing_foreign_or_repeated() {
     .await;
 
     let report = run(&fx.config(), &options).await.expect("audit");
+    let pending: BTreeSet<String> = report
+        .pending_rows
+        .iter()
+        .map(|m| m.event_id.clone())
+        .collect();
+    assert_eq!(pending, unpublished, "{}", report.to_text());
+    assert_eq!(
+        (report.pending, report.missing),
+        (3, 0),
+        "the slot still holds them: pending, not missing (review F4): {}",
+        report.to_text()
+    );
+    assert!(report.passed(), "{}", report.to_text());
+
+    // The slot lost (dropped): nothing will send them any more, so they are
+    // missing.
+    fx.admin
+        .execute("SELECT pg_drop_replication_slot($1)", &[&fx.slot])
+        .await
+        .expect("drop the slot");
+    let report = run(&fx.config(), &options).await.expect("audit");
     let missing: BTreeSet<String> = report
         .missing_rows
         .iter()
         .map(|m| m.event_id.clone())
         .collect();
     assert_eq!(missing, unpublished, "{}", report.to_text());
-    assert_eq!(report.missing, 3);
+    assert_eq!((report.missing, report.pending), (3, 0));
     assert_eq!(report.phantoms, 1, "{}", report.to_text());
     assert_eq!(
         report.phantom_records[0].event_id,
@@ -180,7 +201,8 @@ async fn deleted_records_are_found_and_repaired() {
         TIMEOUT,
         Duration::from_secs(1),
     );
-    running.stop().await.expect("graceful stop");
+    // The connector keeps running: the audit waits for its slot to confirm
+    // the snapshot it takes, so the rows count as passed by the slot.
 
     // Delete the first two records of every partition that has at least three.
     let mut per_partition: std::collections::BTreeMap<(String, i32), Vec<&common::relay::Record>> =
@@ -270,6 +292,7 @@ async fn deleted_records_are_found_and_repaired() {
         unique,
         published.iter().cloned().collect::<BTreeSet<String>>()
     );
+    running.stop().await.expect("graceful stop");
     fx.cleanup().await;
 }
 
@@ -345,9 +368,13 @@ async fn dead_lettered_events_are_not_missing_and_repair_keeps_their_aggregate_p
     assert!(report.to_text().contains("dead-lettered: 2"));
 
     // A later event of the parked aggregate written while the connector is
-    // stopped has no record anywhere: missing, but parked behind the poison
-    // event, so the repair must not publish it.
+    // stopped, and the slot lost: no record anywhere, missing, but parked
+    // behind the poison event, so the repair must not publish it.
     let later = fx.write_tx(&[("order", "a1", small(5))], true).await;
+    fx.admin
+        .execute("SELECT pg_drop_replication_slot($1)", &[&fx.slot])
+        .await
+        .expect("drop the slot");
     let report = run(&fx.config_with(&env), &options).await.expect("audit");
     assert_eq!(report.missing, 1, "{}", report.to_text());
     assert_eq!(report.missing_rows[0].event_id, later[0]);
@@ -409,5 +436,83 @@ async fn dead_lettered_events_are_not_missing_and_repair_keeps_their_aggregate_p
         a1_on_main, 1,
         "only a1's event before the poison one is on {main_topic}"
     );
+    fx.cleanup().await;
+}
+
+/// Review F4: a row the slot still holds (the connector is stopped) has no
+/// record yet, but it is not missing: `audit --repair` must not publish it,
+/// or it arrives twice once the connector runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_the_slot_still_holds_are_pending_and_never_republished() {
+    init_tracing();
+    let fx = Fixture::new("auditpend").await;
+    let since: String = fx
+        .admin
+        .query_one("SELECT (now() - interval '1 second')::text", &[])
+        .await
+        .expect("now")
+        .get(0);
+    let running = Running::start(fx.config()).await;
+    let mut written = fx
+        .write_tx(&[("order", "p1", r#"{"n":1}"#.into())], true)
+        .await;
+    consume(&fx.topic_prefix, 1, TIMEOUT, Duration::from_secs(1));
+    running.stop().await.expect("graceful stop");
+    let held = fx
+        .write_tx(&[("order", "p1", r#"{"n":2}"#.into())], true)
+        .await;
+    written.extend(held.iter().cloned());
+
+    let config = fx.write_config_file();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-cdc"))
+        .args(["audit", "--repair", "--json", "--since", &since, "--config"])
+        .arg(&config)
+        .output()
+        .expect("run outbox-cdc audit --repair");
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("audit --repair prints JSON ({e}): {output:?}"));
+    assert_eq!(output.status.code(), Some(0), "{json:#}");
+    assert_eq!(
+        (&json["found"]["missing"], &json["found"]["pending"]),
+        (&serde_json::json!(0), &serde_json::json!(1)),
+        "{json:#}"
+    );
+    assert_eq!(
+        json["found"]["pending_rows"][0]["event_id"], held[0],
+        "{json:#}"
+    );
+    assert_eq!(json["republished"], 0, "{json:#}");
+
+    // The connector sends it, once; an audit while it runs finds nothing
+    // pending (it waits for the slot to confirm its snapshot).
+    let running = Running::start(fx.config()).await;
+    let records = consume(&fx.topic_prefix, 2, TIMEOUT, Duration::from_secs(2));
+    let ids: Vec<&str> = records.iter().map(|r| r.header("event_id")).collect();
+    assert_eq!(
+        ids,
+        written.iter().map(String::as_str).collect::<Vec<_>>(),
+        "each once, in order"
+    );
+    let options = AuditOptions {
+        since,
+        until: None,
+        aggregate_type: None,
+        max_examples: 100,
+        progress: false,
+    };
+    let report = run(&fx.config(), &options).await.expect("audit");
+    assert_eq!(
+        (
+            report.rows,
+            report.records,
+            report.missing,
+            report.pending,
+            report.duplicates
+        ),
+        (2, 2, 0, 0, 0),
+        "{}",
+        report.to_text()
+    );
+    running.stop().await.expect("graceful stop");
     fx.cleanup().await;
 }
