@@ -11,7 +11,9 @@
 //!   history resumes exactly at that event;
 //! - `--until <time>`: only rows with `occurred_at < until`;
 //! - `--aggregate-type`, `--aggregate-id`: only those aggregates;
-//! - [`ReplayOptions::only`] (from `audit --repair`): only those event ids.
+//! - [`ReplayOptions::only`] (from `audit --repair`): only those event ids
+//!   are sent; with the replay's own parking the others are still routed,
+//!   so a poison row among them parks its aggregate as the stream would.
 //!
 //! Rows go out in per-aggregate sequence order, mapped like streamed inserts
 //! (same topics, keys, headers; `lsn` is the server's WAL position when the
@@ -343,18 +345,27 @@ pub async fn replay_with(
     let mut seen: u64 = 0;
     while let Some(row) = rows.next().await {
         let (mapped, commit_time) = retained.read(&row.map_err(&e)?, at)?;
-        if let Some(only) = &options.only {
-            // An unmappable row has no event id to match; it is not wanted.
-            match &mapped {
-                Ok(event) if only.contains(&event.event_id) => {}
-                _ => continue,
-            }
+        // An unmappable row has no event id to match; it is not wanted.
+        let wanted = options
+            .only
+            .as_ref()
+            .is_none_or(|only| matches!(&mapped, Ok(event) if only.contains(&event.event_id)));
+        // Rows not wanted are still routed when parking is this replay's
+        // own: a poison row among them parks its aggregate, so that a wanted
+        // row after it goes to the dead-letter topic, not past it (review
+        // F1). The offset store's parking is the connector's: only its
+        // stream parks there.
+        if !wanted && options.parking.is_some() {
+            continue;
         }
         let raw = || Bytes::from_static(b"{}");
         let mut event =
             match router.route(mapped, raw, parking, EventPosition::at(at), commit_time)? {
                 Route::Publish(event) | Route::DeadLetter(event) => event,
             };
+        if !wanted {
+            continue;
+        }
         if let Some(value) = options.mark_repaired {
             (event.headers).push((H_REPAIRED.into(), Bytes::from_static(value.as_bytes())));
         }

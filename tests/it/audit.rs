@@ -516,3 +516,74 @@ async fn rows_the_slot_still_holds_are_pending_and_never_republished() {
     running.stop().await.expect("graceful stop");
     fx.cleanup().await;
 }
+
+/// Review F1: `audit --repair` (a replay of only the missing rows) routes
+/// every row of its window, also those it does not republish: a poison row
+/// parks its aggregate for the repair, so a missing later event of that
+/// aggregate goes to the dead-letter topic, never to its topic past the
+/// poison event. Here the dead-letter topic holds nothing the audit could
+/// read (the rows were never streamed, and no slot holds them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_never_publishes_past_a_poison_row_it_does_not_republish() {
+    init_tracing();
+    let fx = Fixture::new("auditpoison").await;
+    let dlq_topic = format!("{}.dlq", fx.topic_prefix);
+    let env = format!(
+        "OUTBOX_CDC__OUTBOX__ON_POISON=dead-letter OUTBOX_CDC__OUTBOX__DEAD_LETTER_TOPIC={dlq_topic} \
+         OUTBOX_CDC__OUTBOX__MAX_RECORD_BYTES=2000"
+    );
+    let since: String = fx
+        .admin
+        .query_one("SELECT (now() - interval '1 second')::text", &[])
+        .await
+        .expect("now")
+        .get(0);
+    let small = |n: usize| format!(r#"{{"n": {n}}}"#);
+    let huge = format!(r#"{{"blob": "{}"}}"#, "x".repeat(5000));
+    let first = fx.write_tx(&[("order", "a1", small(1))], true).await;
+    fx.write_tx(&[("order", "a1", huge)], true).await;
+    let after_poison = fx.write_tx(&[("order", "a1", small(3))], true).await;
+    let other = fx.write_tx(&[("order", "a2", small(4))], true).await;
+
+    let options = AuditOptions {
+        since,
+        until: None,
+        aggregate_type: None,
+        max_examples: 100,
+        progress: false,
+    };
+    let config = fx.config_with(&env);
+    let report = run(&config, &options).await.expect("audit");
+    assert_eq!(
+        (report.missing, report.pending, report.held_back),
+        (3, 0, 0),
+        "no slot: the three mappable rows are missing, none known parked: {}",
+        report.to_text()
+    );
+    outbox_cdc::audit::repair(&config, &options, &report)
+        .await
+        .expect("audit --repair");
+    let records = consume(&fx.topic_prefix, 3, TIMEOUT, Duration::from_secs(2));
+    let on = |topic: &str| -> Vec<&str> {
+        records
+            .iter()
+            .filter(|r| r.topic == topic)
+            .map(|r| r.header("event_id"))
+            .collect()
+    };
+    let main_topic = format!("{}.order", fx.topic_prefix);
+    let mut on_main = on(&main_topic);
+    on_main.sort_unstable();
+    let mut expected = vec![first[0].as_str(), other[0].as_str()];
+    expected.sort_unstable();
+    assert_eq!(
+        on_main, expected,
+        "a1's event after the poison row is not on {main_topic}"
+    );
+    assert_eq!(
+        on(&dlq_topic),
+        [after_poison[0].as_str()],
+        "it follows the poison row to {dlq_topic}"
+    );
+    fx.cleanup().await;
+}
