@@ -176,23 +176,43 @@ pub(crate) async fn plan(
 /// an origin always goes (on PostgreSQL 13 it cannot be told). Both bounds
 /// microseconds since 2000-01-01.
 fn repair_filter(bound: &str, has_occurred_at: bool, origins_known: bool) -> String {
+    let by_commit = bound == BY_COMMIT_TIMESTAMP;
+    committed_since(
+        by_commit,
+        has_occurred_at,
+        origins_known,
+        ("$1::float8", "$2::float8"),
+    )
+}
+
+/// [`repair_filter`] with the two bounds as SQL expressions (float8
+/// microseconds since 2000-01-01): `since` for commit timestamps (or for
+/// `occurred_at` when not `by_commit`), `unknown` for the `occurred_at` of a
+/// row whose commit timestamp is unknown or an origin's. Also `replay
+/// --since TIME` (review F7).
+pub(crate) fn committed_since(
+    by_commit: bool,
+    has_occurred_at: bool,
+    origins_known: bool,
+    (since, unknown): (&str, &str),
+) -> String {
     let ts = micros_of("c.timestamp");
     let occurred = micros_of("o.occurred_at");
-    let judged = match (bound, has_occurred_at, origins_known) {
-        (BY_COMMIT_TIMESTAMP, true, true) => format!(
-            "CASE WHEN c.timestamp IS NULL THEN {occurred} >= $2::float8 \
-             WHEN c.roident <> 0 THEN {ts} >= $1::float8 OR {occurred} >= $2::float8 \
-             ELSE {ts} >= $1::float8 END"
+    let judged = match (by_commit, has_occurred_at, origins_known) {
+        (true, true, true) => format!(
+            "CASE WHEN c.timestamp IS NULL THEN {occurred} >= {unknown} \
+             WHEN c.roident <> 0 THEN {ts} >= {since} OR {occurred} >= {unknown} \
+             ELSE {ts} >= {since} END"
         ),
-        (BY_COMMIT_TIMESTAMP, true, false) => format!(
-            "CASE WHEN c.timestamp IS NULL THEN {occurred} >= $2::float8 \
-             ELSE {ts} >= $1::float8 OR {occurred} >= $2::float8 END"
+        (true, true, false) => format!(
+            "CASE WHEN c.timestamp IS NULL THEN {occurred} >= {unknown} \
+             ELSE {ts} >= {since} OR {occurred} >= {unknown} END"
         ),
-        (BY_COMMIT_TIMESTAMP, false, true) => {
-            format!("c.roident <> 0 OR {ts} >= $1::float8")
+        (true, false, true) => {
+            format!("c.roident <> 0 OR {ts} >= {since}")
         }
-        (BY_COMMIT_TIMESTAMP, false, false) => format!("{ts} >= $1::float8"),
-        _ => return format!("{occurred} >= $1::float8"),
+        (true, false, false) => format!("{ts} >= {since}"),
+        (false, ..) => return format!("{occurred} >= {since}"),
     };
     let commit = if origins_known {
         "pg_xact_commit_timestamp_origin(o.xmin) AS c"

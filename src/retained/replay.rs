@@ -35,9 +35,10 @@ use tracing::info;
 
 use crate::config::Config;
 use crate::outbox::topic::validate_topic_name;
-use crate::pg::control::query_value;
+use crate::pg::control::{query_value, server_version_num};
 use crate::pg::{EventPosition, Lsn, PgConnectConfig, quote_ident};
 
+use super::repair::committed_since;
 use super::{BoundedSender, RetainedTable, micros_of, sql, tracks_commit_timestamps};
 use crate::pipeline::PipelineError;
 use crate::pipeline::poison::{MemoryParking, PoisonPolicyRouter, Route};
@@ -230,10 +231,39 @@ pub async fn replay_with(
         Err(_) => None,
     };
     match since_time {
-        Some(time) => filters.push(format!(
+        // The caller chose the rows by its own window (audit --repair, the
+        // live witness): from `since` by occurred_at.
+        Some(time) if options.only.is_some() => filters.push(format!(
             "o.occurred_at >= {}::text::timestamptz",
             param(time)
         )),
+        // Every transaction that committed at or after the time (review F7):
+        // occurred_at is its start, so a row from before the time may be
+        // one. By a local commit timestamp where tracked; otherwise (or
+        // unknown, or an origin's) every row from repair.occurred_at_margin_ms
+        // before the time goes (copies, never a gap).
+        Some(time) => {
+            let t = param(time);
+            let margin = param(format!(
+                "{} milliseconds",
+                config.repair.occurred_at_margin_ms
+            ));
+            let since = micros_of(&format!("{t}::text::timestamptz"));
+            let unknown = micros_of(&format!(
+                "({t}::text::timestamptz - {margin}::text::interval)"
+            ));
+            let by_commit = tracks_commit_timestamps(client).await?;
+            let origins_known = server_version_num(client).await? >= 140_000;
+            // Without commit timestamps the filter is occurred_at against
+            // its first bound.
+            let first = if by_commit { &since } else { &unknown };
+            filters.push(committed_since(
+                by_commit,
+                true,
+                origins_known,
+                (first, &unknown),
+            ));
+        }
         None => {
             // An event id: find its row.
             let seq = names

@@ -87,7 +87,10 @@ async fn replay_by_time_aggregate_event_id_with_suffix_and_dry_run() {
     init_tracing();
     let fx = Fixture::new("replay").await;
     let ids = seed(&fx).await;
-    let config = fx.config();
+    let mut config = fx.config();
+    // The seeded rows are minutes apart: a margin of half a minute keeps
+    // "--since minute 2" from reaching back to minute 1.
+    config.repair.occurred_at_margin_ms = 30_000;
     let order = format!("{}.order", fx.topic_prefix);
     let invoice = format!("{}.invoice", fx.topic_prefix);
 
@@ -213,5 +216,63 @@ async fn replay_refuses_bad_times_unknown_event_ids_and_bad_suffixes() {
         .await
         .unwrap_err();
     assert!(matches!(&err, ReplayError::BadTopic { .. }), "{err}");
+    fx.cleanup().await;
+}
+
+/// Review F7: `replay --since TIME` sends every transaction that committed at
+/// or after TIME, also one that began before it (`occurred_at` is the
+/// transaction's start); a row written `repair.occurred_at_margin_ms` before
+/// TIME and committed long before is not sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_by_time_includes_transactions_that_began_before_and_committed_after() {
+    init_tracing();
+    let fx = Fixture::new("replaystraddle").await;
+    let table = fx.table.clone();
+    fx.admin
+        .execute(
+            &format!(
+                "INSERT INTO public.{table} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at)
+                 VALUES (gen_random_uuid(), 'order', 'old', 1, 'E', '{{}}'::jsonb, now() - interval '2 hours')"
+            ),
+            &[],
+        )
+        .await
+        .expect("an old row");
+    let mut client = common::admin_client().await;
+    let tx = client.transaction().await.expect("begin");
+    tx.execute(
+        &format!(
+            "INSERT INTO public.{table} (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload)
+             VALUES (gen_random_uuid(), 'order', 'straddle', 1, 'E', '{{}}'::jsonb)"
+        ),
+        &[],
+    )
+    .await
+    .expect("insert");
+    tx.execute("SELECT pg_sleep(1)", &[]).await.expect("sleep");
+    let since: String = tx
+        .query_one(
+            "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+            &[],
+        )
+        .await
+        .expect("the time between its start and its commit")
+        .get(0);
+    tx.commit().await.expect("commit");
+
+    let report = pipeline::replay(
+        &fx.config(),
+        &ReplayOptions {
+            dry_run: true,
+            ..options(&since, "")
+        },
+    )
+    .await
+    .expect("replay --since");
+    assert_eq!(
+        report.by_topic,
+        BTreeMap::from([(format!("{}.order", fx.topic_prefix), 1)]),
+        "the row of the transaction that committed after {since}, and not the one from two hours before"
+    );
     fx.cleanup().await;
 }
