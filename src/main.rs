@@ -231,6 +231,30 @@ fn limit_malloc_arenas() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn limit_malloc_arenas() {}
 
+/// The offset store for `parked` and `release` (review F12, F13): never
+/// created (a mistyped `offsets.path` would otherwise read as "nothing
+/// parked"), and a store a connector holds is named as such.
+fn existing_store(config: &Config, command: &str) -> anyhow::Result<OffsetStore> {
+    let path = &config.offsets.path;
+    if !path.exists() {
+        anyhow::bail!(
+            "no offset store at {} (offsets.path): no connector with this configuration has run here; \
+             check offsets.path (nothing was created)",
+            path.display()
+        );
+    }
+    match OffsetStore::open(path) {
+        Err(outbox_cdc::checkpoint::StoreError::Locked { .. }) => anyhow::bail!(
+            "offset store {}: a running connector holds it; `{command}` works on a stopped \
+             connector's store: stop the connector that uses offsets.path {}, run `{command}` again, \
+             then start it",
+            path.display(),
+            path.display()
+        ),
+        other => Ok(other?),
+    }
+}
+
 /// After an audit repair that left nothing missing: the coverage breaks the
 /// audited window covers are repaired, so `run` may start again (they are
 /// stored in the offset store, which a running connector holds).
@@ -383,7 +407,7 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
             aggregate_id,
         } => {
             let config = load(&config)?;
-            let store = OffsetStore::open(&config.offsets.path)?;
+            let store = existing_store(&config, "release")?;
             if store.release(&aggregate_type, &aggregate_id)? {
                 println!(
                     "released {aggregate_type}/{aggregate_id}: its next events go to their topic"
@@ -396,7 +420,7 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
         }
         Command::Parked { config } => {
             let config = load(&config)?;
-            let store = OffsetStore::open(&config.offsets.path)?;
+            let store = existing_store(&config, "parked")?;
             for p in store.parked()? {
                 println!(
                     "{}\t{}\tLSN {}\t{}",

@@ -780,6 +780,38 @@ async fn parked_and_release_work_on_a_stopped_connectors_store() {
     let store =
         outbox_cdc::checkpoint::OffsetStore::open(&fx.offsets_path()).expect("reopen store");
     assert!(!store.is_parked("order", "o-7").expect("is_parked"));
+
+    // Held by a running connector (here: this process): named as such, with
+    // what to do, not "give this one its own state directory" (review F13).
+    let (code, _, err) = run_cli(&["release", "--config", path, "order", "o-7"], &[]).await;
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("a running connector holds it"), "{err}");
+    assert!(!err.contains("its own state directory"), "{err}");
+    drop(store);
+
+    // A mistyped offsets.path: refused, and nothing is created there (review
+    // F12: `parked` printed nothing and exited 0, `release` said "was not
+    // parked", and both created the directory).
+    let typo = fx.offsets_path().with_file_name("offsetz");
+    let text = fx.config_text().replace(
+        &fx.offsets_path().display().to_string(),
+        &typo.display().to_string(),
+    );
+    let typo_config = config.with_file_name("typo.toml");
+    std::fs::write(&typo_config, text).expect("write config");
+    let typo_path = typo_config.to_str().expect("utf-8 path");
+    for args in [
+        vec!["parked", "--config", typo_path],
+        vec!["release", "--config", typo_path, "order", "o-7"],
+    ] {
+        let (code, out, err) = run_cli(&args, &[]).await;
+        assert_ne!(code, 0, "{args:?}: {out}{err}");
+        assert!(
+            err.contains("no offset store at") && err.contains("offsetz"),
+            "{args:?}: {err}"
+        );
+        assert!(!typo.exists(), "{args:?} created {}", typo.display());
+    }
     fx.cleanup().await;
 }
 
