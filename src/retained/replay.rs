@@ -270,16 +270,28 @@ pub async fn replay_with(
                 .aggregate_sequence
                 .as_deref()
                 .map_or("NULL".to_owned(), |s| format!("{}::int8", col(s)));
+            // By the column's own type, so that its index serves, and a
+            // uuid in any letter case matches (review F14).
+            let is_uuid = retained.columns.iter().any(|(c, oid)| {
+                c == &names.event_id && *oid == tokio_postgres::types::Type::UUID.oid()
+            });
+            let (matches, wanted) = match is_uuid {
+                true if !is_uuid_text(&options.since) => {
+                    return Err(ReplayError::UnknownEventId(options.since.clone()));
+                }
+                true => ("$1::text::uuid", options.since.to_ascii_lowercase()),
+                false => ("$1::text", options.since.clone()),
+            };
             let row = client
                 .query_opt(
                     &format!(
                         "SELECT o.occurred_at::text, {}::text, {}::text, {seq} FROM {table} AS o \
-                         WHERE {}::text = $1",
+                         WHERE {} = {matches}",
                         col(&names.aggregate_type),
                         col(&names.aggregate_id),
                         col(&names.event_id),
                     ),
-                    &[&options.since],
+                    &[&wanted],
                 )
                 .await
                 .map_err(&e)?
@@ -424,6 +436,16 @@ pub async fn replay_with(
     Ok(report)
 }
 
+/// The text form of a uuid: 8-4-4-4-12 hex digits, either case.
+fn is_uuid_text(text: &str) -> bool {
+    let b = text.as_bytes();
+    b.len() == 36
+        && b.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_hexdigit(),
+        })
+}
+
 /// Whether `text` is meant as a time (so a parse failure is a bad time, not
 /// an event id): it starts like `YYYY-MM-DD`.
 fn looks_like_time(text: &str) -> bool {
@@ -447,7 +469,7 @@ async fn check_time(client: &Client, flag: &'static str, text: &str) -> Result<(
     };
     if !is_rfc3339_shape(text) {
         return Err(bad(
-            "not of the form YYYY-MM-DDTHH:MM:SS[.fraction](Z|+HH:MM|-HH:MM)",
+            "not of the form YYYY-MM-DDTHH:MM:SS[.fraction](Z|+HH:MM|-HH:MM|+HH|-HH)",
         ));
     }
     client
@@ -494,6 +516,9 @@ fn is_rfc3339_shape(text: &str) -> bool {
     match &b[i..] {
         [b'Z' | b'z'] => true,
         [b'+' | b'-', h1, h2, b':', m1, m2] => [h1, h2, m1, m2].iter().all(|c| c.is_ascii_digit()),
+        // PostgreSQL's own text form (`2026-12-05 07:46:47.177317+00`), as
+        // `audit` prints its window (review F16).
+        [b'+' | b'-', h1, h2] => h1.is_ascii_digit() && h2.is_ascii_digit(),
         _ => false,
     }
 }
@@ -509,6 +534,7 @@ mod tests {
             "2026-12-01t10:00:00z",
             "2026-12-01 10:00:00+01:00",
             "2026-12-01T10:00:00.123456-05:30",
+            "2026-12-05 07:46:47.177317+00",
         ] {
             assert!(is_rfc3339_shape(ok), "{ok}");
         }
@@ -523,6 +549,14 @@ mod tests {
         ] {
             assert!(!is_rfc3339_shape(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn uuid_texts() {
+        assert!(is_uuid_text("05944465-069C-4a1e-9b7f-3d2f8f1a2b3c"));
+        assert!(!is_uuid_text("05944465069C4a1e9b7f3d2f8f1a2b3c"));
+        assert!(!is_uuid_text("05944465-069C-4a1e-9b7f-3d2f8f1a2b3g"));
+        assert!(!is_uuid_text("order-42"));
     }
 
     #[test]

@@ -144,7 +144,10 @@ async fn replay_by_time_aggregate_event_id_with_suffix_and_dry_run() {
 
     // From an event id: A from its sequence 2 on (3 although it is at minute
     // 2); the others from minute 3 on: B 2 (minute 4), C 1 and 2.
-    pipeline::replay(&config, &options(&ids[&("A".to_owned(), 2)], ".r3"))
+    // The id in capitals matches too (review F14: the uuid is compared as
+    // a uuid, not as text).
+    let upper = ids[&("A".to_owned(), 2)].to_uppercase();
+    pipeline::replay(&config, &options(&upper, ".r3"))
         .await
         .expect("replay from an event id");
 
@@ -190,6 +193,11 @@ async fn replay_refuses_bad_times_unknown_event_ids_and_bad_suffixes() {
             "{bad}: {err}"
         );
     }
+    // PostgreSQL's own text form, as `audit` prints its window (review F16).
+    let report = pipeline::replay(&config, &dry("2026-01-01 00:00:00.5+00", ""))
+        .await
+        .expect("PostgreSQL's text form of a time");
+    assert_eq!(report.total(), 7, "{report:?}");
     let err = pipeline::replay(
         &config,
         &ReplayOptions {
