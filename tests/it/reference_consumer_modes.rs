@@ -121,6 +121,16 @@ fn run_consumer(topic: &str, args: &[&str]) -> String {
 
 /// [`run_consumer`] on the topics `topic_regex` matches.
 fn run_consumer_matching(topic_regex: &str, args: &[&str]) -> String {
+    let (status, text) = run_consumer_to_exit(topic_regex, args);
+    assert!(
+        status.success(),
+        "the consumer failed ({status}); log:\n{text}"
+    );
+    text
+}
+
+/// Runs the consumer until it exits (at most [`RUN_LIMIT`]); its status and log.
+fn run_consumer_to_exit(topic_regex: &str, args: &[&str]) -> (std::process::ExitStatus, String) {
     let log_path: PathBuf = [
         env!("CARGO_TARGET_TMPDIR"),
         &format!("{}.log", common::unique_name("reference_consumer")),
@@ -166,11 +176,7 @@ fn run_consumer_matching(topic_regex: &str, args: &[&str]) -> String {
         std::thread::sleep(Duration::from_millis(100));
     };
     let text = std::fs::read_to_string(&log_path).expect("read the consumer log");
-    assert!(
-        status.success(),
-        "the consumer failed ({status}); log:\n{text}"
-    );
-    text
+    (status, text)
 }
 
 /// The consumer's final log line.
@@ -437,4 +443,59 @@ async fn dead_lettered_and_replayed_records_are_not_applied_by_default() {
         (4, 1, 0),
         "--apply-side-records reads all four (the replayed copy a duplicate); log:\n{applying_all}"
     );
+}
+
+/// Review F8: a value that does not fit its column (the effects table's `qty`
+/// is `bigint`, the consumer binds an `int4`) fails the same way every time:
+/// the consumer stops at once naming the clashing types, instead of retrying
+/// the record forever.
+#[tokio::test]
+async fn a_type_mismatch_stops_the_consumer_naming_the_types() {
+    let schema = common::unique_name("consumer_modes_types");
+    let admin = common::admin_client().await;
+    admin
+        .batch_execute(&format!(
+            "CREATE SCHEMA {schema};
+             CREATE TABLE {schema}.processed_events (consumer_name text NOT NULL, event_id uuid NOT NULL,
+                                                     PRIMARY KEY (consumer_name, event_id));
+             CREATE TABLE {schema}.effects (event_id uuid, order_id text, sku text, qty bigint);"
+        ))
+        .await
+        .expect("inbox tables");
+    let topic = common::unique_name("consumer_modes_types");
+    common::create_topic(&topic, 1, &[]).await;
+    let inbox_table = format!("{schema}.processed_events");
+    let effects_table = format!("{schema}.effects");
+    let started = Instant::now();
+    let (status, log) = tokio::task::spawn_blocking(move || {
+        produce_plain(&topic, &[("k".to_owned(), event_id(1))]);
+        let pg_url = common::pg_admin_url();
+        run_consumer_to_exit(
+            &format!("^{topic}$"),
+            &[
+                "--pg-url",
+                &pg_url,
+                "--inbox-table",
+                &inbox_table,
+                "--effects-table",
+                &effects_table,
+            ],
+        )
+    })
+    .await
+    .expect("produce and consume");
+    assert!(!status.success(), "the consumer must stop; log:\n{log}");
+    assert!(
+        log.contains("int8") && log.contains("i32"),
+        "the error names both types; log:\n{log}"
+    );
+    assert!(
+        !log.contains("retrying the same record"),
+        "not retried; log:\n{log}"
+    );
+    assert!(started.elapsed() < RUN_LIMIT);
+    admin
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .expect("drop the inbox schema");
 }

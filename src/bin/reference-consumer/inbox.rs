@@ -29,7 +29,10 @@ pub(crate) enum Outcome {
 pub(crate) enum InboxError {
     #[error("cannot connect to PostgreSQL: {0}")]
     Connect(#[from] PgError),
-    #[error("inbox transaction for event {event_id} ({place}) failed during {during}: {source}")]
+    #[error(
+        "inbox transaction for event {event_id} ({place}) failed during {during}: {}",
+        with_causes(source)
+    )]
     Sql {
         event_id: String,
         place: String,
@@ -51,12 +54,43 @@ impl InboxError {
                 }
                 match source.code() {
                     Some(code) => sqlstate_is_retryable(code.code()),
-                    // No SQLSTATE: the error came from the transport, not the server.
-                    None => source.as_db_error().is_none(),
+                    // No SQLSTATE: retried only when the transport failed
+                    // (an I/O error below it); a value that does not fit its
+                    // column's type fails the same way every time (review F8).
+                    None => caused_by_io(source),
                 }
             }
         }
     }
+}
+
+/// Whether an I/O error is among the causes of `e`.
+fn caused_by_io(e: &tokio_postgres::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if c.is::<std::io::Error>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// `e` and its causes, `: `-separated: tokio-postgres's own text of a
+/// client-side error ("error serializing parameter 3") does not say which
+/// types clash; its cause does.
+fn with_causes(e: &tokio_postgres::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// Connection exceptions (08), insufficient resources (53), operator
