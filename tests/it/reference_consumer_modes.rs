@@ -499,3 +499,66 @@ async fn a_type_mismatch_stops_the_consumer_naming_the_types() {
         .await
         .expect("drop the inbox schema");
 }
+
+/// Review F9: a record that cannot be deduplicated (no `event_id` header)
+/// stops the consumer, its offset uncommitted, with the way out named;
+/// `--pass-over-unusable` logs it, counts it and goes on. A second consumer
+/// name on the shipped effects table (keyed by event_id alone) is refused
+/// before it fails on its first event.
+#[tokio::test]
+async fn a_record_without_event_id_stops_the_consumer_unless_passed_over() {
+    let topic = common::unique_name("consumer_modes_unusable");
+    common::create_topic(&topic, 1, &[]).await;
+    let produced = topic.clone();
+    let (stopped, passed) = tokio::task::spawn_blocking(move || {
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", common::kafka_bootstrap())
+            .create()
+            .expect("producer");
+        producer
+            .send(BaseRecord::<str, str>::to(&produced).key("k").payload("{}"))
+            .unwrap_or_else(|(e, _)| panic!("send to {produced}: {e}"));
+        producer.flush(KAFKA_TIMEOUT).expect("flush");
+        produce_plain(&produced, &[("k".to_owned(), event_id(1))]);
+        let regex = format!("^{produced}$");
+        let stopped = run_consumer_to_exit(&regex, &["--no-inbox"]);
+        let passed = run_consumer_to_exit(&regex, &["--no-inbox", "--pass-over-unusable"]);
+        (stopped, passed)
+    })
+    .await
+    .expect("produce and consume");
+    let (status, log) = stopped;
+    assert!(!status.success(), "stops by default; log:\n{log}");
+    assert!(
+        log.contains("no event_id header") && log.contains("--pass-over-unusable"),
+        "names the record's fault and the way out; log:\n{log}"
+    );
+    let (status, log) = passed;
+    assert!(status.success(), "log:\n{log}");
+    let last = final_line(&log);
+    assert_eq!(
+        (field(last, "unusable"), field(last, "records")),
+        (1, 1),
+        "one passed over, the next one handled; log:\n{log}"
+    );
+
+    let output = Command::new(env!("CARGO_BIN_EXE_reference-consumer"))
+        .args([
+            "--consumer-name",
+            "billing",
+            "--pg-url",
+            &common::pg_admin_url(),
+        ])
+        .args(["--bootstrap-servers", &common::kafka_bootstrap()])
+        .args(["--exit-after-idle-ms", "1000"])
+        .env_remove("CONSUMER_EFFECTS_TABLE")
+        .env_remove("CONSUMER_NO_INBOX")
+        .output()
+        .expect("run the reference consumer");
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{err}");
+    assert!(
+        err.contains("effects table of its own"),
+        "refused with the way out: {err}"
+    );
+}

@@ -92,6 +92,17 @@ struct Args {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     no_inbox: bool,
+    /// Pass over a record that cannot be deduplicated (no `event_id` header,
+    /// or one that is not a uuid): logged at ERROR with where it is, counted
+    /// (`unusable=`) and its offset committed. Off by default: such a record
+    /// stops the consumer with its offset uncommitted, on every start, until
+    /// it is dealt with (a consumer cannot apply it at most once).
+    #[arg(
+        long,
+        env = "CONSUMER_PASS_OVER_UNUSABLE",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pass_over_unusable: bool,
     /// Apply dead-lettered records and records of replay topics too. Off by
     /// default: they match `^outbox\..*` but are not live events (a
     /// dead-lettered event and its parked successors would be applied out of
@@ -126,8 +137,9 @@ struct Args {
     /// rebalance. Create topics before the consumers start, or do not use it.
     #[arg(long, env = "CONSUMER_INSTANCE_ID")]
     instance_id: Option<String>,
-    /// The consumer's name in the inbox (one inbox serves several consumers).
-    #[arg(long, env = "CONSUMER_NAME", default_value = "inventory")]
+    /// The consumer's name in the inbox (one inbox serves several consumers;
+    /// each needs an effects table of its own).
+    #[arg(long, env = "CONSUMER_NAME", default_value = DEFAULT_CONSUMER_NAME)]
     consumer_name: String,
     /// Topics to read: a regular expression (librdkafka syntax, must start with `^`).
     #[arg(long, env = "CONSUMER_TOPIC_REGEX", default_value = r"^outbox\..*")]
@@ -143,7 +155,7 @@ struct Args {
     #[arg(
         long,
         env = "CONSUMER_EFFECTS_TABLE",
-        default_value = "public.inventory_reservations"
+        default_value = DEFAULT_EFFECTS_TABLE
     )]
     effects_table: String,
     /// Consumer session timeout, in milliseconds.
@@ -159,6 +171,9 @@ struct Args {
     #[arg(long = "kafka", value_name = "KEY=VALUE")]
     kafka: Vec<String>,
 }
+
+const DEFAULT_CONSUMER_NAME: &str = "inventory";
+const DEFAULT_EFFECTS_TABLE: &str = "public.inventory_reservations";
 
 /// `--isolation`: librdkafka's `isolation.level`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -220,6 +235,8 @@ struct Counts {
     duplicates: u64,
     /// Dead-lettered and replayed records, not applied.
     side_records: u64,
+    /// Records without a usable event_id, passed over (--pass-over-unusable).
+    unusable: u64,
 }
 
 /// How a record is recognised as seen before.
@@ -261,6 +278,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 QualifiedTable::parse(&args.inbox_table).context("invalid --inbox-table")?;
             let effects_table =
                 QualifiedTable::parse(&args.effects_table).context("invalid --effects-table")?;
+            // The shipped effects table keys its rows by event_id alone: a
+            // second consumer name applying the same events there fails on
+            // its first event (review F9, E7).
+            if args.consumer_name != DEFAULT_CONSUMER_NAME
+                && args.effects_table == DEFAULT_EFFECTS_TABLE
+            {
+                anyhow::bail!(
+                    "--consumer-name {:?} with the shipped effects table {DEFAULT_EFFECTS_TABLE}, whose primary key \
+                     is event_id alone: consumer {DEFAULT_CONSUMER_NAME:?} applies the same events there, so the \
+                     second name fails on its first event. Give this consumer an effects table of its own \
+                     (--effects-table or CONSUMER_EFFECTS_TABLE); the inbox table is shared by name",
+                    args.consumer_name
+                );
+            }
             Some(Inbox::new(
                 pg,
                 args.consumer_name.clone(),
@@ -365,8 +396,34 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
             continue;
         }
-        let rec = parse_message(&message)
-            .context("refusing to skip a record that cannot be deduplicated")?;
+        let rec = match parse_message(&message) {
+            Ok(rec) => rec,
+            Err(e) if args.pass_over_unusable => {
+                counts.unusable += 1;
+                error!(
+                    topic = message.topic(),
+                    partition = message.partition(),
+                    offset = message.offset(),
+                    error = %e,
+                    "passed over (--pass-over-unusable): a record that cannot be deduplicated is not applied"
+                );
+                if !commit_offset(&consumer, &message, max_backoff).await {
+                    warn!(
+                        topic = message.topic(),
+                        offset = message.offset(),
+                        "offset not committed; the record is passed over again after a restart"
+                    );
+                }
+                continue;
+            }
+            Err(e) => {
+                return Err(e).context(
+                    "refusing to skip a record that cannot be deduplicated (its offset stays \
+                     uncommitted, so every start stops here): fix or remove its producer's record, \
+                     or pass it over with --pass-over-unusable (CONSUMER_PASS_OVER_UNUSABLE=true)",
+                );
+            }
+        };
         match &mut dedupe {
             Dedupe::Inbox(inbox) => {
                 let Some(outcome) = apply_with_retry(inbox, &rec, max_backoff, &mut stop).await?
@@ -419,6 +476,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             duplicates = counts.duplicates,
             applied = counts.applied,
             side_records = counts.side_records,
+            unusable = counts.unusable,
             "stopping"
         ),
         Dedupe::Memory(_) => info!(
@@ -426,6 +484,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             duplicates = counts.duplicates,
             distinct = counts.records - counts.duplicates,
             side_records = counts.side_records,
+            unusable = counts.unusable,
             "stopping"
         ),
     }
