@@ -3,8 +3,8 @@
 --
 -- A consumer inserts (consumer_name, event_id) with ON CONFLICT DO NOTHING
 -- RETURNING in the same transaction as its business change, and applies the
--- change only when the insert returned a row. Keep rows at least as long as
--- events can be replayed (slot backlog + Kafka retention).
+-- change only when the insert returned a row. How long to keep rows:
+-- 004_inbox_retention.sql.
 --
 -- Idempotent: safe to apply again on every deploy.
 

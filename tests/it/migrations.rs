@@ -166,6 +166,17 @@ async fn check_migrations(db: &str, slot: &str) {
         .map(|r| r.get(0))
         .collect();
     assert_eq!(tables, ["public.outbox_events"]);
+    // The inbox's retention DELETE is served by an index (review F5).
+    let index: bool = client
+        .query_one(
+            "SELECT EXISTS (SELECT FROM pg_indexes WHERE schemaname = 'public' \
+             AND tablename = 'processed_events' AND indexdef LIKE '%(processed_at)%')",
+            &[],
+        )
+        .await
+        .expect("read pg_indexes")
+        .get(0);
+    assert!(index, "no index on processed_events.processed_at");
     let outbox_role: bool = client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outbox')",
