@@ -54,6 +54,7 @@ pub(crate) struct RetainedTable {
     pub(crate) columns: Vec<(String, u32)>,
     mapper: OutboxMapper,
     bound: BoundRelation,
+    relation: Relation,
 }
 
 impl RetainedTable {
@@ -89,6 +90,7 @@ impl RetainedTable {
             columns,
             mapper,
             bound,
+            relation,
         })
     }
 
@@ -127,8 +129,27 @@ impl RetainedTable {
         row: &Row,
         ctx: &ChangeContext,
     ) -> Result<Result<OutboxEvent, MapError>, PipelineError> {
+        let tuple = self.tuple(row)?;
+        Ok(self.mapper.map_insert(&self.bound, &tuple, ctx))
+    }
+
+    /// The row as the stream dead-letters an insert it cannot map: its
+    /// columns by name as a JSON object, values over `max_bytes` in all
+    /// shortened (review F15: a replay sent `{}`).
+    pub(crate) fn row_json(&self, row: &Row, max_bytes: usize) -> Result<Bytes, PipelineError> {
+        let tuple = self.tuple(row)?;
+        Ok(crate::pipeline::poison::row_as_json(
+            Some(&self.relation),
+            &tuple,
+            max_bytes,
+        ))
+    }
+
+    /// The first `columns.len()` fields of a row read with
+    /// [`Self::select_list`], as a streamed insert carries them (text).
+    fn tuple(&self, row: &Row) -> Result<TupleData, PipelineError> {
         let e = sql("reading retained outbox rows");
-        let values: Vec<ColumnValue> = (0..self.columns.len())
+        let columns = (0..self.columns.len())
             .map(|i| {
                 Ok(match row.try_get::<_, Option<String>>(i).map_err(&e)? {
                     Some(text) => ColumnValue::Text(Bytes::from(text)),
@@ -136,8 +157,7 @@ impl RetainedTable {
                 })
             })
             .collect::<Result<_, PipelineError>>()?;
-        let tuple = TupleData { columns: values };
-        Ok(self.mapper.map_insert(&self.bound, &tuple, ctx))
+        Ok(TupleData { columns })
     }
 }
 

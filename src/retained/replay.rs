@@ -173,6 +173,16 @@ pub enum ReplayError {
     },
     #[error("cannot replay from {table}: {reason}")]
     Unsupported { table: String, reason: String },
+    #[error(
+        "replay stopped after {sent} record(s) were sent ({acknowledged} acknowledged by Kafka); a rerun \
+         sends them again, which consumers deduplicating by event_id absorb: {source}"
+    )]
+    Stopped {
+        sent: u64,
+        acknowledged: u64,
+        #[source]
+        source: Box<ReplayError>,
+    },
     #[error(transparent)]
     Pipeline(#[from] PipelineError),
 }
@@ -385,55 +395,74 @@ pub async fn replay_with(
         ..ReplayReport::default()
     };
     let mut seen: u64 = 0;
-    while let Some(row) = rows.next().await {
-        let (mapped, commit_time) = retained.read(&row.map_err(&e)?, at)?;
-        // An unmappable row has no event id to match; it is not wanted.
-        let wanted = options
-            .only
-            .as_ref()
-            .is_none_or(|only| matches!(&mapped, Ok(event) if only.contains(&event.event_id)));
-        // Rows not wanted are still routed when parking is this replay's
-        // own: a poison row among them parks its aggregate, so that a wanted
-        // row after it goes to the dead-letter topic, not past it (review
-        // F1). The offset store's parking is the connector's: only its
-        // stream parks there.
-        if !wanted && options.parking.is_some() {
-            continue;
-        }
-        let raw = || Bytes::from_static(b"{}");
-        let mut event =
-            match router.route(mapped, raw, parking, EventPosition::at(at), commit_time)? {
-                Route::Publish(event) | Route::DeadLetter(event) => event,
+    let mut acknowledged: u64 = 0;
+    let max_raw = config.outbox.max_record_bytes / 2;
+    let sending = async {
+        while let Some(row) = rows.next().await {
+            let row = row.map_err(&e)?;
+            let (mapped, commit_time) = retained.read(&row, at)?;
+            // An unmappable row has no event id to match; it is not wanted.
+            let wanted = options
+                .only
+                .as_ref()
+                .is_none_or(|only| matches!(&mapped, Ok(event) if only.contains(&event.event_id)));
+            // Rows not wanted are still routed when parking is this replay's
+            // own: a poison row among them parks its aggregate, so that a wanted
+            // row after it goes to the dead-letter topic, not past it (review
+            // F1). The offset store's parking is the connector's: only its
+            // stream parks there.
+            if !wanted && options.parking.is_some() {
+                continue;
+            }
+            let raw_json = match &mapped {
+                Err(_) => Some(retained.row_json(&row, max_raw)?),
+                Ok(_) => None,
             };
-        if !wanted {
-            continue;
-        }
-        if let Some(value) = options.mark_repaired {
-            (event.headers).push((H_REPAIRED.into(), Bytes::from_static(value.as_bytes())));
-        }
-        if !options.topic_suffix.is_empty() {
-            event.topic.push_str(&options.topic_suffix);
-            if let Err(reason) = validate_topic_name(&event.topic) {
-                return Err(ReplayError::BadTopic {
-                    suffix: options.topic_suffix.clone(),
-                    topic: event.topic,
-                    reason: reason.to_string(),
-                });
+            let raw = || raw_json.unwrap_or_default();
+            let mut event =
+                match router.route(mapped, raw, parking, EventPosition::at(at), commit_time)? {
+                    Route::Publish(event) | Route::DeadLetter(event) => event,
+                };
+            if !wanted {
+                continue;
+            }
+            if let Some(value) = options.mark_repaired {
+                (event.headers).push((H_REPAIRED.into(), Bytes::from_static(value.as_bytes())));
+            }
+            if !options.topic_suffix.is_empty() {
+                event.topic.push_str(&options.topic_suffix);
+                if let Err(reason) = validate_topic_name(&event.topic) {
+                    return Err(ReplayError::BadTopic {
+                        suffix: options.topic_suffix.clone(),
+                        topic: event.topic,
+                        reason: reason.to_string(),
+                    });
+                }
+            }
+            if let Some(sender) = sender.as_mut() {
+                acknowledged += sender.send(&event).await?;
+            }
+            *report.by_topic.entry(event.topic).or_default() += 1;
+            seen += 1;
+            if seen.is_multiple_of(10_000) {
+                info!(rows = seen, "replay progress");
             }
         }
         if let Some(sender) = sender.as_mut() {
-            sender.send(&event).await?;
+            acknowledged += sender.finish().await?;
         }
-        *report.by_topic.entry(event.topic).or_default() += 1;
-        seen += 1;
-        if seen.is_multiple_of(10_000) {
-            info!(rows = seen, "replay progress");
-        }
+        Ok::<(), ReplayError>(())
+    };
+    match sending.await {
+        Ok(()) => Ok(report),
+        // What went out before the failure goes out again with a rerun.
+        Err(source) if seen > 0 && !options.dry_run => Err(ReplayError::Stopped {
+            sent: seen,
+            acknowledged,
+            source: Box::new(source),
+        }),
+        Err(e) => Err(e),
     }
-    if let Some(sender) = sender.as_mut() {
-        sender.finish().await?;
-    }
-    Ok(report)
 }
 
 /// The text form of a uuid: 8-4-4-4-12 hex digits, either case.

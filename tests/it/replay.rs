@@ -284,3 +284,69 @@ async fn replay_by_time_includes_transactions_that_began_before_and_committed_af
     );
     fx.cleanup().await;
 }
+
+/// Review F15: a row the connector cannot map goes to the dead-letter topic
+/// as the stream sends it there, its columns as a JSON object (values over
+/// the limit shortened), not as `{}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unmappable_row_is_dead_lettered_with_its_columns() {
+    init_tracing();
+    let fx = Fixture::new("replaydlq").await;
+    let dlq_topic = format!("{}.dlq", fx.topic_prefix);
+    let env = format!(
+        "OUTBOX_CDC__OUTBOX__ON_POISON=dead-letter OUTBOX_CDC__OUTBOX__DEAD_LETTER_TOPIC={dlq_topic} \
+         OUTBOX_CDC__OUTBOX__MAX_RECORD_BYTES=2000"
+    );
+    let huge = format!(r#"{{"blob": "{}"}}"#, "x".repeat(5000));
+    let poison = fx.write_tx(&[("order", "a1", huge)], true).await;
+    pipeline::replay(
+        &fx.config_with(&env),
+        &options("2000-01-01T00:00:00Z", ".r"),
+    )
+    .await
+    .expect("replay");
+    let records = consume(&fx.topic_prefix, 1, TIMEOUT, Duration::from_secs(1));
+    assert_eq!(records.len(), 1, "{records:?}");
+    let record = &records[0];
+    assert_eq!(record.topic, format!("{dlq_topic}.r"));
+    let payload: serde_json::Value = serde_json::from_str(&record.payload)
+        .unwrap_or_else(|e| panic!("the payload is JSON ({e}): {record:?}"));
+    assert_eq!(payload["aggregate_id"], "a1", "{payload}");
+    assert_eq!(payload["event_id"], poison[0].as_str(), "{payload}");
+    assert!(
+        payload["payload"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("(omitted:")),
+        "the oversized value is shortened: {payload}"
+    );
+    fx.cleanup().await;
+}
+
+/// Review F16: a replay that stops part-way (here at a poison row with
+/// `on_poison = "fail"`) says how many records it had sent and that a rerun
+/// sends them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_stopped_part_way_says_what_it_had_sent() {
+    init_tracing();
+    let fx = Fixture::new("replaystop").await;
+    let env = "OUTBOX_CDC__OUTBOX__ON_POISON=fail OUTBOX_CDC__OUTBOX__MAX_RECORD_BYTES=2000";
+    fx.write_tx(&[("order", "a1", r#"{"n": 1}"#.into())], true)
+        .await;
+    let huge = format!(r#"{{"blob": "{}"}}"#, "x".repeat(5000));
+    let poison = fx.write_tx(&[("order", "a2", huge)], true).await;
+    let err = pipeline::replay(&fx.config_with(env), &options("2000-01-01T00:00:00Z", ".r"))
+        .await
+        .unwrap_err();
+    match &err {
+        ReplayError::Stopped { sent, source, .. } => {
+            assert_eq!(*sent, 1, "{err}");
+            assert!(source.to_string().contains(&poison[0]), "{err}");
+        }
+        other => panic!("expected a stop that counts what was sent: {other}"),
+    }
+    assert!(
+        err.to_string().contains("a rerun sends them again"),
+        "{err}"
+    );
+    fx.cleanup().await;
+}
