@@ -10,6 +10,9 @@
 #           /dev/null up to the backlog's end LSN: the physical limit of
 #           server-side decoding on this machine;
 #       (b) outbox-cdc (release build) drains the other slot into Kafka
+#           (its slot created by the connector itself, started and stopped
+#           before the backlog is written, so that the live witness checks
+#           every row of the backlog, as in production)
 #           (acks=all) until its acked LSN (/metrics outbox_cdc_acked_lsn,
 #           which is persisted and reported to PostgreSQL) reaches the end LSN;
 #           once per connector variant (BENCH_VARIANTS; by default both
@@ -34,7 +37,8 @@
 #     visible only once their Kafka transaction commits; for at-least-once it
 #     makes no difference); the connector's own commit-to-ack histogram is
 #     reported beside it. Slot lag (pg_current_wal_lsn - confirmed_flush_lsn)
-#     is sampled every 200 ms.
+#     is sampled every 200 ms. The connector's CPU seconds from just before
+#     pgbench starts to when the consumer has read every event, per event.
 #  3. One large transaction, pgoutput protocol 1 vs 2 (BENCH_PHASES=bigtx).
 #     Alternating [postgres] streaming = off and on, BENCH_BIGTX_RUNS times
 #     each: a slot and a topic of its own, the connector (the first variant,
@@ -344,13 +348,16 @@ perf_pid=0
 # Starts the connector in the background; sets conn_pid and conn_port, and
 # perf_pid when BENCH_PERF is set and this is a drain (perf runs the connector
 # as its child, so threads created later, e.g. librdkafka's, are sampled too).
+# With conn_keep_offsets=1 the offsets of an earlier start under the same
+# name stay (a drain after its priming); with conn_create_slot=true the
+# connector creates its slot.
 start_connector() {
   local slot=$1 name=$2 topic_template=${3:-"$topic_prefix.{aggregate_type}"}
   local wrapper=()
   conn_port=$(free_port)
-  rm -rf "$run/offsets-$name"
+  [[ ${conn_keep_offsets:-0} == 1 ]] || rm -rf "$run/offsets-$name"
   perf_pid=0
-  if [[ -n "${BENCH_PERF:-}" && $name == drain* ]]; then
+  if [[ -n "${BENCH_PERF:-}" && $name == drain* && ${conn_create_slot:-false} == false ]]; then
     # Software clock: works without access to hardware counters.
     wrapper=(perf record -q -e cpu-clock -F "${BENCH_PERF_FREQ:-499}" --call-graph "dwarf,32768"
              -o "$run/perf-$name.data" --)
@@ -358,7 +365,7 @@ start_connector() {
   OUTBOX_CDC__POSTGRES__URL="$DB_URL" \
   OUTBOX_CDC__POSTGRES__SLOT="$slot" \
   OUTBOX_CDC__POSTGRES__PUBLICATION=outbox_pub \
-  OUTBOX_CDC__POSTGRES__CREATE_SLOT=false \
+  OUTBOX_CDC__POSTGRES__CREATE_SLOT="${conn_create_slot:-false}" \
   OUTBOX_CDC__POSTGRES__CREATE_PUBLICATION=false \
   OUTBOX_CDC__OUTBOX__TOPIC="$topic_template" \
   OUTBOX_CDC__KAFKA__BOOTSTRAP_SERVERS="$OUTBOX_CDC_TEST_KAFKA" \
@@ -445,8 +452,11 @@ drain() {
   topics+=("$topic")
   sql -c "TRUNCATE public.outbox_events, public.outbox_aggregate_sequences" >/dev/null
   # Every slot exists before the backlog is written, so each sees all of it.
+  # Each variant's connector creates its own slot and stops (priming): as in
+  # production, the slot's creation gives the live witness its start, so the
+  # witness checks every row of the backlog during the drain.
   create_slot "$rl_slot"
-  for k in "${!variants[@]}"; do create_slot "bench_${id}_cdc${tx}_$k"; done
+  for k in "${!variants[@]}"; do prime_connector "$k" "$tx" "bench_${id}_cdc${tx}_$k"; done
   if [[ -z $peer_reason ]]; then create_slot "bench_${id}_dbz$tx"; fi
 
   log "drain tx=$tx: writing $EVENTS events in transactions of $tx"
@@ -569,13 +579,28 @@ PROPS
 
 # Runs the connector (conn_bin, conn_env) on one slot until its acked LSN
 # reaches the end; its figures go to connector-drain<tx>_<k>.json.
+# Variant $1's connector creates slot $3 for the drain of tx=$2, connects
+# and stops, before the backlog is written.
+prime_connector() {
+  local k=$1 tx=$2 slot=$3
+  local name="drain${tx}_$k"
+  use_variant "$k"
+  log "drain tx=$tx [$variant_name]: the connector creates slot $slot (priming)"
+  conn_create_slot=true start_connector "$slot" "$name"
+  bench wait-metric --pid "$conn_pid" --metrics "http://127.0.0.1:$conn_port/metrics" \
+    --name outbox_cdc_connected --at-least 1 --timeout 60 --log "$run/connector-$name.log" ||
+    die "drain tx=$tx [$variant_name]: the connector did not create its slot"
+  cp "$run/connector-$name.log" "$run/connector-$name-priming.log"
+  stop_pid "$conn_pid"
+}
+
 drain_connector() {
   local tx=$1 variant=$2 slot=$3 end_lsn=$4 k=$5
   local name="drain${tx}_$k" started kpid
   log "drain tx=$tx [$variant]: outbox-cdc → Kafka (acks=all) until acked LSN >= $end_lsn"
   kpid=$(kafka_pid)
   started=$EPOCHREALTIME
-  start_connector "$slot" "$name"
+  conn_keep_offsets=1 start_connector "$slot" "$name"
   bench wait-lsn --pid "$conn_pid" --metrics "http://127.0.0.1:$conn_port/metrics" --end-lsn "$end_lsn" \
     --events "$EVENTS" --started "$started" --timeout "$DRAIN_TIMEOUT" --slot "$slot" --db-url "$ADMIN_DB_URL" \
     --kafka-pid "$kpid" --log "$run/connector-$name.log" --label "drain tx=$tx [$variant]" \
@@ -629,8 +654,9 @@ SQL
   local watch_pid=$!
   pids+=("$watch_pid")
 
-  local rate_args=()
+  local rate_args=() cpu_before
   [[ -n "$RATE" ]] && rate_args=(-R "$RATE")
+  cpu_before=$(bench cpu-seconds --pid "$conn_pid")
   log "steady [$variant]: pgbench -c $CLIENTS -j $THREADS -T $STEADY_SECONDS ${rate_args[*]:-(max rate)}"
   "$PG_BIN/pgbench" -n -M prepared -f bench/steady.pgbench -c "$CLIENTS" -j "$THREADS" \
     -T "$STEADY_SECONDS" -P 5 "${rate_args[@]}" "$ADMIN_DB_URL" >"$run/pgbench$sfx.log" 2>&1 \
@@ -640,7 +666,7 @@ SQL
     --pgbench-log "$run/pgbench$sfx.log" --log "$run/connector-steady$k.log" --label "steady [$variant]" \
     --variant "$variant" --settings "$( [[ ${variants[$k]} == *:* ]] && printf '%s' "${variants[$k]#*:}" )" \
     --seconds "$STEADY_SECONDS" --clients "$CLIENTS" --threads "$THREADS" --rate "$RATE" \
-    --out "$run/steady$sfx.json" || die "steady [$variant]"
+    --cpu-before "$cpu_before" --out "$run/steady$sfx.json" || die "steady [$variant]"
   touch "$stop"
   wait "$consumer_pid" || log "warning: the consumer failed: $(tail -3 "$clog")"
   stop_pid "$watch_pid"

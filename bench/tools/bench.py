@@ -293,7 +293,8 @@ def report(run_dir, json_out, png_out):
             print(
                 f"bench: steady [{s.get('variant', 'default')}]: {s.get('tps')} tps, {s['events']} events, "
                 f"commit-to-visible (read_committed) p50 {s['p50_ms']} ms, p99 {s['p99_ms']} ms, "
-                f"p99.9 {s['p999_ms']} ms, max {s['max_ms']} ms, peak RSS {s['peak_rss_mib']} MiB; "
+                f"p99.9 {s['p999_ms']} ms, max {s['max_ms']} ms, peak RSS {s['peak_rss_mib']} MiB, "
+                f"connector CPU {s.get('connector_cpu_us_per_event')} us/event; "
                 f"connector stages p50/p99 ms: {stages}",
                 flush=True,
             )
@@ -723,11 +724,20 @@ def cmd_wait_metric(a):
 def cmd_watch_steady(a):
     res = measure.watch_steady(a.pid, a.db_url, a.latency, a.timeout, a.metrics, a.metrics_out,
                                a.pgbench_log, a.label, a.log)
+    # The connector's CPU from just before pgbench began to when the consumer
+    # had read every event (--cpu-before: its CPU seconds then).
+    cpu = round(measure.cpu_s(a.pid) - a.cpu_before, 3) if a.cpu_before is not None else None
     write_json(a.out, {
         "variant": a.variant, "variant_settings": a.settings, "tps": res["tps"], "events": res["events"],
         "seconds": a.seconds, "clients": a.clients, "threads": a.threads,
         "rate_limit_tps": a.rate or "none", "peak_rss_mib": res["peak_rss_mib"],
+        "connector_cpu_s": cpu,
+        "connector_cpu_us_per_event": round(1e6 * cpu / res["events"], 1) if cpu and res["events"] else None,
     })
+
+
+def cmd_cpu_seconds(a):
+    print(measure.cpu_s(a.pid))
 
 
 def cmd_run_measured(a):
@@ -907,6 +917,10 @@ def parser():
     add(c, "db-url", "latency", "metrics", "metrics-out", "pgbench-log", "label", "variant", "out")
     add(c, "log", required=False)
     add(c, "settings", "rate", required=False, default="")
+    add(c, "cpu-before", type=float, required=False)
+
+    c = command("cpu-seconds", cmd_cpu_seconds, "CPU seconds a process has used so far")
+    add(c, "pid", type=int)
 
     c = command("run-measured", cmd_run_measured, "run a command to its end; peak RSS, CPU, wall time")
     add(c, "timeout", type=float)

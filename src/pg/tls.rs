@@ -3,6 +3,8 @@
 //! - prefer/require: encryption only. Any certificate is accepted, but the
 //!   handshake signatures are still verified, so the peer must hold the key of
 //!   the certificate it presented (libpq's behaviour without a root cert).
+//! - require with `sslrootcert`: as verify-ca, as libpq does when a root CA
+//!   file is given (review A1).
 //! - verify-ca: the chain must lead to a root in `sslrootcert`; the host name
 //!   is not checked.
 //! - verify-full: chain as above and the certificate must name the host.
@@ -85,11 +87,15 @@ pub(crate) fn client_config(
         .map_err(|e| TlsConfigError::Rustls(e.to_string()))?;
     let verifier: Arc<dyn ServerCertVerifier> = match settings.mode {
         SslMode::Disable => return Ok(None),
-        SslMode::Prefer | SslMode::Require => Arc::new(WithoutHostName {
+        SslMode::Prefer => Arc::new(WithoutHostName {
             roots: None,
             algorithms: provider.signature_verification_algorithms,
         }),
-        SslMode::VerifyCa => Arc::new(WithoutHostName {
+        SslMode::Require if settings.root_cert.is_none() => Arc::new(WithoutHostName {
+            roots: None,
+            algorithms: provider.signature_verification_algorithms,
+        }),
+        SslMode::Require | SslMode::VerifyCa => Arc::new(WithoutHostName {
             roots: Some(Arc::new(load_roots(settings)?)),
             algorithms: provider.signature_verification_algorithms,
         }),
@@ -208,6 +214,20 @@ mod tests {
             };
             assert!(client_config(&s).unwrap().is_some());
         }
+    }
+
+    #[test]
+    fn require_with_a_root_file_verifies_the_chain() {
+        // Read as verify-ca: an unreadable root file is an error, as it is
+        // there (libpq reads it too).
+        let s = TlsSettings {
+            mode: SslMode::Require,
+            root_cert: Some(PathBuf::from("/nonexistent/ca.pem")),
+        };
+        assert!(matches!(
+            client_config(&s),
+            Err(TlsConfigError::ReadRoot { .. })
+        ));
     }
 
     #[test]

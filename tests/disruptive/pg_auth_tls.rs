@@ -775,6 +775,26 @@ async fn tls_modes_against_the_server_with_a_test_certificate() {
         .expect("an unknown CA is refused");
         assert!(matches!(e, PgError::Tls { .. }), "{e:?}");
 
+        // require with sslrootcert verifies the chain as libpq does (review
+        // A1): the right CA passes, another is refused, on both connections.
+        let client = t
+            .with(&format!("sslmode=require sslrootcert={ca}"))
+            .connect_sql()
+            .await
+            .expect("require with the server's CA");
+        assert!(ssl_in_use(&client).await);
+        let wrong = t.with(&format!("sslmode=require sslrootcert={other_ca}"));
+        let e = wrong
+            .connect_sql()
+            .await
+            .expect_err("require with another CA is refused");
+        assert!(matches!(e, PgError::Tls { .. }), "{e:?}");
+        let e = ReplicationConnection::connect(&wrong, "outbox-cdc-tls")
+            .await
+            .err()
+            .expect("require with another CA is refused (replication)");
+        assert!(matches!(e, PgError::Tls { .. }), "{e:?}");
+
         // channel_binding=require: SCRAM-SHA-256-PLUS bound to the server's
         // certificate, on both connections (each refuses anything else).
         for mode in ["require", &format!("verify-ca sslrootcert={ca}")] {
