@@ -197,15 +197,14 @@ impl Witness {
                 from_xid = mark.xmax,
                 "live witness: rows of transactions from this id on are checked"
             );
-            store.save_witness_position(
-                &slot,
-                &WitnessPosition {
-                    system_id,
-                    checked_below_xid: mark.xmax,
-                    look_from_micros: mark.look_from_micros,
-                },
-            )?;
-            self.marks.push_back(mark);
+            let first = WitnessPosition {
+                system_id,
+                checked_below_xid: mark.xmax,
+                look_from_micros: mark.look_from_micros,
+            };
+            if store.replace_witness_position(&slot, None, &first)? {
+                self.marks.push_back(mark);
+            }
             self.metrics.reconcile_round(0, Duration::ZERO);
             return Ok(());
         };
@@ -232,6 +231,13 @@ impl Witness {
         let margin = (self.config.reconcile.settle_margin_ms as i64) * 1000;
         let look_from = position.look_from_micros.saturating_sub(margin);
         let delivered = tokio::task::block_in_place(|| store.witness_fingerprints(&slot))?;
+        // A slot (re)created since the round began cleared the pages and
+        // set a new position: this round's window belongs to the old slot,
+        // whose deliveries are no longer in the pages. Start over.
+        if store.witness_position(&slot)?.as_ref() != Some(&position) {
+            self.restart_after_new_slot();
+            return Ok(());
+        }
         let (checked, missing) = self
             .compare(client, &table, look_from, (lo, hi), &delivered)
             .await?;
@@ -240,14 +246,15 @@ impl Witness {
             self.republish(client, store, &system_id, look_from, (lo, hi), &missing)
                 .await?;
         }
-        store.save_witness_position(
-            &slot,
-            &WitnessPosition {
-                system_id,
-                checked_below_xid: hi,
-                look_from_micros: mark.look_from_micros,
-            },
-        )?;
+        let next = WitnessPosition {
+            system_id,
+            checked_below_xid: hi,
+            look_from_micros: mark.look_from_micros,
+        };
+        if !store.replace_witness_position(&slot, Some(&position), &next)? {
+            self.restart_after_new_slot();
+            return Ok(());
+        }
         self.marks.push_back(mark);
         let mut expire = None;
         while let Some(m) = self.marks.front().filter(|m| m.xmax <= hi) {
@@ -267,6 +274,15 @@ impl Witness {
             "live witness: round done"
         );
         Ok(())
+    }
+
+    /// The slot was (re)created during a round: its marks were the old
+    /// slot's pages.
+    fn restart_after_new_slot(&mut self) {
+        self.marks.clear();
+        info!(
+            "live witness: the slot was created anew during a round; checking from its new position"
+        );
     }
 
     /// Waits until the durable acknowledged position reaches `lsn`; false

@@ -198,25 +198,31 @@ async fn huge_and_rolled_back_transactions_publish_every_committed_row_once_in_o
         // it, which a test on the shared servers cannot rule out (PostgreSQL
         // 17 spilled 14,682,304 bytes once beside 400MB+ streamed). The
         // bench measures the server's spill alone (docs/performance.md).
-        let slot = f.slot.clone();
-        let admin = &f.admin;
-        eventually(
-            "the slot's statistics to show two transactions streamed, and under a tenth as many bytes spilled",
-            Duration::from_secs(30),
-            || async {
-                let row = admin
-                    .query_one(
-                        "SELECT stream_txns, stream_bytes, spill_bytes FROM pg_stat_replication_slots WHERE slot_name = $1",
-                        &[&slot],
-                    )
-                    .await
-                    .unwrap();
-                let (streamed, streamed_bytes, spilled): (i64, i64, i64) =
-                    (row.get(0), row.get(1), row.get(2));
-                streamed >= 2 && spilled * 10 < streamed_bytes
-            },
-        )
-        .await;
+        // Statistics reach pg_stat_replication_slots with a delay; the
+        // last values read are in the failure message.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let row = f
+                .admin
+                .query_one(
+                    "SELECT stream_txns, stream_bytes, spill_txns, spill_bytes FROM pg_stat_replication_slots WHERE slot_name = $1",
+                    &[&f.slot],
+                )
+                .await
+                .unwrap();
+            let (streamed, streamed_bytes, spill_txns, spilled): (i64, i64, i64, i64) =
+                (row.get(0), row.get(1), row.get(2), row.get(3));
+            if streamed >= 2 && spilled * 10 < streamed_bytes {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the slot's statistics did not show two transactions streamed and under a tenth as many bytes \
+                 spilled within 60 s: stream_txns {streamed}, stream_bytes {streamed_bytes}, spill_txns \
+                 {spill_txns}, spill_bytes {spilled}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
     }
     connector.stop().await.unwrap();
     f.cleanup().await;

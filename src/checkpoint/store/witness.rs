@@ -207,6 +207,54 @@ impl OffsetStore {
             .map(drop)
     }
 
+    /// Stores `position` only if the stored one is still `expected` (none
+    /// stored: `None`), atomically; false when another writer (a slot
+    /// created or recreated by the session meanwhile) changed it, which the
+    /// caller's round then must not overwrite with its older view.
+    pub fn replace_witness_position(
+        &self,
+        slot: &str,
+        expected: Option<&WitnessPosition>,
+        position: &WitnessPosition,
+    ) -> Result<bool, StoreError> {
+        let key = prefix(slot, POSITION_TAG);
+        let current = self.witness.get(&key).map_err(|source| StoreError::Read {
+            path: self.path.clone(),
+            key: position_key(slot),
+            source,
+        })?;
+        let decoded = current
+            .as_ref()
+            .map(|raw| {
+                decode_versioned::<PositionRecordV1>(raw)
+                    .map(|r| r.position)
+                    .map_err(|reason| self.corrupt(WITNESS_TREE, position_key(slot), reason))
+            })
+            .transpose()?;
+        if decoded.as_ref() != expected {
+            return Ok(false);
+        }
+        let record = PositionRecordV1 {
+            v: super::ENCODING_VERSION,
+            position: position.clone(),
+        };
+        let value = encode(&self.path, position_key(slot), &record)?;
+        let swapped = self
+            .witness
+            .compare_and_swap(key, current, Some(value))
+            .map_err(|source| StoreError::Write {
+                path: self.path.clone(),
+                op: "save witness position",
+                key: position_key(slot),
+                source,
+            })?;
+        if swapped.is_err() {
+            return Ok(false);
+        }
+        self.flush("save witness position", position_key(slot))?;
+        Ok(true)
+    }
+
     /// Forgets the witness's pages and position of `slot` (its offset was
     /// removed: a new slot's transactions are checked from its start).
     pub fn clear_witness(&self, slot: &str) -> Result<(), StoreError> {
@@ -225,6 +273,32 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = OffsetStore::open(dir.path()).unwrap();
         (dir, store)
+    }
+
+    #[test]
+    fn a_position_changed_meanwhile_is_not_replaced() {
+        let (_dir, store) = fresh();
+        let at = |xid: u64| WitnessPosition {
+            system_id: "sys".into(),
+            checked_below_xid: xid,
+            look_from_micros: 0,
+        };
+        assert!(store.replace_witness_position("s", None, &at(10)).unwrap());
+        // The round read 10; a slot recreated meanwhile stored 20.
+        store.save_witness_position("s", &at(20)).unwrap();
+        assert!(
+            !store
+                .replace_witness_position("s", Some(&at(10)), &at(15))
+                .unwrap()
+        );
+        assert_eq!(store.witness_position("s").unwrap(), Some(at(20)));
+        assert!(
+            store
+                .replace_witness_position("s", Some(&at(20)), &at(25))
+                .unwrap()
+        );
+        assert_eq!(store.witness_position("s").unwrap(), Some(at(25)));
+        assert!(!store.replace_witness_position("s", None, &at(30)).unwrap());
     }
 
     #[test]
