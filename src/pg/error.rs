@@ -304,7 +304,10 @@ pub(crate) fn sqlstate_is_retryable(code: &str) -> bool {
         )
 }
 
-fn sql_error_is_retryable(e: &tokio_postgres::Error) -> bool {
+/// Whether a failed statement may succeed if tried again: a retryable
+/// SQLSTATE ([`sqlstate_is_retryable`]), a closed connection, or no SQLSTATE
+/// with an I/O error underneath. Also the reference consumer's rule.
+pub fn sql_error_is_retryable(e: &tokio_postgres::Error) -> bool {
     if let Some(code) = e.code() {
         return sqlstate_is_retryable(code.code());
     }

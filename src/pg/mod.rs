@@ -33,7 +33,7 @@ pub use config::{
     AuthMethod, AuthSettings, ChannelBinding, PgConnectConfig, RequireAuth, SslMode, TlsSettings,
 };
 pub use control::SlotInfo;
-pub use error::{PgError, ServerError};
+pub use error::{PgError, ServerError, sql_error_is_retryable};
 pub use feedback::FeedbackHandle;
 pub use ident::{QualifiedTable, quote_ident};
 pub use lsn::{DurableLsn, EventPosition, Lsn};

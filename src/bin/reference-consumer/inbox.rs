@@ -10,7 +10,7 @@
 //! transactions would reopen the dual-write gap the outbox closed upstream.
 
 use outbox_cdc::Disposition;
-use outbox_cdc::pg::{PgConnectConfig, PgError, QualifiedTable};
+use outbox_cdc::pg::{PgConnectConfig, PgError, QualifiedTable, sql_error_is_retryable};
 use tokio_postgres::{Client, Statement};
 
 use crate::failpoint;
@@ -44,36 +44,14 @@ pub(crate) enum InboxError {
 
 impl InboxError {
     /// Lost connections, restarts, overload and serialization failures pass;
-    /// anything else (a missing table, a privilege) needs an operator.
+    /// anything else (a missing table, a privilege, a value that does not
+    /// fit its column: review F8) needs an operator.
     pub(crate) fn is_retryable(&self) -> bool {
         match self {
             InboxError::Connect(e) => e.disposition() == Disposition::Retry,
-            InboxError::Sql { source, .. } => {
-                if source.is_closed() {
-                    return true;
-                }
-                match source.code() {
-                    Some(code) => sqlstate_is_retryable(code.code()),
-                    // No SQLSTATE: retried only when the transport failed
-                    // (an I/O error below it); a value that does not fit its
-                    // column's type fails the same way every time (review F8).
-                    None => caused_by_io(source),
-                }
-            }
+            InboxError::Sql { source, .. } => sql_error_is_retryable(source),
         }
     }
-}
-
-/// Whether an I/O error is among the causes of `e`.
-fn caused_by_io(e: &tokio_postgres::Error) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
-    while let Some(c) = cause {
-        if c.is::<std::io::Error>() {
-            return true;
-        }
-        cause = c.source();
-    }
-    false
 }
 
 /// `e` and its causes, `: `-separated: tokio-postgres's own text of a
@@ -91,14 +69,6 @@ fn with_causes(e: &tokio_postgres::Error) -> String {
         cause = c.source();
     }
     text
-}
-
-/// Connection exceptions (08), insufficient resources (53), operator
-/// intervention (57P01-57P03), serialization failure and deadlock.
-fn sqlstate_is_retryable(code: &str) -> bool {
-    code.starts_with("08")
-        || code.starts_with("53")
-        || matches!(code, "57P01" | "57P02" | "57P03" | "40001" | "40P01")
 }
 
 struct Connected {
@@ -234,21 +204,4 @@ async fn apply_in(
     } else {
         Outcome::Duplicate
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::sqlstate_is_retryable;
-
-    #[test]
-    fn sqlstate_classes() {
-        for code in [
-            "08006", "08001", "57P01", "57P03", "53300", "40001", "40P01",
-        ] {
-            assert!(sqlstate_is_retryable(code), "{code}");
-        }
-        for code in ["42P01", "42501", "23505", "22P02", "28P01"] {
-            assert!(!sqlstate_is_retryable(code), "{code}");
-        }
-    }
 }

@@ -387,13 +387,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 offset = message.offset(),
                 "not applied: {why}; it is not a live event (--apply-side-records applies such records)"
             );
-            if !commit_offset(&consumer, &message, max_backoff).await {
-                warn!(
-                    topic = message.topic(),
-                    offset = message.offset(),
-                    "offset not committed; the record is passed over again after a restart"
-                );
-            }
+            pass_over(&consumer, &message, max_backoff).await;
             continue;
         }
         let rec = match parse_message(&message) {
@@ -407,13 +401,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     error = %e,
                     "passed over (--pass-over-unusable): a record that cannot be deduplicated is not applied"
                 );
-                if !commit_offset(&consumer, &message, max_backoff).await {
-                    warn!(
-                        topic = message.topic(),
-                        offset = message.offset(),
-                        "offset not committed; the record is passed over again after a restart"
-                    );
-                }
+                pass_over(&consumer, &message, max_backoff).await;
                 continue;
             }
             Err(e) => {
@@ -489,6 +477,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
         ),
     }
     Ok(())
+}
+
+/// Commits the offset of a record that is not applied; a failed commit
+/// only means the record is passed over again after a restart.
+async fn pass_over(
+    consumer: &StreamConsumer<LogRebalance>,
+    message: &BorrowedMessage<'_>,
+    max_backoff: Duration,
+) {
+    if !commit_offset(consumer, message, max_backoff).await {
+        warn!(
+            topic = message.topic(),
+            offset = message.offset(),
+            "offset not committed; the record is passed over again after a restart"
+        );
+    }
 }
 
 /// Sleeps until `deadline`; never returns without one.
