@@ -601,7 +601,12 @@ drain_connector() {
   kpid=$(kafka_pid)
   started=$EPOCHREALTIME
   conn_keep_offsets=1 start_connector "$slot" "$name"
+  # With the live witness on (the default), also until it has checked every
+  # drained row (drain.*.witness_checked_rows, connector_cpu_s_checked).
+  local checked=$EVENTS
+  [[ " ${conn_env[*]} " == *" OUTBOX_CDC__RECONCILE__ENABLED=false "* ]] && checked=0
   bench wait-lsn --pid "$conn_pid" --metrics "http://127.0.0.1:$conn_port/metrics" --end-lsn "$end_lsn" \
+    --expect-checked "$checked" \
     --events "$EVENTS" --started "$started" --timeout "$DRAIN_TIMEOUT" --slot "$slot" --db-url "$ADMIN_DB_URL" \
     --kafka-pid "$kpid" --log "$run/connector-$name.log" --label "drain tx=$tx [$variant]" \
     --out "$run/connector-$name.json" || die "drain tx=$tx [$variant]: the connector"

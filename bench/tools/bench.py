@@ -316,7 +316,10 @@ def report(run_dir, json_out, png_out):
             f"bench: drain tx={d['tx_size']} [{d['variant']}]: {d['connector_events_per_s']} events/s "
             f"(pg_recvlogical {d['pg_recvlogical_events_per_s']}, ratio {d['ratio']}), "
             f"CPU s {d['connector_cpu_s']} ({d['connector_cpu_us_per_event']} us/event), "
-            f"peak RSS {d['peak_rss_mib']} MiB",
+            f"peak RSS {d['peak_rss_mib']} MiB"
+            + (f"; live witness: {d['witness_checked_rows']} rows checked ({d['witness_missing_rows']} missing) "
+               f"after {d['witness_checked_seconds']} s, CPU s then {d['connector_cpu_s_checked']}"
+               if "witness_checked_rows" in d else ""),
             flush=True,
         )
     for p in result.get("peer", []) + [dict(f, name="producer floor") for f in result.get("producer_floor", [])]:
@@ -641,7 +644,8 @@ def cmd_watch_recvlogical(a):
 def cmd_wait_lsn(a):
     write_json(a.out, measure.wait_lsn(a.pid, a.metrics, a.end_lsn, a.events, measure.epoch(a.started),
                                        a.timeout, a.label, a.log, a.slot, a.db_url, a.kafka_pid,
-                                       threads=not a.no_threads, expect_published=a.expect_published))
+                                       threads=not a.no_threads, expect_published=a.expect_published,
+                                       expect_checked=a.expect_checked))
 
 
 def cmd_drain_run(a):
@@ -867,7 +871,7 @@ def parser():
     add(c, "timeout", type=float)
     add(c, "metrics", "end-lsn", "started", "label", "out")
     add(c, "log", "slot", "db-url", required=False)
-    add(c, "kafka-pid", "expect-published", required=False, type=int, default=0)
+    add(c, "kafka-pid", "expect-published", "expect-checked", required=False, type=int, default=0)
     c.add_argument("--no-threads", action="store_true")
 
     c = command("watch-bigtx", cmd_watch_bigtx,

@@ -344,7 +344,7 @@ def watch_recvlogical(pid, slot, db_url, started, timeout, time_file, events, la
 
 
 def wait_lsn(pid, metrics_url, end_lsn, events, started, timeout, label, log_path=None,
-             slot=None, db_url=None, kpid=0, threads=True, expect_published=0):
+             slot=None, db_url=None, kpid=0, threads=True, expect_published=0, expect_checked=0):
     """The connector until /metrics' outbox_cdc_acked_lsn (persisted and reported
     to PostgreSQL) reaches end_lsn; then what it, its walsender and the broker used."""
     end = parse_lsn(end_lsn)
@@ -389,6 +389,28 @@ def wait_lsn(pid, metrics_url, end_lsn, events, started, timeout, label, log_pat
     if res["connector_published_events"] < expect_published:
         raise Failed(f"the connector published {res['connector_published_events']} events, "
                      f"fewer than {expect_published}")
+    if expect_checked:
+        # The live witness checks the drained rows in its rounds after they
+        # were acknowledged: until it has checked them all, and the
+        # connector's CPU then (its CPU at the acknowledgement stays above).
+        checked_t = None
+        while time.monotonic() < deadline and alive(pid):
+            m = samples(scrape(metrics_url) or "")
+            if m.get("outbox_cdc_reconcile_checked_rows_total", 0) >= expect_checked:
+                checked_t = time.time()
+                break
+            time.sleep(0.1)
+        if checked_t is None:
+            raise Failed(f"the live witness did not check {expect_checked} rows within {timeout}s")
+        res.update({
+            "witness_checked_rows": int(m.get("outbox_cdc_reconcile_checked_rows_total", 0)),
+            "witness_missing_rows": int(m.get("outbox_cdc_reconcile_missing_total", 0)),
+            "witness_checked_seconds": elapsed(started, checked_t),
+            "connector_cpu_s_checked": cpu_s(pid),
+        })
+        log(f"{label}: the live witness checked {res['witness_checked_rows']} rows "
+            f"({res['witness_missing_rows']} missing) {res['witness_checked_seconds']}s after the start; "
+            f"connector CPU s then {res['connector_cpu_s_checked']}")
     log(f"{label}: outbox-cdc {res['connector_seconds']}s → {res['connector_events_per_s']} events/s "
         f"(all published after {res['connector_all_published_seconds']}s), peak RSS {rss} MiB")
     log(f"{label}: CPU s: connector {res['connector_cpu_s']} + its walsender {res['connector_walsender_cpu_s']}"
