@@ -80,7 +80,7 @@ async fn prune_racing_writers_never_deletes_an_unpublished_row() {
     tokio::time::sleep(Duration::from_millis(1000)).await;
     // The rows written so far become provably committed before what the
     // connector acknowledges.
-    slot_passes_rows(&fx).await;
+    slot_passes_rows(&fx, &running).await;
     running.stop().await.expect("graceful stop");
     // Unpublished from here on; older than the retention by the prune.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -430,20 +430,31 @@ async fn a_backdated_row_committed_after_the_acknowledged_position_is_kept() {
 /// Waits until the running connector's slot has confirmed a
 /// running-transactions record (a `CHECKPOINT` logs one) newer than every row
 /// now in the table: from then on they are provably committed before what
-/// the connector acknowledges.
-async fn slot_passes_rows(fx: &Fixture) {
-    let newest: String = fx
-        .admin
-        .query_one(
-            &format!(
-                "SELECT max(xmin::text::int8)::text FROM public.{}",
-                fx.table
-            ),
-            &[],
-        )
-        .await
-        .expect("xmin")
-        .get(0);
+/// the connector acknowledges. Then, since the pruner keeps the rows the live
+/// witness (on by default) has not checked yet, until its rounds have
+/// checked them all (it checks by transaction id, oldest first, so having
+/// checked as many rows as are now in the table means it passed them).
+async fn slot_passes_rows(fx: &Fixture, running: &Running) {
+    let (newest, rows): (String, i64) = {
+        let row = fx
+            .admin
+            .query_one(
+                &format!(
+                    "SELECT max(xmin::text::int8)::text, count(*) FROM public.{}",
+                    fx.table
+                ),
+                &[],
+            )
+            .await
+            .expect("xmin");
+        (row.get(0), row.get(1))
+    };
+    let metrics = running.metrics.clone();
+    eventually("the live witness checks the rows", TIMEOUT, || {
+        let checked = metrics.reconcile_checked_rows();
+        async move { checked >= rows as u64 }
+    })
+    .await;
     eventually(
         "the slot's catalog_xmin passes the rows",
         TIMEOUT,
@@ -578,7 +589,7 @@ async fn a_parked_aggregate_keeps_its_rows_until_released() {
         "the poison event and the parked one are dead-lettered: {records:#?}"
     );
     // Acknowledged past every row, then past the retention (1 s).
-    slot_passes_rows(&fx).await;
+    slot_passes_rows(&fx, &running).await;
     fx.write_tx(&[("order", "a3", small)], true).await;
     running.stop().await.expect("graceful stop");
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -1518,7 +1529,7 @@ async fn rows_the_live_witness_has_not_checked_are_not_pruned() {
             .await;
     }
     consume(&fx.topic_prefix, 5, TIMEOUT, Duration::ZERO);
-    slot_passes_rows(&fx).await;
+    slot_passes_rows(&fx, &running).await;
     running.stop().await.expect("graceful stop");
     tokio::time::sleep(Duration::from_millis(1500)).await; // past the retention
     let oldest: i64 = fx
