@@ -42,16 +42,31 @@ async fn produce(topic: &str, key: &str, event_id: &str, sequence: &str) {
         .expect("produce");
 }
 
+/// The audit window's start: a second before now (server clock).
+async fn window_start(fx: &Fixture) -> String {
+    fx.admin
+        .query_one("SELECT (now() - interval '1 second')::text", &[])
+        .await
+        .expect("now")
+        .get(0)
+}
+
+/// The dead-letter topic and the settings that park an aggregate behind an
+/// event over 2,000 bytes.
+fn dead_letter_env(fx: &Fixture) -> (String, String) {
+    let dlq_topic = format!("{}.dlq", fx.topic_prefix);
+    let env = format!(
+        "OUTBOX_CDC__OUTBOX__ON_POISON=dead-letter OUTBOX_CDC__OUTBOX__DEAD_LETTER_TOPIC={dlq_topic} \
+         OUTBOX_CDC__OUTBOX__MAX_RECORD_BYTES=2000"
+    );
+    (dlq_topic, env)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_finds_exactly_what_is_missing_foreign_or_repeated() {
     init_tracing();
     let fx = Fixture::new("audit").await;
-    let since: String = fx
-        .admin
-        .query_one("SELECT (now() - interval '1 second')::text", &[])
-        .await
-        .expect("now")
-        .get(0);
+    let since = window_start(&fx).await;
     let running = Running::start(fx.config()).await;
     let mut published = Vec::new();
     for i in 0..12 {
@@ -180,12 +195,7 @@ async fn audit_finds_exactly_what_is_missing_foreign_or_repeated() {
 async fn deleted_records_are_found_and_repaired() {
     init_tracing();
     let fx = Fixture::new("auditdel").await;
-    let since: String = fx
-        .admin
-        .query_one("SELECT (now() - interval '1 second')::text", &[])
-        .await
-        .expect("now")
-        .get(0);
+    let since = window_start(&fx).await;
     let running = Running::start(fx.config()).await;
     let mut published = Vec::new();
     for i in 0..24 {
@@ -305,17 +315,8 @@ async fn deleted_records_are_found_and_repaired() {
 async fn dead_lettered_events_are_not_missing_and_repair_keeps_their_aggregate_parked() {
     init_tracing();
     let fx = Fixture::new("auditdlq").await;
-    let dlq_topic = format!("{}.dlq", fx.topic_prefix);
-    let env = format!(
-        "OUTBOX_CDC__OUTBOX__ON_POISON=dead-letter OUTBOX_CDC__OUTBOX__DEAD_LETTER_TOPIC={dlq_topic} \
-         OUTBOX_CDC__OUTBOX__MAX_RECORD_BYTES=2000"
-    );
-    let since: String = fx
-        .admin
-        .query_one("SELECT (now() - interval '1 second')::text", &[])
-        .await
-        .expect("now")
-        .get(0);
+    let (dlq_topic, env) = dead_letter_env(&fx);
+    let since = window_start(&fx).await;
     let running = Running::start(fx.config_with(&env)).await;
     let small = |n: usize| format!(r#"{{"n": {n}}}"#);
     let huge = format!(r#"{{"blob": "{}"}}"#, "x".repeat(5000));
@@ -446,12 +447,7 @@ async fn dead_lettered_events_are_not_missing_and_repair_keeps_their_aggregate_p
 async fn rows_the_slot_still_holds_are_pending_and_never_republished() {
     init_tracing();
     let fx = Fixture::new("auditpend").await;
-    let since: String = fx
-        .admin
-        .query_one("SELECT (now() - interval '1 second')::text", &[])
-        .await
-        .expect("now")
-        .get(0);
+    let since = window_start(&fx).await;
     let running = Running::start(fx.config()).await;
     let mut written = fx
         .write_tx(&[("order", "p1", r#"{"n":1}"#.into())], true)
@@ -527,17 +523,8 @@ async fn rows_the_slot_still_holds_are_pending_and_never_republished() {
 async fn repair_never_publishes_past_a_poison_row_it_does_not_republish() {
     init_tracing();
     let fx = Fixture::new("auditpoison").await;
-    let dlq_topic = format!("{}.dlq", fx.topic_prefix);
-    let env = format!(
-        "OUTBOX_CDC__OUTBOX__ON_POISON=dead-letter OUTBOX_CDC__OUTBOX__DEAD_LETTER_TOPIC={dlq_topic} \
-         OUTBOX_CDC__OUTBOX__MAX_RECORD_BYTES=2000"
-    );
-    let since: String = fx
-        .admin
-        .query_one("SELECT (now() - interval '1 second')::text", &[])
-        .await
-        .expect("now")
-        .get(0);
+    let (dlq_topic, env) = dead_letter_env(&fx);
+    let since = window_start(&fx).await;
     let small = |n: usize| format!(r#"{{"n": {n}}}"#);
     let huge = format!(r#"{{"blob": "{}"}}"#, "x".repeat(5000));
     let first = fx.write_tx(&[("order", "a1", small(1))], true).await;
