@@ -167,6 +167,12 @@ pub struct Metrics {
     /// The offset store the pipeline opened: where the pruner reads the
     /// parked aggregates while `run` holds the store.
     pub(crate) offset_store: SharedStore,
+    /// How far the stored witness pages are complete: the live witness
+    /// compares only transactions committed before it. It trails the durable
+    /// position while the server sends again what an earlier session sent
+    /// and did not record (exactly-once resuming at a Kafka marker ahead of
+    /// the stored offset), and may go back when a new session starts.
+    witness_covered: AtomicU64,
 }
 
 /// Registers each metric as it is made, so a metric cannot exist unexported.
@@ -438,6 +444,7 @@ impl Default for Metrics {
             health: crate::health::HealthState::default(),
             durable_commit_time: Arc::default(),
             offset_store: SharedStore::default(),
+            witness_covered: AtomicU64::new(0),
         }
     }
 }
@@ -673,6 +680,16 @@ impl Metrics {
 
     pub fn acked(&self) -> Lsn {
         Lsn::new(self.acked_lsn.get())
+    }
+
+    /// Every event the sessions sent in transactions committed before `lsn`
+    /// has its fingerprint in the store (see the field).
+    pub fn set_witness_covered(&self, lsn: Lsn) {
+        self.witness_covered.store(lsn.as_u64(), Ordering::Relaxed);
+    }
+
+    pub fn witness_covered(&self) -> Lsn {
+        Lsn::new(self.witness_covered.load(Ordering::Relaxed))
     }
 
     /// A gap repair starts with `rows` retained rows to publish.

@@ -8,8 +8,11 @@
 //!    record lies before `after`. This holds for rows written in savepoints
 //!    too: a subtransaction gets its id after its parent, so its id precedes
 //!    `xmin` only if the parent's does (DESIGN.md §13a).
-//! 2. Wait until the durable acknowledged position passes `after`: every
-//!    such row was then either delivered by the stream or skipped by it.
+//! 2. Wait until the position through which the stored pages are complete
+//!    (`Metrics::witness_covered`: the durable acknowledged position, once
+//!    the stream passed what the server sent again after a restart) passes
+//!    `after`: every such row was then either delivered by the stream or
+//!    skipped by it.
 //! 3. The rows new since the last round (transaction id in
 //!    `[checked_below, xmin)`) are read through `occurred_at` from the last
 //!    round's start minus `reconcile.settle_margin_ms` (and from the start of
@@ -285,14 +288,14 @@ impl Witness {
         );
     }
 
-    /// Waits until the durable acknowledged position reaches `lsn`; false
-    /// when a stop came first.
+    /// Waits until the stored pages are complete through `lsn`; false when a
+    /// stop came first.
     async fn wait_for_acknowledgement(
         &self,
         lsn: Lsn,
         shutdown: &mut watch::Receiver<bool>,
     ) -> bool {
-        while self.metrics.acked() < lsn {
+        while self.metrics.witness_covered() < lsn {
             if *shutdown.borrow() {
                 return false;
             }

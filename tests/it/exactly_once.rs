@@ -489,7 +489,11 @@ mod crash_points {
             marker.lsn > before,
             "the marker covers the committed transaction"
         );
-        let mut d = spawn_binary_with(&config, &[]);
+        // The live witness's rounds every 100 ms: the first one runs while
+        // the server still sends what the marker covers, whose events the
+        // crash kept from the witness's pages (published twice before
+        // Metrics::witness_covered).
+        let mut d = spawn_binary_with(&config, &[("OUTBOX_CDC__RECONCILE__INTERVAL_MS", "100")]);
         read_exactly_once(
             &fx,
             &committed,

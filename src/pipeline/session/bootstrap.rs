@@ -47,6 +47,9 @@ pub(super) struct Started<D> {
     pub(super) skip_through: Lsn,
     /// What was reported to PostgreSQL at the start (see `Checkpointer::reported`).
     pub(super) reported: Lsn,
+    /// Where the server streams from (the slot's position, which may be
+    /// before the stored offset: see `Checkpointer::pages_behind`).
+    pub(super) resent_from: Lsn,
     /// The server streams large transactions in progress (pgoutput protocol 2).
     pub(super) streaming: bool,
 }
@@ -336,6 +339,7 @@ pub(super) async fn bootstrap<D: Delivery>(
         witness_checks,
         skip_through,
         reported,
+        resent_from: start,
         streaming,
     }))
 }

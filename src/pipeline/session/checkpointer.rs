@@ -28,6 +28,9 @@ pub(super) struct Persisted {
     /// Every number recorded before the persist was in the store with it:
     /// the position may be reported to PostgreSQL.
     reportable: bool,
+    /// Every event sent before the position has its witness fingerprint in
+    /// the store (the stream had passed what the server sends again).
+    pages_complete: bool,
 }
 
 pub(super) struct Checkpointer<'a> {
@@ -58,6 +61,27 @@ pub(super) struct Checkpointer<'a> {
     /// The events sent, for the live witness (`None` with `[reconcile]` off):
     /// written to the store with the offset that covers them.
     ledger: Option<Ledger>,
+    /// The server is sending again, from the slot's position, what came
+    /// before the stored offset. An earlier session sent those events, but
+    /// their fingerprints may not be in the store (exactly-once resumes at a
+    /// Kafka marker ahead of the stored offset): they are recorded as they
+    /// pass, and until the stream passed the offset the pages cover only
+    /// the slot's position (`Metrics::witness_covered`).
+    pages_behind: bool,
+    /// The stream passed that stretch: its pages wait for a persist, even
+    /// if nothing new is acknowledged.
+    pages_due: bool,
+}
+
+/// Where a session starts.
+pub(super) struct StartPositions {
+    /// The stored offset.
+    pub(super) durable: DurableLsn,
+    /// What the server was told is flushed (behind `durable` while the
+    /// sequence audit's numbers are read back).
+    pub(super) reported: Lsn,
+    /// Where the server streams from: the slot's position.
+    pub(super) resent_from: Lsn,
 }
 
 impl<'a> Checkpointer<'a> {
@@ -67,10 +91,19 @@ impl<'a> Checkpointer<'a> {
         metrics: &'a Metrics,
         system_id: String,
         feedback: FeedbackHandle,
-        durable: DurableLsn,
-        reported: Lsn,
+        start: StartPositions,
     ) -> Checkpointer<'a> {
+        let StartPositions {
+            durable,
+            reported,
+            resent_from,
+        } = start;
         let replaying = reported < durable.lsn();
+        let pages_behind = resent_from < durable.lsn();
+        metrics.set_witness_covered(match pages_behind {
+            true => resent_from,
+            false => durable.lsn(),
+        });
         Checkpointer {
             store,
             metrics,
@@ -86,6 +119,8 @@ impl<'a> Checkpointer<'a> {
             persisting: None,
             sequences_taken_at: Instant::now(),
             ledger: config.reconcile.enabled.then(Ledger::default),
+            pages_behind,
+            pages_due: false,
         }
     }
 
@@ -115,6 +150,11 @@ impl<'a> Checkpointer<'a> {
     /// The stream passed what the server sends again after a restart.
     pub(super) fn replay_done(&mut self) {
         self.replaying = false;
+        if self.pages_behind {
+            self.pages_behind = false;
+            self.pages_due = true;
+            self.mark_dirty();
+        }
     }
 
     /// Between transactions: the server's WAL end, as written (never behind
@@ -165,7 +205,7 @@ impl<'a> Checkpointer<'a> {
         let save_due = !self.replaying
             && (!sequences.has_unsaved() || self.sequences_taken_at.elapsed() >= self.save_every);
         let report_due = save_due && self.reported < self.durable.lsn();
-        if acked <= self.durable.lsn() && !report_due {
+        if acked <= self.durable.lsn() && !report_due && !self.pages_due {
             if self.reported >= self.durable.lsn() {
                 self.dirty_since = None;
             }
@@ -192,6 +232,8 @@ impl<'a> Checkpointer<'a> {
             .ledger
             .as_mut()
             .and_then(|l| l.take_acknowledged(acked));
+        let pages_complete = !self.pages_behind;
+        self.pages_due = false;
         self.persisting = Some(tokio::task::spawn_blocking(move || {
             store.save_sequences(&numbers)?;
             // Before the offset: the pages on disk cover what it covers.
@@ -203,6 +245,7 @@ impl<'a> Checkpointer<'a> {
             Ok(Persisted {
                 durable,
                 reportable: save_due,
+                pages_complete,
             })
         }));
     }
@@ -223,6 +266,7 @@ impl<'a> Checkpointer<'a> {
         let Persisted {
             durable,
             reportable,
+            pages_complete,
         } = persisted;
         crate::failpoint!("after-persist-before-status-update");
         if reportable {
@@ -230,6 +274,9 @@ impl<'a> Checkpointer<'a> {
             self.reported = self.reported.max(durable.lsn());
         }
         self.metrics.set_acked(durable.lsn());
+        if pages_complete {
+            self.metrics.set_witness_covered(durable.lsn());
+        }
         if durable.lsn() > self.durable.lsn() {
             self.durable = durable;
         }
@@ -251,7 +298,8 @@ impl<'a> Checkpointer<'a> {
         }
         self.dirty_since = None;
         let acked = tracker.acked().max(self.durable.lsn());
-        let behind = acked > self.durable.lsn() || self.reported < self.durable.lsn();
+        let behind =
+            acked > self.durable.lsn() || self.reported < self.durable.lsn() || self.pages_due;
         if behind && !crate::failpoint::sabotaged("never-persist") {
             let commit_time = tracker.acked_commit_time();
             let numbers = sequences.take_unsaved();
@@ -271,10 +319,13 @@ impl<'a> Checkpointer<'a> {
             })?;
             self.metrics.durable_commit_time.set(commit_time);
             let reportable = !self.replaying;
+            let pages_complete = !self.pages_behind;
+            self.pages_due = false;
             self.flushed(
                 Persisted {
                     durable,
                     reportable,
+                    pages_complete,
                 },
                 tracker,
             );

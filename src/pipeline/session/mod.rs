@@ -51,7 +51,7 @@ use super::sequences::SequenceWatch;
 use super::spill::Spill;
 use super::{PipelineError, RunOptions};
 use bootstrap::Started;
-use checkpointer::Checkpointer;
+use checkpointer::{Checkpointer, StartPositions};
 use coverage_watch::CoverageWatch;
 use ending::Refused;
 use relations::{StreamRelations, Target};
@@ -162,8 +162,11 @@ impl<'a, D: Delivery> Session<'a, D> {
             metrics,
             started.system_id,
             started.stream.feedback(),
-            started.durable,
-            started.reported,
+            StartPositions {
+                durable: started.durable,
+                reported: started.reported,
+                resent_from: started.resent_from,
+            },
         );
         let coverage = CoverageWatch::new(
             config,

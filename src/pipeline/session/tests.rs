@@ -78,6 +78,18 @@ impl Harness {
         durable: Lsn,
         reported: Lsn,
     ) -> Harness {
+        Harness::streaming_from(config, delivery, durable, reported, reported)
+    }
+
+    /// A session whose stored offset is `durable`, of which the server heard
+    /// `reported`, streaming from `resent_from` (the slot's position).
+    fn streaming_from(
+        config: &'static Config,
+        delivery: MemoryDelivery,
+        durable: Lsn,
+        reported: Lsn,
+        resent_from: Lsn,
+    ) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let store: &'static Arc<OffsetStore> =
             Box::leak(Box::new(Arc::new(OffsetStore::open(dir.path()).unwrap())));
@@ -103,8 +115,11 @@ impl Harness {
                 metrics,
                 SYSTEM_ID.to_owned(),
                 feedback,
-                durable,
-                reported,
+                StartPositions {
+                    durable,
+                    reported,
+                    resent_from,
+                },
             ),
             coverage: CoverageWatch::without_catalog(config, coverage),
             mapper: OutboxMapper::new(&config.outbox).unwrap(),
@@ -618,4 +633,51 @@ async fn sent_events_are_stored_for_the_witness_with_the_offset_that_covers_them
         .collect();
     expected.sort_unstable();
     assert_eq!(h.store.witness_fingerprints(SLOT).unwrap(), expected);
+}
+
+/// A session whose server sends again what came before the stored offset
+/// (the slot's position trails it: exactly-once resumed at a Kafka marker
+/// ahead of the stored offset, whose events' pages died with the crash)
+/// records those events as sent, and the live witness's horizon stays at
+/// the slot's position until they are in the store: a witness round
+/// comparing before would take them for missing and publish them twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_sent_again_by_the_server_are_stored_for_the_witness_before_it_compares() {
+    let config = config(&[]);
+    let slot_position = Lsn::new(0x80);
+    // The sequence audit off: the stored offset is reported at once.
+    let mut h = Harness::streaming_from(config, MemoryDelivery::new(), START, START, slot_position);
+    h.describe_outbox().await;
+    let metrics = h.session.metrics;
+    assert_eq!(metrics.witness_covered(), slot_position);
+    // A transaction the earlier session sent and Kafka committed: dropped.
+    h.next_lsn = slot_position.as_u64();
+    let resent_id = uuid_like(h.next_lsn + 0x10);
+    h.transaction(1).await.unwrap();
+    assert!(h.session.delivery.sent.is_empty(), "not sent twice");
+    h.tick_and_persist().await;
+    assert_eq!(
+        metrics.witness_covered(),
+        slot_position,
+        "its fingerprint is not stored yet"
+    );
+    // The stream passes the offset (a keepalive there, nothing new to
+    // acknowledge): the page is persisted all the same.
+    h.keepalive(START).await;
+    h.tick_and_persist().await;
+    assert_eq!(metrics.witness_covered(), START);
+    let stored = h.store.witness_fingerprints(SLOT).unwrap();
+    let fingerprint = crate::witness::fingerprint(&resent_id);
+    assert!(
+        stored.binary_search(&fingerprint).is_ok(),
+        "the resent event {resent_id} is among the stored pages {stored:?}"
+    );
+    // New transactions move it with the durable position.
+    h.next_lsn = START.as_u64() + 0x100;
+    let end = h.transaction(1).await.unwrap();
+    h.session.delivery.ack(1);
+    h.take_reports().unwrap();
+    h.tick_and_persist().await;
+    assert_eq!(h.stored(), end);
+    assert_eq!(metrics.witness_covered(), end);
 }
