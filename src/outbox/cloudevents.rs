@@ -25,7 +25,8 @@ use std::borrow::Cow;
 use bytes::Bytes;
 use serde::Deserialize;
 
-use super::settings::{ConfigError, TableName};
+use super::table_name::TableName;
+use crate::setting::InvalidSetting as ConfigError;
 use crate::pg::PgTimestamp;
 
 /// Header names this module writes; extra headers may not reuse them.

@@ -1,6 +1,7 @@
 //! Outbox mapping and routing: pure functions from decoded rows to [`OutboxEvent`]s.
 //!
-//! - [`settings`]: the `[outbox]` configuration section and its validation.
+//! - [`settings`]: the `[outbox]` configuration section and its validation;
+//!   `table_name`: the table's catalog name it resolves.
 //! - [`columns`]: the columns the mapping reads, with their keys and roles.
 //! - `topic`: Kafka topic-name rules and the routing template.
 //! - [`cloudevents`]: CloudEvents headers (binary content mode), optional.
@@ -14,6 +15,7 @@ pub mod event;
 pub mod mapper;
 pub(crate) mod placement;
 pub mod settings;
+mod table_name;
 pub(crate) mod topic;
 pub mod trace;
 

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use regex::Regex;
 use serde::Deserialize;
 
-use super::settings::ConfigError;
+use crate::setting::InvalidSetting as ConfigError;
 
 /// Where an extra column goes.
 #[derive(Debug, Clone, PartialEq, Eq)]

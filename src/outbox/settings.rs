@@ -6,15 +6,14 @@
 //! Values that parse but are not allowed are reported by [`OutboxSettings::validate`]
 //! as a [`ConfigError`] naming the key (`outbox.topic`), the value and what is allowed.
 
-use std::fmt;
 use std::str::FromStr;
 
 use serde::Deserialize;
 
 use super::cloudevents::{CLOUDEVENTS_HEADERS, CloudEvents, CloudEventsSettings};
 use super::placement::{PayloadFormat, Placement, RouteSettings, parse_placements};
+pub use super::table_name::TableName;
 use super::topic::{self, TopicTemplate};
-use crate::pg::quote_ident;
 
 /// Largest `max_record_bytes` accepted: librdkafka's upper bound for `message.max.bytes`.
 const MAX_RECORD_BYTES_LIMIT: usize = 1_000_000_000;
@@ -260,28 +259,6 @@ pub struct ColumnNames {
     pub event_type: String,
     pub schema_version: Option<String>,
     pub payload: String,
-}
-
-/// A table name resolved the way PostgreSQL resolves it: exact catalog spellings.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct TableName {
-    /// `pg_namespace.nspname`.
-    pub schema: String,
-    /// `pg_class.relname`.
-    pub name: String,
-}
-
-impl TableName {
-    /// Both parts double-quoted for use in SQL text.
-    pub fn quoted(&self) -> String {
-        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
-    }
-}
-
-impl fmt::Display for TableName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.schema, self.name)
-    }
 }
 
 /// Splits `schema.name` into catalog names: unquoted identifiers fold to ASCII

@@ -17,21 +17,7 @@ use std::str::FromStr;
 use tokio_postgres::config::{Host, SslNegotiation};
 
 use super::error::PgError;
-
-/// libpq's sslmode values that we implement (`allow` is refused).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SslMode {
-    /// Plain TCP.
-    Disable,
-    /// TLS when the server offers it, without certificate checks; plain otherwise.
-    Prefer,
-    /// TLS or fail, without certificate checks (encryption only).
-    Require,
-    /// TLS, chain verified against `sslrootcert`; the host name is not checked.
-    VerifyCa,
-    /// TLS, chain verified against `sslrootcert` and the host name matched.
-    VerifyFull,
-}
+pub use super::sslmode::SslMode;
 
 impl SslMode {
     fn parse(value: &str) -> Result<SslMode, PgError> {
@@ -49,23 +35,6 @@ impl SslMode {
                     ),
                 });
             }
-        })
-    }
-
-    /// Whether a server without TLS is an error.
-    pub fn requires_tls(self) -> bool {
-        !matches!(self, SslMode::Disable | SslMode::Prefer)
-    }
-}
-
-impl fmt::Display for SslMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            SslMode::Disable => "disable",
-            SslMode::Prefer => "prefer",
-            SslMode::Require => "require",
-            SslMode::VerifyCa => "verify-ca",
-            SslMode::VerifyFull => "verify-full",
         })
     }
 }

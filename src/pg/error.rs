@@ -10,8 +10,8 @@ use std::fmt;
 use std::time::Duration;
 
 use super::Lsn;
-use super::config::SslMode;
-use super::wire::WireError;
+use super::malformed::{Tag, WireError};
+use super::sslmode::SslMode;
 use crate::Disposition;
 
 /// The fields of a PostgreSQL ErrorResponse that matter to us.
@@ -140,7 +140,7 @@ pub enum PgError {
     Unexpected {
         addr: String,
         during: &'static str,
-        tag: super::wire::Tag,
+        tag: Tag,
     },
 
     #[error("unexpected reply from {addr} to {command}: {message}")]

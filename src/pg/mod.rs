@@ -6,7 +6,8 @@
 //! - `replication` / `feedback`: IDENTIFY_SYSTEM, START_REPLICATION, the stream
 //!   and the standby status updates sent from their own task.
 //! - `control`: slot and publication SQL on a tokio-postgres client.
-//! - `error`: `PgError` and the one SQLSTATE classification table.
+//! - `error`: `PgError` and the one SQLSTATE classification table; below it
+//!   `malformed` (`Tag`, `WireError`) and `sslmode`, which its variants carry.
 //!
 //! LSN rules kept here (DESIGN.md §5): the flushed position reported to the
 //! server only comes from the caller (`FeedbackHandle::set_flushed`), and only
@@ -23,7 +24,9 @@ mod error;
 mod feedback;
 mod ident;
 pub mod lsn;
+mod malformed;
 mod replication;
+mod sslmode;
 pub mod time;
 mod tls;
 mod wire;

@@ -12,7 +12,8 @@ use rdkafka::producer::{BaseProducer, Producer, ProducerContext};
 
 use super::client_error::LastClientError;
 use super::error::{SinkError, security_code};
-use super::producer::{blocking, creation_error};
+use super::error::blocking;
+use super::settings::creation_error;
 use super::settings::KafkaSettings;
 
 /// What the cluster told us about itself.

@@ -493,6 +493,19 @@ impl SinkError {
     }
 }
 
+
+/// Runs `work` (librdkafka calls that wait) on tokio's blocking pool; a task
+/// that panicked or was cancelled is [`SinkError::Task`].
+pub(super) async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, SinkError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| SinkError::Task {
+            reason: e.to_string(),
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,7 +29,7 @@ use rdkafka::types::{RDKafka, RDKafkaErrorCode, RDKafkaRespErr};
 use tokio::sync::mpsc;
 
 use super::error::SinkError;
-use super::settings::{KafkaSettings, config_error};
+use super::settings::{KafkaSettings, creation_error};
 use super::topics::{MissingTopicHint, TopicSettings, Topics};
 use crate::outbox::OutboxEvent;
 
@@ -465,27 +465,3 @@ impl<T: Send + 'static> KafkaSink<T> {
     }
 }
 
-/// Runs `work` (librdkafka calls that wait) on tokio's blocking pool; a task
-/// that panicked or was cancelled is [`SinkError::Task`].
-pub(super) async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, SinkError> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| SinkError::Task {
-            reason: e.to_string(),
-        })
-}
-
-/// Maps a client-creation failure, keeping secrets out of the message.
-pub(crate) fn creation_error(err: KafkaError) -> SinkError {
-    match err {
-        KafkaError::ClientConfig(_, description, key, value) => {
-            config_error(&key, &value, &description)
-        }
-        KafkaError::ClientCreation(reason) => SinkError::ClientCreation { reason },
-        other => SinkError::ClientCreation {
-            reason: other.to_string(),
-        },
-    }
-}

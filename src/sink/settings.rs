@@ -54,6 +54,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use rdkafka::ClientConfig;
+use rdkafka::error::KafkaError;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 
 use super::error::SinkError;
@@ -221,6 +222,19 @@ impl KafkaSettings {
     /// The value as it may be shown to a person or written to a log.
     pub fn display_value<'a>(&self, key: &str, value: &'a str) -> &'a str {
         if is_secret_key(key) { REDACTED } else { value }
+    }
+}
+
+/// Maps a client-creation failure, keeping secrets out of the message.
+pub(crate) fn creation_error(err: KafkaError) -> SinkError {
+    match err {
+        KafkaError::ClientConfig(_, description, key, value) => {
+            config_error(&key, &value, &description)
+        }
+        KafkaError::ClientCreation(reason) => SinkError::ClientCreation { reason },
+        other => SinkError::ClientCreation {
+            reason: other.to_string(),
+        },
     }
 }
 

@@ -50,7 +50,8 @@ use serde::Deserialize;
 
 use super::client_error::LastClientError;
 use super::error::{SinkError, poison_code, retryable_code};
-use super::producer::{blocking, creation_error};
+use super::error::blocking;
+use super::settings::creation_error;
 use super::settings::{KafkaSettings, Scalar};
 use crate::setting::InvalidSetting;
 
