@@ -689,6 +689,11 @@ pub fn verify(
             let end = ended_by.get(&**id).copied();
             match last.map(|i| &windows[i]) {
                 Some(w) if w.ended_after(&tp, a.offset) => match end {
+                    // Published again by the live witness, whose progress is
+                    // its own position, stored after it publishes (not the
+                    // acknowledged offset): a crash between the two makes
+                    // the next process publish the row once more.
+                    _ if b.repaired => {}
                     Some(end) if !w.allows(id, end) => {
                         v.unexplained_duplicates.push(format!(
                             "event {id}: copies at {} and {}, but its transaction ended by {end}, at or \
@@ -1013,6 +1018,31 @@ pub fn self_check() {
     assert!(
         v.unexplained_duplicates.len() == 1 && v.unexplained_duplicates[0].contains("acknowledged"),
         "harness self-check: a resend of an acknowledged transaction was not flagged:\n{}",
+        v.details()
+    );
+    // Unless the stream skipped e1 and the live witness published it, then
+    // again after the crash (its position not yet stored): the witness's
+    // bound is its own position, not the acknowledged offset.
+    let by_witness: Vec<Rec> = good_records
+        .iter()
+        .cloned()
+        .map(|mut r| {
+            if r.event_id == "e1" {
+                (r.repaired, r.skipped) = (true, true);
+            }
+            r
+        })
+        .collect();
+    let v = verify(
+        &ledger,
+        &good_db(),
+        &by_witness,
+        std::slice::from_ref(&acked_window),
+        Delivery::AtLeastOnce,
+    );
+    assert!(
+        v.unexplained_duplicates.is_empty(),
+        "harness self-check: the witness publishing a skipped row again after a crash was flagged:\n{}",
         v.details()
     );
 
