@@ -106,7 +106,7 @@ pub struct Config {
     pub delivery: DeliverySettings,
     /// `[health]`: the bounds of `/health/ready`.
     #[serde(default)]
-    pub health: crate::health::HealthSettings,
+    pub health: crate::health::settings::HealthSettings,
     /// `[reconcile]`: the outbox table as a live second witness.
     #[serde(default)]
     pub reconcile: ReconcileSettings,

@@ -228,7 +228,7 @@ fn respond(
     match path {
         "/metrics" => {
             // The readiness gauges as of this scrape.
-            metrics.readiness();
+            crate::health::readiness(metrics);
             ("200 OK", "text/plain; version=0.0.4", metrics.render())
         }
         "/health/live" | "/healthz" => ("200 OK", JSON, "{\"live\":true}\n".into()),
@@ -243,7 +243,7 @@ fn respond(
                         .into(),
                 );
             }
-            let readiness = metrics.readiness();
+            let readiness = crate::health::readiness(metrics);
             let status = if readiness.ready {
                 "200 OK"
             } else {
@@ -339,12 +339,11 @@ mod tests {
             },
             "orders_slot",
         );
-        m.health.session_ended(&crate::pipeline::PipelineError::Pg(
-            crate::pg::PgError::Config {
-                key: "host".into(),
-                message: "postgres://outbox@db.internal:5432/app: event 7f3c9a refused".into(),
-            },
-        ));
+        let ended = crate::pipeline::PipelineError::Pg(crate::pg::PgError::Config {
+            key: "host".into(),
+            message: "postgres://outbox@db.internal:5432/app: event 7f3c9a refused".into(),
+        });
+        m.health.session_ended(ended.slot_holder(), ended.to_string());
         m.health.kafka_unreachable(
             "kafka-1.internal:9093/1: SASL authentication failed for relay".into(),
         );

@@ -160,7 +160,7 @@ pub struct Metrics {
     /// `outbox_cdc_ready_reason{reason}`: 1 while that reason holds.
     ready_reasons: Family<Label, Gauge>,
     /// What `/health/ready` judges from (readiness reasons).
-    pub health: crate::health::HealthState,
+    pub health: crate::health::state::HealthState,
     /// Commit time of the last acknowledged transaction the session
     /// persisted: the pruner's bound while `run` holds the offset store.
     pub(crate) durable_commit_time: Arc<DurableCommitTime>,
@@ -398,7 +398,7 @@ impl Default for Metrics {
             "1 while the readiness reason holds, 0 while it does not (reason: streaming, kafka_reachable, acknowledging, sequence_gaps); /health/ready names the cause, the log and `outbox-cdc status` say why",
             Family::default(),
         );
-        create_members(&ready_reasons, "reason", &crate::health::REASONS);
+        create_members(&ready_reasons, "reason", &crate::health::reasons::REASONS);
         Metrics {
             registry: r.0,
             slot_lag_bytes,
@@ -441,7 +441,7 @@ impl Default for Metrics {
             trace_dropped,
             ready,
             ready_reasons,
-            health: crate::health::HealthState::default(),
+            health: crate::health::state::HealthState::default(),
             durable_commit_time: Arc::default(),
             offset_store: SharedStore::default(),
             witness_covered: AtomicU64::new(0),
@@ -767,17 +767,19 @@ impl Metrics {
             .set(oldest_age_ms.max(0) as f64 / 1e3);
     }
 
-    /// Judges readiness now and sets `outbox_cdc_ready` and
-    /// `outbox_cdc_ready_reason` to match.
-    pub fn readiness(&self) -> crate::health::Readiness {
-        let readiness = self.health.readiness(self);
-        self.ready.set(i64::from(readiness.ready));
-        for reason in &readiness.reasons {
+    /// Readiness as judged (`health::readiness`): `outbox_cdc_ready` and
+    /// one `outbox_cdc_ready_reason` per reason.
+    pub fn set_readiness<'r>(
+        &self,
+        ready: bool,
+        reasons: impl IntoIterator<Item = (&'r str, bool)>,
+    ) {
+        self.ready.set(i64::from(ready));
+        for (name, ok) in reasons {
             self.ready_reasons
-                .get_or_create(&label("reason", &reason.name))
-                .set(i64::from(reason.ok));
+                .get_or_create(&label("reason", name))
+                .set(i64::from(ok));
         }
-        readiness
     }
 
     /// The Prometheus text exposition format 0.0.4.

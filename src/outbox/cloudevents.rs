@@ -26,8 +26,8 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use super::table_name::TableName;
-use crate::setting::InvalidSetting as ConfigError;
 use crate::pg::PgTimestamp;
+use crate::setting::InvalidSetting as ConfigError;
 
 /// Header names this module writes; extra headers may not reuse them.
 pub(crate) const CLOUDEVENTS_HEADERS: [&str; 7] = [

@@ -7,7 +7,6 @@
 //! a partial one. [`Reader`] walks a body with bounds checks and reports the
 //! tag and byte offset of anything malformed; `finish` rejects leftover bytes.
 
-
 use bytes::{Buf, Bytes, BytesMut};
 use postgres_protocol::message::frontend;
 

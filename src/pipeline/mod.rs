@@ -211,6 +211,17 @@ pub enum PipelineError {
 }
 
 impl PipelineError {
+    /// The PID holding the slot, when that ended the session (`Some(None)`:
+    /// held by a process the server did not name): readiness says the slot
+    /// is in use, as an HA standby's wait.
+    pub fn slot_holder(&self) -> Option<Option<i32>> {
+        match self {
+            PipelineError::Pg(PgError::SlotActive { pid, .. }) => Some(*pid),
+            PipelineError::SlotBusy { pid, .. } => Some(Some(*pid)),
+            _ => None,
+        }
+    }
+
     /// Whether a new session (after a backoff) may cure this: the one place
     /// that decides for the reconnect loop. Never `RecordRefused`: the poison
     /// policy has had its say before an error ends a session, so a refusal
@@ -292,7 +303,7 @@ pub async fn run(
             Ok(()) => return Ok(()),
             Err(e) => e,
         };
-        metrics.health.session_ended(&e);
+        metrics.health.session_ended(e.slot_holder(), e.to_string());
         match e.disposition() {
             Disposition::Retry => {
                 if started.elapsed() > Duration::from_secs(60) {

@@ -11,10 +11,10 @@ use rdkafka::message::DeliveryResult;
 use rdkafka::producer::{BaseProducer, Producer, ProducerContext};
 
 use super::client_error::LastClientError;
-use super::error::{SinkError, security_code};
 use super::error::blocking;
-use super::settings::creation_error;
+use super::error::{SinkError, security_code};
 use super::settings::KafkaSettings;
+use super::settings::creation_error;
 
 /// What the cluster told us about itself.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -493,7 +493,6 @@ impl SinkError {
     }
 }
 
-
 /// Runs `work` (librdkafka calls that wait) on tokio's blocking pool; a task
 /// that panicked or was cancelled is [`SinkError::Task`].
 pub(super) async fn blocking<T: Send + 'static>(

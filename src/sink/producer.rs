@@ -464,4 +464,3 @@ impl<T: Send + 'static> KafkaSink<T> {
         &self.producer
     }
 }
-

@@ -49,8 +49,8 @@ use rdkafka::types::RDKafkaErrorCode;
 use serde::Deserialize;
 
 use super::client_error::LastClientError;
-use super::error::{SinkError, poison_code, retryable_code};
 use super::error::blocking;
+use super::error::{SinkError, poison_code, retryable_code};
 use super::settings::creation_error;
 use super::settings::{KafkaSettings, Scalar};
 use crate::setting::InvalidSetting;

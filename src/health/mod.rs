@@ -20,8 +20,7 @@
 //! this host alone). `/metrics` exports the same as `outbox_cdc_ready` and
 //! `outbox_cdc_ready_reason{reason}`.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -31,111 +30,18 @@ use tracing::{debug, info, warn};
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::pg::{Lsn, PgError, PgTimestamp};
-use crate::pipeline::PipelineError;
-use crate::setting::InvalidSetting;
+use crate::pg::PgTimestamp;
 
-/// The reasons, in the order the JSON body lists them.
-pub const REASONS: [&str; 5] = [
-    STREAMING,
-    KAFKA_REACHABLE,
-    ACKNOWLEDGING,
-    SEQUENCE_GAPS,
-    RECONCILED,
-];
-pub const STREAMING: &str = "streaming";
-pub const KAFKA_REACHABLE: &str = "kafka_reachable";
-pub const ACKNOWLEDGING: &str = "acknowledging";
-pub const SEQUENCE_GAPS: &str = "sequence_gaps";
-pub const RECONCILED: &str = "reconciled";
+pub(crate) mod reasons;
+pub(crate) mod settings;
+pub(crate) mod state;
 
-/// The causes of a reason that does not hold, as [`Reason::cause`] names them.
-pub mod cause {
-    /// streaming: the slot is held by another process (an HA standby waits).
-    pub const SLOT_IN_USE: &str = "slot_in_use";
-    /// streaming: the last session ended with an error; it reconnects.
-    pub const SESSION_ERROR: &str = "session_error";
-    /// streaming: the first session is starting.
-    pub const STARTING: &str = "starting";
-    /// kafka_reachable: no recent answer to a metadata request.
-    pub const KAFKA_UNREACHABLE: &str = "kafka_unreachable";
-    /// acknowledging: the oldest unacknowledged event is older than the bound.
-    pub const ACKNOWLEDGEMENT_OVERDUE: &str = "acknowledgement_overdue";
-    /// sequence_gaps: an aggregate misses numbers for longer than the bound.
-    pub const SEQUENCE_GAP_OPEN: &str = "sequence_gap_open";
-    /// reconciled: the live witness found committed rows the stream skipped
-    /// and has not published them yet.
-    pub const ROWS_NOT_REPUBLISHED: &str = "rows_not_republished";
-}
-
-/// Open gaps kept; beyond this, new ones are counted but not listed.
-const MAX_OPEN_GAPS: usize = 1000;
-
-/// `[health]`: the bounds of readiness.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct HealthSettings {
-    /// Not ready while the oldest unacknowledged event was committed longer
-    /// ago than this, in milliseconds. Default 60000.
-    pub max_unacked_age_ms: u64,
-    /// Not ready while an aggregate has missed sequence numbers for longer
-    /// than this, in milliseconds. Default 60000.
-    pub max_gap_open_ms: u64,
-    /// How often Kafka is asked for metadata, in milliseconds; each request
-    /// may take as long. Not ready when none succeeded within three
-    /// intervals. Default 5000.
-    pub kafka_probe_interval_ms: u64,
-}
-
-impl Default for HealthSettings {
-    fn default() -> HealthSettings {
-        HealthSettings {
-            max_unacked_age_ms: 60_000,
-            max_gap_open_ms: 60_000,
-            kafka_probe_interval_ms: 5_000,
-        }
-    }
-}
-
-impl HealthSettings {
-    pub(crate) fn validate(&self) -> Result<(), InvalidSetting> {
-        for (key, value, range) in [
-            (
-                "health.max_unacked_age_ms",
-                self.max_unacked_age_ms,
-                100..=86_400_000,
-            ),
-            (
-                "health.max_gap_open_ms",
-                self.max_gap_open_ms,
-                0..=86_400_000,
-            ),
-            (
-                "health.kafka_probe_interval_ms",
-                self.kafka_probe_interval_ms,
-                100..=600_000,
-            ),
-        ] {
-            if !range.contains(&value) {
-                return Err(InvalidSetting::new(
-                    key,
-                    value,
-                    format!("{} to {} (milliseconds)", range.start(), range.end()),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    fn probe_interval(&self) -> Duration {
-        Duration::from_millis(self.kafka_probe_interval_ms)
-    }
-
-    /// How old the last successful probe may be.
-    fn kafka_bound(&self) -> Duration {
-        self.probe_interval() * 3
-    }
-}
+pub use reasons::{
+    ACKNOWLEDGING, KAFKA_REACHABLE, REASONS, RECONCILED, SEQUENCE_GAPS, STREAMING, cause,
+};
+pub use settings::HealthSettings;
+pub use state::HealthState;
+use state::{NotStreaming, OpenGap, lock};
 
 /// One reason of readiness.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -180,208 +86,48 @@ impl Readiness {
     }
 }
 
-/// Why the stream is not up, from the last session's end.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct NotStreaming {
-    /// The PID holding the slot, when that is why (the HA standby's wait).
-    holder: Option<Option<i32>>,
-    error: String,
-}
-
-#[derive(Debug, Default)]
-struct KafkaProbe {
-    last_ok: Option<Instant>,
-    last_error: Option<(Instant, String)>,
-}
-
-/// Missed sequence numbers of one aggregate: `from..=to` did not arrive.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct OpenGap {
-    aggregate_type: String,
-    aggregate_id: String,
-    from: i64,
-    to: i64,
-    lsn: Lsn,
-    since: Instant,
-}
-
-/// The state readiness is judged from, written by the pipeline and its
-/// companions; part of [`Metrics`] so that every writer already has it.
-#[derive(Debug)]
-pub struct HealthState {
-    settings: Mutex<HealthSettings>,
-    slot: Mutex<String>,
-    not_streaming: Mutex<Option<NotStreaming>>,
-    kafka: Mutex<KafkaProbe>,
-    /// Commit time (PostgreSQL microseconds) of the oldest unacknowledged
-    /// transaction as the session last saw it; `i64::MIN`: none.
-    oldest_unacked: AtomicI64,
-    gaps: Mutex<Vec<OpenGap>>,
-    /// `gaps.len()`, read without the lock on every event.
-    open_gaps: AtomicUsize,
-    /// Rows the live witness found missing and has not published yet.
-    witness_unpublished: AtomicU64,
-}
-
-impl Default for HealthState {
-    fn default() -> HealthState {
-        HealthState {
-            settings: Mutex::default(),
-            slot: Mutex::default(),
-            not_streaming: Mutex::default(),
-            kafka: Mutex::default(),
-            oldest_unacked: AtomicI64::new(i64::MIN),
-            gaps: Mutex::default(),
-            open_gaps: AtomicUsize::new(0),
-            witness_unpublished: AtomicU64::new(0),
-        }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-impl HealthState {
-    /// The bounds and slot name of this run (`relay::run`).
-    pub fn configure(&self, settings: &HealthSettings, slot: &str) {
-        *lock(&self.settings) = settings.clone();
-        *lock(&self.slot) = slot.to_owned();
-    }
-
-    pub fn settings(&self) -> HealthSettings {
-        lock(&self.settings).clone()
-    }
-
-    /// A session ended with `error` (the stream is down until the next one).
-    pub(crate) fn session_ended(&self, error: &PipelineError) {
-        let holder = match error {
-            PipelineError::Pg(PgError::SlotActive { pid, .. }) => Some(*pid),
-            PipelineError::SlotBusy { pid, .. } => Some(Some(*pid)),
-            _ => None,
-        };
-        *lock(&self.not_streaming) = Some(NotStreaming {
-            holder,
-            error: error.to_string(),
-        });
-    }
-
-    /// Kafka answered a metadata request.
-    pub fn kafka_reached(&self) {
-        lock(&self.kafka).last_ok = Some(Instant::now());
-    }
-
-    /// A metadata request to Kafka failed.
-    pub fn kafka_unreachable(&self, error: String) {
-        lock(&self.kafka).last_error = Some((Instant::now(), error));
-    }
-
-    /// The oldest unacknowledged transaction is `age_micros` old (0: none).
-    pub(crate) fn unacked_age(&self, age_micros: u64) {
-        let since = if age_micros == 0 {
-            i64::MIN
-        } else {
-            PgTimestamp::now().0.saturating_sub(age_micros as i64)
-        };
-        self.oldest_unacked.store(since, Ordering::Relaxed);
-    }
-
-    /// An aggregate jumped from `last` to `got`: the numbers between are missing.
-    pub(crate) fn gap_opened(
-        &self,
-        aggregate_type: &str,
-        aggregate_id: &str,
-        last: i64,
-        got: i64,
-        lsn: Lsn,
-    ) {
-        let mut gaps = lock(&self.gaps);
-        if gaps.len() >= MAX_OPEN_GAPS {
-            return;
-        }
-        gaps.push(OpenGap {
-            aggregate_type: aggregate_type.to_owned(),
-            aggregate_id: aggregate_id.to_owned(),
-            from: last + 1,
-            to: got - 1,
-            lsn,
-            since: Instant::now(),
-        });
-        self.open_gaps.store(gaps.len(), Ordering::Relaxed);
-    }
-
-    /// An aggregate's event numbered `seq` is published: it closes what it
-    /// fills of an open gap (a writer that committed it late).
-    pub(crate) fn sequence_arrived(&self, aggregate_type: &str, aggregate_id: &str, seq: i64) {
-        if self.open_gaps.load(Ordering::Relaxed) == 0 {
-            return;
-        }
-        let mut gaps = lock(&self.gaps);
-        let mut split = None;
-        for gap in gaps.iter_mut() {
-            let fills = gap.aggregate_id == aggregate_id
-                && gap.aggregate_type == aggregate_type
-                && (gap.from..=gap.to).contains(&seq);
-            if !fills {
-                continue;
-            }
-            if seq > gap.from && seq < gap.to {
-                let mut upper = gap.clone();
-                upper.from = seq + 1;
-                split = Some(upper);
-                gap.to = seq - 1;
-            } else if seq == gap.from {
-                gap.from += 1;
-            } else {
-                gap.to -= 1;
-            }
-        }
-        gaps.extend(split);
-        gaps.retain(|g| g.from <= g.to);
-        self.open_gaps.store(gaps.len(), Ordering::Relaxed);
-    }
-
-    /// The live witness holds `rows` found missing and not yet published (0: none).
-    pub(crate) fn witness_unpublished(&self, rows: u64) {
-        self.witness_unpublished.store(rows, Ordering::Relaxed);
-    }
-
-    /// Judges readiness now.
-    pub fn readiness(&self, metrics: &Metrics) -> Readiness {
-        let settings = self.settings();
-        let now = Instant::now();
-        // One lock at a time: each guard is dropped at the end of its statement.
-        let (kafka_ok_age, kafka_error) = {
-            let kafka = lock(&self.kafka);
-            let error = kafka.last_error.as_ref();
-            (
-                kafka.last_ok.map(|t| now - t),
-                error.map(|(t, e)| (now - *t, e.clone())),
-            )
-        };
-        let slot = lock(&self.slot).clone();
-        let not_streaming = lock(&self.not_streaming).clone();
-        let gaps = lock(&self.gaps)
-            .iter()
-            .map(|g| (g.clone(), now - g.since))
-            .collect();
-        let inputs = Inputs {
-            connected: metrics.is_connected(),
-            slot,
-            not_streaming,
-            kafka_ok_age,
-            kafka_error,
-            unacked_age: match self.oldest_unacked.load(Ordering::Relaxed) {
-                i64::MIN => None,
-                since => Some(Duration::from_micros(
-                    PgTimestamp::now().0.saturating_sub(since).max(0) as u64,
-                )),
-            },
-            gaps,
-            witness_unpublished: self.witness_unpublished.load(Ordering::Relaxed),
-        };
-        judge(&inputs, &settings)
-    }
+/// Judges readiness now from `metrics` and its health state, and sets
+/// `outbox_cdc_ready` and `outbox_cdc_ready_reason` to match.
+pub fn readiness(metrics: &Metrics) -> Readiness {
+    let state = &metrics.health;
+    let settings = state.settings();
+    let now = Instant::now();
+    // One lock at a time: each guard is dropped at the end of its statement.
+    let (kafka_ok_age, kafka_error) = {
+        let kafka = lock(&state.kafka);
+        let error = kafka.last_error.as_ref();
+        (
+            kafka.last_ok.map(|t| now - t),
+            error.map(|(t, e)| (now - *t, e.clone())),
+        )
+    };
+    let slot = lock(&state.slot).clone();
+    let not_streaming = lock(&state.not_streaming).clone();
+    let gaps = lock(&state.gaps)
+        .iter()
+        .map(|g| (g.clone(), now - g.since))
+        .collect();
+    let inputs = Inputs {
+        connected: metrics.is_connected(),
+        slot,
+        not_streaming,
+        kafka_ok_age,
+        kafka_error,
+        unacked_age: match state.oldest_unacked.load(Ordering::Relaxed) {
+            i64::MIN => None,
+            since => Some(Duration::from_micros(
+                PgTimestamp::now().0.saturating_sub(since).max(0) as u64,
+            )),
+        },
+        gaps,
+        witness_unpublished: state.witness_unpublished.load(Ordering::Relaxed),
+    };
+    let readiness = judge(&inputs, &settings);
+    metrics.set_readiness(
+        readiness.ready,
+        readiness.reasons.iter().map(|r| (r.name.as_str(), r.ok)),
+    );
+    readiness
 }
 
 /// What readiness is judged from, at one moment.
@@ -627,6 +373,7 @@ pub(crate) fn spawn_kafka_probe(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pg::Lsn;
 
     fn healthy() -> Inputs {
         Inputs {
