@@ -22,7 +22,7 @@ use crate::metrics::Metrics;
 use crate::outbox::OutboxEvent;
 use crate::pg::Lsn;
 
-use super::PipelineError;
+use super::error::{GapKind, PipelineError, SequenceGap};
 
 /// Aggregates kept in memory before the map is cleared (the store keeps all).
 const MAX_IN_MEMORY: usize = 200_000;
@@ -31,35 +31,6 @@ const MAX_IN_MEMORY: usize = 200_000;
 enum Numbering {
     Consecutive,
     Increasing,
-}
-
-/// What kind of break in an aggregate's numbering.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GapKind {
-    /// N then N+2 or more.
-    Jump,
-    /// A number at or below the last published one, not a replay.
-    Repeat,
-    /// The first event of an aggregate numbered above 1.
-    FirstAboveOne,
-}
-
-/// A break in one aggregate's numbering.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "aggregate {aggregate_type}/{aggregate_id}: aggregate_sequence {got} at LSN {lsn} after {} ({kind:?}); \
-     events of this aggregate may be missing. Check with the outbox table (docs/operations.md, \"After an \
-     incident\"); set audit.on_gap = \"warn\" to go on, or audit.sequences = \"increasing\" / \"off\" for writers \
-     that do not number consecutively",
-    previous.map_or_else(|| "none".to_owned(), |p| p.to_string())
-)]
-pub struct SequenceGap {
-    pub aggregate_type: String,
-    pub aggregate_id: String,
-    pub previous: Option<i64>,
-    pub got: i64,
-    pub lsn: Lsn,
-    pub kind: GapKind,
 }
 
 pub(crate) struct SequenceWatch {

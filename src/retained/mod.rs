@@ -27,7 +27,7 @@ use crate::pg::{Lsn, PgError, PgTimestamp, QualifiedTable, quote_ident};
 use crate::pgoutput::{ColumnValue, Relation, RelationColumn, TupleData};
 use crate::sink::{DeliveryReport, KafkaSink};
 
-use crate::pipeline::PipelineError;
+use crate::pipeline::error::PipelineError;
 
 mod passed;
 mod prune;

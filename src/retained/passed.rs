@@ -21,7 +21,7 @@ use tokio_postgres::Client;
 
 use crate::pg::Lsn;
 use crate::pg::control::{query_value, slot_info};
-use crate::pipeline::PipelineError;
+use crate::pipeline::error::PipelineError;
 
 use super::sql;
 

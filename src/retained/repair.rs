@@ -44,7 +44,7 @@ use super::{
     BoundedSender, RetainedTable, micros_of, micros_text, sql, table_columns,
     tracks_commit_timestamps,
 };
-use crate::pipeline::PipelineError;
+use crate::pipeline::error::PipelineError;
 use crate::pipeline::poison::{PoisonPolicyRouter, Route};
 
 /// Which rows a repair publishes: committed at or after `since`, judged by

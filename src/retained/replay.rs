@@ -40,7 +40,7 @@ use crate::pg::{EventPosition, Lsn, PgConnectConfig, quote_ident};
 
 use super::repair::committed_since;
 use super::{BoundedSender, RetainedTable, micros_of, sql, tracks_commit_timestamps};
-use crate::pipeline::PipelineError;
+use crate::pipeline::error::PipelineError;
 use crate::pipeline::poison::{MemoryParking, PoisonPolicyRouter, Route};
 
 /// What to replay (the command line of `outbox-cdc replay`).

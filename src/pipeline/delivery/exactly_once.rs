@@ -24,7 +24,7 @@ use crate::sink::{
 
 use super::batch::{BatchPolicy, Overrun};
 use super::{Advanced, Delivery, InFlight, Input, StartContext, Unsent};
-use crate::pipeline::PipelineError;
+use crate::pipeline::error::PipelineError;
 
 pub(in crate::pipeline) struct ExactlyOnce {
     settings: DeliverySettings,

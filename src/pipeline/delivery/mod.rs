@@ -24,39 +24,20 @@ pub(super) mod memory;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 use crate::checkpoint::{AckTracker, EventToken, OffsetStore};
-use crate::config::{Config, DeliveryMode};
+use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::outbox::OutboxEvent;
 use crate::pg::control::SlotInfo;
 use crate::pg::{EventPosition, Lsn, PgTimestamp};
 use crate::sink::{DeliveryReport, SinkError};
 
-use super::{PipelineError, RunOptions, session};
+use super::error::PipelineError;
 
 pub(super) use at_least_once::AtLeastOnce;
 pub(super) use exactly_once::ExactlyOnce;
-
-/// One replication session, delivering as `[delivery] mode` says: the one
-/// place the mode is decided.
-pub(super) async fn run_session(
-    config: &Config,
-    options: RunOptions,
-    store: &Arc<OffsetStore>,
-    metrics: &Metrics,
-    shutdown: watch::Receiver<bool>,
-) -> Result<(), PipelineError> {
-    match config.delivery.mode {
-        DeliveryMode::AtLeastOnce => {
-            session::run::<AtLeastOnce>(config, options, store, metrics, shutdown).await
-        }
-        DeliveryMode::ExactlyOnce => {
-            session::run::<ExactlyOnce>(config, options, store, metrics, shutdown).await
-        }
-    }
-}
 
 /// What travels with each record through the producer and comes back in its report.
 #[derive(Debug)]

@@ -21,8 +21,9 @@ use crate::pg::{
 use super::coverage_watch::{self, ProofRecord, ProofTarget, StartProof};
 use super::protocol;
 use crate::pipeline::delivery::{Delivery, StartContext};
+use crate::pipeline::error::PipelineError;
+use crate::pipeline::options::RunOptions;
 use crate::pipeline::resume::{self, ResumeInputs, ResumePlan, StartRefused};
-use crate::pipeline::{PipelineError, RunOptions};
 use crate::retained::repair;
 
 /// What bootstrap hands to streaming.

@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::pg::{FeedbackHandle, Lsn};
 
-use crate::pipeline::PipelineError;
+use crate::pipeline::error::PipelineError;
 use crate::pipeline::sequences::SequenceWatch;
 use crate::witness::Ledger;
 

@@ -29,8 +29,8 @@ use crate::pg::control;
 use crate::pg::{Lsn, PgConnectConfig, PgError, PgTimestamp, QualifiedTable};
 use crate::pgoutput::Relation;
 
-use crate::pipeline::PipelineError;
 use crate::pipeline::delivery::Advanced;
+use crate::pipeline::error::PipelineError;
 use crate::pipeline::resume::StartRefused;
 
 /// SQLSTATE `cannot_connect_now`: "the database system is shutting down".

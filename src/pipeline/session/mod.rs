@@ -38,18 +38,19 @@ use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use crate::checkpoint::{AckTracker, OffsetStore};
-use crate::config::Config;
+use crate::config::{Config, DeliveryMode};
 use crate::metrics::Metrics;
 use crate::outbox::{ChangeContext, MapError, OutboxEvent, OutboxMapper};
 use crate::pg::{EventPosition, Lsn, PgTimestamp, ReplicationEvent, ReplicationStream};
 use crate::pgoutput::{self, Message};
 use crate::sink::DeliveryReport;
 
-use super::delivery::{Delivery, InFlight, Input, Unsent};
+use super::delivery::{AtLeastOnce, Delivery, ExactlyOnce, InFlight, Input, Unsent};
+use super::error::PipelineError;
+use super::options::RunOptions;
 use super::poison::{PoisonPolicyRouter, Route, row_as_json};
 use super::sequences::SequenceWatch;
 use super::spill::Spill;
-use super::{PipelineError, RunOptions};
 use bootstrap::Started;
 use checkpointer::{Checkpointer, StartPositions};
 use coverage_watch::CoverageWatch;
@@ -58,10 +59,29 @@ use relations::{StreamRelations, Target};
 use stages::{Now, StageClock};
 use streamed::Replay;
 
-/// One session delivering with `D` (chosen by `delivery::run_session`): bootstrap,
+/// One replication session, delivering as `[delivery] mode` says: the one
+/// place the mode is decided.
+pub(super) async fn run_session(
+    config: &Config,
+    options: RunOptions,
+    store: &Arc<OffsetStore>,
+    metrics: &Metrics,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), PipelineError> {
+    match config.delivery.mode {
+        DeliveryMode::AtLeastOnce => {
+            run::<AtLeastOnce>(config, options, store, metrics, shutdown).await
+        }
+        DeliveryMode::ExactlyOnce => {
+            run::<ExactlyOnce>(config, options, store, metrics, shutdown).await
+        }
+    }
+}
+
+/// One session delivering with `D` (chosen by [`run_session`]): bootstrap,
 /// stream until a stop is asked or an error ends it, drain. An error exit
 /// still persists what was acknowledged ([`Session::keep_acknowledged`]).
-pub(super) async fn run<'a, D: Delivery>(
+async fn run<'a, D: Delivery>(
     config: &'a Config,
     options: RunOptions,
     store: &'a Arc<OffsetStore>,

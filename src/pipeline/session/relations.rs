@@ -15,7 +15,7 @@ use crate::pg::Lsn;
 use crate::pgoutput::{Relation, RelationCache};
 
 use super::protocol;
-use crate::pipeline::PipelineError;
+use crate::pipeline::error::PipelineError;
 
 #[derive(Default)]
 pub(super) struct StreamRelations {

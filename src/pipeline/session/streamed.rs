@@ -6,8 +6,8 @@
 
 use crate::pg::Lsn;
 use crate::pgoutput::{self, Commit, Message, StreamAbort, StreamCommit, StreamStart};
-use crate::pipeline::PipelineError;
 use crate::pipeline::delivery::Delivery;
+use crate::pipeline::error::PipelineError;
 use crate::pipeline::spill::{Spill, SpillReader};
 use tracing::debug;
 
