@@ -42,7 +42,7 @@ use crate::config::{Config, DeliveryMode};
 use crate::metrics::Metrics;
 use crate::outbox::{ChangeContext, MapError, OutboxEvent, OutboxMapper};
 use crate::pg::{EventPosition, Lsn, PgTimestamp, ReplicationEvent, ReplicationStream};
-use crate::pgoutput::{self, Message};
+use crate::pgoutput::{self, Commit, Insert, LogicalMessage, Message};
 use crate::sink::DeliveryReport;
 
 use super::delivery::{AtLeastOnce, Delivery, ExactlyOnce, InFlight, Input, Unsent};
@@ -344,128 +344,14 @@ impl<'a, D: Delivery> Session<'a, D> {
     async fn on_message(&mut self, lsn: Lsn, message: Message) -> Result<(), PipelineError> {
         match message {
             Message::Begin(begin) => self.begin(lsn, begin.final_lsn, begin.commit_time)?,
-            Message::Commit(commit) => {
-                let Some(tx) = self.open.take() else {
-                    return Err(protocol(lsn, "Commit without Begin"));
-                };
-                if tx.replayed {
-                    if commit.end_lsn > self.skip_through {
-                        return Err(protocol(
-                            lsn,
-                            format!(
-                                "transaction ending at {} was treated as already acknowledged (offset {}); refusing to continue",
-                                commit.end_lsn, self.skip_through
-                            ),
-                        ));
-                    }
-                    debug!(end_lsn = %commit.end_lsn, "dropped a transaction acknowledged before the restart");
-                } else {
-                    let tracked = self.tracker.commit(commit.end_lsn);
-                    if tracked.map_err(|e| protocol(lsn, e))?.is_some() {
-                        self.checkpoint.mark_dirty();
-                    }
-                    self.input = Input::at_commit(
-                        self.unread,
-                        tx.commit_time,
-                        self.stages.sent_at(),
-                        self.config.delivery.max_batch_age(),
-                    );
-                    let committed = self.delivery.committed(
-                        commit.end_lsn,
-                        tx.commit_time,
-                        self.input,
-                        &mut self.tracker,
-                    );
-                    if committed.await?.0 {
-                        self.checkpoint.mark_dirty();
-                    }
-                }
-                self.checkpoint.written(commit.end_lsn);
-            }
+            Message::Commit(commit) => self.commit(lsn, commit).await?,
             Message::Relation(relation) => {
                 let kind = self.coverage.kind_of(&relation, lsn).await?;
                 self.relations
                     .described(relation, kind, &self.mapper, lsn)?;
             }
-            Message::Insert(insert) => {
-                let Some(tx) = self.open.as_ref() else {
-                    return Err(protocol(lsn, "Insert outside a transaction"));
-                };
-                let Target::Outbox { bound, description } =
-                    self.relations.of_change(insert.relation_oid, lsn)?
-                else {
-                    return Ok(()); // another table in the publication
-                };
-                let ctx = ChangeContext {
-                    lsn,
-                    commit_time: tx.commit_time,
-                };
-                if tx.replayed {
-                    let commit = tx.commit_lsn;
-                    let mapped = (self.sequences.is_on() || self.checkpoint.records_sent())
-                        .then(|| self.mapper.map_insert(bound, &insert.new, &ctx));
-                    // Sent by an earlier session whose pages may not have
-                    // reached the store (exactly-once resumes at a Kafka
-                    // marker ahead of the stored offset).
-                    let event_id = match &mapped {
-                        Some(Ok(event)) => Some(event.event_id.as_str()),
-                        Some(Err(poison)) => poison.event_id(),
-                        None => None,
-                    };
-                    if let Some(id) = event_id {
-                        self.checkpoint.record_sent(commit, id);
-                    }
-                    let mapped = mapped.filter(|_| self.sequences.is_on());
-                    return self.replayed(mapped, lsn);
-                }
-                let (commit_time, at) = (tx.commit_time, EventPosition::new(tx.commit_lsn, lsn));
-                let mapped = self.mapper.map_insert(bound, &insert.new, &ctx);
-                if let Some(every) = self.drop_every {
-                    self.inserts_seen += 1;
-                    if self.inserts_seen.is_multiple_of(every) {
-                        let event_id = mapped.as_ref().ok().map(|e| e.event_id.as_str());
-                        warn!(lsn = %lsn, event_id, "sabotage drop-insert-every: this outbox insert is skipped");
-                        return Ok(());
-                    }
-                }
-                let max_raw = self.config.outbox.max_record_bytes / 2;
-                let raw = || row_as_json(description, &insert.new, max_raw);
-                let route = self
-                    .poison
-                    .route(mapped, raw, self.store, at, commit_time)?;
-                self.publish(route, at, commit_time).await?;
-            }
-            Message::Message(msg) => {
-                if self.mapper.is_stray_event_message(&msg) {
-                    // Sent at once, even if the emitting transaction rolls
-                    // back: never an event, but the writer meant one.
-                    self.metrics.failed();
-                    warn!(lsn = %lsn, prefix = %msg.prefix,
-                        "a non-transactional logical message carries the event prefix and is NOT published: \
-                         emit events with pg_logical_emit_message(true, ...)");
-                    return Ok(());
-                }
-                let Some(tx) = self.open.as_ref().filter(|_| msg.transactional) else {
-                    return Ok(()); // non-transactional messages are not events
-                };
-                let ctx = ChangeContext {
-                    lsn,
-                    commit_time: tx.commit_time,
-                };
-                let (replayed, commit_time) = (tx.replayed, tx.commit_time);
-                let at = EventPosition::new(tx.commit_lsn, lsn);
-                match self.mapper.map_message(&msg, &ctx).transpose() {
-                    None => {}
-                    Some(mapped) if replayed => self.replayed(Some(mapped), lsn)?,
-                    Some(mapped) => {
-                        let raw = || msg.content.clone();
-                        let route = self
-                            .poison
-                            .route(mapped, raw, self.store, at, commit_time)?;
-                        self.publish(route, at, commit_time).await?;
-                    }
-                }
-            }
+            Message::Insert(insert) => self.insert(lsn, insert).await?,
+            Message::Message(msg) => self.logical_message(lsn, msg).await?,
             // Updates, deletes and truncates of the outbox table are not events
             // (the Debezium-style writer deletes its rows in the same transaction).
             Message::Update(_)
@@ -479,6 +365,140 @@ impl<'a, D: Delivery> Session<'a, D> {
             }
             Message::StreamCommit(commit) => self.stream_commit(lsn, commit)?,
             Message::StreamAbort(abort) => self.stream_abort(lsn, abort)?,
+        }
+        Ok(())
+    }
+
+    /// A transaction's Commit: acknowledged as the tracker allows, and
+    /// handed to the delivery (exactly-once may commit its Kafka
+    /// transaction); one sent before the restart is only dropped.
+    async fn commit(&mut self, lsn: Lsn, commit: Commit) -> Result<(), PipelineError> {
+        let Some(tx) = self.open.take() else {
+            return Err(protocol(lsn, "Commit without Begin"));
+        };
+        if tx.replayed {
+            if commit.end_lsn > self.skip_through {
+                return Err(protocol(
+                    lsn,
+                    format!(
+                        "transaction ending at {} was treated as already acknowledged (offset {}); refusing to continue",
+                        commit.end_lsn, self.skip_through
+                    ),
+                ));
+            }
+            debug!(end_lsn = %commit.end_lsn, "dropped a transaction acknowledged before the restart");
+        } else {
+            let tracked = self.tracker.commit(commit.end_lsn);
+            if tracked.map_err(|e| protocol(lsn, e))?.is_some() {
+                self.checkpoint.mark_dirty();
+            }
+            self.input = Input::at_commit(
+                self.unread,
+                tx.commit_time,
+                self.stages.sent_at(),
+                self.config.delivery.max_batch_age(),
+            );
+            let committed = self.delivery.committed(
+                commit.end_lsn,
+                tx.commit_time,
+                self.input,
+                &mut self.tracker,
+            );
+            if committed.await?.0 {
+                self.checkpoint.mark_dirty();
+            }
+        }
+        self.checkpoint.written(commit.end_lsn);
+        Ok(())
+    }
+
+    /// An insert: an outbox row is mapped and published (or dead-lettered);
+    /// one of a transaction sent before the restart is only recorded.
+    async fn insert(&mut self, lsn: Lsn, insert: Insert) -> Result<(), PipelineError> {
+        let Some(tx) = self.open.as_ref() else {
+            return Err(protocol(lsn, "Insert outside a transaction"));
+        };
+        let Target::Outbox { bound, description } =
+            self.relations.of_change(insert.relation_oid, lsn)?
+        else {
+            return Ok(()); // another table in the publication
+        };
+        let ctx = ChangeContext {
+            lsn,
+            commit_time: tx.commit_time,
+        };
+        if tx.replayed {
+            let commit = tx.commit_lsn;
+            let mapped = (self.sequences.is_on() || self.checkpoint.records_sent())
+                .then(|| self.mapper.map_insert(bound, &insert.new, &ctx));
+            // Sent by an earlier session whose pages may not have
+            // reached the store (exactly-once resumes at a Kafka
+            // marker ahead of the stored offset).
+            let event_id = match &mapped {
+                Some(Ok(event)) => Some(event.event_id.as_str()),
+                Some(Err(poison)) => poison.event_id(),
+                None => None,
+            };
+            if let Some(id) = event_id {
+                self.checkpoint.record_sent(commit, id);
+            }
+            let mapped = mapped.filter(|_| self.sequences.is_on());
+            return self.replayed(mapped, lsn);
+        }
+        let (commit_time, at) = (tx.commit_time, EventPosition::new(tx.commit_lsn, lsn));
+        let mapped = self.mapper.map_insert(bound, &insert.new, &ctx);
+        if let Some(every) = self.drop_every {
+            self.inserts_seen += 1;
+            if self.inserts_seen.is_multiple_of(every) {
+                let event_id = mapped.as_ref().ok().map(|e| e.event_id.as_str());
+                warn!(lsn = %lsn, event_id, "sabotage drop-insert-every: this outbox insert is skipped");
+                return Ok(());
+            }
+        }
+        let max_raw = self.config.outbox.max_record_bytes / 2;
+        let raw = || row_as_json(description, &insert.new, max_raw);
+        let route = self
+            .poison
+            .route(mapped, raw, self.store, at, commit_time)?;
+        self.publish(route, at, commit_time).await?;
+        Ok(())
+    }
+
+    /// A logical message: a transactional one with the event prefix is an
+    /// event; a non-transactional one with it is refused loudly.
+    async fn logical_message(
+        &mut self,
+        lsn: Lsn,
+        msg: LogicalMessage,
+    ) -> Result<(), PipelineError> {
+        if self.mapper.is_stray_event_message(&msg) {
+            // Sent at once, even if the emitting transaction rolls
+            // back: never an event, but the writer meant one.
+            self.metrics.failed();
+            warn!(lsn = %lsn, prefix = %msg.prefix,
+                "a non-transactional logical message carries the event prefix and is NOT published: \
+                 emit events with pg_logical_emit_message(true, ...)");
+            return Ok(());
+        }
+        let Some(tx) = self.open.as_ref().filter(|_| msg.transactional) else {
+            return Ok(()); // non-transactional messages are not events
+        };
+        let ctx = ChangeContext {
+            lsn,
+            commit_time: tx.commit_time,
+        };
+        let (replayed, commit_time) = (tx.replayed, tx.commit_time);
+        let at = EventPosition::new(tx.commit_lsn, lsn);
+        match self.mapper.map_message(&msg, &ctx).transpose() {
+            None => {}
+            Some(mapped) if replayed => self.replayed(Some(mapped), lsn)?,
+            Some(mapped) => {
+                let raw = || msg.content.clone();
+                let route = self
+                    .poison
+                    .route(mapped, raw, self.store, at, commit_time)?;
+                self.publish(route, at, commit_time).await?;
+            }
         }
         Ok(())
     }
