@@ -235,6 +235,43 @@ pub(super) struct StartProof {
     pub(super) at: PgTimestamp,
 }
 
+/// `postgres.create_publication`: the publication, created for the table
+/// (through its root when partitioned) when it does not exist.
+async fn create_publication_if_missing(
+    client: &tokio_postgres::Client,
+    target: &ProofTarget,
+) -> Result<(), PipelineError> {
+    let (publication, table) = (target.publication.as_str(), &target.table);
+    let facts = coverage::gather(client, table, publication).await?;
+    if facts.publication.is_none()
+        && let Some(t) = &facts.table
+    {
+        let partitioned = t.relkind == 'p';
+        control::create_publication(client, publication, table, partitioned).await?;
+        info!(publication, table = %table, partitioned, "created publication");
+    }
+    Ok(())
+}
+
+/// A stored coverage break refuses the start, naming the command, unless
+/// the live witness repairs its window now (it is on, and no row stays
+/// missing).
+async fn refuse_unrepaired_breaks(
+    config: &Config,
+    record: &ProofRecord,
+) -> Result<(), PipelineError> {
+    let breaks = record.load()?.map(|r| r.breaks).unwrap_or_default();
+    let Some(refused) = record.refusal(&breaks) else {
+        return Ok(());
+    };
+    let repaired = config.reconcile.enabled
+        && crate::witness::repair_breaks(config, &record.store, &breaks, &refused).await?;
+    match repaired {
+        true => Ok(()),
+        false => Err(refused.into()),
+    }
+}
+
 /// Gathers the catalog facts (creating the publication first when configured
 /// to and missing) and proves the publication covers the outbox table, also
 /// against what the last session's proofs rested on: a change made while the
@@ -247,16 +284,8 @@ pub(super) async fn prove_at_start(
     record: ProofRecord,
 ) -> Result<(StartProof, Lsn), PipelineError> {
     let publication = target.publication.as_str();
-    let table = &target.table;
     if config.postgres.create_publication {
-        let facts = coverage::gather(client, table, publication).await?;
-        if facts.publication.is_none()
-            && let Some(t) = &facts.table
-        {
-            let partitioned = t.relkind == 'p';
-            control::create_publication(client, publication, table, partitioned).await?;
-            info!(publication, table = %table, partitioned, "created publication");
-        }
+        create_publication_if_missing(client, &target).await?;
     }
     let stored = record.load()?;
     let baseline = stored
@@ -309,17 +338,7 @@ pub(super) async fn prove_at_start(
     }
     // It passes now: the baseline from here on.
     record.save_baseline(now, proof.read_at)?;
-    let breaks = record.load()?.map(|r| r.breaks).unwrap_or_default();
-    if let Some(refused) = record.refusal(&breaks) {
-        // The live witness repairs the break's window instead of waiting for
-        // an operator; without it (or when rows stay missing) the start is
-        // refused, naming the command.
-        let repaired = config.reconcile.enabled
-            && crate::witness::repair_breaks(config, &record.store, &breaks, &refused).await?;
-        if !repaired {
-            return Err(refused.into());
-        }
-    }
+    refuse_unrepaired_breaks(config, &record).await?;
     Ok((
         StartProof {
             coverage,
@@ -518,46 +537,7 @@ impl CoverageWatch {
                 return Ok(Advanced(false));
             };
             self.reproof = None;
-            match done {
-                Ok(Ok((proof, reconnected))) => {
-                    if let Some(client) = reconnected {
-                        // The session's SQL connection had closed (C6): the
-                        // new one takes its place for lookups and proofs.
-                        info!("the session's SQL connection closed; continuing on a new one");
-                        self.catalog = Some(Arc::new(client));
-                    }
-                    if let Err(problems) = self.hold(&proof) {
-                        return Err(PipelineError::CoverageLost(NotCovered { problems }));
-                    }
-                    advanced = tracker.prove_through(proof.through).is_some();
-                }
-                // On a standby the ceiling stays: a PG16 run lost rows when the
-                // position a shutting-down standby's walsender reported was
-                // acknowledged (CI, tests/standby/standby_decoding.rs); its restart
-                // then waits up to wal_sender_timeout instead.
-                Ok(Err(e)) if e.sqlstate() == Some(SHUTTING_DOWN) && !self.on_standby => {
-                    // No transaction can commit any more, and the server's
-                    // walsender waits (up to wal_sender_timeout) for us to
-                    // confirm everything it sent before it lets the shutdown
-                    // finish: acknowledge the rest without a proof.
-                    info!(
-                        "the server is shutting down: acknowledging what it sends without a coverage proof"
-                    );
-                    advanced = tracker.lift_ceiling().is_some();
-                }
-                Ok(Err(e @ PgError::WrongServerKind { .. })) => {
-                    // Fenced (made read-only) or demoted while we streamed:
-                    // leave it; the reconnect passes it over.
-                    warn!(error = %e, "the server no longer fits target_session_attrs; reconnecting");
-                    return Err(PipelineError::Pg(e));
-                }
-                Ok(Err(e)) => {
-                    warn!(error = %e, "re-proving the publication's coverage failed; trying again later")
-                }
-                Err(e) => {
-                    warn!(error = %e, "the coverage re-proof task failed; trying again later")
-                }
-            }
+            advanced = self.reproved(done, tracker)?;
         }
         // A closed catalog connection is replaced at once (a server shutdown
         // closes it first, then waits for us to confirm its WAL).
@@ -565,6 +545,68 @@ impl CoverageWatch {
         if since < self.interval && !(catalog.is_closed() && since >= Duration::from_millis(500)) {
             return Ok(Advanced(advanced));
         }
+        self.start_reproof(catalog);
+        Ok(Advanced(advanced))
+    }
+
+    /// A re-proof finished: the proof ceiling moves (or the coverage is
+    /// lost); whether acknowledgement advanced.
+    fn reproved(
+        &mut self,
+        done: Result<
+            Result<(Proof, Option<tokio_postgres::Client>), PgError>,
+            tokio::task::JoinError,
+        >,
+        tracker: &mut AckTracker,
+    ) -> Result<bool, PipelineError> {
+        match done {
+            Ok(Ok((proof, reconnected))) => {
+                if let Some(client) = reconnected {
+                    // The session's SQL connection had closed (C6): the
+                    // new one takes its place for lookups and proofs.
+                    info!("the session's SQL connection closed; continuing on a new one");
+                    self.catalog = Some(Arc::new(client));
+                }
+                if let Err(problems) = self.hold(&proof) {
+                    return Err(PipelineError::CoverageLost(NotCovered { problems }));
+                }
+                Ok(tracker.prove_through(proof.through).is_some())
+            }
+            // On a standby the ceiling stays: a PG16 run lost rows when the
+            // position a shutting-down standby's walsender reported was
+            // acknowledged (CI, tests/standby/standby_decoding.rs); its restart
+            // then waits up to wal_sender_timeout instead.
+            Ok(Err(e)) if e.sqlstate() == Some(SHUTTING_DOWN) && !self.on_standby => {
+                // No transaction can commit any more, and the server's
+                // walsender waits (up to wal_sender_timeout) for us to
+                // confirm everything it sent before it lets the shutdown
+                // finish: acknowledge the rest without a proof.
+                info!(
+                    "the server is shutting down: acknowledging what it sends without a coverage proof"
+                );
+                Ok(tracker.lift_ceiling().is_some())
+            }
+            Ok(Err(e @ PgError::WrongServerKind { .. })) => {
+                // Fenced (made read-only) or demoted while we streamed:
+                // leave it; the reconnect passes it over.
+                warn!(error = %e, "the server no longer fits target_session_attrs; reconnecting");
+                Err(PipelineError::Pg(e))
+            }
+            Ok(Err(e)) => {
+                warn!(error = %e, "re-proving the publication's coverage failed; trying again later");
+                Ok(false)
+            }
+            Err(e) => {
+                warn!(error = %e, "the coverage re-proof task failed; trying again later");
+                Ok(false)
+            }
+        }
+    }
+
+    /// Starts the next re-proof on its own task (on a new connection when
+    /// the session's closed), checking first that the server still fits
+    /// `target_session_attrs`.
+    fn start_reproof(&mut self, catalog: Arc<tokio_postgres::Client>) {
         self.reproof_started = Instant::now();
         let target = self.target.clone();
         let pg = self.pg.clone();
@@ -591,7 +633,6 @@ impl CoverageWatch {
             let (_, proof) = target.prove(client, Some(&baseline)).await?;
             Ok((proof, reconnected))
         }));
-        Ok(Advanced(advanced))
     }
 
     /// At a stop: one more proof, so that what was delivered since the last
