@@ -197,23 +197,7 @@ impl StartRefused {
 pub fn decide(input: &ResumeInputs<'_>) -> Result<ResumePlan, StartRefused> {
     let slot = input.slot.to_owned();
     if let Some(stored) = input.stored {
-        if stored.system_id != input.server_system_id {
-            return Err(StartRefused::OtherCluster {
-                slot,
-                stored_lsn: stored.lsn,
-                stored_system_id: stored.system_id.clone(),
-                server_system_id: input.server_system_id.to_owned(),
-            });
-        }
-        // Every stored offset is a position this cluster had flushed; a server
-        // behind it has lost or never had that WAL.
-        if stored.lsn > input.server_flush_lsn {
-            return Err(StartRefused::OffsetAheadOfServer {
-                slot,
-                stored_lsn: stored.lsn,
-                server_flush_lsn: input.server_flush_lsn,
-            });
-        }
+        refuse_foreign_offset(input, stored)?;
     }
     let Some(info) = input.slot_info else {
         return match input.stored {
@@ -229,23 +213,7 @@ pub fn decide(input: &ResumeInputs<'_>) -> Result<ResumePlan, StartRefused> {
             None => Err(StartRefused::SlotMissing { slot }),
         };
     };
-    if let Some(plugin) = info.plugin.as_deref()
-        && plugin != "pgoutput"
-    {
-        return Err(StartRefused::WrongPlugin {
-            slot,
-            plugin: plugin.to_owned(),
-        });
-    }
-    if let Some(db) = info.database.as_deref()
-        && db != input.database
-    {
-        return Err(StartRefused::WrongDatabase {
-            slot,
-            slot_database: db.to_owned(),
-            database: input.database.to_owned(),
-        });
-    }
+    refuse_foreign_slot(input, info)?;
     if info.wal_status.as_deref() == Some("lost") {
         // It exists, but the server removed WAL it needed: as lost as a
         // dropped slot.
@@ -281,6 +249,54 @@ pub fn decide(input: &ResumeInputs<'_>) -> Result<ResumePlan, StartRefused> {
             skip_through: stored.lsn,
         }),
     }
+}
+
+/// The stored offset must be this cluster's, and a position it had flushed:
+/// a server behind it has lost or never had that WAL.
+fn refuse_foreign_offset(
+    input: &ResumeInputs<'_>,
+    stored: &StoredOffset,
+) -> Result<(), StartRefused> {
+    let slot = input.slot.to_owned();
+    if stored.system_id != input.server_system_id {
+        return Err(StartRefused::OtherCluster {
+            slot,
+            stored_lsn: stored.lsn,
+            stored_system_id: stored.system_id.clone(),
+            server_system_id: input.server_system_id.to_owned(),
+        });
+    }
+    if stored.lsn > input.server_flush_lsn {
+        return Err(StartRefused::OffsetAheadOfServer {
+            slot,
+            stored_lsn: stored.lsn,
+            server_flush_lsn: input.server_flush_lsn,
+        });
+    }
+    Ok(())
+}
+
+/// The slot must decode with pgoutput for this database.
+fn refuse_foreign_slot(input: &ResumeInputs<'_>, info: &SlotInfo) -> Result<(), StartRefused> {
+    let slot = input.slot.to_owned();
+    if let Some(plugin) = info.plugin.as_deref()
+        && plugin != "pgoutput"
+    {
+        return Err(StartRefused::WrongPlugin {
+            slot,
+            plugin: plugin.to_owned(),
+        });
+    }
+    if let Some(db) = info.database.as_deref()
+        && db != input.database
+    {
+        return Err(StartRefused::WrongDatabase {
+            slot,
+            slot_database: db.to_owned(),
+            database: input.database.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
