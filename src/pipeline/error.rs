@@ -316,7 +316,7 @@ mod tests {
     /// The reconnect loop's truth table. It is the one `is_retryable` gave
     /// before `disposition()` replaced it (checked against it when it came in).
     #[test]
-    fn disposition_table() {
+    fn dispositions_of_kafka_and_postgres_failures() {
         use Disposition::{Retry, Stop};
         let rows = [
             // Kafka: a refused record that reaches the loop stops (the poison
@@ -355,6 +355,14 @@ mod tests {
                 }),
                 Stop,
             ),
+        ];
+        assert_dispositions(rows);
+    }
+
+    #[test]
+    fn dispositions_of_store_session_and_transaction_failures() {
+        use Disposition::{Retry, Stop};
+        let rows = [
             (store_error(true), Retry),
             (store_error(false), Stop),
             (PipelineError::StreamEnded, Retry),
@@ -422,6 +430,10 @@ mod tests {
             (PipelineError::from(bad_table()), Stop),
             (PipelineError::Internal { what: "w".into() }, Stop),
         ];
+        assert_dispositions(rows);
+    }
+
+    fn assert_dispositions(rows: impl IntoIterator<Item = (PipelineError, Disposition)>) {
         for (e, want) in rows {
             assert_eq!(e.disposition(), want, "{e:?}");
         }
