@@ -33,13 +33,12 @@ use crate::metrics::Metrics;
 use crate::pg::PgTimestamp;
 
 pub(crate) mod reasons;
-pub(crate) mod settings;
 pub(crate) mod state;
 
+pub use crate::config::HealthSettings;
 pub use reasons::{
     ACKNOWLEDGING, KAFKA_REACHABLE, REASONS, RECONCILED, SEQUENCE_GAPS, STREAMING, cause,
 };
-pub use settings::HealthSettings;
 pub use state::HealthState;
 use state::{NotStreaming, OpenGap, lock};
 

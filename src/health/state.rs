@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
-use super::settings::HealthSettings;
+use crate::config::HealthSettings;
 use crate::pg::{Lsn, PgTimestamp};
 
 /// Open gaps kept; beyond this, new ones are counted but not listed.
