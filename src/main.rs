@@ -371,7 +371,7 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
             let options = pipeline::RunOptions {
                 recreate_slot,
                 accept_gap,
-                repair_only: false,
+                ..Default::default()
             };
             relay::run_until_signal(Arc::new(load(&config)?), options).await?;
             Ok(true)
@@ -381,6 +381,7 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
                 recreate_slot: true,
                 accept_gap,
                 repair_only: true,
+                ..Default::default()
             };
             relay::run_until_signal(Arc::new(load(&config)?), options).await?;
             Ok(true)

@@ -80,6 +80,11 @@ pub async fn run(
         companions_rx,
     ));
 
+    // A stored coverage break is repaired by the live witness at start.
+    let options = RunOptions {
+        break_repair: Some(crate::witness::break_repair()),
+        ..options
+    };
     let result = pipeline::run(config, options, metrics, stop).await;
 
     companions_stop.send_replace(true);

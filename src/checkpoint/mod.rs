@@ -10,16 +10,20 @@
 //! - The acked LSN is persisted and flushed in sled ([`OffsetStore`]) before
 //!   PostgreSQL hears of it: the only LSN the pipeline can report as flushed is
 //!   a [`DurableLsn`], and only the store makes one.
+//! - With the live witness on, the fingerprints of the events sent
+//!   ([`Ledger`]) reach the store with the offset that covers them.
 //! - The stored offset carries the cluster's system identifier; resume starts
 //!   at max(stored LSN, slot `confirmed_flush_lsn`).
 
 mod acked_time;
+mod ledger;
 mod shared_store;
 mod store;
 mod tracker;
 
 pub use crate::pg::DurableLsn;
 pub(crate) use acked_time::DurableCommitTime;
+pub use ledger::{Ledger, fingerprint};
 pub(crate) use shared_store::SharedStore;
 pub use store::{
     CoverageBreak, CoverageRecord, Flushed, OffsetStore, ParkedAggregate, ParkedAt, PendingRepair,

@@ -37,7 +37,7 @@ pub use crate::retained::{
     prune_once, prune_stored, replay, run_pruner,
 };
 pub use error::{GapKind, PipelineError, SequenceGap};
-pub use options::RunOptions;
+pub use options::{BreakRepair, RunOptions};
 pub use resume::StartRefused;
 
 /// Runs sessions until shutdown is signalled (returns Ok) or a definite error

@@ -12,9 +12,14 @@ use crate::checkpoint::{CoverageBreak, OffsetStore};
 use crate::config::Config;
 use crate::pipeline::{PipelineError, StartRefused};
 
+/// [`repair_breaks`] as the pipeline takes it (`RunOptions::break_repair`).
+pub fn break_repair() -> crate::pipeline::BreakRepair {
+    |config, store, breaks, refused| Box::pin(repair_breaks(config, store, breaks, refused))
+}
+
 /// Repairs the `breaks` of the configured slot over the window `refused`
 /// names; returns whether they were cleared.
-pub(crate) async fn repair_breaks(
+async fn repair_breaks(
     config: &Config,
     store: &OffsetStore,
     breaks: &[CoverageBreak],

@@ -53,7 +53,7 @@ use crate::pg::{Lsn, PgConnectConfig, PgTimestamp, quote_ident};
 use crate::pipeline::{EventIdSet, PipelineError, ReplayOptions};
 use crate::retained::{micros_of, sql, table_columns};
 
-use super::ledger::fingerprint;
+use crate::checkpoint::fingerprint;
 
 /// Rows named one by one in the log per round; the rest are counted.
 const LOGGED_ROWS: usize = 100;

@@ -83,6 +83,7 @@ async fn no_instance_streams_while_a_peer_repairs_and_no_repair_runs_while_a_pee
             recreate_slot: true,
             accept_gap: true,
             repair_only: true,
+            ..RunOptions::default()
         },
     );
     waits(&repairing, Duration::from_secs(5), "a peer is starting").await;

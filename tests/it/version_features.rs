@@ -72,6 +72,7 @@ async fn failover_slot_is_created_on_17_and_refused_on_older_servers() {
             recreate_slot: true,
             accept_gap: true,
             repair_only: true,
+            ..RunOptions::default()
         };
         Running::spawn(
             fx.config_with("OUTBOX_CDC__POSTGRES__FAILOVER_SLOT=true"),

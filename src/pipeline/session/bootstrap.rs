@@ -24,7 +24,7 @@ use super::coverage_watch::{self, ProofRecord, ProofTarget, StartProof};
 use super::protocol;
 use crate::pipeline::delivery::{Delivery, StartContext};
 use crate::pipeline::error::PipelineError;
-use crate::pipeline::options::RunOptions;
+use crate::pipeline::options::{BreakRepair, RunOptions};
 use crate::pipeline::resume::{self, ResumeInputs, ResumePlan, StartRefused};
 use crate::retained::repair;
 
@@ -83,7 +83,7 @@ pub(super) async fn bootstrap<D: Delivery>(
 ) -> Result<Option<Started<D>>, PipelineError> {
     let target = ProofTarget::of(config)?;
     let mut conn = Connections::<D>::open(config, metrics).await?;
-    let server = ServerFacts::prove(config, store, &conn, target).await?;
+    let server = ServerFacts::prove(config, store, &conn, target, options.break_repair).await?;
     let slot_info = take_slot(store, &mut conn).await?;
     let run = Run {
         config,
@@ -166,13 +166,14 @@ impl ServerFacts {
         store: &Arc<OffsetStore>,
         conn: &Connections<D>,
         target: ProofTarget,
+        break_repair: Option<BreakRepair>,
     ) -> Result<ServerFacts, PipelineError> {
         let client = &conn.client;
         // Proof before the slot is touched (DESIGN.md §5a): the publication
         // carries every row of the outbox table, or the start is refused.
         let record = ProofRecord::of(config, store, &conn.identity.system_id);
         let (proof, proven_through) =
-            coverage_watch::prove_at_start(client, config, target, record).await?;
+            coverage_watch::prove_at_start(client, config, target, record, break_repair).await?;
         let server_version = control::server_version_num(client).await?;
         let on_standby = control::in_recovery(client).await?;
         let streaming = refuse_missing_features(config, &conn.mapper, server_version, on_standby)?;

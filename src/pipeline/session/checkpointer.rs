@@ -18,9 +18,9 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::pg::{FeedbackHandle, Lsn};
 
+use crate::checkpoint::Ledger;
 use crate::pipeline::error::PipelineError;
 use crate::pipeline::sequences::SequenceWatch;
-use crate::witness::Ledger;
 
 /// What one persist made durable.
 pub(super) struct Persisted {

@@ -31,6 +31,7 @@ use crate::pgoutput::Relation;
 
 use crate::pipeline::delivery::Advanced;
 use crate::pipeline::error::PipelineError;
+use crate::pipeline::options::BreakRepair;
 use crate::pipeline::resume::StartRefused;
 
 /// SQLSTATE `cannot_connect_now`: "the database system is shutting down".
@@ -259,13 +260,16 @@ async fn create_publication_if_missing(
 async fn refuse_unrepaired_breaks(
     config: &Config,
     record: &ProofRecord,
+    break_repair: Option<BreakRepair>,
 ) -> Result<(), PipelineError> {
     let breaks = record.load()?.map(|r| r.breaks).unwrap_or_default();
     let Some(refused) = record.refusal(&breaks) else {
         return Ok(());
     };
-    let repaired = config.reconcile.enabled
-        && crate::witness::repair_breaks(config, &record.store, &breaks, &refused).await?;
+    let repaired = match break_repair.filter(|_| config.reconcile.enabled) {
+        Some(repair) => repair(config, &record.store, &breaks, &refused).await?,
+        None => false,
+    };
     match repaired {
         true => Ok(()),
         false => Err(refused.into()),
@@ -282,6 +286,7 @@ pub(super) async fn prove_at_start(
     config: &Config,
     target: ProofTarget,
     record: ProofRecord,
+    break_repair: Option<BreakRepair>,
 ) -> Result<(StartProof, Lsn), PipelineError> {
     let publication = target.publication.as_str();
     if config.postgres.create_publication {
@@ -338,7 +343,7 @@ pub(super) async fn prove_at_start(
     }
     // It passes now: the baseline from here on.
     record.save_baseline(now, proof.read_at)?;
-    refuse_unrepaired_breaks(config, &record).await?;
+    refuse_unrepaired_breaks(config, &record, break_repair).await?;
     Ok((
         StartProof {
             coverage,

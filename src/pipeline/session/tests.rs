@@ -620,7 +620,7 @@ async fn sent_events_are_stored_for_the_witness_with_the_offset_that_covers_them
     assert_eq!(h.stored(), first);
     let mut expected: Vec<u64> = ids[..2]
         .iter()
-        .map(|id| crate::witness::fingerprint(id))
+        .map(|id| crate::checkpoint::fingerprint(id))
         .collect();
     expected.sort_unstable();
     assert_eq!(h.store.witness_fingerprints(SLOT).unwrap(), expected);
@@ -629,7 +629,7 @@ async fn sent_events_are_stored_for_the_witness_with_the_offset_that_covers_them
     h.tick_and_persist().await;
     let mut expected: Vec<u64> = ids
         .iter()
-        .map(|id| crate::witness::fingerprint(id))
+        .map(|id| crate::checkpoint::fingerprint(id))
         .collect();
     expected.sort_unstable();
     assert_eq!(h.store.witness_fingerprints(SLOT).unwrap(), expected);
@@ -667,7 +667,7 @@ async fn events_sent_again_by_the_server_are_stored_for_the_witness_before_it_co
     h.tick_and_persist().await;
     assert_eq!(metrics.witness_covered(), START);
     let stored = h.store.witness_fingerprints(SLOT).unwrap();
-    let fingerprint = crate::witness::fingerprint(&resent_id);
+    let fingerprint = crate::checkpoint::fingerprint(&resent_id);
     assert!(
         stored.binary_search(&fingerprint).is_ok(),
         "the resent event {resent_id} is among the stored pages {stored:?}"
