@@ -11,9 +11,7 @@
 //!   session starts from the durable acked LSN, after a backoff with jitter.
 
 mod delivery;
-pub mod error;
 mod options;
-pub(crate) mod poison;
 mod resume;
 mod sequences;
 mod session;
@@ -32,13 +30,12 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 
 // The retained-row commands' API, where callers have always found it.
+pub use crate::error::{GapKind, PipelineError, SequenceGap, StartRefused};
 pub use crate::retained::{
     AckedPosition, EventIdSet, PruneError, PruneReport, ReplayError, ReplayOptions, ReplayReport,
     prune_once, prune_stored, replay, run_pruner,
 };
-pub use error::{GapKind, PipelineError, SequenceGap};
 pub use options::{BreakRepair, RunOptions};
-pub use resume::StartRefused;
 
 /// Runs sessions until shutdown is signalled (returns Ok) or a definite error
 /// occurs. Retryable failures reconnect with exponential backoff and full jitter.

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use crate::checkpoint::{CoverageBreak, OffsetStore};
 use crate::config::Config;
 
-use super::error::{PipelineError, StartRefused};
+use crate::error::{PipelineError, StartRefused};
 
 /// Repairs the stored coverage `breaks` over the window `refused` names,
 /// instead of refusing the start; resolves to whether they were cleared.

@@ -22,7 +22,7 @@ use crate::metrics::Metrics;
 use crate::outbox::OutboxEvent;
 use crate::pg::Lsn;
 
-use super::error::{GapKind, PipelineError, SequenceGap};
+use crate::error::{GapKind, PipelineError, SequenceGap};
 
 /// Aggregates kept in memory before the map is cleared (the store keeps all).
 const MAX_IN_MEMORY: usize = 200_000;

@@ -17,6 +17,7 @@
 //! to another thread for each of a million messages, and every thread's
 //! allocator arena kept its share of the stream's buffers resident.
 
+pub use crate::error::SpillError;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -43,15 +44,6 @@ fn blocking<T>(io: impl FnOnce() -> T) -> T {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(io),
         _ => io(),
     }
-}
-
-/// Why the spill failed; the path says where.
-#[derive(Debug, thiserror::Error)]
-#[error("spill of streamed transactions at {}: {source}", path.display())]
-pub struct SpillError {
-    pub path: PathBuf,
-    #[source]
-    pub source: io::Error,
 }
 
 /// What the spill holds, for metrics and `status`.

@@ -27,7 +27,7 @@ use crate::pg::{Lsn, PgError, PgTimestamp, QualifiedTable, quote_ident};
 use crate::pgoutput::{ColumnValue, Relation, RelationColumn, TupleData};
 use crate::sink::{DeliveryReport, KafkaSink};
 
-use crate::pipeline::error::PipelineError;
+use crate::error::PipelineError;
 
 mod passed;
 mod prune;
@@ -138,7 +138,7 @@ impl RetainedTable {
     /// shortened (review F15: a replay sent `{}`).
     pub(crate) fn row_json(&self, row: &Row, max_bytes: usize) -> Result<Bytes, PipelineError> {
         let tuple = self.tuple(row)?;
-        Ok(crate::pipeline::poison::row_as_json(
+        Ok(crate::poison::row_as_json(
             Some(&self.relation),
             &tuple,
             max_bytes,

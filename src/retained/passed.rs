@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
+use crate::error::PipelineError;
 use crate::pg::Lsn;
 use crate::pg::control::{query_value, slot_info};
-use crate::pipeline::error::PipelineError;
 
 use super::sql;
 

@@ -72,7 +72,7 @@ use crate::pg::{Lsn, PgConnectConfig, PgTimestamp, QualifiedTable, quote_ident};
 
 use super::passed::{older, xid_witness};
 use super::{micros_text, sql, table_columns};
-use crate::pipeline::error::{PipelineError, StartRefused};
+use crate::error::{PipelineError, StartRefused};
 
 /// Why pruning cannot run at all; the operator fixes the setup.
 #[derive(Debug, thiserror::Error)]

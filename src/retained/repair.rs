@@ -44,8 +44,8 @@ use super::{
     BoundedSender, RetainedTable, micros_of, micros_text, sql, table_columns,
     tracks_commit_timestamps,
 };
-use crate::pipeline::error::PipelineError;
-use crate::pipeline::poison::{PoisonPolicyRouter, Route};
+use crate::error::PipelineError;
+use crate::poison::{PoisonPolicyRouter, Route};
 
 /// Which rows a repair publishes: committed at or after `since`, judged by
 /// the commit timestamp or by `occurred_at`.

@@ -40,8 +40,8 @@ use crate::pg::{EventPosition, Lsn, PgConnectConfig, quote_ident};
 
 use super::repair::committed_since;
 use super::{BoundedSender, RetainedTable, micros_of, sql, tracks_commit_timestamps};
-use crate::pipeline::error::PipelineError;
-use crate::pipeline::poison::{MemoryParking, PoisonPolicyRouter, Route};
+use crate::error::PipelineError;
+use crate::poison::{MemoryParking, PoisonPolicyRouter, Route};
 
 /// What to replay (the command line of `outbox-cdc replay`).
 #[derive(Debug, Clone, Default)]
@@ -384,7 +384,7 @@ pub async fn replay_with(
     };
     let router = PoisonPolicyRouter::new(&config.outbox);
     let memory = MemoryParking::default();
-    let parking: &(dyn crate::pipeline::poison::Parking + Sync) = match &options.parking {
+    let parking: &(dyn crate::poison::Parking + Sync) = match &options.parking {
         Some(store) => store.as_ref(),
         None => &memory,
     };

@@ -14,7 +14,7 @@ use crate::pg::{Lsn, PgTimestamp};
 use crate::sink::{DeliveryReport, KafkaSink, SinkError};
 
 use super::{Advanced, Delivery, InFlight, Input, StartContext, Unsent};
-use crate::pipeline::error::PipelineError;
+use crate::error::PipelineError;
 
 pub(in crate::pipeline) struct AtLeastOnce {
     sink: KafkaSink<InFlight>,

@@ -24,7 +24,7 @@ use crate::sink::{
 
 use super::batch::{BatchPolicy, Overrun};
 use super::{Advanced, Delivery, InFlight, Input, StartContext, Unsent};
-use crate::pipeline::error::PipelineError;
+use crate::error::PipelineError;
 
 pub(in crate::pipeline) struct ExactlyOnce {
     settings: DeliverySettings,

@@ -20,7 +20,7 @@ use crate::pg::{Lsn, PgTimestamp};
 use crate::sink::{Delivered, DeliveryReport, SinkError};
 
 use super::{Advanced, Delivery, InFlight, Input, StartContext, Unsent};
-use crate::pipeline::error::PipelineError;
+use crate::error::PipelineError;
 
 pub(in crate::pipeline) struct MemoryDelivery {
     /// The records handed over, in order (their event ids).

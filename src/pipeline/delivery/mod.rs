@@ -34,7 +34,7 @@ use crate::pg::control::SlotInfo;
 use crate::pg::{EventPosition, Lsn, PgTimestamp};
 use crate::sink::{DeliveryReport, SinkError};
 
-use super::error::PipelineError;
+use crate::error::PipelineError;
 
 pub(super) use at_least_once::AtLeastOnce;
 pub(super) use exactly_once::ExactlyOnce;

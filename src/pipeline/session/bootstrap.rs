@@ -22,10 +22,11 @@ use crate::pg::{
 
 use super::coverage_watch::{self, ProofRecord, ProofTarget, StartProof};
 use super::protocol;
+use crate::error::PipelineError;
+use crate::error::StartRefused;
 use crate::pipeline::delivery::{Delivery, StartContext};
-use crate::pipeline::error::PipelineError;
 use crate::pipeline::options::{BreakRepair, RunOptions};
-use crate::pipeline::resume::{self, ResumeInputs, ResumePlan, StartRefused};
+use crate::pipeline::resume::{self, ResumeInputs, ResumePlan};
 use crate::retained::repair;
 
 /// What bootstrap hands to streaming.

@@ -19,7 +19,7 @@ use crate::metrics::Metrics;
 use crate::pg::{FeedbackHandle, Lsn};
 
 use crate::checkpoint::Ledger;
-use crate::pipeline::error::PipelineError;
+use crate::error::PipelineError;
 use crate::pipeline::sequences::SequenceWatch;
 
 /// What one persist made durable.

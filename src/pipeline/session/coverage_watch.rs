@@ -29,10 +29,10 @@ use crate::pg::control;
 use crate::pg::{Lsn, PgConnectConfig, PgError, PgTimestamp, QualifiedTable};
 use crate::pgoutput::Relation;
 
+use crate::error::PipelineError;
+use crate::error::StartRefused;
 use crate::pipeline::delivery::Advanced;
-use crate::pipeline::error::PipelineError;
 use crate::pipeline::options::BreakRepair;
-use crate::pipeline::resume::StartRefused;
 
 /// SQLSTATE `cannot_connect_now`: "the database system is shutting down".
 const SHUTTING_DOWN: &str = "57P03";

@@ -11,8 +11,8 @@ use crate::checkpoint::OffsetStore;
 use crate::sink::SinkError;
 
 use super::{Now, Session};
+use crate::error::PipelineError;
 use crate::pipeline::delivery::{Delivery, InFlight};
-use crate::pipeline::error::PipelineError;
 
 /// A record Kafka will not take. Under the dead-letter policy
 /// (`dead_letters`) a refused main-topic record parks its aggregate and ends

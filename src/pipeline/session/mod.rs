@@ -46,11 +46,11 @@ use crate::pgoutput::{self, Commit, Insert, LogicalMessage, Message};
 use crate::sink::DeliveryReport;
 
 use super::delivery::{AtLeastOnce, Delivery, ExactlyOnce, InFlight, Input, Unsent};
-use super::error::PipelineError;
 use super::options::RunOptions;
-use super::poison::{PoisonPolicyRouter, Route, row_as_json};
 use super::sequences::SequenceWatch;
 use super::spill::Spill;
+use crate::error::PipelineError;
+use crate::poison::{PoisonPolicyRouter, Route, row_as_json};
 use bootstrap::Started;
 use checkpointer::{Checkpointer, StartPositions};
 use coverage_watch::CoverageWatch;
@@ -563,7 +563,7 @@ impl<'a, D: Delivery> Session<'a, D> {
                 (event, false)
             }
             Route::DeadLetter(event) => {
-                let original = header_text(&event, super::poison::H_DLQ_ORIGINAL_TOPIC);
+                let original = header_text(&event, crate::poison::H_DLQ_ORIGINAL_TOPIC);
                 self.metrics.record_dead_lettered(&original);
                 (event, true)
             }

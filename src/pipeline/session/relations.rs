@@ -15,7 +15,7 @@ use crate::pg::Lsn;
 use crate::pgoutput::{Relation, RelationCache};
 
 use super::protocol;
-use crate::pipeline::error::PipelineError;
+use crate::error::PipelineError;
 
 #[derive(Default)]
 pub(super) struct StreamRelations {

@@ -4,10 +4,10 @@
 //! ([`Replay`]) as if the transaction had arrived whole; Stream Abort drops
 //! them, or one subtransaction's part of them.
 
+use crate::error::PipelineError;
 use crate::pg::Lsn;
 use crate::pgoutput::{self, Commit, Message, StreamAbort, StreamCommit, StreamStart};
 use crate::pipeline::delivery::Delivery;
-use crate::pipeline::error::PipelineError;
 use crate::pipeline::spill::{Spill, SpillReader};
 use tracing::debug;
 

@@ -21,7 +21,7 @@ use crate::outbox::{MapError, OutboxEvent, OutboxSettings, PoisonPolicy};
 use crate::pg::{EventPosition, Lsn, PgTimestamp};
 use crate::pgoutput::{ColumnValue, Relation, TupleData};
 
-use super::error::PipelineError;
+use crate::error::PipelineError;
 
 /// Header names added to dead-lettered records.
 pub(crate) const H_DLQ_REASON: &str = "dlq_reason";

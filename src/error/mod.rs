@@ -1,7 +1,10 @@
-//! Why a session ended (`PipelineError`), classified for the reconnect
-//! decision, and the sequence gap that may end one. Below everything in
-//! the pipeline, and below `retained`, which fails with it.
+//! Why a run or one of its sessions ended (`PipelineError`), classified for
+//! the reconnect decision, with the errors it carries that belong to no
+//! lower layer: a refused start (`refused`), a sequence gap, a spill
+//! failure. Below the pipeline and `retained`, which both fail with it.
 
+use std::io;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::Disposition;
@@ -12,8 +15,18 @@ use crate::pg::{Lsn, PgError};
 use crate::pgoutput::DecodeError;
 use crate::sink::SinkError;
 
-pub use super::resume::StartRefused;
-use super::spill::SpillError;
+mod refused;
+
+pub use refused::StartRefused;
+
+/// Why the spill failed; the path says where.
+#[derive(Debug, thiserror::Error)]
+#[error("spill of streamed transactions at {}: {source}", path.display())]
+pub struct SpillError {
+    pub path: PathBuf,
+    #[source]
+    pub source: io::Error,
+}
 
 /// What kind of break in an aggregate's numbering.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
