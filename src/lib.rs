@@ -26,6 +26,7 @@ pub mod pg;
 pub mod pgoutput;
 pub mod pipeline;
 pub(crate) mod poison;
+pub mod readiness;
 pub mod relay;
 pub mod retained;
 pub(crate) mod setting;

@@ -160,7 +160,7 @@ pub struct Metrics {
     /// `outbox_cdc_ready_reason{reason}`: 1 while that reason holds.
     ready_reasons: Family<Label, Gauge>,
     /// What `/health/ready` judges from (readiness reasons).
-    pub health: crate::health::state::HealthState,
+    pub health: crate::readiness::HealthState,
     /// Commit time of the last acknowledged transaction the session
     /// persisted: the pruner's bound while `run` holds the offset store.
     pub(crate) durable_commit_time: Arc<DurableCommitTime>,
@@ -398,7 +398,7 @@ impl Default for Metrics {
             "1 while the readiness reason holds, 0 while it does not (reason: streaming, kafka_reachable, acknowledging, sequence_gaps); /health/ready names the cause, the log and `outbox-cdc status` say why",
             Family::default(),
         );
-        create_members(&ready_reasons, "reason", &crate::health::reasons::REASONS);
+        create_members(&ready_reasons, "reason", &crate::readiness::REASONS);
         Metrics {
             registry: r.0,
             slot_lag_bytes,
@@ -441,7 +441,7 @@ impl Default for Metrics {
             trace_dropped,
             ready,
             ready_reasons,
-            health: crate::health::state::HealthState::default(),
+            health: crate::readiness::HealthState::default(),
             durable_commit_time: Arc::default(),
             offset_store: SharedStore::default(),
             witness_covered: AtomicU64::new(0),

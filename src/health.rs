@@ -32,15 +32,12 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::pg::PgTimestamp;
 
-pub(crate) mod reasons;
-pub(crate) mod state;
-
 pub use crate::config::HealthSettings;
-pub use reasons::{
+pub use crate::readiness::HealthState;
+pub use crate::readiness::{
     ACKNOWLEDGING, KAFKA_REACHABLE, REASONS, RECONCILED, SEQUENCE_GAPS, STREAMING, cause,
 };
-pub use state::HealthState;
-use state::{NotStreaming, OpenGap, lock};
+use crate::readiness::{NotStreaming, OpenGap, lock};
 
 /// One reason of readiness.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,7 +1,8 @@
 //! What readiness is judged from, as the pipeline and its companions record
 //! it (the session's end, the Kafka probe, open sequence gaps, the witness's
-//! unpublished rows). Below `metrics`, which carries it to every writer;
-//! judged in `health`.
+//! unpublished rows), and the names of the reasons and causes. Below
+//! `metrics`, which carries the state to every writer, and `health`, which
+//! judges it; it judges nothing.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -10,50 +11,83 @@ use std::time::Instant;
 use crate::config::HealthSettings;
 use crate::pg::{Lsn, PgTimestamp};
 
+/// The reasons, in the order the JSON body lists them.
+pub const REASONS: [&str; 5] = [
+    STREAMING,
+    KAFKA_REACHABLE,
+    ACKNOWLEDGING,
+    SEQUENCE_GAPS,
+    RECONCILED,
+];
+pub const STREAMING: &str = "streaming";
+pub const KAFKA_REACHABLE: &str = "kafka_reachable";
+pub const ACKNOWLEDGING: &str = "acknowledging";
+pub const SEQUENCE_GAPS: &str = "sequence_gaps";
+pub const RECONCILED: &str = "reconciled";
+
+/// The causes of a reason that does not hold, as [`Reason::cause`] names them.
+pub mod cause {
+    /// streaming: the slot is held by another process (an HA standby waits).
+    pub const SLOT_IN_USE: &str = "slot_in_use";
+    /// streaming: the last session ended with an error; it reconnects.
+    pub const SESSION_ERROR: &str = "session_error";
+    /// streaming: the first session is starting.
+    pub const STARTING: &str = "starting";
+    /// kafka_reachable: no recent answer to a metadata request.
+    pub const KAFKA_UNREACHABLE: &str = "kafka_unreachable";
+    /// acknowledging: the oldest unacknowledged event is older than the bound.
+    pub const ACKNOWLEDGEMENT_OVERDUE: &str = "acknowledgement_overdue";
+    /// sequence_gaps: an aggregate misses numbers for longer than the bound.
+    pub const SEQUENCE_GAP_OPEN: &str = "sequence_gap_open";
+    /// reconciled: the live witness found committed rows the stream skipped
+    /// and has not published them yet.
+    pub const ROWS_NOT_REPUBLISHED: &str = "rows_not_republished";
+}
+
 /// Open gaps kept; beyond this, new ones are counted but not listed.
 const MAX_OPEN_GAPS: usize = 1000;
 
 /// Why the stream is not up, from the last session's end.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct NotStreaming {
+pub(crate) struct NotStreaming {
     /// The PID holding the slot, when that is why (the HA standby's wait).
-    pub(super) holder: Option<Option<i32>>,
-    pub(super) error: String,
+    pub(crate) holder: Option<Option<i32>>,
+    pub(crate) error: String,
 }
 
 #[derive(Debug, Default)]
-pub(super) struct KafkaProbe {
-    pub(super) last_ok: Option<Instant>,
-    pub(super) last_error: Option<(Instant, String)>,
+pub(crate) struct KafkaProbe {
+    pub(crate) last_ok: Option<Instant>,
+    pub(crate) last_error: Option<(Instant, String)>,
 }
 
 /// Missed sequence numbers of one aggregate: `from..=to` did not arrive.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct OpenGap {
-    pub(super) aggregate_type: String,
-    pub(super) aggregate_id: String,
-    pub(super) from: i64,
-    pub(super) to: i64,
-    pub(super) lsn: Lsn,
-    pub(super) since: Instant,
+pub(crate) struct OpenGap {
+    pub(crate) aggregate_type: String,
+    pub(crate) aggregate_id: String,
+    pub(crate) from: i64,
+    pub(crate) to: i64,
+    pub(crate) lsn: Lsn,
+    pub(crate) since: Instant,
 }
 
 /// The state readiness is judged from, written by the pipeline and its
 /// companions; part of `Metrics` so that every writer already has it.
 #[derive(Debug)]
 pub struct HealthState {
-    pub(super) settings: Mutex<HealthSettings>,
-    pub(super) slot: Mutex<String>,
-    pub(super) not_streaming: Mutex<Option<NotStreaming>>,
-    pub(super) kafka: Mutex<KafkaProbe>,
+    pub(crate) settings: Mutex<HealthSettings>,
+    pub(crate) slot: Mutex<String>,
+    pub(crate) not_streaming: Mutex<Option<NotStreaming>>,
+    pub(crate) kafka: Mutex<KafkaProbe>,
     /// Commit time (PostgreSQL microseconds) of the oldest unacknowledged
     /// transaction as the session last saw it; `i64::MIN`: none.
-    pub(super) oldest_unacked: AtomicI64,
-    pub(super) gaps: Mutex<Vec<OpenGap>>,
+    pub(crate) oldest_unacked: AtomicI64,
+    pub(crate) gaps: Mutex<Vec<OpenGap>>,
     /// `gaps.len()`, read without the lock on every event.
-    pub(super) open_gaps: AtomicUsize,
+    pub(crate) open_gaps: AtomicUsize,
     /// Rows the live witness found missing and has not published yet.
-    pub(super) witness_unpublished: AtomicU64,
+    pub(crate) witness_unpublished: AtomicU64,
 }
 
 impl Default for HealthState {
@@ -71,7 +105,7 @@ impl Default for HealthState {
     }
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
