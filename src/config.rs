@@ -671,12 +671,16 @@ impl Default for LimitSettings {
 pub struct HttpSettings {
     /// Listen address; empty disables the server. Default `127.0.0.1:9187`.
     pub listen: String,
+    /// Connections open at once; a new one beyond it closes the oldest that
+    /// has not sent its request yet. Default 256.
+    pub max_connections: usize,
 }
 
 impl Default for HttpSettings {
     fn default() -> Self {
         HttpSettings {
             listen: "127.0.0.1:9187".into(),
+            max_connections: 256,
         }
     }
 }
@@ -941,6 +945,12 @@ impl Config {
                 "an IP:port socket address such as 127.0.0.1:9187, or \"\" to disable",
             ));
         }
+        within(
+            "http.max_connections",
+            self.http.max_connections as u64,
+            1..=65_536,
+            "",
+        )?;
         self.validate_producer_limits()?;
         let retry = &self.retry;
         if retry.initial_backoff_ms == 0 || retry.initial_backoff_ms > retry.max_backoff_ms {
@@ -1177,6 +1187,7 @@ const NUMBER_KEYS: &[&str] = &[
     "prune.lock_timeout_ms",
     "reconcile.interval_ms",
     "reconcile.settle_margin_ms",
+    "http.max_connections",
     "health.max_unacked_age_ms",
     "health.max_gap_open_ms",
     "health.kafka_probe_interval_ms",

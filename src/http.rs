@@ -9,19 +9,31 @@
 //! alone (loopback, or the address the connection came in on), which is
 //! where `outbox-cdc status` runs.
 //!
-//! Only GET of a few fixed paths, one request per connection, a request head
-//! read whole (however it is segmented) up to a bound: small enough that a
-//! framework would add more than it saves.
+//! Served by hyper (HTTP/1.1, one request per connection), with the bounds a
+//! port anyone can reach needs: a connection cap that evicts idle clients
+//! first, a time limit on the request head and on the whole exchange, and a
+//! pause after a failed accept (see [`serve`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::CONTENT_TYPE;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
-use tracing::debug;
+use tokio::task::{AbortHandle, JoinHandle};
+use tracing::{debug, warn};
 
+use crate::config::HttpSettings;
 use crate::metrics::Metrics;
 
 /// Largest response body [`get`] accepts.
@@ -119,46 +131,177 @@ pub async fn get_any(
     Ok((status, body.to_owned()))
 }
 
-/// Starts serving on `listen` ("" disables). Returns the task, which runs until aborted.
-pub async fn serve(listen: &str, metrics: Arc<Metrics>) -> std::io::Result<Option<JoinHandle<()>>> {
-    if listen.is_empty() {
+/// Starts serving `settings.listen` ("" disables). Returns the task, which
+/// runs until aborted.
+///
+/// Bounds (issue 50, H2): at most `http.max_connections` connections are
+/// open; a new one beyond it closes the oldest that has not sent a whole
+/// request head yet (an idle or slow client), or is itself closed when every
+/// open connection is being answered. A request head must arrive within
+/// [`REQUEST_TIMEOUT`], and a whole exchange (a client that stops reading
+/// included) ends within [`CONNECTION_TIMEOUT`]. An accept error (out of
+/// file descriptors) waits [`ACCEPT_BACKOFF`] instead of spinning.
+pub async fn serve(
+    settings: &HttpSettings,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<Option<JoinHandle<()>>> {
+    if settings.listen.is_empty() {
         return Ok(None);
     }
-    let listener = TcpListener::bind(listen).await?;
-    Ok(Some(tokio::spawn(async move {
+    let listener = TcpListener::bind(&settings.listen).await?;
+    let connections = Arc::new(Connections::new(settings.max_connections));
+    Ok(Some(accept_loop(listener, connections, metrics)))
+}
+
+/// Accepts connections on `listener` until aborted (see [`serve`]).
+fn accept_loop(
+    listener: TcpListener,
+    connections: Arc<Connections>,
+    metrics: Arc<Metrics>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut said_accept_error = false;
         loop {
-            let Ok((mut socket, peer)) = listener.accept().await else {
+            let (socket, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    if !said_accept_error {
+                        warn!(error = %e, "http: accepting a connection failed; waiting before the next");
+                        said_accept_error = true;
+                    }
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            };
+            said_accept_error = false;
+            let Some(id) = connections.admit() else {
+                debug!(%peer, "http: every connection is being answered; closing a new one");
                 continue;
             };
             let this_host = socket
                 .local_addr()
                 .is_ok_and(|local| same_host(peer.ip(), local.ip()));
-            let metrics = metrics.clone();
-            tokio::spawn(async move {
-                let read = tokio::time::timeout(REQUEST_TIMEOUT, read_head(&mut socket)).await;
-                let (status, content_type, body) = match read {
-                    Ok(Ok(Head::Complete(head))) => respond(&head, &metrics, this_host),
-                    Ok(Ok(Head::TooLarge)) => (
-                        "431 Request Header Fields Too Large",
-                        "text/plain",
-                        format!("request head over {MAX_REQUEST_HEAD} bytes\n"),
-                    ),
-                    // Closed before a whole head, a read error, or too slow.
-                    Ok(Ok(Head::Closed)) | Ok(Err(_)) | Err(_) => return,
-                };
-                let head = format!(
-                    "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                    body.len()
-                );
-                if let Err(e) = socket.write_all(head.as_bytes()).await {
-                    debug!(error = %e, "http write failed");
-                    return;
-                }
-                let _ = socket.write_all(body.as_bytes()).await;
-                let _ = socket.shutdown().await;
-            });
+            let task = tokio::spawn(answer(
+                socket,
+                this_host,
+                metrics.clone(),
+                connections.clone(),
+                id,
+            ));
+            connections.started(id, task.abort_handle());
         }
-    })))
+    })
+}
+
+/// Serves one connection: one request, then closed.
+async fn answer(
+    socket: tokio::net::TcpStream,
+    this_host: bool,
+    metrics: Arc<Metrics>,
+    connections: Arc<Connections>,
+    id: u64,
+) {
+    let service = {
+        let connections = connections.clone();
+        service_fn(move |request: Request<Incoming>| {
+            // A whole head arrived: no longer an idle connection to evict.
+            connections.answering(id);
+            let (status, content_type, body) = respond(
+                request.method().as_str(),
+                request.uri().path(),
+                &metrics,
+                this_host,
+            );
+            let response = Response::builder()
+                .status(status)
+                .header(CONTENT_TYPE, content_type)
+                .body(Full::new(Bytes::from(body)));
+            std::future::ready(response)
+        })
+    };
+    let connection = http1::Builder::new()
+        .keep_alive(false)
+        .timer(TokioTimer::new())
+        .header_read_timeout(REQUEST_TIMEOUT)
+        .max_buf_size(MAX_REQUEST_HEAD)
+        .serve_connection(TokioIo::new(socket), service);
+    match tokio::time::timeout(CONNECTION_TIMEOUT, connection).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => debug!(error = %e, "http connection ended with an error"),
+        Err(_) => debug!("http connection closed after {CONNECTION_TIMEOUT:?}"),
+    }
+    connections.ended(id);
+}
+
+/// The open connections, oldest first, each with whether it is still
+/// waiting for its request head (so may be evicted).
+struct Connections {
+    max: usize,
+    open: Mutex<ConnectionList>,
+}
+
+#[derive(Default)]
+struct ConnectionList {
+    next_id: u64,
+    /// Connection id, its task (once spawned), and whether its head arrived.
+    entries: std::collections::VecDeque<(u64, Option<AbortHandle>, bool)>,
+}
+
+impl Connections {
+    fn new(max: usize) -> Connections {
+        Connections {
+            max: max.max(1),
+            open: Mutex::default(),
+        }
+    }
+
+    fn list(&self) -> std::sync::MutexGuard<'_, ConnectionList> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Room for one more connection: its id, after closing the oldest one
+    /// still waiting for its head when full; `None` when every open one is
+    /// being answered.
+    fn admit(&self) -> Option<u64> {
+        let mut list = self.list();
+        if list.entries.len() >= self.max {
+            let idle = list
+                .entries
+                .iter()
+                .position(|(_, _, answering)| !answering)?;
+            if let Some((_, Some(task), _)) = list.entries.remove(idle) {
+                task.abort();
+            }
+        }
+        list.next_id += 1;
+        let id = list.next_id;
+        list.entries.push_back((id, None, false));
+        Some(id)
+    }
+
+    fn started(&self, id: u64, task: AbortHandle) {
+        let mut list = self.list();
+        match list.entries.iter_mut().find(|(i, _, _)| *i == id) {
+            Some(entry) => entry.1 = Some(task),
+            // Ended (or evicted) before it was registered.
+            None => task.abort(),
+        }
+    }
+
+    fn answering(&self, id: u64) {
+        if let Some(entry) = self.list().entries.iter_mut().find(|(i, _, _)| *i == id) {
+            entry.2 = true;
+        }
+    }
+
+    fn ended(&self, id: u64) {
+        self.list().entries.retain(|(i, _, _)| *i != id);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.list().entries.len()
+    }
 }
 
 /// Whether a connection from `peer` to `local` comes from this host: from
@@ -170,73 +313,49 @@ fn same_host(peer: IpAddr, local: IpAddr) -> bool {
     peer.is_loopback() || peer == local.to_canonical()
 }
 
-/// Largest request head (request line and headers) the server reads.
+/// Largest request head (request line and headers) the server reads
+/// (hyper's smallest read buffer).
 const MAX_REQUEST_HEAD: usize = 8 * 1024;
 /// How long a client may take to send its request head.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one connection may last, answer written included.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+/// The wait after a failed accept (out of file descriptors, say).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// What a client sent before the blank line that ends an HTTP request head.
-enum Head {
-    Complete(Vec<u8>),
-    TooLarge,
-    Closed,
-}
-
-/// Reads up to the end of the request head (`\r\n\r\n`, or `\n\n` from a
-/// lenient client), however many segments it arrives in.
-async fn read_head<R: tokio::io::AsyncRead + Unpin>(socket: &mut R) -> std::io::Result<Head> {
-    let mut head = Vec::with_capacity(512);
-    let mut chunk = [0u8; 1024];
-    loop {
-        let n = socket.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(Head::Closed);
-        }
-        // Search from just before the new bytes: the terminator may straddle reads.
-        let from = head.len().saturating_sub(3);
-        head.extend_from_slice(&chunk[..n]);
-        let tail = &head[from..];
-        let ended =
-            tail.windows(4).any(|w| w == b"\r\n\r\n") || tail.windows(2).any(|w| w == b"\n\n");
-        if head.len() > MAX_REQUEST_HEAD {
-            return Ok(Head::TooLarge);
-        }
-        if ended {
-            return Ok(Head::Complete(head));
-        }
-    }
-}
-
-/// The answer to `request`; `this_host`: the client runs on this host (see
-/// [`same_host`]), the only one shown readiness details.
+/// The answer to `method path`: status, content type and body;
+/// `this_host`: the client runs on this host (see [`same_host`]), the only
+/// one shown readiness details.
 fn respond(
-    request: &[u8],
+    method: &str,
+    path: &str,
     metrics: &Metrics,
     this_host: bool,
-) -> (&'static str, &'static str, String) {
-    let line = request
-        .split(|b| *b == b'\r' || *b == b'\n')
-        .next()
-        .unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+) -> (StatusCode, &'static str, String) {
     if method != "GET" {
-        return ("405 Method Not Allowed", "text/plain", "only GET\n".into());
+        return (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "only GET\n".into(),
+        );
     }
     const JSON: &str = "application/json";
     match path {
         "/metrics" => {
             // The readiness gauges as of this scrape.
             crate::health::readiness(metrics);
-            ("200 OK", "text/plain; version=0.0.4", metrics.render())
+            (
+                StatusCode::OK,
+                "text/plain; version=0.0.4",
+                metrics.render(),
+            )
         }
-        "/health/live" | "/healthz" => ("200 OK", JSON, "{\"live\":true}\n".into()),
+        "/health/live" | "/healthz" => (StatusCode::OK, JSON, "{\"live\":true}\n".into()),
         "/health/ready" | "/readyz" | "/health/ready/detail" => {
             let detail = path == "/health/ready/detail";
             if detail && !this_host {
                 return (
-                    "403 Forbidden",
+                    StatusCode::FORBIDDEN,
                     "text/plain",
                     "readiness details are shown on the connector's host only: run \
                      `outbox-cdc status` there, or read the log\n"
@@ -244,10 +363,9 @@ fn respond(
                 );
             }
             let readiness = crate::health::readiness(metrics);
-            let status = if readiness.ready {
-                "200 OK"
-            } else {
-                "503 Service Unavailable"
+            let status = match readiness.ready {
+                true => StatusCode::OK,
+                false => StatusCode::SERVICE_UNAVAILABLE,
             };
             let shown = if detail {
                 readiness
@@ -258,7 +376,7 @@ fn respond(
             body.push('\n');
             (status, JSON, body)
         }
-        _ => ("404 Not Found", "text/plain", "not found\n".into()),
+        _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }
 }
 
@@ -266,33 +384,64 @@ fn respond(
 mod tests {
     use super::*;
 
+    /// [`respond`] to a raw request's first line; the status as its line
+    /// reads ("200 OK").
+    fn route(request: &[u8], m: &Metrics, this_host: bool) -> (String, &'static str, String) {
+        let line = request
+            .split(|b| *b == b'\r' || *b == b'\n')
+            .next()
+            .unwrap_or_default();
+        let line = String::from_utf8_lossy(line);
+        let mut parts = line.split_whitespace();
+        let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        let (status, content_type, body) = respond(method, path, m, this_host);
+        let status = format!(
+            "{} {}",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or("")
+        );
+        (status, content_type, body)
+    }
+
+    fn settings(addr: SocketAddr, max_connections: usize) -> HttpSettings {
+        HttpSettings {
+            listen: addr.to_string(),
+            max_connections,
+        }
+    }
+
+    fn free_address() -> SocketAddr {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap()
+    }
+
     #[test]
     fn routes() {
         let m = Metrics::default();
         assert_eq!(
-            respond(b"GET /healthz HTTP/1.1\r\n\r\n", &m, false).0,
+            route(b"GET /healthz HTTP/1.1\r\n\r\n", &m, false).0,
             "200 OK"
         );
         assert_eq!(
-            respond(b"GET /readyz HTTP/1.1\r\n\r\n", &m, false).0,
+            route(b"GET /readyz HTTP/1.1\r\n\r\n", &m, false).0,
             "503 Service Unavailable"
         );
         m.set_connected(true);
         // Streaming, but Kafka has not answered the probe yet.
-        let (status, _, body) = respond(b"GET /health/ready HTTP/1.1\r\n\r\n", &m, false);
+        let (status, _, body) = route(b"GET /health/ready HTTP/1.1\r\n\r\n", &m, false);
         assert_eq!(status, "503 Service Unavailable");
         let r: crate::health::Readiness = serde_json::from_str(&body).unwrap();
         assert!(!r.ready && r.reason("streaming").unwrap().ok, "{body}");
         assert!(!r.reason("kafka_reachable").unwrap().ok, "{body}");
         m.health.kafka_reached();
         for ready in ["/readyz", "/health/ready"] {
-            let (status, content_type, body) = respond(
+            let (status, content_type, body) = route(
                 format!("GET {ready} HTTP/1.1\r\n\r\n").as_bytes(),
                 &m,
                 false,
             );
             assert_eq!(
-                (status, content_type),
+                (status.as_str(), content_type),
                 ("200 OK", "application/json"),
                 "{ready}"
             );
@@ -304,9 +453,9 @@ mod tests {
         }
         for live in ["/healthz", "/health/live"] {
             let request = format!("GET {live} HTTP/1.1\r\n\r\n");
-            assert_eq!(respond(request.as_bytes(), &m, false).0, "200 OK", "{live}");
+            assert_eq!(route(request.as_bytes(), &m, false).0, "200 OK", "{live}");
         }
-        let (status, _, body) = respond(b"GET /metrics HTTP/1.1\r\n\r\n", &m, false);
+        let (status, _, body) = route(b"GET /metrics HTTP/1.1\r\n\r\n", &m, false);
         assert_eq!(status, "200 OK");
         assert!(body.contains("outbox_cdc_connected 1"));
         assert!(body.contains("outbox_cdc_ready 1\n"), "{body}");
@@ -315,14 +464,14 @@ mod tests {
             "{body}"
         );
         assert_eq!(
-            respond(b"POST /metrics HTTP/1.1\r\n\r\n", &m, false).0,
+            route(b"POST /metrics HTTP/1.1\r\n\r\n", &m, false).0,
             "405 Method Not Allowed"
         );
         assert_eq!(
-            respond(b"GET /nope HTTP/1.1\r\n\r\n", &m, false).0,
+            route(b"GET /nope HTTP/1.1\r\n\r\n", &m, false).0,
             "404 Not Found"
         );
-        assert_eq!(respond(b"", &m, false).0, "405 Method Not Allowed");
+        assert_eq!(route(b"", &m, false).0, "405 Method Not Allowed");
     }
 
     /// H5: `/health/ready` answers whoever reaches http.listen (0.0.0.0 in
@@ -353,7 +502,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(5));
         for path in ["/health/ready", "/readyz"] {
             let (status, _, body) =
-                respond(format!("GET {path} HTTP/1.1\r\n\r\n").as_bytes(), &m, false);
+                route(format!("GET {path} HTTP/1.1\r\n\r\n").as_bytes(), &m, false);
             assert_eq!(status, "503 Service Unavailable");
             for detail in [
                 "db.internal",
@@ -385,10 +534,10 @@ mod tests {
         }
         // The details: for `outbox-cdc status` on this host, for nobody else.
         let detail = b"GET /health/ready/detail HTTP/1.1\r\n\r\n";
-        let (status, _, body) = respond(detail, &m, false);
+        let (status, _, body) = route(detail, &m, false);
         assert_eq!(status, "403 Forbidden", "{body}");
         assert!(!body.contains("db.internal"), "{body}");
-        let (status, _, body) = respond(detail, &m, true);
+        let (status, _, body) = route(detail, &m, true);
         assert_eq!(status, "503 Service Unavailable");
         let r: crate::health::Readiness = serde_json::from_str(&body).unwrap();
         let streaming = &r.reason("streaming").unwrap().message;
@@ -412,10 +561,8 @@ mod tests {
     #[tokio::test]
     async fn a_request_head_split_over_segments_is_read_whole() {
         let m = Arc::new(Metrics::default());
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = probe.local_addr().unwrap();
-        drop(probe);
-        let server = serve(&addr.to_string(), m).await.unwrap().unwrap();
+        let addr = free_address();
+        let server = serve(&settings(addr, 8), m).await.unwrap().unwrap();
         let exchange = async |parts: &[&[u8]]| {
             let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
             socket.set_nodelay(true).unwrap();
@@ -464,10 +611,8 @@ mod tests {
         let m = Arc::new(Metrics::default());
         m.set_connected(true);
         m.health.kafka_reached();
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = probe.local_addr().unwrap();
-        drop(probe);
-        let server = serve(&addr.to_string(), m.clone()).await.unwrap().unwrap();
+        let addr = free_address();
+        let server = serve(&settings(addr, 8), m.clone()).await.unwrap().unwrap();
         let body = get(addr, "/metrics", Duration::from_secs(5)).await.unwrap();
         assert!(body.contains("outbox_cdc_connected 1\n"), "{body}");
         let ready = get(addr, "/readyz", Duration::from_secs(5)).await.unwrap();
@@ -498,5 +643,61 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(refused, HttpError::Io { .. }), "{refused}");
+    }
+
+    /// H2: a port anyone can reach stays answerable and bounded while
+    /// hundreds of clients connect and say nothing, or send their request
+    /// a byte at a time: the oldest of those are closed to make room, and a
+    /// real request is answered at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn idle_and_slow_clients_neither_starve_nor_exhaust_the_server() {
+        const CAP: usize = 32;
+        let m = Arc::new(Metrics::default());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(Connections::new(CAP));
+        let server = accept_loop(listener, connections.clone(), m);
+        let mut idle = Vec::new();
+        for _ in 0..600 {
+            idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        let mut slow = Vec::new();
+        for _ in 0..20 {
+            let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+            socket.write_all(b"GE").await.unwrap();
+            slow.push(socket);
+        }
+        let started = std::time::Instant::now();
+        let body = get(addr, "/health/live", Duration::from_secs(1))
+            .await
+            .expect("answered within a second");
+        assert!(body.contains("\"live\":true"), "{body}");
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert!(
+            connections.len() <= CAP,
+            "{} connections open, over the cap of {CAP}",
+            connections.len()
+        );
+        // The first idle clients were closed to make room (end of stream).
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(1), idle[0].read(&mut byte)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+        server.abort();
+    }
+
+    #[test]
+    fn a_full_house_closes_the_oldest_idle_connection_first() {
+        let c = Connections::new(2);
+        let (a, b) = (c.admit().unwrap(), c.admit().unwrap());
+        c.answering(a);
+        // Full: b, still waiting for its head, makes room for the third.
+        let third = c.admit().unwrap();
+        assert_eq!(c.len(), 2);
+        c.answering(third);
+        // Every open connection is being answered: a new one is refused.
+        assert_eq!(c.admit(), None);
+        c.ended(a);
+        assert!(c.admit().is_some());
+        let _ = b;
     }
 }

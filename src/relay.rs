@@ -45,7 +45,7 @@ pub async fn run(
     metrics
         .health
         .configure(&config.health, &config.postgres.slot);
-    let http = http::serve(&config.http.listen, metrics.clone())
+    let http = http::serve(&config.http, metrics.clone())
         .await
         .map_err(|source| RelayError::Listen {
             listen: config.http.listen.clone(),

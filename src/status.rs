@@ -496,7 +496,16 @@ mod tests {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = probe.local_addr().unwrap();
         drop(probe);
-        let server = http::serve(&addr.to_string(), m).await.unwrap().unwrap();
+        let server = http::serve(
+            &crate::config::HttpSettings {
+                listen: addr.to_string(),
+                ..Default::default()
+            },
+            m,
+        )
+        .await
+        .unwrap()
+        .unwrap();
         let connector = running_connector(&addr.to_string()).await.unwrap();
         let r = connector.readiness.as_ref().unwrap();
         let kafka = r.reason("kafka_reachable").unwrap();

@@ -330,7 +330,11 @@ async fn probe_paths_are_served_by_the_connector() {
     let addr = free.local_addr().unwrap();
     drop(free);
     let metrics = Arc::new(Metrics::default());
-    let server = outbox_cdc::http::serve(&addr.to_string(), metrics.clone())
+    let settings = outbox_cdc::config::HttpSettings {
+        listen: addr.to_string(),
+        ..Default::default()
+    };
+    let server = outbox_cdc::http::serve(&settings, metrics.clone())
         .await
         .expect("serve")
         .expect("a server");
