@@ -308,3 +308,84 @@ async fn stalled_acknowledgement_turns_readiness_red_within_the_bound() {
     running.stop().await.expect("clean stop");
     fx.cleanup().await;
 }
+
+/// Issue 50 H2: against the running connector's HTTP port, 2,000 clients
+/// that connect and say nothing, and slow readers that ask for `/metrics`
+/// and never read: `/health/live` still answers within a second, the
+/// connector holds no more connections than `http.max_connections`, and a
+/// row written meanwhile is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_http_clients_neither_starve_probes_nor_stop_streaming() {
+    common::init_tracing();
+    let fx = Fixture::new("httpflood").await;
+    let config = fx.write_config_file();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    const CAP: usize = 64;
+    let mut child = common::relay::spawn_binary_with(
+        &config,
+        &[
+            ("OUTBOX_CDC__HTTP__LISTEN", listen.as_str()),
+            ("OUTBOX_CDC__HTTP__MAX_CONNECTIONS", "64"),
+        ],
+    );
+    until_ready(port, Duration::from_secs(60)).await;
+    let pid = child.pid();
+    let open_files = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let before = open_files();
+    let addr: SocketAddr = listen.parse().unwrap();
+    let mut idle = Vec::new();
+    for _ in 0..2000 {
+        idle.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+    }
+    let mut slow = Vec::new();
+    for _ in 0..50 {
+        let mut socket = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        tokio::io::AsyncWriteExt::write_all(&mut socket, b"GET /metrics HTTP/1.1\r\n\r\n")
+            .await
+            .expect("send a request");
+        slow.push(socket);
+    }
+    let asked = Instant::now();
+    let live = outbox_cdc::http::get(addr, "/health/live", Duration::from_secs(1))
+        .await
+        .expect("/health/live answered within a second");
+    assert!(live.contains("\"live\":true"), "{live}");
+    assert!(asked.elapsed() < Duration::from_secs(1));
+    // Evicted connections close as their tasks are cancelled, an instant
+    // after the accept that evicted them.
+    let bound = before + CAP + 8;
+    let settled = Instant::now() + Duration::from_secs(2);
+    let mut during = open_files();
+    while during > bound && Instant::now() < settled {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        during = open_files();
+    }
+    assert!(
+        during <= bound,
+        "the connector holds {during} files with 2,050 clients at its port \
+         ({before} before; http.max_connections = {CAP})"
+    );
+    let ids: std::collections::BTreeSet<String> = fx
+        .write_tx(&[("order", "flood-1", r#"{"n": 1}"#.to_owned())], true)
+        .await
+        .into_iter()
+        .collect();
+    let read = common::relay::read_ids(
+        &fx.topic_prefix,
+        &ids,
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+    );
+    assert!(
+        read.is_ok(),
+        "the row written during the flood was not published"
+    );
+    drop((idle, slow));
+    child.terminate(Duration::from_secs(30));
+    fx.cleanup().await;
+}
