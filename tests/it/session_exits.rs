@@ -68,3 +68,46 @@ async fn an_error_exit_persists_the_acknowledged_prefix_before_reconnecting() {
     running.stop().await.expect("clean stop");
     f.cleanup().await;
 }
+
+/// Issue 50 F6 (b): a stop asked while the connector is still starting is
+/// obeyed at once. Here the slot's creation waits for a transaction that
+/// stays open (a logical slot waits for every running transaction): SIGTERM
+/// ends the process within seconds, not when the transaction ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_the_slot_is_being_created_ends_the_start() {
+    init_tracing();
+    let fx = Fixture::new("stop_starting").await;
+    let holder = common::admin_client().await;
+    holder
+        .batch_execute("BEGIN; SELECT pg_current_xact_id();")
+        .await
+        .expect("an open transaction with an id");
+    let config = fx.write_config_file();
+    let mut child = common::relay::spawn_binary(&config);
+    eventually(
+        "the slot exists, its creation waiting",
+        Duration::from_secs(30),
+        || async {
+            fx.admin
+                .query_opt(
+                    "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&fx.slot],
+                )
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(child.try_wait().is_none(), "the connector ended by itself");
+    let status = child.terminate(Duration::from_secs(10));
+    assert!(
+        status.success(),
+        "{status:?}: {}",
+        common::relay::log_of(&config)
+    );
+    holder.batch_execute("ROLLBACK").await.expect("ROLLBACK");
+    fx.cleanup().await;
+}

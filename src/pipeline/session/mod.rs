@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::checkpoint::{AckTracker, OffsetStore};
 use crate::config::{Config, DeliveryMode};
@@ -88,7 +88,21 @@ async fn run<'a, D: Delivery>(
     metrics: &'a Metrics,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
-    let Some(started) = bootstrap::bootstrap::<D>(config, &options, store, metrics).await? else {
+    // A stop asked while starting (a slot creation waiting for running
+    // transactions, a gap repair, a server that does not answer) ends the
+    // start where it is: each step is safe to leave half done, as after a
+    // crash (a slot still being created is dropped with its connection, a
+    // repair is finished by the next start), and nothing was acknowledged.
+    let mut stop = shutdown.clone();
+    let starting = bootstrap::bootstrap::<D>(config, &options, store, metrics);
+    let started = tokio::select! {
+        started = starting => started?,
+        () = stop_asked(&mut stop) => {
+            info!("stop asked while starting: the start is left unfinished; the next one takes it up");
+            return Ok(());
+        }
+    };
+    let Some(started) = started else {
         return Ok(());
     };
     let spill = match started.streaming {
@@ -108,6 +122,14 @@ async fn run<'a, D: Delivery>(
             Ok(())
         }
         Err(failure) => Err(session.keep_acknowledged(failure).await),
+    }
+}
+
+/// Resolves once a stop is asked (at once if it already was); never when
+/// the sender is gone without asking.
+async fn stop_asked(stop: &mut watch::Receiver<bool>) {
+    if stop.wait_for(|asked| *asked).await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
