@@ -75,6 +75,36 @@ async fn an_error_exit_persists_the_acknowledged_prefix_before_reconnecting() {
 /// ends the process within seconds, not when the transaction ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_while_the_slot_is_being_created_ends_the_start() {
+    stop_while_the_slot_is_being_created(&[], |status, log| {
+        assert!(status.success(), "{status:?}: {log}");
+    })
+    .await;
+}
+
+/// The chaos harness arms `during-shutdown` with a SIGTERM at a random
+/// moment, the start included: a stop that ends the start passes the crash
+/// point too (without it the connector exited 0 and the chaos run failed,
+/// "ended unexpectedly: exit status: 0 after SIGTERM").
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_that_ends_the_start_passes_the_shutdown_crash_point() {
+    use std::os::unix::process::ExitStatusExt as _;
+    stop_while_the_slot_is_being_created(
+        &[("OUTBOX_CDC_FAILPOINT", "during-shutdown:1")],
+        |status, log| {
+            assert_eq!(status.signal(), Some(9), "{status:?}: {log}");
+            assert!(log.contains("stop asked while starting"), "{log}");
+        },
+    )
+    .await;
+}
+
+/// Starts the connector while a transaction holds its slot's creation,
+/// sends SIGTERM, and judges how it ended with `judge(status, log)`.
+async fn stop_while_the_slot_is_being_created(
+    env: &[(&str, &str)],
+    judge: impl FnOnce(std::process::ExitStatus, &str),
+) {
     init_tracing();
     let fx = Fixture::new("stop_starting").await;
     let holder = common::admin_client().await;
@@ -83,7 +113,7 @@ async fn a_stop_while_the_slot_is_being_created_ends_the_start() {
         .await
         .expect("an open transaction with an id");
     let config = fx.write_config_file();
-    let mut child = common::relay::spawn_binary(&config);
+    let mut child = common::relay::spawn_binary_with(&config, env);
     eventually(
         "the slot exists, its creation waiting",
         Duration::from_secs(30),
@@ -103,11 +133,7 @@ async fn a_stop_while_the_slot_is_being_created_ends_the_start() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(child.try_wait().is_none(), "the connector ended by itself");
     let status = child.terminate(Duration::from_secs(10));
-    assert!(
-        status.success(),
-        "{status:?}: {}",
-        common::relay::log_of(&config)
-    );
+    judge(status, &common::relay::log_of(&config));
     holder.batch_execute("ROLLBACK").await.expect("ROLLBACK");
     fx.cleanup().await;
 }

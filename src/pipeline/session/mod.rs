@@ -99,6 +99,8 @@ async fn run<'a, D: Delivery>(
         started = starting => started?,
         () = stop_asked(&mut stop) => {
             info!("stop asked while starting: the start is left unfinished; the next one takes it up");
+            // A crash while stopping, here as on the streaming path's stop.
+            crate::failpoint!("during-shutdown");
             return Ok(());
         }
     };
