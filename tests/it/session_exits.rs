@@ -6,10 +6,12 @@
 use crate::common;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::init_tracing;
-use common::relay::{Fixture, Running, consume, eventually};
+use common::relay::{Fixture, Running, consume, consume_ids, eventually};
+
+use crate::no_silent_skip::insert;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_error_exit_persists_the_acknowledged_prefix_before_reconnecting() {
@@ -136,4 +138,109 @@ async fn stop_while_the_slot_is_being_created(
     judge(status, &common::relay::log_of(&config));
     holder.batch_execute("ROLLBACK").await.expect("ROLLBACK");
     fx.cleanup().await;
+}
+
+/// Issue 50 F6 (c): the catalog lookup of a relation the stream names for
+/// the first time (here a partition created while streaming) runs inside the
+/// stream's receive. On a connection that stalls (its backend stopped with
+/// SIGSTOP, as in a network partition) it is bounded: SIGTERM ends the
+/// connector within seconds instead of when TCP gives up, and the next
+/// start publishes the row. Without the bound it did not exit at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_catalog_lookup_does_not_hold_a_stop() {
+    init_tracing();
+    let f = crate::no_silent_skip::partitioned_fixture("stall_lookup", false).await;
+    let t = f.table.clone();
+    // The SQL connections of this connector alone carry this name.
+    let app = format!("stall_{}", f.name);
+    let url = format!("{}?application_name={app}", common::pg_url());
+    let config = f.write_config_file();
+    let env = [
+        ("OUTBOX_CDC__POSTGRES__URL", url.as_str()),
+        ("OUTBOX_CDC__LIMITS__SHUTDOWN_TIMEOUT_MS", "2000"),
+        ("NO_COLOR", "1"),
+    ];
+    let mut child = common::relay::spawn_binary_with(&config, &env);
+    // Rows committed before the slot exists are not its to send.
+    eventually("the connector streams", Duration::from_secs(60), || async {
+        common::relay::log_of(&config).contains("bootstrap: streaming")
+    })
+    .await;
+    let aggregates = vec!["a".to_owned()];
+    let first = insert(&f.admin, &t, &aggregates, 1, "now()").await;
+    consume_ids(
+        &f.topic_prefix,
+        &first.iter().cloned().collect(),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    );
+
+    let pids: Vec<i32> = f
+        .admin
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND backend_type = 'client backend'",
+            &[&app],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(!pids.is_empty(), "no SQL connection named {app}");
+    let stalled = Stalled::stop(&pids);
+    f.admin
+        .batch_execute(&format!(
+            "CREATE TABLE public.{t}_2100 PARTITION OF public.{t} FOR VALUES FROM ('2100-01-01') TO ('2101-01-01')"
+        ))
+        .await
+        .expect("a new partition");
+    let late = insert(&f.admin, &t, &aggregates, 2, "'2100-06-01'").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(child.try_wait().is_none(), "the connector ended by itself");
+    let asked = Instant::now();
+    let status = child.terminate(Duration::from_secs(30));
+    let took = asked.elapsed();
+    let log = common::relay::log_of(&config);
+    assert!(
+        log.contains("looking up a relation the stream describes in the catalog"),
+        "the stop ended something else than the stalled lookup ({status:?} after {took:?}): {log}"
+    );
+    eprintln!("stop with a stalled catalog lookup: {status:?} after {took:?}");
+    drop(stalled);
+
+    let mut child = common::relay::spawn_binary(&config);
+    consume_ids(
+        &f.topic_prefix,
+        &late.iter().cloned().collect(),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    );
+    assert!(child.terminate(Duration::from_secs(30)).success());
+    f.cleanup().await;
+}
+
+/// PostgreSQL backends stopped with SIGSTOP; continued when dropped, so a
+/// failing test leaves no stopped backend behind.
+struct Stalled(Vec<i32>);
+
+impl Stalled {
+    fn stop(pids: &[i32]) -> Stalled {
+        signal("-STOP", pids);
+        Stalled(pids.to_vec())
+    }
+}
+
+impl Drop for Stalled {
+    fn drop(&mut self) {
+        signal("-CONT", &self.0);
+    }
+}
+
+fn signal(which: &str, pids: &[i32]) {
+    let status = std::process::Command::new("kill")
+        .arg(which)
+        .args(pids.iter().map(i32::to_string))
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {which} {pids:?}");
 }

@@ -355,6 +355,10 @@ pub(super) async fn prove_at_start(
     ))
 }
 
+/// How long the catalog may take to answer a lookup of an unknown relation
+/// or the final proof at a stop.
+const CATALOG_TIMEOUT: Duration = Duration::from_secs(5);
+
 pub(super) struct CoverageWatch {
     /// What start-up proved the stream carries; decides every Relation.
     coverage: Coverage,
@@ -448,7 +452,19 @@ impl CoverageWatch {
                         what: format!("no catalog to look up relation OID {}", relation.oid),
                     });
                 };
-                let now = coverage::lookup(catalog, relation.oid, self.coverage.root_oid()).await?;
+                // Bounded: the lookup runs inside the stream's receive, so a
+                // stalled connection (a network partition) would also stop
+                // the idle detection and the stop signal. A timeout ends the
+                // session as a retry; the next one looks up on a new
+                // connection.
+                let lookup = coverage::lookup(catalog, relation.oid, self.coverage.root_oid());
+                let now = tokio::time::timeout(CATALOG_TIMEOUT, lookup)
+                    .await
+                    .map_err(|_| PgError::Timeout {
+                        addr: self.pg.redacted(),
+                        during: "looking up a relation the stream describes in the catalog",
+                        after: CATALOG_TIMEOUT,
+                    })??;
                 Ok(self.coverage.resolve(relation, lsn, now.as_ref())?)
             }
         }
@@ -651,7 +667,7 @@ impl CoverageWatch {
         };
         let baseline = self.coverage.identity().clone();
         let proof = self.target.prove(&catalog, Some(&baseline));
-        match tokio::time::timeout(Duration::from_secs(5), proof).await {
+        match tokio::time::timeout(CATALOG_TIMEOUT, proof).await {
             Ok(Ok((_, proof))) => {
                 if self.hold(&proof).is_ok() {
                     tracker.prove_through(proof.through);
