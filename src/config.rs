@@ -646,7 +646,11 @@ pub struct LimitSettings {
     pub max_in_flight_events: usize,
     /// Bytes of those events. Default 64 MiB.
     pub max_in_flight_bytes: usize,
-    /// On SIGINT/SIGTERM, how long to wait for in-flight deliveries, in milliseconds. Default 30000.
+    /// On SIGINT/SIGTERM, how long to wait for in-flight deliveries (in
+    /// exactly-once mode also for the last Kafka commit, whose outcome the
+    /// next start otherwise reads from its marker), in milliseconds. The
+    /// catalog's answers add at most 5 s each (a lookup under way, the
+    /// final coverage proof). Default 30000.
     pub shutdown_timeout_ms: u64,
     /// Bytes of streamed, not yet committed transactions kept in memory
     /// ([postgres] streaming); beyond them the largest goes to a file under

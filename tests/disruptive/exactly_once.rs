@@ -112,3 +112,47 @@ async fn exactly_once_retries_through_kafka_outages_at_start_and_inside_a_large_
         .expect("graceful stop after the outages");
     fx.cleanup().await;
 }
+
+/// Issue 50 F6 (a): a stop while a Kafka transaction is open and the broker
+/// is gone. The last commit waits no longer than `shutdown_timeout_ms` (it
+/// waited `transaction_timeout_ms`, 60 s by default, past what orchestrators
+/// allow a stop); its outcome is then unknown, and the next start learns it
+/// from the marker, as after a crash there: every row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_with_kafka_gone_and_a_transaction_open_is_bounded() {
+    let _alone = common::alone().await;
+    init_tracing();
+    let fx = Fixture::new("eo_stop_gone").await;
+    let offsets_topic = unique_name("eo_stop_gone_offsets");
+    // A Kafka transaction stays open up to 15 s after its first record.
+    let config = || {
+        fx.config_with(&format!(
+            "OUTBOX_CDC__DELIVERY__MODE=exactly-once \
+             OUTBOX_CDC__DELIVERY__OFFSETS_TOPIC={offsets_topic} \
+             OUTBOX_CDC__DELIVERY__MAX_BATCH_MS=15000 \
+             OUTBOX_CDC__LIMITS__SHUTDOWN_TIMEOUT_MS=2000"
+        ))
+    };
+    let mut committed = BTreeSet::new();
+    let running = Running::start(config()).await;
+    committed.extend(fx.write_tx(&[("order", "a", "{}".into())], true).await);
+    read_exactly_once(&fx, &committed, TIMEOUT, "before the outage");
+
+    committed.extend(fx.write_tx(&[("order", "a", "{}".into())], true).await);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut kafka = KafkaStopped::stop();
+    let asked = Instant::now();
+    let stopped = tokio::time::timeout(Duration::from_secs(20), running.stop()).await;
+    let took = asked.elapsed();
+    eprintln!("stop with Kafka gone and a transaction open: {stopped:?} after {took:?}");
+    assert!(
+        stopped.is_ok() && took < Duration::from_secs(12),
+        "the stop took {took:?} (shutdown_timeout_ms 2000): {stopped:?}"
+    );
+
+    kafka.restore();
+    let running = Running::start(config()).await;
+    read_exactly_once(&fx, &committed, TIMEOUT, "after the stop");
+    running.stop().await.expect("graceful stop");
+    fx.cleanup().await;
+}

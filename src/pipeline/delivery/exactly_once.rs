@@ -42,6 +42,9 @@ pub(in crate::pipeline) struct ExactlyOnce {
     /// The commit time of the last PostgreSQL transaction read (a marker
     /// carries it).
     last_commit_time: Option<PgTimestamp>,
+    /// How long a stop waits for the last commit: `shutdown_timeout_ms`,
+    /// at most the transaction timeout.
+    last_commit_bound: Duration,
 }
 
 impl Delivery for ExactlyOnce {
@@ -66,6 +69,8 @@ impl Delivery for ExactlyOnce {
             marker_topic: delivery.offsets_topic.clone(),
             marker_partition: 0,
             last_commit_time: None,
+            last_commit_bound: timeout
+                .min(Duration::from_millis(config.limits.shutdown_timeout_ms)),
         })
     }
 
@@ -179,7 +184,10 @@ impl Delivery for ExactlyOnce {
     ) -> Result<Advanced, PipelineError> {
         self.last_commit_time = Some(commit_time);
         match self.policy.due_at_commit(Instant::now(), input) {
-            true => self.commit(end, tracker).await,
+            true => {
+                self.commit(end, self.settings.transaction_timeout(), tracker)
+                    .await
+            }
             false => Ok(Advanced(false)),
         }
     }
@@ -196,7 +204,8 @@ impl Delivery for ExactlyOnce {
         let now = Instant::now();
         if !inside_transaction {
             if self.policy.due_between(now, input) {
-                return self.commit(tracker.last_commit_lsn(), tracker).await;
+                let bound = self.settings.transaction_timeout();
+                return self.commit(tracker.last_commit_lsn(), bound, tracker).await;
             }
             return Ok(Advanced(false));
         }
@@ -232,7 +241,20 @@ impl Delivery for ExactlyOnce {
         tracker: &mut AckTracker,
     ) -> Result<Advanced, PipelineError> {
         if at_boundary {
-            return self.commit(tracker.last_commit_lsn(), tracker).await;
+            let lsn = tracker.last_commit_lsn();
+            return match self.commit(lsn, self.last_commit_bound, tracker).await {
+                // An unreachable broker would hold the stop for the whole
+                // transaction timeout. Nothing the transaction carried is
+                // acknowledged; the next start reads the marker to learn
+                // whether it committed, as after a crash at this point.
+                Err(PipelineError::Sink(e)) => {
+                    warn!(error = %e, marker = %lsn, bound_ms = self.last_commit_bound.as_millis() as u64,
+                        "the last Kafka transaction did not commit within the stop's bound; \
+                        the next start learns from its marker whether it did and sends it again if not");
+                    Ok(Advanced(false))
+                }
+                other => other,
+            };
         }
         self.abandon();
         Ok(Advanced(false))
@@ -285,10 +307,11 @@ impl ExactlyOnce {
     /// Ends the open Kafka transaction with the marker of `lsn` (the end of
     /// the last PostgreSQL transaction in it) and commits it; only then may
     /// what it carried be acknowledged (persisted in sled by the next
-    /// persist, then reported to PostgreSQL).
+    /// persist, then reported to PostgreSQL). Waits at most `timeout`.
     async fn commit(
         &mut self,
         lsn: Lsn,
+        timeout: Duration,
         tracker: &mut AckTracker,
     ) -> Result<Advanced, PipelineError> {
         if !self.policy.is_open() {
@@ -296,7 +319,6 @@ impl ExactlyOnce {
         }
         self.send_marker(lsn, MarkerRole::Closing).await?;
         crate::failpoint!("before-kafka-commit");
-        let timeout = self.settings.transaction_timeout();
         let started = Instant::now();
         tokio::task::block_in_place(|| self.sink.commit_transaction(timeout))?;
         crate::failpoint!("after-kafka-commit-before-persist");
