@@ -37,7 +37,7 @@ pub use crate::readiness::HealthState;
 pub use crate::readiness::{
     ACKNOWLEDGING, KAFKA_REACHABLE, REASONS, RECONCILED, SEQUENCE_GAPS, STREAMING, cause,
 };
-use crate::readiness::{NotStreaming, OpenGap, lock};
+use crate::readiness::{MAX_OPEN_GAPS, NotStreaming, OpenGap, lock};
 
 /// One reason of readiness.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,6 +116,7 @@ pub fn readiness(metrics: &Metrics) -> Readiness {
             )),
         },
         gaps,
+        unlisted_gaps: lock(&state.unlisted_gaps).map(|u| (u.count, now - u.since)),
         witness_unpublished: state.witness_unpublished.load(Ordering::Relaxed),
     };
     let readiness = judge(&inputs, &settings);
@@ -137,6 +138,8 @@ struct Inputs {
     unacked_age: Option<Duration>,
     /// Open gaps with how long each has been open.
     gaps: Vec<(OpenGap, Duration)>,
+    /// Gaps beyond the listed ones: how many, and how long since the first.
+    unlisted_gaps: Option<(u64, Duration)>,
     witness_unpublished: u64,
 }
 
@@ -242,22 +245,37 @@ fn judge(i: &Inputs, s: &HealthSettings) -> Readiness {
     let max_gap = Duration::from_millis(s.max_gap_open_ms);
     let overdue: Vec<&(OpenGap, Duration)> =
         i.gaps.iter().filter(|(_, open)| *open > max_gap).collect();
-    let gaps = match overdue.first() {
-        None if i.gaps.is_empty() => (
+    let unlisted_overdue = i.unlisted_gaps.filter(|(_, open)| *open > max_gap);
+    let gaps = match (overdue.first(), unlisted_overdue) {
+        (None, Some((count, open))) => (
+            false,
+            Some(cause::SEQUENCE_GAP_OPEN),
+            format!(
+                "{count} sequence gap(s) opened while {MAX_OPEN_GAPS} others were listed, the first \
+                 {} ago (health.max_gap_open_ms = {}); their numbers were not kept, so no late \
+                 commit clears them. Events may be missing: the log names each jump (WARN \
+                 \"aggregate sequence gap\"); find them with `outbox-cdc audit --since <time \
+                 before the first>` and republish with `--repair`, then restart the connector to \
+                 clear this",
+                secs(open),
+                s.max_gap_open_ms
+            ),
+        ),
+        (None, None) if i.gaps.is_empty() && i.unlisted_gaps.is_none() => (
             true,
             None,
             "no aggregate misses sequence numbers".to_owned(),
         ),
-        None => (
+        (None, None) => (
             true,
             None,
             format!(
                 "{} open sequence gap(s), each younger than health.max_gap_open_ms = {}",
-                i.gaps.len(),
+                i.gaps.len() as u64 + i.unlisted_gaps.map_or(0, |(n, _)| n),
                 s.max_gap_open_ms
             ),
         ),
-        Some((g, open)) => (
+        (Some((g, open)), _) => (
             false,
             Some(cause::SEQUENCE_GAP_OPEN),
             format!(
@@ -380,6 +398,7 @@ mod tests {
             kafka_error: None,
             unacked_age: None,
             gaps: Vec::new(),
+            unlisted_gaps: None,
             witness_unpublished: 0,
         }
     }
@@ -479,6 +498,37 @@ mod tests {
         state.sequence_arrived("order", "o-1", 3);
         state.sequence_arrived("order", "o-1", 5);
         assert_eq!(state.open_gaps.load(Ordering::Relaxed), 0);
+    }
+
+    /// Review H4: a gap opened while the list was full was forgotten, so
+    /// readiness stayed green once the listed ones closed.
+    #[test]
+    fn gaps_beyond_the_listed_ones_are_counted_and_turn_red() {
+        let metrics = Metrics::default();
+        let settings = HealthSettings {
+            max_gap_open_ms: 1,
+            ..HealthSettings::default()
+        };
+        metrics.health.configure(&settings, "s");
+        let state = &metrics.health;
+        for n in 0..=MAX_OPEN_GAPS {
+            state.gap_opened("order", &format!("o-{n}"), 1, 3, Lsn::new(16));
+        }
+        for n in 0..MAX_OPEN_GAPS {
+            state.sequence_arrived("order", &format!("o-{n}"), 2);
+        }
+        assert_eq!(state.open_gaps.load(Ordering::Relaxed), 0);
+        std::thread::sleep(Duration::from_millis(5));
+        let r = readiness(&metrics);
+        let gaps = r.reason(SEQUENCE_GAPS).unwrap();
+        assert!(!gaps.ok, "{}", gaps.message);
+        assert_eq!(gaps.cause.as_deref(), Some(cause::SEQUENCE_GAP_OPEN));
+        assert!(
+            gaps.message
+                .starts_with("1 sequence gap(s) opened while 1000 others were listed"),
+            "{}",
+            gaps.message
+        );
     }
 
     #[test]

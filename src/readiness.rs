@@ -45,7 +45,16 @@ pub mod cause {
 }
 
 /// Open gaps kept; beyond this, new ones are counted but not listed.
-const MAX_OPEN_GAPS: usize = 1000;
+pub(crate) const MAX_OPEN_GAPS: usize = 1000;
+
+/// Gaps opened while [`MAX_OPEN_GAPS`] were listed: counted, with the time
+/// of the first. Their numbers are not kept, so no late commit closes them;
+/// they stay until the process restarts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct UnlistedGaps {
+    pub(crate) count: u64,
+    pub(crate) since: Instant,
+}
 
 /// Why the stream is not up, from the last session's end.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +93,7 @@ pub struct HealthState {
     /// transaction as the session last saw it; `i64::MIN`: none.
     pub(crate) oldest_unacked: AtomicI64,
     pub(crate) gaps: Mutex<Vec<OpenGap>>,
+    pub(crate) unlisted_gaps: Mutex<Option<UnlistedGaps>>,
     /// `gaps.len()`, read without the lock on every event.
     pub(crate) open_gaps: AtomicUsize,
     /// Rows the live witness found missing and has not published yet.
@@ -99,6 +109,7 @@ impl Default for HealthState {
             kafka: Mutex::default(),
             oldest_unacked: AtomicI64::new(i64::MIN),
             gaps: Mutex::default(),
+            unlisted_gaps: Mutex::default(),
             open_gaps: AtomicUsize::new(0),
             witness_unpublished: AtomicU64::new(0),
         }
@@ -158,6 +169,12 @@ impl HealthState {
     ) {
         let mut gaps = lock(&self.gaps);
         if gaps.len() >= MAX_OPEN_GAPS {
+            let mut unlisted = lock(&self.unlisted_gaps);
+            let counted = unlisted.get_or_insert(UnlistedGaps {
+                count: 0,
+                since: Instant::now(),
+            });
+            counted.count += 1;
             return;
         }
         gaps.push(OpenGap {
