@@ -7,7 +7,8 @@
 //! - `kafka_reachable`: a metadata request to Kafka succeeded recently (the
 //!   probe runs next to the pipeline, every `health.kafka_probe_interval_ms`);
 //! - `acknowledging`: the oldest unacknowledged event was committed less than
-//!   `health.max_unacked_age_ms` ago (nothing unacknowledged is fine: no work);
+//!   `health.max_unacked_age_ms` ago (nothing unacknowledged is fine: no work;
+//!   the cause says whether Kafka acknowledges meanwhile: a backlog);
 //! - `sequence_gaps`: no aggregate has missed numbers for longer than
 //!   `health.max_gap_open_ms` (a jump whose missing events did not follow).
 //!
@@ -109,12 +110,8 @@ pub fn readiness(metrics: &Metrics) -> Readiness {
         not_streaming,
         kafka_ok_age,
         kafka_error,
-        unacked_age: match state.oldest_unacked.load(Ordering::Relaxed) {
-            i64::MIN => None,
-            since => Some(Duration::from_micros(
-                PgTimestamp::now().0.saturating_sub(since).max(0) as u64,
-            )),
-        },
+        unacked_age: age_since(state.oldest_unacked.load(Ordering::Relaxed)),
+        last_ack_age: age_since(state.last_ack.load(Ordering::Relaxed)),
         gaps,
         unlisted_gaps: lock(&state.unlisted_gaps).map(|u| (u.count, now - u.since)),
         witness_unpublished: state.witness_unpublished.load(Ordering::Relaxed),
@@ -127,6 +124,20 @@ pub fn readiness(metrics: &Metrics) -> Readiness {
     readiness
 }
 
+/// How long ago `since` (PostgreSQL microseconds) was; `i64::MIN`: never.
+fn age_since(since: i64) -> Option<Duration> {
+    match since {
+        i64::MIN => None,
+        since => Some(Duration::from_micros(
+            PgTimestamp::now().0.saturating_sub(since).max(0) as u64,
+        )),
+    }
+}
+
+/// Kafka acknowledged within this: it takes what is sent, and an old
+/// unacknowledged event is a backlog being worked through.
+const ACKNOWLEDGING_NOW: Duration = Duration::from_secs(10);
+
 /// What readiness is judged from, at one moment.
 struct Inputs {
     connected: bool,
@@ -136,6 +147,8 @@ struct Inputs {
     kafka_ok_age: Option<Duration>,
     kafka_error: Option<(Duration, String)>,
     unacked_age: Option<Duration>,
+    /// Since Kafka last acknowledged an event.
+    last_ack_age: Option<Duration>,
     /// Open gaps with how long each has been open.
     gaps: Vec<(OpenGap, Duration)>,
     /// Gaps beyond the listed ones: how many, and how long since the first.
@@ -226,6 +239,21 @@ fn judge(i: &Inputs, s: &HealthSettings) -> Readiness {
                  health.max_unacked_age_ms = {})",
                 secs(age),
                 s.max_unacked_age_ms
+            ),
+        ),
+        Some(age) if i.last_ack_age.is_some_and(|a| a <= ACKNOWLEDGING_NOW) => (
+            false,
+            Some(cause::CATCHING_UP),
+            format!(
+                "the oldest unacknowledged event was committed {} ago, more than \
+                 health.max_unacked_age_ms = {}, while Kafka acknowledges (the last event {} \
+                 ago): the connector is working through a backlog (after an outage, a restart \
+                 or a burst) and this clears once it has caught up. If the age keeps growing, \
+                 the connector is slower than the writers: see slot lag and the tuning in \
+                 docs/performance.md",
+                secs(age),
+                s.max_unacked_age_ms,
+                secs(i.last_ack_age.unwrap_or_default())
             ),
         ),
         Some(age) => (
@@ -397,6 +425,7 @@ mod tests {
             kafka_ok_age: Some(Duration::from_secs(1)),
             kafka_error: None,
             unacked_age: None,
+            last_ack_age: None,
             gaps: Vec::new(),
             unlisted_gaps: None,
             witness_unpublished: 0,
@@ -464,6 +493,54 @@ mod tests {
         assert!(red(&i).is_empty(), "an answer after the error");
         i.kafka_ok_age = None;
         assert_eq!(red(&i), [KAFKA_REACHABLE]);
+    }
+
+    /// Review H3: catching up a backlog older than the bound while Kafka
+    /// acknowledges is not "Kafka does not acknowledge".
+    #[test]
+    fn an_old_backlog_while_kafka_acknowledges_is_catching_up() {
+        let mut i = healthy();
+        i.unacked_age = Some(Duration::from_secs(300));
+        i.last_ack_age = Some(Duration::from_millis(20));
+        let r = judge(&i, &HealthSettings::default());
+        let reason = r.reason(ACKNOWLEDGING).unwrap();
+        assert!(!reason.ok);
+        assert_eq!(reason.cause.as_deref(), Some(cause::CATCHING_UP));
+        assert!(
+            reason.message.contains("working through a backlog")
+                && !reason.message.contains("Kafka does not acknowledge"),
+            "{}",
+            reason.message
+        );
+        for silent in [None, Some(Duration::from_secs(11))] {
+            i.last_ack_age = silent;
+            let r = judge(&i, &HealthSettings::default());
+            let reason = r.reason(ACKNOWLEDGING).unwrap();
+            assert_eq!(
+                reason.cause.as_deref(),
+                Some(cause::ACKNOWLEDGEMENT_OVERDUE),
+                "last ack {silent:?}"
+            );
+        }
+    }
+
+    /// The last acknowledgement reaches the judgement from `Metrics`.
+    #[test]
+    fn an_acknowledgement_is_recorded_for_readiness() {
+        let metrics = Metrics::default();
+        metrics.health.configure(&HealthSettings::default(), "s");
+        metrics.health.unacked_age(300_000_000);
+        let cause_now = |m: &Metrics| {
+            readiness(m)
+                .reason(ACKNOWLEDGING)
+                .and_then(|r| r.cause.clone())
+        };
+        assert_eq!(
+            cause_now(&metrics).as_deref(),
+            Some(cause::ACKNOWLEDGEMENT_OVERDUE)
+        );
+        metrics.published(1_000);
+        assert_eq!(cause_now(&metrics).as_deref(), Some(cause::CATCHING_UP));
     }
 
     #[test]

@@ -601,6 +601,7 @@ impl Metrics {
     /// One event acknowledged by Kafka, `commit_to_ack_micros` after its commit.
     pub fn published(&self, commit_to_ack_micros: u64) {
         self.events_published.inc();
+        self.health.acknowledged();
         self.commit_to_ack
             .observe(commit_to_ack_micros as f64 / 1e6);
     }

@@ -35,8 +35,12 @@ pub mod cause {
     pub const STARTING: &str = "starting";
     /// kafka_reachable: no recent answer to a metadata request.
     pub const KAFKA_UNREACHABLE: &str = "kafka_unreachable";
-    /// acknowledging: the oldest unacknowledged event is older than the bound.
+    /// acknowledging: the oldest unacknowledged event is older than the
+    /// bound and Kafka has not acknowledged anything lately.
     pub const ACKNOWLEDGEMENT_OVERDUE: &str = "acknowledgement_overdue";
+    /// acknowledging: the oldest unacknowledged event is older than the
+    /// bound while Kafka acknowledges: a backlog is being worked through.
+    pub const CATCHING_UP: &str = "catching_up";
     /// sequence_gaps: an aggregate misses numbers for longer than the bound.
     pub const SEQUENCE_GAP_OPEN: &str = "sequence_gap_open";
     /// reconciled: the live witness found committed rows the stream skipped
@@ -92,6 +96,9 @@ pub struct HealthState {
     /// Commit time (PostgreSQL microseconds) of the oldest unacknowledged
     /// transaction as the session last saw it; `i64::MIN`: none.
     pub(crate) oldest_unacked: AtomicI64,
+    /// When Kafka last acknowledged an event (PostgreSQL microseconds);
+    /// `i64::MIN`: never in this process.
+    pub(crate) last_ack: AtomicI64,
     pub(crate) gaps: Mutex<Vec<OpenGap>>,
     pub(crate) unlisted_gaps: Mutex<Option<UnlistedGaps>>,
     /// `gaps.len()`, read without the lock on every event.
@@ -108,6 +115,7 @@ impl Default for HealthState {
             not_streaming: Mutex::default(),
             kafka: Mutex::default(),
             oldest_unacked: AtomicI64::new(i64::MIN),
+            last_ack: AtomicI64::new(i64::MIN),
             gaps: Mutex::default(),
             unlisted_gaps: Mutex::default(),
             open_gaps: AtomicUsize::new(0),
@@ -156,6 +164,11 @@ impl HealthState {
             PgTimestamp::now().0.saturating_sub(age_micros as i64)
         };
         self.oldest_unacked.store(since, Ordering::Relaxed);
+    }
+
+    /// Kafka acknowledged an event now.
+    pub(crate) fn acknowledged(&self) {
+        self.last_ack.store(PgTimestamp::now().0, Ordering::Relaxed);
     }
 
     /// An aggregate jumped from `last` to `got`: the numbers between are missing.
