@@ -166,6 +166,17 @@ impl HealthState {
         self.oldest_unacked.store(since, Ordering::Relaxed);
     }
 
+    /// An event of a transaction committed at `commit_time` goes to Kafka:
+    /// the oldest waiting work when none is recorded. The session's tick
+    /// records the tracker's oldest, but a send that waits for Kafka (a
+    /// topic's metadata while the broker is down) keeps the tick from
+    /// running, and the wait would count for nothing.
+    pub(crate) fn waiting_since(&self, commit_time: PgTimestamp) {
+        if self.oldest_unacked.load(Ordering::Relaxed) == i64::MIN {
+            self.oldest_unacked.store(commit_time.0, Ordering::Relaxed);
+        }
+    }
+
     /// Kafka acknowledged an event now.
     pub(crate) fn acknowledged(&self) {
         self.last_ack.store(PgTimestamp::now().0, Ordering::Relaxed);

@@ -247,68 +247,6 @@ async fn a_slot_taken_by_another_process_turns_readiness_red_then_green() {
     fx.cleanup().await;
 }
 
-/// Sets a topic config on the test broker.
-async fn set_topic_config(topic: &str, key: &str, value: &str) {
-    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
-    use rdkafka::client::DefaultClientContext;
-    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", common::kafka_bootstrap())
-        .create()
-        .expect("admin client");
-    let alter = AlterConfig::new(ResourceSpecifier::Topic(topic)).set(key, value);
-    let results = admin
-        .alter_configs([&alter], &AdminOptions::new())
-        .await
-        .expect("alter configs");
-    for r in results {
-        r.unwrap_or_else(|e| panic!("alter {topic} {key}={value}: {e:?}"));
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stalled_acknowledgement_turns_readiness_red_within_the_bound() {
-    common::init_tracing();
-    let fx = Fixture::new("ackstall").await;
-    // acks=all on a topic that wants two in-sync replicas of a single broker:
-    // the broker answers every produce with NOT_ENOUGH_REPLICAS, which the
-    // producer retries; metadata requests are answered all along.
-    let topic = format!("{}.order", fx.topic_prefix);
-    common::create_topic(&topic, 1, &[("min.insync.replicas", "2")]).await;
-    let port = free_port();
-    let bound = Duration::from_millis(3000);
-    let running = Running::start(fx.config_with(&format!(
-        "OUTBOX_CDC__HTTP__LISTEN=127.0.0.1:{port} OUTBOX_CDC__HEALTH__MAX_UNACKED_AGE_MS={}",
-        bound.as_millis()
-    )))
-    .await;
-    until_ready(port, Duration::from_secs(30)).await;
-
-    let committed = Instant::now();
-    fx.write_tx(&[("order", "a", r#"{"n": 1}"#.to_owned())], true)
-        .await;
-    let (_, r) = until_reason(port, "acknowledging", false, Duration::from_secs(30)).await;
-    let red_after = committed.elapsed();
-    assert!(
-        red_after >= bound && red_after < bound + Duration::from_secs(3),
-        "red after {red_after:?} for a bound of {bound:?}"
-    );
-    assert!(r.reason("kafka_reachable").unwrap().ok, "{r:#?}");
-    assert!(r.reason("streaming").unwrap().ok, "{r:#?}");
-    assert_eq!(cause(&r, "acknowledging"), Some("acknowledgement_overdue"));
-    let d = detail(port).await;
-    let message = &d.reason("acknowledging").unwrap().message;
-    assert!(
-        message.contains("health.max_unacked_age_ms = 3000"),
-        "{message}"
-    );
-
-    set_topic_config(&topic, "min.insync.replicas", "1").await;
-    until_reason(port, "acknowledging", true, Duration::from_secs(60)).await;
-    until_ready(port, Duration::from_secs(10)).await;
-    running.stop().await.expect("clean stop");
-    fx.cleanup().await;
-}
-
 /// Issue 50 H2: against the running connector's HTTP port, 2,000 clients
 /// that connect and say nothing, and slow readers that ask for `/metrics`
 /// and never read: `/health/live` still answers within a second, the

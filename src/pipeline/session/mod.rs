@@ -598,6 +598,7 @@ impl<'a, D: Delivery> Session<'a, D> {
             .tracker
             .add_event(event.size_bytes())
             .map_err(|e| protocol(lsn, e))?;
+        self.metrics.health.waiting_since(commit_time);
         let produced_at = Instant::now();
         self.stages.produced(self.metrics, commit_time, produced_at);
         let in_flight = InFlight {
