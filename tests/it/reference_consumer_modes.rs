@@ -562,3 +562,45 @@ async fn a_record_without_event_id_stops_the_consumer_unless_passed_over() {
         "refused with the way out: {err}"
     );
 }
+
+/// Review F11: a record whose value is not JSON was applied as an effect of
+/// NULLs. It is unusable now, like a record without an `event_id`: the
+/// consumer stops naming it, or passes it over with `--pass-over-unusable`.
+#[tokio::test]
+async fn a_value_that_is_not_json_stops_the_consumer_unless_passed_over() {
+    let topic = common::unique_name("consumer_modes_not_json");
+    common::create_topic(&topic, 1, &[]).await;
+    let produced = topic.clone();
+    let (stopped, passed) = tokio::task::spawn_blocking(move || {
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", common::kafka_bootstrap())
+            .create()
+            .expect("producer");
+        let id = event_id(7);
+        producer
+            .send(record(&produced, "k", "sku=1;qty=2", &id))
+            .unwrap_or_else(|(e, _)| panic!("send to {produced}: {e}"));
+        producer.flush(KAFKA_TIMEOUT).expect("flush");
+        produce_plain(&produced, &[("k".to_owned(), event_id(8))]);
+        let regex = format!("^{produced}$");
+        let stopped = run_consumer_to_exit(&regex, &["--no-inbox"]);
+        let passed = run_consumer_to_exit(&regex, &["--no-inbox", "--pass-over-unusable"]);
+        (stopped, passed)
+    })
+    .await
+    .expect("produce and consume");
+    let (status, log) = stopped;
+    assert!(!status.success(), "stops by default; log:\n{log}");
+    assert!(
+        log.contains("not a JSON object") && log.contains(&event_id(7)),
+        "names the record and its fault; log:\n{log}"
+    );
+    let (status, log) = passed;
+    assert!(status.success(), "log:\n{log}");
+    let last = final_line(&log);
+    assert_eq!(
+        (field(last, "unusable"), field(last, "records")),
+        (1, 1),
+        "one passed over, the next one handled; log:\n{log}"
+    );
+}

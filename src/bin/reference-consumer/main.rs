@@ -93,10 +93,11 @@ struct Args {
     )]
     no_inbox: bool,
     /// Pass over a record that cannot be deduplicated (no `event_id` header,
-    /// or one that is not a uuid): logged at ERROR with where it is, counted
-    /// (`unusable=`) and its offset committed. Off by default: such a record
-    /// stops the consumer with its offset uncommitted, on every start, until
-    /// it is dealt with (a consumer cannot apply it at most once).
+    /// or one that is not a uuid) or applied (a value that is not a JSON
+    /// object): logged at ERROR with where it is, counted (`unusable=`) and
+    /// its offset committed. Off by default: such a record stops the consumer
+    /// with its offset uncommitted, on every start, until it is dealt with
+    /// (a consumer cannot apply it at most once, or apply it at all).
     #[arg(
         long,
         env = "CONSUMER_PASS_OVER_UNUSABLE",
@@ -235,7 +236,7 @@ struct Counts {
     duplicates: u64,
     /// Dead-lettered and replayed records, not applied.
     side_records: u64,
-    /// Records without a usable event_id, passed over (--pass-over-unusable).
+    /// Records without a usable event_id or value, passed over (--pass-over-unusable).
     unusable: u64,
 }
 
@@ -399,15 +400,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     partition = message.partition(),
                     offset = message.offset(),
                     error = %e,
-                    "passed over (--pass-over-unusable): a record that cannot be deduplicated is not applied"
+                    "passed over (--pass-over-unusable): a record that cannot be deduplicated or applied is not"
                 );
                 pass_over(&consumer, &message, max_backoff).await;
                 continue;
             }
             Err(e) => {
                 return Err(e).context(
-                    "refusing to skip a record that cannot be deduplicated (its offset stays \
-                     uncommitted, so every start stops here): fix or remove its producer's record, \
+                    "refusing to skip a record that cannot be deduplicated or applied (its offset \
+                     stays uncommitted, so every start stops here): fix or remove its producer's record, \
                      or pass it over with --pass-over-unusable (CONSUMER_PASS_OVER_UNUSABLE=true)",
                 );
             }

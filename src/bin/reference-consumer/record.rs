@@ -3,7 +3,9 @@
 //! The relay's record: key = aggregate id, value = the payload JSON, headers
 //! `event_id` (the idempotency key), `aggregate_id`, `aggregate_sequence`,
 //! `lsn`, ... The demo effect reads `sku` and `qty` from the payload when they
-//! are there (absent fields become NULL: the effect is still applied once).
+//! are there (absent fields become NULL: the effect is still applied once). A
+//! value that is not a JSON object is unusable, like a record without an
+//! `event_id`: applying it would record an effect of NULLs.
 
 use std::fmt;
 
@@ -39,6 +41,14 @@ pub(crate) enum RecordError {
     MissingEventId { place: Place },
     #[error("record {place} has event_id {value:?}, which is not a UUID")]
     BadEventId { place: Place, value: String },
+    #[error(
+        "record {place} (event {event_id}) has a value that is not a JSON object ({why}): its effect cannot be applied"
+    )]
+    BadPayload {
+        place: Place,
+        event_id: String,
+        why: String,
+    },
 }
 
 /// Why a record is not a live event of the outbox topics, if it is not: a
@@ -95,7 +105,22 @@ pub(crate) fn parse<'a>(
     let order_id = aggregate_id
         .or_else(|| key.map(|k| String::from_utf8_lossy(k).into_owned()))
         .unwrap_or_default();
-    let body: Option<serde_json::Value> = payload.and_then(|p| serde_json::from_slice(p).ok());
+    let body = match payload.map(serde_json::from_slice::<serde_json::Value>) {
+        Some(Ok(body)) if body.is_object() => body,
+        other => {
+            let why = match other {
+                None => "no value".to_owned(),
+                Some(Err(e)) => format!("not JSON: {e}"),
+                Some(Ok(_)) => "JSON, but not an object".to_owned(),
+            };
+            return Err(RecordError::BadPayload {
+                place,
+                event_id,
+                why,
+            });
+        }
+    };
+    let body = Some(body);
     let sku = body
         .as_ref()
         .and_then(|b| b.get("sku"))
@@ -177,12 +202,35 @@ mod tests {
         assert_eq!(r.lsn, "0/16B3748");
     }
 
+    /// Review F11: a value that is not a JSON object was applied as an
+    /// effect of NULLs.
+    #[test]
+    fn a_value_that_is_not_a_json_object_is_unusable() {
+        for (value, why) in [
+            (Some(b"not json".as_slice()), "not JSON"),
+            (Some(b"[1, 2]".as_slice()), "not an object"),
+            (None, "no value"),
+        ] {
+            let e = parse(
+                place(),
+                Some(b"key-1"),
+                value,
+                [("event_id", Some(ID.as_bytes()))],
+            )
+            .unwrap_err();
+            assert!(
+                matches!(&e, RecordError::BadPayload { why: w, event_id, .. } if w.contains(why) && event_id == ID),
+                "{value:?}: {e}"
+            );
+        }
+    }
+
     #[test]
     fn falls_back_to_the_key_and_tolerates_other_payloads() {
         let r = parse(
             place(),
             Some(b"key-1"),
-            Some(b"not json"),
+            Some(br#"{"note": "no sku, no qty"}"#),
             [("event_id", Some(ID.as_bytes()))],
         )
         .unwrap();
