@@ -604,3 +604,93 @@ async fn a_value_that_is_not_json_stops_the_consumer_unless_passed_over() {
         "one passed over, the next one handled; log:\n{log}"
     );
 }
+
+/// Review F10: a second record with the same `event_id` and different
+/// content was a silent duplicate (logged at info). The inbox compares it
+/// with the effect recorded first: the first stands, the second is reported
+/// at ERROR with both contents and counted as `conflicts=`.
+#[tokio::test]
+async fn the_same_event_id_with_different_content_is_reported() {
+    let schema = common::unique_name("consumer_modes_conflict");
+    let admin = common::admin_client().await;
+    admin
+        .batch_execute(&format!(
+            "CREATE SCHEMA {schema};
+             CREATE TABLE {schema}.processed_events (consumer_name text NOT NULL, event_id uuid NOT NULL,
+                                                     PRIMARY KEY (consumer_name, event_id));
+             CREATE TABLE {schema}.effects (event_id uuid PRIMARY KEY, order_id text, sku text, qty int);"
+        ))
+        .await
+        .expect("inbox tables");
+    let topic = common::unique_name("consumer_modes_conflict");
+    common::create_topic(&topic, 1, &[]).await;
+    let inbox_table = format!("{schema}.processed_events");
+    let effects_table = format!("{schema}.effects");
+    let produced = topic.clone();
+    let log = tokio::task::spawn_blocking(move || {
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", common::kafka_bootstrap())
+            .create()
+            .expect("producer");
+        let (shared, same) = (event_id(21), event_id(22));
+        for (id, payload) in [
+            (&shared, r#"{"sku": "s-1", "qty": 1}"#),
+            (&shared, r#"{"sku": "s-1", "qty": 5}"#),
+            (&same, r#"{"sku": "s-2", "qty": 2}"#),
+            (&same, r#"{"sku": "s-2", "qty": 2}"#),
+        ] {
+            producer
+                .send(record(&produced, "o-1", payload, id))
+                .unwrap_or_else(|(e, _)| panic!("send to {produced}: {e}"));
+        }
+        producer.flush(KAFKA_TIMEOUT).expect("flush");
+        let pg_url = common::pg_admin_url();
+        run_consumer(
+            &produced,
+            &[
+                "--pg-url",
+                &pg_url,
+                "--inbox-table",
+                &inbox_table,
+                "--effects-table",
+                &effects_table,
+            ],
+        )
+    })
+    .await
+    .expect("produce and consume");
+    let last = final_line(&log);
+    assert_eq!(
+        (
+            field(last, "applied"),
+            field(last, "duplicates"),
+            field(last, "conflicts")
+        ),
+        (2, 2, 1),
+        "log:\n{log}"
+    );
+    let conflict = log
+        .lines()
+        .find(|l| l.contains("different content"))
+        .unwrap_or_else(|| panic!("no conflict reported; log:\n{log}"));
+    assert!(
+        conflict.contains("ERROR")
+            && conflict.contains(&event_id(21))
+            && conflict.contains("qty=Some(1)")
+            && conflict.contains("qty=Some(5)"),
+        "{conflict}"
+    );
+    let qty: i32 = admin
+        .query_one(
+            &format!("SELECT qty FROM {schema}.effects WHERE event_id = $1::text::uuid"),
+            &[&event_id(21)],
+        )
+        .await
+        .expect("the recorded effect")
+        .get(0);
+    assert_eq!(qty, 1, "the effect recorded first stands");
+    admin
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .expect("drop the inbox schema");
+}

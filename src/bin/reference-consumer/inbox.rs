@@ -4,6 +4,8 @@
 //!   INSERT INTO <inbox> (consumer_name, event_id) ... ON CONFLICT DO NOTHING RETURNING
 //!   -- only when a row came back (first delivery):
 //!   INSERT INTO <effects> (event_id, order_id, sku, qty) ...
+//!   -- otherwise: the recorded effect, compared with this record's
+//!   SELECT order_id, sku, qty FROM <effects> WHERE event_id = ...
 //!   COMMIT
 //! A crash before COMMIT leaves neither; after COMMIT both, and the redelivered
 //! record finds the inbox row and changes nothing. Writing the two in separate
@@ -17,12 +19,17 @@ use crate::failpoint;
 use crate::record::InboxRecord;
 
 /// What one delivery did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Outcome {
     /// First delivery: the effect was applied.
     Applied,
     /// The inbox already held the event id: nothing changed.
     Duplicate,
+    /// The inbox already held the event id, and the effect it recorded
+    /// differs from what this record would apply (the same id given to two
+    /// different events: a writer that supplies its own ids, or a foreign
+    /// producer). Nothing changed; `stored` describes the recorded effect.
+    Conflict { stored: String },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +82,8 @@ struct Connected {
     client: Client,
     dedupe: Statement,
     effect: Statement,
+    /// The effect recorded for an event id, to compare a duplicate with.
+    recorded: Statement,
 }
 
 pub(crate) struct Inbox {
@@ -163,10 +172,17 @@ async fn ensure_connected<'c>(
         ))
         .await
         .map_err(|e| sql_err("prepare the effect insert", e))?;
+    let recorded = client
+        .prepare(&format!(
+            "SELECT order_id, sku, qty FROM {effects_table} WHERE event_id = $1::text::uuid LIMIT 1"
+        ))
+        .await
+        .map_err(|e| sql_err("prepare the effect lookup", e))?;
     Ok(conn.insert(Connected {
         client,
         dedupe,
         effect,
+        recorded,
     }))
 }
 
@@ -189,19 +205,39 @@ async fn apply_in(
         .await
         .map_err(err("the inbox insert"))?
         .is_some();
-    if first {
+    let outcome = if first {
         tx.execute(
             &conn.effect,
             &[&rec.event_id, &rec.order_id, &rec.sku, &rec.qty],
         )
         .await
         .map_err(err("the effect insert"))?;
-    }
-    failpoint::hit("before-business-commit");
-    tx.commit().await.map_err(err("COMMIT"))?;
-    Ok(if first {
         Outcome::Applied
     } else {
-        Outcome::Duplicate
-    })
+        let stored = tx
+            .query_opt(&conn.recorded, &[&rec.event_id])
+            .await
+            .map_err(err("the effect lookup"))?;
+        // No recorded effect (applied into another effects table, or
+        // removed): nothing to compare with.
+        let stored = stored.map(|row| {
+            let effect: (String, Option<String>, Option<i32>) =
+                (row.get(0), row.get(1), row.get(2));
+            effect
+        });
+        match stored {
+            Some(effect) if effect != (rec.order_id.clone(), rec.sku.clone(), rec.qty) => {
+                Outcome::Conflict {
+                    stored: format!(
+                        "order_id={:?} sku={:?} qty={:?}",
+                        effect.0, effect.1, effect.2
+                    ),
+                }
+            }
+            _ => Outcome::Duplicate,
+        }
+    };
+    failpoint::hit("before-business-commit");
+    tx.commit().await.map_err(err("COMMIT"))?;
+    Ok(outcome)
 }

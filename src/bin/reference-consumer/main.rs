@@ -238,6 +238,9 @@ struct Counts {
     side_records: u64,
     /// Records without a usable event_id or value, passed over (--pass-over-unusable).
     unusable: u64,
+    /// Inbox mode: duplicates whose content differs from the recorded effect
+    /// (counted in `duplicates` too).
+    conflicts: u64,
 }
 
 /// How a record is recognised as seen before.
@@ -429,6 +432,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
                         counts.duplicates += 1;
                         info!(event_id = %rec.event_id, at = %rec.place, lsn = %rec.lsn, "duplicate delivery: effect already applied, nothing changed");
                     }
+                    Outcome::Conflict { stored } => {
+                        counts.duplicates += 1;
+                        counts.conflicts += 1;
+                        error!(event_id = %rec.event_id, at = %rec.place, lsn = %rec.lsn, %stored,
+                            order_id = %rec.order_id, sku = ?rec.sku, qty = ?rec.qty,
+                            "the same event_id with different content: the effect recorded first stands and \
+                            this record is NOT applied; two events share an id (a writer that supplies its \
+                            own ids, or another producer): fix the producer and apply this one by hand");
+                    }
                 }
                 failpoint::hit("after-business-commit-before-offset-commit");
             }
@@ -464,6 +476,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             records = counts.records,
             duplicates = counts.duplicates,
             applied = counts.applied,
+            conflicts = counts.conflicts,
             side_records = counts.side_records,
             unusable = counts.unusable,
             "stopping"
