@@ -220,13 +220,18 @@ async fn apply_in(
             .map_err(err("the effect lookup"))?;
         // No recorded effect (applied into another effects table, or
         // removed): nothing to compare with.
-        let stored = stored.map(|row| {
-            let effect: (String, Option<String>, Option<i32>) =
-                (row.get(0), row.get(1), row.get(2));
-            effect
+        // Columns of other types than the effect writes: no comparison
+        // (never a panic on a row).
+        let stored = stored.and_then(|row| {
+            let effect: (Option<String>, Option<String>, Option<i32>) = (
+                row.try_get(0).ok()?,
+                row.try_get(1).ok()?,
+                row.try_get(2).ok()?,
+            );
+            Some(effect)
         });
         match stored {
-            Some(effect) if effect != (rec.order_id.clone(), rec.sku.clone(), rec.qty) => {
+            Some(effect) if effect != (Some(rec.order_id.clone()), rec.sku.clone(), rec.qty) => {
                 Outcome::Conflict {
                     stored: format!(
                         "order_id={:?} sku={:?} qty={:?}",
