@@ -18,7 +18,11 @@
 #           once per connector variant (BENCH_VARIANTS; by default both
 #           delivery modes, at-least-once and exactly-once), each from a slot
 #           of its own. In exactly-once mode the acked LSN moves only after
-#           each Kafka commit, so the figure includes the last commit.
+#           each Kafka commit, so the figure includes the last commit. With
+#           the live witness on, also until it has checked every row
+#           (connector_cpu_s_checked); a later variant with it off runs on
+#           until the same time after its start (connector_cpu_s_held), so
+#           the two CPU figures cover the same time.
 #     Reported: events/s of both (from process start), their ratio, the
 #     connector's peak RSS (VmHWM). Then, on the same backlog:
 #       (c) the producer floor: examples/produce_floor.rs sends as many records
@@ -603,10 +607,17 @@ drain_connector() {
   conn_keep_offsets=1 start_connector "$slot" "$name"
   # With the live witness on (the default), also until it has checked every
   # drained row (drain.*.witness_checked_rows, connector_cpu_s_checked).
-  local checked=$EVENTS
+  local checked=$EVENTS hold=0
   [[ " ${conn_env[*]} " == *" OUTBOX_CDC__RECONCILE__ENABLED=false "* ]] && checked=0
+  # A variant without the witness runs on until the first variant's witness
+  # had checked every row, and its CPU then (connector_cpu_s_held) is the one
+  # to set against connector_cpu_s_checked: both over the same time.
+  if (( checked == 0 && k > 0 )) && [[ -s "$run/connector-drain${tx}_0.json" ]]; then
+    hold=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("witness_checked_seconds", 0))' \
+      "$run/connector-drain${tx}_0.json")
+  fi
   bench wait-lsn --pid "$conn_pid" --metrics "http://127.0.0.1:$conn_port/metrics" --end-lsn "$end_lsn" \
-    --expect-checked "$checked" \
+    --expect-checked "$checked" --hold-until "$hold" \
     --events "$EVENTS" --started "$started" --timeout "$DRAIN_TIMEOUT" --slot "$slot" --db-url "$ADMIN_DB_URL" \
     --kafka-pid "$kpid" --log "$run/connector-$name.log" --label "drain tx=$tx [$variant]" \
     --out "$run/connector-$name.json" || die "drain tx=$tx [$variant]: the connector"

@@ -319,7 +319,9 @@ def report(run_dir, json_out, png_out):
             f"peak RSS {d['peak_rss_mib']} MiB"
             + (f"; live witness: {d['witness_checked_rows']} rows checked ({d['witness_missing_rows']} missing) "
                f"after {d['witness_checked_seconds']} s, CPU s then {d['connector_cpu_s_checked']}"
-               if "witness_checked_rows" in d else ""),
+               if "witness_checked_rows" in d else "")
+            + (f"; held until {d['held_seconds']} s, CPU s then {d['connector_cpu_s_held']}"
+               if "connector_cpu_s_held" in d else ""),
             flush=True,
         )
     for p in result.get("peer", []) + [dict(f, name="producer floor") for f in result.get("producer_floor", [])]:
@@ -645,7 +647,7 @@ def cmd_wait_lsn(a):
     write_json(a.out, measure.wait_lsn(a.pid, a.metrics, a.end_lsn, a.events, measure.epoch(a.started),
                                        a.timeout, a.label, a.log, a.slot, a.db_url, a.kafka_pid,
                                        threads=not a.no_threads, expect_published=a.expect_published,
-                                       expect_checked=a.expect_checked))
+                                       expect_checked=a.expect_checked, hold_until=a.hold_until))
 
 
 def cmd_drain_run(a):
@@ -872,6 +874,7 @@ def parser():
     add(c, "metrics", "end-lsn", "started", "label", "out")
     add(c, "log", "slot", "db-url", required=False)
     add(c, "kafka-pid", "expect-published", "expect-checked", required=False, type=int, default=0)
+    add(c, "hold-until", required=False, type=float, default=0.0)
     c.add_argument("--no-threads", action="store_true")
 
     c = command("watch-bigtx", cmd_watch_bigtx,

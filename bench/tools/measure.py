@@ -344,9 +344,13 @@ def watch_recvlogical(pid, slot, db_url, started, timeout, time_file, events, la
 
 
 def wait_lsn(pid, metrics_url, end_lsn, events, started, timeout, label, log_path=None,
-             slot=None, db_url=None, kpid=0, threads=True, expect_published=0, expect_checked=0):
+             slot=None, db_url=None, kpid=0, threads=True, expect_published=0, expect_checked=0,
+             hold_until=0.0):
     """The connector until /metrics' outbox_cdc_acked_lsn (persisted and reported
-    to PostgreSQL) reaches end_lsn; then what it, its walsender and the broker used."""
+    to PostgreSQL) reaches end_lsn; then what it, its walsender and the broker used.
+    hold_until > 0: the connector also runs until that many seconds after the
+    start, and its CPU then is connector_cpu_s_held (a variant without the live
+    witness read at the time another variant's witness finished checking)."""
     end = parse_lsn(end_lsn)
     k0 = cpu_s(kpid)
     deadline = time.monotonic() + timeout
@@ -411,6 +415,15 @@ def wait_lsn(pid, metrics_url, end_lsn, events, started, timeout, label, log_pat
         log(f"{label}: the live witness checked {res['witness_checked_rows']} rows "
             f"({res['witness_missing_rows']} missing) {res['witness_checked_seconds']}s after the start; "
             f"connector CPU s then {res['connector_cpu_s_checked']}")
+    if hold_until > 0:
+        while elapsed(started, time.time()) < hold_until and alive(pid):
+            time.sleep(0.05)
+        res.update({
+            "held_seconds": elapsed(started, time.time()),
+            "connector_cpu_s_held": cpu_s(pid),
+        })
+        log(f"{label}: held until {res['held_seconds']}s after the start; connector CPU s then "
+            f"{res['connector_cpu_s_held']}")
     log(f"{label}: outbox-cdc {res['connector_seconds']}s → {res['connector_events_per_s']} events/s "
         f"(all published after {res['connector_all_published_seconds']}s), peak RSS {rss} MiB")
     log(f"{label}: CPU s: connector {res['connector_cpu_s']} + its walsender {res['connector_walsender_cpu_s']}"
