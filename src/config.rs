@@ -652,9 +652,10 @@ pub struct LimitSettings {
     /// catalog's answers add at most 5 s each (a lookup under way, the
     /// final coverage proof). Default 30000.
     pub shutdown_timeout_ms: u64,
-    /// Bytes of streamed, not yet committed transactions kept in memory
-    /// ([postgres] streaming); beyond them the largest goes to a file under
-    /// [offsets] path. Default 16 MiB.
+    /// Memory for streamed, not yet committed transactions ([postgres]
+    /// streaming), counted as allocated over all of them however many are
+    /// open; beyond it the largest buffer goes to its file under [offsets]
+    /// path and is freed. Default 16 MiB.
     pub max_spill_memory_bytes: usize,
 }
 

@@ -304,7 +304,7 @@ impl Default for Metrics {
             ),
             r.unsigned(
                 "outbox_cdc_spill_memory_bytes",
-                "Bytes of those changes held in memory (bounded by [limits] max_spill_memory_bytes)",
+                "Memory the buffers of those transactions hold, as allocated (bounded by [limits] max_spill_memory_bytes)",
             ),
             r.unsigned(
                 SPILL_LARGEST_BYTES,
