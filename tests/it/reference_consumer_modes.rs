@@ -119,6 +119,23 @@ fn run_consumer(topic: &str, args: &[&str]) -> String {
     run_consumer_matching(&format!("^{topic}$"), args)
 }
 
+/// [`run_consumer`] with the inbox and effects tables given, on the test
+/// cluster as its superuser.
+fn run_consumer_with_inbox(topic: &str, inbox_table: &str, effects_table: &str) -> String {
+    let pg_url = common::pg_admin_url();
+    run_consumer(
+        topic,
+        &[
+            "--pg-url",
+            &pg_url,
+            "--inbox-table",
+            inbox_table,
+            "--effects-table",
+            effects_table,
+        ],
+    )
+}
+
 /// [`run_consumer`] on the topics `topic_regex` matches.
 fn run_consumer_matching(topic_regex: &str, args: &[&str]) -> String {
     let (status, text) = run_consumer_to_exit(topic_regex, args);
@@ -302,18 +319,7 @@ async fn with_the_inbox_a_repeated_event_id_is_applied_once() {
     let effects_table = format!("{schema}.effects");
     let log = tokio::task::spawn_blocking(move || {
         produce_plain(&topic, &repeated_sends());
-        let pg_url = common::pg_admin_url();
-        run_consumer(
-            &topic,
-            &[
-                "--pg-url",
-                &pg_url,
-                "--inbox-table",
-                &inbox_table,
-                "--effects-table",
-                &effects_table,
-            ],
-        )
+        run_consumer_with_inbox(&topic, &inbox_table, &effects_table)
     })
     .await
     .expect("produce and consume");
@@ -644,18 +650,7 @@ async fn the_same_event_id_with_different_content_is_reported() {
                 .unwrap_or_else(|(e, _)| panic!("send to {produced}: {e}"));
         }
         producer.flush(KAFKA_TIMEOUT).expect("flush");
-        let pg_url = common::pg_admin_url();
-        run_consumer(
-            &produced,
-            &[
-                "--pg-url",
-                &pg_url,
-                "--inbox-table",
-                &inbox_table,
-                "--effects-table",
-                &effects_table,
-            ],
-        )
+        run_consumer_with_inbox(&produced, &inbox_table, &effects_table)
     })
     .await
     .expect("produce and consume");
