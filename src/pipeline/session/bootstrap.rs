@@ -54,6 +54,8 @@ pub(super) struct Started<D> {
     /// Where the server streams from (the slot's position, which may be
     /// before the stored offset: see `Checkpointer::pages_behind`).
     pub(super) resent_from: Lsn,
+    /// See `StartPositions::paged_through`.
+    pub(super) paged_through: Lsn,
     /// The server streams large transactions in progress (pgoutput protocol 2).
     pub(super) streaming: bool,
 }
@@ -85,14 +87,17 @@ pub(super) async fn bootstrap<D: Delivery>(
     let target = ProofTarget::of(config)?;
     let mut conn = Connections::<D>::open(config, metrics).await?;
     let server = ServerFacts::prove(config, store, &conn, target, options.break_repair).await?;
-    let slot_info = take_slot(store, &mut conn).await?;
+    let (slot_info, paged_through) = take_slot(store, &mut conn).await?;
     let run = Run {
         config,
         options,
         store,
         metrics,
     };
-    let decision = decide_start(run, &mut conn, slot_info.as_ref(), &server).await?;
+    let decision = StartDecision {
+        paged_through,
+        ..decide_start(run, &mut conn, slot_info.as_ref(), &server).await?
+    };
     if options.repair_only {
         let slot = config.postgres.slot.as_str();
         info!(slot, start = %decision.start, "repair finished (or none was needed); not streaming (outbox-cdc repair)");
@@ -219,11 +224,13 @@ fn refuse_missing_features(
 /// Step 3: the slot locked for the start (held until START_REPLICATION made
 /// it ours: a peer repairing this slot's gap holds it exclusively, audit F6),
 /// read, and handed to the delivery, which may adopt a position of its own
-/// (exactly-once: the last Kafka commit's marker).
+/// (exactly-once: the last Kafka commit's marker). Returns the slot's facts
+/// and the offset stored before the delivery's adoption (see
+/// `StartPositions::paged_through`).
 async fn take_slot<D: Delivery>(
     store: &Arc<OffsetStore>,
     conn: &mut Connections<D>,
-) -> Result<Option<SlotInfo>, PipelineError> {
+) -> Result<(Option<SlotInfo>, Lsn), PipelineError> {
     let slot = conn.slot.as_str();
     if !control::try_lock_slot(&conn.client, slot, SlotLock::Starting).await? {
         return Err(PipelineError::RepairRunning {
@@ -232,6 +239,11 @@ async fn take_slot<D: Delivery>(
     }
     let slot_info = control::slot_info(&conn.client, slot).await?;
     refuse_unfinished_slot(slot, slot_info.as_ref())?;
+    // Persisted by a session, after the witness pages of what it covers.
+    let paged_through = store
+        .load(slot)?
+        .filter(|stored| stored.system_id == conn.identity.system_id)
+        .map_or(Lsn::ZERO, |stored| stored.lsn);
     conn.delivery
         .ready(StartContext {
             store,
@@ -240,7 +252,7 @@ async fn take_slot<D: Delivery>(
             repair_pending: store.pending_repair(slot)?.is_some(),
         })
         .await?;
-    Ok(slot_info)
+    Ok((slot_info, paged_through))
 }
 
 /// A logical slot has no confirmed position until it reached a consistent
@@ -271,6 +283,8 @@ struct StartDecision {
     /// from if it were lost before anything is acknowledged.
     created_at: Option<PgTimestamp>,
     witness_from: Option<WitnessPosition>,
+    /// See `StartPositions::paged_through`.
+    paged_through: Lsn,
     /// A gap repair took the slot's exclusive lock, to release once streaming.
     repair_locked: bool,
     /// The commit time of the offset stored before the start, once it was
@@ -285,6 +299,7 @@ impl StartDecision {
             skip_through,
             created_at: None,
             witness_from: None,
+            paged_through: Lsn::ZERO,
             repair_locked: false,
             stored_time: None,
         }
@@ -561,6 +576,7 @@ async fn start_streaming<D>(
         skip_through,
         created_at,
         witness_from,
+        paged_through,
         repair_locked,
         stored_time,
     } = decision;
@@ -603,6 +619,7 @@ async fn start_streaming<D>(
         skip_through,
         reported,
         resent_from: start,
+        paged_through,
         streaming: server.streaming,
     })
 }

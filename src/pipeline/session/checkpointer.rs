@@ -61,12 +61,17 @@ pub(super) struct Checkpointer<'a> {
     /// The events sent, for the live witness (`None` with `[reconcile]` off):
     /// written to the store with the offset that covers them.
     ledger: Option<Ledger>,
+    /// The stored pages hold every event an earlier session sent in a
+    /// transaction committing before this: it persisted them before the
+    /// offset (see [`StartPositions::paged_through`]).
+    paged_through: Lsn,
     /// The server is sending again, from the slot's position, what came
-    /// before the stored offset. An earlier session sent those events, but
-    /// their fingerprints may not be in the store (exactly-once resumes at a
-    /// Kafka marker ahead of the stored offset): they are recorded as they
-    /// pass, and until the stream passed the offset the pages cover only
-    /// the slot's position (`Metrics::witness_covered`).
+    /// before the stored offset, and the pages stop short of it
+    /// (exactly-once resumed at a Kafka marker ahead of the stored offset,
+    /// whose events' pages died with the crash): the events past
+    /// `paged_through` are recorded as they pass, and until the stream passed
+    /// the offset the pages cover only the slot's position
+    /// (`Metrics::witness_covered`).
     pages_behind: bool,
     /// The stream passed that stretch: its pages wait for a persist, even
     /// if nothing new is acknowledged.
@@ -82,6 +87,12 @@ pub(super) struct StartPositions {
     pub(super) reported: Lsn,
     /// Where the server streams from: the slot's position.
     pub(super) resent_from: Lsn,
+    /// The offset an earlier session persisted, with its witness pages
+    /// written before it (the stored offset before any Kafka marker was
+    /// adopted; zero when unknown). An event of a transaction committing
+    /// before it that is not in the pages was never sent: recording it when
+    /// the server sends it again would hide a skipped row from the witness.
+    pub(super) paged_through: Lsn,
 }
 
 impl<'a> Checkpointer<'a> {
@@ -97,9 +108,10 @@ impl<'a> Checkpointer<'a> {
             durable,
             reported,
             resent_from,
+            paged_through,
         } = start;
         let replaying = reported < durable.lsn();
-        let pages_behind = resent_from < durable.lsn();
+        let pages_behind = resent_from < durable.lsn() && paged_through < durable.lsn();
         metrics.set_witness_covered(match pages_behind {
             true => resent_from,
             false => durable.lsn(),
@@ -119,14 +131,10 @@ impl<'a> Checkpointer<'a> {
             persisting: None,
             sequences_taken_at: Instant::now(),
             ledger: config.reconcile.enabled.then(Ledger::default),
+            paged_through,
             pages_behind,
             pages_due: false,
         }
-    }
-
-    /// Whether sent events are recorded for the live witness.
-    pub(super) fn records_sent(&self) -> bool {
-        self.ledger.is_some()
     }
 
     /// An event of the transaction committing at `commit` was sent (or
@@ -135,6 +143,15 @@ impl<'a> Checkpointer<'a> {
         if let Some(ledger) = self.ledger.as_mut() {
             ledger.record(commit, event_id);
         }
+    }
+
+    /// Whether an event of a transaction acknowledged before the restart,
+    /// committing at `commit`, is recorded as sent when the server sends it
+    /// again: only past the pages an earlier session stored. Before them,
+    /// an event missing from the pages was skipped, not sent (the cause the
+    /// witness exists for), and must stay missing.
+    pub(super) fn records_resent(&self, commit: Lsn) -> bool {
+        self.ledger.is_some() && commit >= self.paged_through
     }
 
     pub(super) fn durable(&self) -> Lsn {

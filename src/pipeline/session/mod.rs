@@ -210,6 +210,7 @@ impl<'a, D: Delivery> Session<'a, D> {
                 durable: started.durable,
                 reported: started.reported,
                 resent_from: started.resent_from,
+                paged_through: started.paged_through,
             },
         );
         let coverage = CoverageWatch::new(
@@ -453,17 +454,18 @@ impl<'a, D: Delivery> Session<'a, D> {
         };
         if tx.replayed {
             let commit = tx.commit_lsn;
-            let mapped = (self.sequences.is_on() || self.checkpoint.records_sent())
+            let record = self.checkpoint.records_resent(commit);
+            let mapped = (self.sequences.is_on() || record)
                 .then(|| self.mapper.map_insert(bound, &insert.new, &ctx));
-            // Sent by an earlier session whose pages may not have
-            // reached the store (exactly-once resumes at a Kafka
-            // marker ahead of the stored offset).
+            // Sent by an earlier session whose pages did not reach the
+            // store (exactly-once resumed at a Kafka marker ahead of the
+            // stored offset).
             let event_id = match &mapped {
                 Some(Ok(event)) => Some(event.event_id.as_str()),
                 Some(Err(poison)) => poison.event_id(),
                 None => None,
             };
-            if let Some(id) = event_id {
+            if let Some(id) = event_id.filter(|_| record) {
                 self.checkpoint.record_sent(commit, id);
             }
             let mapped = mapped.filter(|_| self.sequences.is_on());

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::coverage::Coverage;
-use crate::pg::{FeedbackHandle, QualifiedTable};
+use crate::pg::{DurableLsn, FeedbackHandle, QualifiedTable};
 use crate::pgoutput::encode::{encode_streamed, encoded};
 use crate::pgoutput::{
     Begin, ColumnValue, Commit, Insert, Relation, StreamAbort, StreamCommit, StreamStart, TupleData,
@@ -78,18 +78,30 @@ impl Harness {
         durable: Lsn,
         reported: Lsn,
     ) -> Harness {
-        Harness::streaming_from(config, delivery, durable, reported, reported)
+        let positions = StartPositions {
+            durable: DurableLsn::for_test(durable),
+            reported,
+            resent_from: reported,
+            paged_through: durable,
+        };
+        Harness::streaming_from(config, delivery, positions)
     }
 
-    /// A session whose stored offset is `durable`, of which the server heard
-    /// `reported`, streaming from `resent_from` (the slot's position).
+    /// A session whose stored offset is `positions.durable`, of which the
+    /// server heard `reported`, streaming from `resent_from` (the slot's
+    /// position), the witness's pages stored through `paged_through`.
     fn streaming_from(
         config: &'static Config,
         delivery: MemoryDelivery,
-        durable: Lsn,
-        reported: Lsn,
-        resent_from: Lsn,
+        positions: StartPositions,
     ) -> Harness {
+        let StartPositions {
+            durable,
+            reported,
+            resent_from,
+            paged_through,
+        } = positions;
+        let durable = durable.lsn();
         let dir = tempfile::tempdir().unwrap();
         let store: &'static Arc<OffsetStore> =
             Box::leak(Box::new(Arc::new(OffsetStore::open(dir.path()).unwrap())));
@@ -119,6 +131,7 @@ impl Harness {
                     durable,
                     reported,
                     resent_from,
+                    paged_through,
                 },
             ),
             coverage: CoverageWatch::without_catalog(config, coverage),
@@ -635,6 +648,19 @@ async fn sent_events_are_stored_for_the_witness_with_the_offset_that_covers_them
     assert_eq!(h.store.witness_fingerprints(SLOT).unwrap(), expected);
 }
 
+/// Where a session starts whose server sends again, from `slot_position`,
+/// what came before the stored offset [`START`] (reported at once: the
+/// sequence audit is off), the witness's pages stored through `paged_through`.
+fn resending(config: &'static Config, slot_position: Lsn, paged_through: Lsn) -> Harness {
+    let positions = StartPositions {
+        durable: DurableLsn::for_test(START),
+        reported: START,
+        resent_from: slot_position,
+        paged_through,
+    };
+    Harness::streaming_from(config, MemoryDelivery::new(), positions)
+}
+
 /// A session whose server sends again what came before the stored offset
 /// (the slot's position trails it: exactly-once resumed at a Kafka marker
 /// ahead of the stored offset, whose events' pages died with the crash)
@@ -645,8 +671,8 @@ async fn sent_events_are_stored_for_the_witness_with_the_offset_that_covers_them
 async fn events_sent_again_by_the_server_are_stored_for_the_witness_before_it_compares() {
     let config = config(&[]);
     let slot_position = Lsn::new(0x80);
-    // The sequence audit off: the stored offset is reported at once.
-    let mut h = Harness::streaming_from(config, MemoryDelivery::new(), START, START, slot_position);
+    // The offset before the marker was adopted: the slot's position.
+    let mut h = resending(config, slot_position, slot_position);
     h.describe_outbox().await;
     let metrics = h.session.metrics;
     assert_eq!(metrics.witness_covered(), slot_position);
@@ -680,4 +706,39 @@ async fn events_sent_again_by_the_server_are_stored_for_the_witness_before_it_co
     h.tick_and_persist().await;
     assert_eq!(h.stored(), end);
     assert_eq!(metrics.witness_covered(), end);
+}
+
+/// A session whose server sends again what came before the stored offset,
+/// all of it covered by pages an earlier session stored (at least once: the
+/// offset is persisted after them), does not record a resent event as sent:
+/// one missing from the pages was skipped by that session, and recording it
+/// would hide the row from the witness for good (a chaos run lost one so).
+/// The pages cover the stored offset from the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_event_the_stored_pages_lack_stays_missing_for_the_witness() {
+    let config = config(&[]);
+    let slot_position = Lsn::new(0x80);
+    let mut h = resending(config, slot_position, START);
+    h.describe_outbox().await;
+    let metrics = h.session.metrics;
+    assert_eq!(metrics.witness_covered(), START);
+    h.next_lsn = slot_position.as_u64();
+    let skipped_id = uuid_like(h.next_lsn + 0x10);
+    h.transaction(1).await.unwrap();
+    assert!(h.session.delivery.sent.is_empty(), "not sent again");
+    h.keepalive(START).await;
+    h.next_lsn = START.as_u64() + 0x100;
+    let sent_id = uuid_like(h.next_lsn + 0x10);
+    let end = h.transaction(1).await.unwrap();
+    h.session.delivery.ack(1);
+    h.take_reports().unwrap();
+    h.tick_and_persist().await;
+    assert_eq!(h.stored(), end);
+    assert_eq!(metrics.witness_covered(), end);
+    let stored = h.store.witness_fingerprints(SLOT).unwrap();
+    assert_eq!(
+        stored,
+        vec![crate::checkpoint::fingerprint(&sent_id)],
+        "only the event sent now is in the pages, not the resent {skipped_id}"
+    );
 }
