@@ -38,6 +38,10 @@ use super::partition::java_partition;
 use super::producer::KafkaSink;
 use super::settings::KafkaSettings;
 use super::topics::TopicSettings;
+
+/// The longest one step of [`TransactionalSink::init_transactions_yielding`]
+/// blocks.
+const INIT_STEP: Duration = Duration::from_millis(500);
 use crate::outbox::OutboxEvent;
 use crate::pg::{Lsn, PgTimestamp};
 use tracing::debug;
@@ -190,6 +194,35 @@ impl<T: Send + 'static> TransactionalSink<T> {
             .producer
             .init_transactions(timeout)
             .map_err(|e| transaction_error("init", e, self.id()))
+    }
+
+    /// [`Self::init_transactions`] in steps of at most [`INIT_STEP`],
+    /// pausing 50 ms between them, so that a caller raced against a stop (the
+    /// start of a session) can leave while the coordinator does not answer
+    /// (Kafka down): one call would hold the thread for the whole
+    /// `timeout`. librdkafka documents a timed-out init as retriable, the
+    /// next call resuming the one under way. Needs the multi-thread runtime.
+    pub async fn init_transactions_yielding(&self, timeout: Duration) -> Result<(), SinkError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let step = deadline
+                .saturating_duration_since(Instant::now())
+                .min(INIT_STEP);
+            match tokio::task::block_in_place(|| self.init_transactions(step)) {
+                // Retriable, and what a longer call would have waited out.
+                Err(SinkError::Transaction {
+                    code:
+                        RDKafkaErrorCode::OperationTimedOut
+                        | RDKafkaErrorCode::CoordinatorNotAvailable
+                        | RDKafkaErrorCode::ConcurrentTransactions,
+                    ..
+                }) if Instant::now() < deadline => {
+                    // A pause, not a spin, should one return at once.
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                done => return done,
+            }
+        }
     }
 
     pub fn begin_transaction(&self) -> Result<(), SinkError> {
@@ -468,6 +501,36 @@ fn consumer_config(settings: &KafkaSettings) -> ClientConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 50 F6 (a): with the transaction coordinator out of reach (the
+    /// only broker down), the init waits out its timeout; a caller racing
+    /// it against a stop leaves between two steps (one call held the thread
+    /// for the whole timeout, so the stop waited as long).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiting_init_lets_a_stop_in_between_its_steps() {
+        let cluster = rdkafka::mocking::MockCluster::new(1).expect("mock cluster");
+        let mut settings = KafkaSettings::new();
+        settings.set("bootstrap.servers", cluster.bootstrap_servers());
+        cluster.broker_down(1).expect("broker down");
+        let (sink, _reports) = TransactionalSink::<u64>::new(
+            &settings,
+            &TopicSettings::default(),
+            "init-steps",
+            Duration::from_secs(60),
+        )
+        .expect("producer");
+        let started = Instant::now();
+        let outcome = tokio::select! {
+            done = sink.init_transactions_yielding(Duration::from_secs(20)) => Some(done),
+            () = tokio::time::sleep(Duration::from_secs(1)) => None,
+        };
+        let took = started.elapsed();
+        assert!(outcome.is_none(), "the init ended first: {outcome:?}");
+        assert!(
+            took < Duration::from_secs(3),
+            "the stop came after {took:?}"
+        );
+    }
 
     #[test]
     fn marker_values_round_trip_and_strangers_are_not_markers() {

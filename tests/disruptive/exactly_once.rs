@@ -117,7 +117,8 @@ async fn exactly_once_retries_through_kafka_outages_at_start_and_inside_a_large_
 /// is gone. The last commit waits no longer than `shutdown_timeout_ms` (it
 /// waited `transaction_timeout_ms`, 60 s by default, past what orchestrators
 /// allow a stop); its outcome is then unknown, and the next start learns it
-/// from the marker, as after a crash there: every row once.
+/// from the marker, as after a crash there: every row once. A start while
+/// Kafka is still gone ends as promptly at a stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_with_kafka_gone_and_a_transaction_open_is_bounded() {
     let _alone = common::alone().await;
@@ -148,6 +149,26 @@ async fn a_stop_with_kafka_gone_and_a_transaction_open_is_bounded() {
     assert!(
         stopped.is_ok() && took < Duration::from_secs(12),
         "the stop took {took:?} (shutdown_timeout_ms 2000): {stopped:?}"
+    );
+
+    // A start while Kafka is still gone waits and retries; a stop asked
+    // meanwhile ends it at once. (A broker that answers while its
+    // transaction coordinator does not holds the start in init_transactions
+    // instead: the unit test sink::transactional::tests::
+    // a_waiting_init_lets_a_stop_in_between_its_steps covers that wait.)
+    let starting = Running::spawn(config(), RunOptions::default());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !starting.is_finished(),
+        "a start with Kafka gone ended by itself (it must wait and retry)"
+    );
+    let asked = Instant::now();
+    let stopped = tokio::time::timeout(Duration::from_secs(20), starting.stop()).await;
+    let took = asked.elapsed();
+    eprintln!("stop during a start with Kafka gone: {stopped:?} after {took:?}");
+    assert!(
+        matches!(stopped, Ok(Ok(()))) && took < Duration::from_secs(5),
+        "the stop during the start took {took:?}: {stopped:?}"
     );
 
     kafka.restore();

@@ -10,6 +10,9 @@
 //!   match is checked.
 //! - the witness's position: below which transaction id every row is checked
 //!   (JSON with a version field, like the other trees).
+//! - the offset through which the pages are complete: the last one a session
+//!   persisted after the pages of all it covers (an offset adopted from a
+//!   Kafka marker is not; one version byte, then the LSN, little-endian).
 
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +23,7 @@ pub(super) const WITNESS_TREE: &str = "witness";
 const PAGE_VERSION: u8 = 1;
 const PAGE_TAG: u8 = b'p';
 const POSITION_TAG: u8 = b's';
+const PAGED_TAG: u8 = b'c';
 
 /// Where the live witness has checked up to, for one slot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,6 +100,53 @@ impl OffsetStore {
                 source,
             })?;
         Ok(())
+    }
+
+    /// Records that the pages hold every event sent in a transaction
+    /// committing before `through`. Not flushed: the persist of that
+    /// offset flushes it.
+    pub fn save_witness_paged_through(&self, slot: &str, through: Lsn) -> Result<(), StoreError> {
+        let mut value = Vec::with_capacity(9);
+        value.push(PAGE_VERSION);
+        value.extend_from_slice(&through.as_u64().to_le_bytes());
+        self.witness
+            .insert(prefix(slot, PAGED_TAG), value)
+            .map_err(|source| StoreError::Write {
+                path: self.path.clone(),
+                op: "save witness pages' extent",
+                key: pages_key(slot),
+                source,
+            })?;
+        Ok(())
+    }
+
+    /// See [`Self::save_witness_paged_through`]; zero when none was saved
+    /// (a store of an earlier version, the witness off, a new slot).
+    pub fn witness_paged_through(&self, slot: &str) -> Result<Lsn, StoreError> {
+        let raw = self
+            .witness
+            .get(prefix(slot, PAGED_TAG))
+            .map_err(|source| StoreError::Read {
+                path: self.path.clone(),
+                key: pages_key(slot),
+                source,
+            })?;
+        let Some(raw) = raw else {
+            return Ok(Lsn::ZERO);
+        };
+        match raw.split_first() {
+            Some((&PAGE_VERSION, body)) if body.len() == 8 => Ok(Lsn::new(u64::from_le_bytes(
+                body.try_into().expect("8 bytes"),
+            ))),
+            _ => Err(self.corrupt(
+                WITNESS_TREE,
+                pages_key(slot),
+                format!(
+                    "the pages' extent of {} bytes is not version {PAGE_VERSION}",
+                    raw.len()
+                ),
+            )),
+        }
     }
 
     /// Every stored fingerprint of `slot`, sorted.
@@ -258,7 +309,7 @@ impl OffsetStore {
     /// Forgets the witness's pages and position of `slot` (its offset was
     /// removed: a new slot's transactions are checked from its start).
     pub fn clear_witness(&self, slot: &str) -> Result<(), StoreError> {
-        for tag in [PAGE_TAG, POSITION_TAG] {
+        for tag in [PAGE_TAG, POSITION_TAG, PAGED_TAG] {
             self.remove_witness_entries(slot, self.witness.scan_prefix(prefix(slot, tag)))?;
         }
         self.flush("clear witness", position_key(slot)).map(drop)

@@ -88,7 +88,8 @@ impl Delivery for ExactlyOnce {
             });
         }
         let timeout = self.settings.transaction_timeout();
-        tokio::task::block_in_place(|| self.sink.init_transactions(timeout))?;
+        // In steps: a stop asked meanwhile ends the start between two.
+        self.sink.init_transactions_yielding(timeout).await?;
         let key = Marker::key(start.system_id, slot);
         let topic = self.marker_topic.clone();
         self.marker_partition = self.sink.offsets_partition(&topic, &key).await?;

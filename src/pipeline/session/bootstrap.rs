@@ -225,7 +225,7 @@ fn refuse_missing_features(
 /// it ours: a peer repairing this slot's gap holds it exclusively, audit F6),
 /// read, and handed to the delivery, which may adopt a position of its own
 /// (exactly-once: the last Kafka commit's marker). Returns the slot's facts
-/// and the offset stored before the delivery's adoption (see
+/// and how far the witness's pages are complete (see
 /// `StartPositions::paged_through`).
 async fn take_slot<D: Delivery>(
     store: &Arc<OffsetStore>,
@@ -239,11 +239,7 @@ async fn take_slot<D: Delivery>(
     }
     let slot_info = control::slot_info(&conn.client, slot).await?;
     refuse_unfinished_slot(slot, slot_info.as_ref())?;
-    // Persisted by a session, after the witness pages of what it covers.
-    let paged_through = store
-        .load(slot)?
-        .filter(|stored| stored.system_id == conn.identity.system_id)
-        .map_or(Lsn::ZERO, |stored| stored.lsn);
+    let paged_through = store.witness_paged_through(slot)?;
     conn.delivery
         .ready(StartContext {
             store,

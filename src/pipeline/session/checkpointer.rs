@@ -87,11 +87,12 @@ pub(super) struct StartPositions {
     pub(super) reported: Lsn,
     /// Where the server streams from: the slot's position.
     pub(super) resent_from: Lsn,
-    /// The offset an earlier session persisted, with its witness pages
-    /// written before it (the stored offset before any Kafka marker was
-    /// adopted; zero when unknown). An event of a transaction committing
-    /// before it that is not in the pages was never sent: recording it when
-    /// the server sends it again would hide a skipped row from the witness.
+    /// The last offset a session persisted after the witness pages of all
+    /// it covers (`OffsetStore::witness_paged_through`: not an offset
+    /// adopted from a Kafka marker; zero when unknown). An event of a
+    /// transaction committing before it that is not in the pages was never
+    /// sent: recording it when the server sends it again would hide a
+    /// skipped row from the witness.
     pub(super) paged_through: Lsn,
 }
 
@@ -250,12 +251,16 @@ impl<'a> Checkpointer<'a> {
             .as_mut()
             .and_then(|l| l.take_acknowledged(acked));
         let pages_complete = !self.pages_behind;
+        let paged = (self.ledger.is_some() && pages_complete).then_some(acked);
         self.pages_due = false;
         self.persisting = Some(tokio::task::spawn_blocking(move || {
             store.save_sequences(&numbers)?;
             // Before the offset: the pages on disk cover what it covers.
             if let Some((through, fingerprints)) = page {
                 store.save_witness_page(&slot, through, &fingerprints)?;
+            }
+            if let Some(acked) = paged {
+                store.save_witness_paged_through(&slot, acked)?;
             }
             let durable = store.persist_acked(&slot, acked, &system_id, commit_time)?;
             durable_commit_time.set(commit_time);
@@ -325,11 +330,15 @@ impl<'a> Checkpointer<'a> {
                 .ledger
                 .as_mut()
                 .and_then(|l| l.take_acknowledged(acked));
+            let paged = self.ledger.is_some() && !self.pages_behind;
             let durable = tokio::task::block_in_place(|| {
                 self.store.save_sequences(&numbers)?;
                 if let Some((through, fingerprints)) = page {
                     self.store
                         .save_witness_page(&self.slot, through, &fingerprints)?;
+                }
+                if paged {
+                    self.store.save_witness_paged_through(&self.slot, acked)?;
                 }
                 self.store
                     .persist_acked(&self.slot, acked, &self.system_id, commit_time)

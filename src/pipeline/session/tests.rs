@@ -687,11 +687,15 @@ async fn events_sent_again_by_the_server_are_stored_for_the_witness_before_it_co
         slot_position,
         "its fingerprint is not stored yet"
     );
+    // Nor is the stored offset (adopted from the marker) taken for paged:
+    // a crash now, and the next start must record the resent events again.
+    assert!(h.store.witness_paged_through(SLOT).unwrap() < START);
     // The stream passes the offset (a keepalive there, nothing new to
     // acknowledge): the page is persisted all the same.
     h.keepalive(START).await;
     h.tick_and_persist().await;
     assert_eq!(metrics.witness_covered(), START);
+    assert_eq!(h.store.witness_paged_through(SLOT).unwrap(), START);
     let stored = h.store.witness_fingerprints(SLOT).unwrap();
     let fingerprint = crate::checkpoint::fingerprint(&resent_id);
     assert!(
@@ -706,6 +710,7 @@ async fn events_sent_again_by_the_server_are_stored_for_the_witness_before_it_co
     h.tick_and_persist().await;
     assert_eq!(h.stored(), end);
     assert_eq!(metrics.witness_covered(), end);
+    assert_eq!(h.store.witness_paged_through(SLOT).unwrap(), end);
 }
 
 /// A session whose server sends again what came before the stored offset,
@@ -735,6 +740,7 @@ async fn a_resent_event_the_stored_pages_lack_stays_missing_for_the_witness() {
     h.tick_and_persist().await;
     assert_eq!(h.stored(), end);
     assert_eq!(metrics.witness_covered(), end);
+    assert_eq!(h.store.witness_paged_through(SLOT).unwrap(), end);
     let stored = h.store.witness_fingerprints(SLOT).unwrap();
     assert_eq!(
         stored,
