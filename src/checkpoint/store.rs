@@ -224,6 +224,12 @@ pub enum StoreError {
         key: String,
         source: sled::Error,
     },
+    #[error("offset store {path}: {op} failed: {source}")]
+    PageFile {
+        path: PathBuf,
+        op: &'static str,
+        source: std::io::Error,
+    },
     #[error("offset store {path}: cannot encode the value of {key}: {source}")]
     Encode {
         path: PathBuf,

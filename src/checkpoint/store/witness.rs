@@ -1,18 +1,25 @@
 //! What the live witness (`src/witness/`) keeps in the offset store, tree
 //! `witness`, per slot:
 //!
-//! - pages of fingerprints of the event ids the stream delivered, each keyed
-//!   by the commit position of its last transaction. A page is written before
-//!   the offset that covers it is persisted (and flushed with it), so the
-//!   pages on disk hold at least every event the durable offset covers. Values
-//!   are one version byte then little-endian u64s (a page holds thousands of
+//! - pages of fingerprints of the event ids the stream delivered, each named
+//!   by the commit position of its last transaction. They are files in
+//!   `<offsets.path>/witness-pages/<slot>/`, not sled values: sled keeps every
+//!   value it holds in memory, about 8 MB per million unchecked events (a
+//!   1,000,000-row backlog peaked 13-25 MiB above the witness off). A page is
+//!   written and synced before the offset that covers it is persisted, so the
+//!   pages on disk hold at least every event the durable offset covers. A page
+//!   is one version byte then little-endian u64s (a page holds thousands of
 //!   them; JSON would triple its size). Pages expire once every row they can
-//!   match is checked.
+//!   match is checked. Stores written before the files still hold pages in
+//!   the tree; they are read and expired the same way.
 //! - the witness's position: below which transaction id every row is checked
 //!   (JSON with a version field, like the other trees).
 //! - the offset through which the pages are complete: the last one a session
 //!   persisted after the pages of all it covers (an offset adopted from a
 //!   Kafka marker is not; one version byte, then the LSN, little-endian).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +31,8 @@ const PAGE_VERSION: u8 = 1;
 const PAGE_TAG: u8 = b'p';
 const POSITION_TAG: u8 = b's';
 const PAGED_TAG: u8 = b'c';
+const PAGES_DIR: &str = "witness-pages";
+const PAGE_SUFFIX: &str = ".page";
 
 /// Where the live witness has checked up to, for one slot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,8 +74,8 @@ fn pages_key(slot: &str) -> String {
 
 impl OffsetStore {
     /// Stores the fingerprints of events whose transactions committed at or
-    /// before `through`. Not flushed: the persist of the offset that covers
-    /// them flushes it (sled flushes every tree at once).
+    /// before `through`, synced to disk before it returns (the persist of
+    /// the offset that covers them comes after).
     pub fn save_witness_page(
         &self,
         slot: &str,
@@ -76,8 +85,6 @@ impl OffsetStore {
         if fingerprints.is_empty() {
             return Ok(());
         }
-        let mut key = prefix(slot, PAGE_TAG);
-        key.extend_from_slice(&through.as_u64().to_be_bytes());
         // Two pages may end at the same position (a restart replays it).
         let unique = self.db.generate_id().map_err(|source| StoreError::Write {
             path: self.path.clone(),
@@ -85,21 +92,33 @@ impl OffsetStore {
             key: pages_key(slot),
             source,
         })?;
-        key.extend_from_slice(&unique.to_be_bytes());
         let mut value = Vec::with_capacity(1 + fingerprints.len() * 8);
         value.push(PAGE_VERSION);
         for f in fingerprints {
             value.extend_from_slice(&f.to_le_bytes());
         }
-        self.witness
-            .insert(key, value)
-            .map_err(|source| StoreError::Write {
-                path: self.path.clone(),
-                op: "save witness page",
-                key: pages_key(slot),
-                source,
-            })?;
-        Ok(())
+        let dir = self.pages_dir(slot);
+        let name = format!("{:016x}-{unique:016x}", through.as_u64());
+        let fail = |op: &'static str, path: &Path| {
+            let path = path.to_owned();
+            move |source| StoreError::PageFile { path, op, source }
+        };
+        std::fs::create_dir_all(&dir)
+            .map_err(fail("creating the witness pages' directory", &dir))?;
+        let partial = dir.join(format!("{name}.partial"));
+        let page = dir.join(format!("{name}{PAGE_SUFFIX}"));
+        let mut file =
+            std::fs::File::create(&partial).map_err(fail("writing a witness page", &partial))?;
+        file.write_all(&value)
+            .and_then(|()| file.sync_all())
+            .map_err(fail("writing a witness page", &partial))?;
+        // Renamed whole, and the directory synced: a crash leaves the page
+        // or nothing (a `.partial` file is never read, and goes at the next
+        // clear).
+        std::fs::rename(&partial, &page).map_err(fail("naming a witness page", &page))?;
+        std::fs::File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(fail("syncing the witness pages' directory", &dir))
     }
 
     /// Records that the pages hold every event sent in a transaction
@@ -151,33 +170,100 @@ impl OffsetStore {
 
     /// Every stored fingerprint of `slot`, sorted.
     pub fn witness_fingerprints(&self, slot: &str) -> Result<Vec<u64>, StoreError> {
-        let mut all = Vec::new();
+        let files = self.page_files(slot)?;
+        let bytes: u64 = files.iter().map(|(_, _, len)| len).sum();
+        let mut all = Vec::with_capacity(usize::try_from(bytes / 8).unwrap_or(0));
+        for (path, _, _) in &files {
+            let raw = match std::fs::read(path) {
+                Ok(raw) => raw,
+                // Expired by a round since the listing (it checks nothing then).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(source) => {
+                    return Err(StoreError::PageFile {
+                        path: path.clone(),
+                        op: "reading a witness page",
+                        source,
+                    });
+                }
+            };
+            all.extend(self.page_body(slot, &raw)?);
+        }
         for entry in self.witness.scan_prefix(prefix(slot, PAGE_TAG)) {
             let (_, value) = entry.map_err(|source| StoreError::Read {
                 path: self.path.clone(),
                 key: pages_key(slot),
                 source,
             })?;
-            let body = match value.split_first() {
-                Some((&PAGE_VERSION, body)) if body.len() % 8 == 0 => body,
-                _ => {
-                    return Err(self.corrupt(
-                        WITNESS_TREE,
-                        pages_key(slot),
-                        format!(
-                            "a page of {} bytes is not version {PAGE_VERSION} fingerprints",
-                            value.len()
-                        ),
-                    ));
-                }
-            };
-            all.extend(
-                body.chunks_exact(8)
-                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
-            );
+            all.extend(self.page_body(slot, &value)?);
         }
         all.sort_unstable();
         Ok(all)
+    }
+
+    /// The fingerprints of one page (a file, or a value of an older store).
+    fn page_body<'a>(
+        &self,
+        slot: &str,
+        raw: &'a [u8],
+    ) -> Result<impl Iterator<Item = u64> + 'a, StoreError> {
+        match raw.split_first() {
+            Some((&PAGE_VERSION, body)) if body.len() % 8 == 0 => Ok(body
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))),
+            _ => Err(self.corrupt(
+                WITNESS_TREE,
+                pages_key(slot),
+                format!(
+                    "a page of {} bytes is not version {PAGE_VERSION} fingerprints",
+                    raw.len()
+                ),
+            )),
+        }
+    }
+
+    fn pages_dir(&self, slot: &str) -> PathBuf {
+        self.path.join(PAGES_DIR).join(slot)
+    }
+
+    /// The page files of `slot`: path, the position in its name, its length.
+    fn page_files(&self, slot: &str) -> Result<Vec<(PathBuf, Lsn, u64)>, StoreError> {
+        let dir = self.pages_dir(slot);
+        let listing = match std::fs::read_dir(&dir) {
+            Ok(listing) => listing,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => {
+                return Err(StoreError::PageFile {
+                    path: dir,
+                    op: "listing the witness pages",
+                    source,
+                });
+            }
+        };
+        let mut files = Vec::new();
+        for entry in listing {
+            let entry = entry.map_err(|source| StoreError::PageFile {
+                path: dir.clone(),
+                op: "listing the witness pages",
+                source,
+            })?;
+            let name = entry.file_name();
+            let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(PAGE_SUFFIX)) else {
+                continue;
+            };
+            let through = stem
+                .split_once('-')
+                .and_then(|(lsn, _)| u64::from_str_radix(lsn, 16).ok())
+                .ok_or_else(|| {
+                    self.corrupt(
+                        WITNESS_TREE,
+                        pages_key(slot),
+                        format!("the page file name {stem:?} is not <position>-<id>"),
+                    )
+                })?;
+            let len = entry.metadata().map(|m| m.len()).unwrap_or(0);
+            files.push((entry.path(), Lsn::new(through), len));
+        }
+        Ok(files)
     }
 
     /// Removes the pages of `slot` whose transactions all committed at or
@@ -187,7 +273,17 @@ impl OffsetStore {
         let mut end = start.clone();
         end.extend_from_slice(&through.as_u64().to_be_bytes());
         end.extend_from_slice(&u64::MAX.to_be_bytes());
-        let removed = self.remove_witness_entries(slot, self.witness.range(start..=end))?;
+        let mut removed = self.remove_witness_entries(slot, self.witness.range(start..=end))?;
+        for (path, position, len) in self.page_files(slot)? {
+            if position <= through {
+                std::fs::remove_file(&path).map_err(|source| StoreError::PageFile {
+                    path,
+                    op: "removing an expired witness page",
+                    source,
+                })?;
+                removed += usize::try_from(len.saturating_sub(1)).unwrap_or(0);
+            }
+        }
         Ok(removed / 8)
     }
 
@@ -312,7 +408,16 @@ impl OffsetStore {
         for tag in [PAGE_TAG, POSITION_TAG, PAGED_TAG] {
             self.remove_witness_entries(slot, self.witness.scan_prefix(prefix(slot, tag)))?;
         }
-        self.flush("clear witness", position_key(slot)).map(drop)
+        self.flush("clear witness", position_key(slot))?;
+        let dir = self.pages_dir(slot);
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StoreError::PageFile {
+                path: dir,
+                op: "removing the witness pages",
+                source: e,
+            }),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -390,6 +495,53 @@ mod tests {
         store.clear_witness("s").unwrap();
         assert_eq!(store.witness_position("s").unwrap(), None);
         assert!(store.witness_fingerprints("s").unwrap().is_empty());
+    }
+
+    #[test]
+    fn pages_are_files_beside_sled_and_a_partial_one_is_never_read() {
+        let (dir, store) = fresh();
+        store
+            .save_witness_page("s", Lsn::new(0x10), &[4, 2])
+            .unwrap();
+        // Not a sled value: sled keeps every value in memory.
+        assert_eq!(store.witness.scan_prefix(prefix("s", PAGE_TAG)).count(), 0);
+        let pages = dir.path().join(PAGES_DIR).join("s");
+        let names: Vec<String> = std::fs::read_dir(&pages)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        assert!(names[0].starts_with("0000000000000010-"), "{names:?}");
+        // A crash while a page was written leaves a partial file: not a page.
+        std::fs::write(pages.join("0000000000000020-1.partial"), b"\x01abc").unwrap();
+        assert_eq!(store.witness_fingerprints("s").unwrap(), [2, 4]);
+        store.clear_witness("s").unwrap();
+        assert!(!pages.exists());
+    }
+
+    #[test]
+    fn pages_an_older_store_kept_in_sled_are_read_and_expired() {
+        let (_dir, store) = fresh();
+        let mut key = prefix("s", PAGE_TAG);
+        key.extend_from_slice(&100u64.to_be_bytes());
+        key.extend_from_slice(&1u64.to_be_bytes());
+        let mut value = vec![PAGE_VERSION];
+        value.extend_from_slice(&8u64.to_le_bytes());
+        store.witness.insert(key, value).unwrap();
+        store.save_witness_page("s", Lsn::new(300), &[6]).unwrap();
+        assert_eq!(store.witness_fingerprints("s").unwrap(), [6, 8]);
+        assert_eq!(store.expire_witness_pages("s", Lsn::new(100)).unwrap(), 1);
+        assert_eq!(store.witness_fingerprints("s").unwrap(), [6]);
+    }
+
+    #[test]
+    fn a_damaged_page_file_is_an_error_naming_it() {
+        let (dir, store) = fresh();
+        let pages = dir.path().join(PAGES_DIR).join("s");
+        std::fs::create_dir_all(&pages).unwrap();
+        std::fs::write(pages.join("0000000000000001-2.page"), b"\x01abc").unwrap();
+        let err = store.witness_fingerprints("s").unwrap_err().to_string();
+        assert!(err.contains("witness pages of slot \"s\""), "{err}");
     }
 
     #[test]
