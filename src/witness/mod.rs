@@ -6,8 +6,10 @@
 //!   `checkpoint::Ledger`, stored with the offsets;
 //! - `breaks`: a stored coverage break repaired at start instead of refused;
 //! - `round`: one comparison: which rows must have arrived, which did not,
-//!   and their publication.
+//!   and their publication;
+//! - `binary_copy`: the rows a round reads, from a binary COPY.
 
+mod binary_copy;
 mod breaks;
 mod round;
 

@@ -183,6 +183,16 @@ async fn rows_the_stream_skips_are_published(prefix: &str, extra_config: &str) -
         8,
         "one ERROR per row:\n{log}"
     );
+    // Each names the row's aggregate, read from the table for the log.
+    for line in log
+        .lines()
+        .filter(|l| l.contains("was not delivered by the stream"))
+    {
+        assert!(
+            line.contains("aggregate_type=order") && line.contains("aggregate_id=a"),
+            "an ERROR without the row's aggregate: {line}"
+        );
+    }
     child.terminate(Duration::from_secs(20));
     f.cleanup().await;
     log
