@@ -174,7 +174,7 @@ impl HeldBack {
             behind: behind.to_owned(),
             reason: format!(
                 "parked behind dead-lettered event {behind}: publishing it would pass that event. \
-                 Deal with the dead-lettered events, `outbox-cdc release --config FILE {t} {id}` (connector stopped), \
+                 Deal with the dead-lettered events, `outbox-cdc release --config FILE {t} {id}`, \
                  then `outbox-cdc replay --aggregate-type {t} --aggregate-id {id} --since {ev}` \
                  publishes it in order"
             ),

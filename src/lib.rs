@@ -21,6 +21,7 @@ pub mod http;
 pub mod metrics;
 mod monitor;
 pub mod outbox;
+pub mod parking;
 mod periodic;
 pub mod pg;
 pub mod pgoutput;

@@ -255,6 +255,42 @@ fn existing_store(config: &Config, command: &str) -> anyhow::Result<OffsetStore>
     }
 }
 
+/// `release` with parking shared between instances: the shared table's row
+/// goes (a running connector drops its copy within the refresh interval),
+/// and so does this host's copy when no connector holds the store (a store
+/// that never shared its parks would copy it back into the table).
+async fn release_shared(
+    config: &Config,
+    table: &outbox_cdc::parking::ParkedTable,
+    aggregate_type: &str,
+    aggregate_id: &str,
+) -> anyhow::Result<bool> {
+    let in_table = table.release(aggregate_type, aggregate_id).await?;
+    // Never created here; a store a connector holds is left to its refresh.
+    let here = match config.offsets.path.exists() {
+        true => match OffsetStore::open(&config.offsets.path) {
+            Ok(store) => store.release(aggregate_type, aggregate_id)?,
+            Err(_) => false,
+        },
+        false => false,
+    };
+    if in_table || here {
+        println!(
+            "released {aggregate_type}/{aggregate_id} (table {}): its next events go to their topic; \
+             a running connector takes it up within {} s",
+            table.name(),
+            outbox_cdc::parking::REFRESH_INTERVAL.as_secs()
+        );
+        Ok(true)
+    } else {
+        println!(
+            "{aggregate_type}/{aggregate_id} was not parked (table {})",
+            table.name()
+        );
+        Ok(false)
+    }
+}
+
 /// After an audit repair that left nothing missing: the coverage breaks the
 /// audited window covers are repaired, so `run` may start again (they are
 /// stored in the offset store, which a running connector holds).
@@ -408,6 +444,9 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
             aggregate_id,
         } => {
             let config = load(&config)?;
+            if let Some(table) = outbox_cdc::parking::ParkedTable::of(&config)? {
+                return release_shared(&config, &table, &aggregate_type, &aggregate_id).await;
+            }
             let store = existing_store(&config, "release")?;
             if store.release(&aggregate_type, &aggregate_id)? {
                 println!(
@@ -421,8 +460,11 @@ async fn dispatch(command: Command) -> anyhow::Result<bool> {
         }
         Command::Parked { config } => {
             let config = load(&config)?;
-            let store = existing_store(&config, "parked")?;
-            for p in store.parked()? {
+            let parked = match outbox_cdc::parking::ParkedTable::of(&config)? {
+                Some(table) => table.list().await?,
+                None => existing_store(&config, "parked")?.parked()?,
+            };
+            for p in parked {
                 println!(
                     "{}\t{}\tLSN {}\t{}",
                     p.aggregate_type, p.aggregate_id, p.lsn, p.reason

@@ -69,6 +69,8 @@ pub async fn run(
     let kafka_probe =
         health::spawn_kafka_probe(config.clone(), metrics.clone(), companions_rx.clone());
     let heartbeat = heartbeat::spawn(config.clone(), metrics.clone(), companions_rx.clone());
+    let parking =
+        crate::parking::spawn_refresh(config.clone(), metrics.clone(), companions_rx.clone());
     let pruner = tokio::spawn(pipeline::run_pruner(
         config.clone(),
         metrics.clone(),
@@ -93,6 +95,9 @@ pub async fn run(
         let _ = monitor.await;
         let _ = kafka_probe.await;
         if let Some(h) = heartbeat {
+            let _ = h.await;
+        }
+        if let Some(h) = parking {
             let _ = h.await;
         }
         let _ = pruner.await;

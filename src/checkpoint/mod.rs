@@ -26,7 +26,7 @@ pub(crate) use acked_time::DurableCommitTime;
 pub use ledger::{Ledger, fingerprint};
 pub(crate) use shared_store::SharedStore;
 pub use store::{
-    CoverageBreak, CoverageRecord, Flushed, OffsetStore, ParkedAggregate, ParkedAt, PendingRepair,
-    StoreError, StoredOffset, WitnessPosition, sequence_key,
+    CoverageBreak, CoverageRecord, Flushed, OffsetStore, ParkMirror, ParkedAggregate, ParkedAt,
+    ParkedSync, PendingRepair, StoreError, StoredOffset, WitnessPosition, sequence_key,
 };
 pub use tracker::{AckTracker, EventToken, TrackerError};

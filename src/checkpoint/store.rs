@@ -13,8 +13,8 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{PoisonError, RwLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -28,7 +28,9 @@ const REPAIRS_TREE: &str = "repairs";
 const SEQUENCES_TREE: &str = "sequences";
 const COVERAGE_TREE: &str = "coverage";
 
+mod parked_sync;
 mod witness;
+pub use parked_sync::{ParkMirror, ParkedSync};
 pub use witness::WitnessPosition;
 const ENCODING_VERSION: u32 = 1;
 /// sled's page cache bound; the store holds a handful of small keys.
@@ -201,6 +203,17 @@ pub enum StoreError {
     Locked { path: PathBuf, source: sled::Error },
     #[error("offset store {path}: cannot open: {source}")]
     Open { path: PathBuf, source: sled::Error },
+    /// The table of parked aggregates shared by the instances that can hold
+    /// the slot (`outbox.parked_table`) could not be read or written.
+    #[error("parked aggregates table {table} ({url_key}): {op} failed: {reason}")]
+    SharedParking {
+        table: String,
+        url_key: &'static str,
+        op: &'static str,
+        reason: String,
+        /// A lost connection or a server going away: a new session retries.
+        retry: bool,
+    },
     #[error("offset store {path}: {op} of {key} failed: {source}")]
     Write {
         path: PathBuf,
@@ -263,6 +276,7 @@ impl StoreError {
     pub fn disposition(&self) -> Disposition {
         match self {
             StoreError::Locked { .. } => Disposition::Retry,
+            StoreError::SharedParking { retry: true, .. } => Disposition::Retry,
             _ => Disposition::Stop,
         }
     }
@@ -358,6 +372,12 @@ pub struct OffsetStore {
     parked_cache: RwLock<HashMap<String, HashMap<String, ParkedAt>>>,
     /// Number of parked aggregates; lets `is_parked` skip the lock when zero.
     parked_count: AtomicUsize,
+    /// Where a park is written first when parking is shared between
+    /// instances (`parked_sync.rs`); none for a store used alone.
+    park_mirror: RwLock<Option<Arc<dyn ParkMirror>>>,
+    /// Bumped by every park made here, so that a copy of the shared table
+    /// read before it is not applied over it (`sync_parked`).
+    parked_generation: AtomicU64,
 }
 
 // The pipeline shares one store between its tasks.
@@ -433,6 +453,8 @@ impl OffsetStore {
             witness,
             parked_cache: RwLock::new(HashMap::new()),
             parked_count: AtomicUsize::new(0),
+            park_mirror: RwLock::new(None),
+            parked_generation: AtomicU64::new(0),
         };
         let mut cache = HashMap::<String, HashMap<String, ParkedAt>>::new();
         let mut count = 0;
@@ -754,6 +776,21 @@ impl OffsetStore {
         reason: &str,
         at: EventPosition,
     ) -> Result<bool, StoreError> {
+        if self.parked_since(aggregate_type, aggregate_id)?.is_some() {
+            return Ok(false);
+        }
+        let parked = ParkedAggregate::parked_now(aggregate_type, aggregate_id, reason, at);
+        // The shared table first, outside the cache's lock (a table refresh
+        // takes that lock): once this returns, an instance that takes the
+        // slot over finds the park there.
+        let mirror = self
+            .park_mirror
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(mirror) = mirror {
+            mirror.park(&parked)?;
+        }
         let mut cache = self
             .parked_cache
             .write()
@@ -764,12 +801,8 @@ impl OffsetStore {
         {
             return Ok(false);
         }
-        let record = ParkedRecordV1::from(ParkedAggregate::parked_now(
-            aggregate_type,
-            aggregate_id,
-            reason,
-            at,
-        ));
+        self.parked_generation.fetch_add(1, Ordering::AcqRel);
+        let record = ParkedRecordV1::from(parked);
         let key = parked_key(aggregate_type, aggregate_id);
         let value = encode(
             &self.path,

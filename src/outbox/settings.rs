@@ -85,6 +85,11 @@ pub struct OutboxSettings {
     pub on_poison: PoisonPolicy,
     /// Topic for dead-lettered rows when `on_poison = "dead-letter"`. Default `outbox.dlq`.
     pub dead_letter_topic: String,
+    /// With `on_poison = "dead-letter"`: the table in the source database that
+    /// holds the parked aggregates, shared by every instance that can hold the
+    /// slot (an HA pair); created when missing (`migrations/005_parked.sql`).
+    /// Default `public.outbox_cdc_parked`.
+    pub parked_table: String,
     /// Largest record (topic + key + value + headers) published; a larger row is poison.
     /// Default 1000000 (Kafka's default `message.max.bytes` is about this size).
     pub max_record_bytes: usize,
@@ -165,6 +170,7 @@ impl Default for OutboxSettings {
             message_prefix: String::new(),
             on_poison: PoisonPolicy::Fail,
             dead_letter_topic: "outbox.dlq".to_owned(),
+            parked_table: "public.outbox_cdc_parked".to_owned(),
             max_record_bytes: 1_000_000,
             cloudevents: CloudEventsSettings::default(),
             additional_placement: Vec::new(),
@@ -320,6 +326,17 @@ impl OutboxSettings {
         })
     }
 
+    /// The parked-aggregates table as catalog names.
+    pub fn parked_table_name(&self) -> Result<TableName, ConfigError> {
+        parse_table(&self.parked_table).ok_or_else(|| {
+            ConfigError::new(
+                "outbox.parked_table",
+                &self.parked_table,
+                "a table name as written in SQL: name or schema.name, \"quoted\" where needed",
+            )
+        })
+    }
+
     /// The parsed topic template (`{table}` already resolved).
     pub(crate) fn topic_template(&self) -> Result<TopicTemplate, ConfigError> {
         let table = self.table_name()?;
@@ -386,6 +403,7 @@ impl OutboxSettings {
             ));
         }
         self.column_names()?;
+        self.parked_table_name()?;
         self.check_extra_headers()?;
         self.cloud_events()?;
         self.route.compile()?;

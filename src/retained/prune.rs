@@ -237,6 +237,19 @@ pub async fn prune_stored(config: &Config, metrics: &Metrics) -> Result<PruneRep
             });
         }
     }
+    // Parked by any instance (shared parking): their rows stay too.
+    let mut parked = parked;
+    if let Some(table) = crate::parking::ParkedTable::of(config).map_err(PipelineError::from)? {
+        table.ensure().await.map_err(PipelineError::from)?;
+        for p in table.list().await.map_err(PipelineError::from)? {
+            let known = parked
+                .iter()
+                .any(|q| q.aggregate_type == p.aggregate_type && q.aggregate_id == p.aggregate_id);
+            if !known {
+                parked.push(p);
+            }
+        }
+    }
     // A slot's creation time is no acknowledged commit: rows before it were
     // never in this slot.
     let acked = stored

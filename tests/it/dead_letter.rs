@@ -101,15 +101,19 @@ async fn poison_rows_are_dead_lettered_and_park_their_aggregate_until_released()
     assert!(running.metrics.dead_lettered() >= 2);
     running.stop().await.expect("graceful stop");
 
-    // Release the aggregate (what `outbox-cdc release` does) and restart.
+    // Release the aggregate in the shared table (what `outbox-cdc release`
+    // does) and restart: the start drops the store's copy.
     {
         let store = OffsetStore::open(&fx.offsets_path()).unwrap();
         assert!(
             store.is_parked("order", "a1").unwrap(),
             "the aggregate is parked in the store"
         );
-        assert!(store.release("order", "a1").unwrap());
     }
+    let table = outbox_cdc::parking::ParkedTable::of(&fx.config_with(&env))
+        .unwrap()
+        .expect("dead-letter parking is shared");
+    assert!(table.release("order", "a1").await.unwrap());
     let running = Running::start(fx.config_with(&env)).await;
     let released = fx.write_tx(&[("order", "a1", small(5))], true).await;
     let records = consume(&fx.topic_prefix, 5, TIMEOUT, Duration::from_secs(2));

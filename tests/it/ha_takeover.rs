@@ -12,7 +12,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::relay::{ChildProcess, Fixture, consume, eventually, free_port, log_of, spawn_binary};
+use common::relay::{
+    ChildProcess, Fixture, Record, consume, eventually, free_port, log_of, spawn_binary,
+    spawn_binary_with,
+};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -208,5 +211,132 @@ async fn the_standby_waits_on_the_slot_and_takes_over_when_the_active_one_dies()
 
     let exit = standby.terminate(Duration::from_secs(60));
     assert!(exit.success(), "standby stops gracefully: {exit}");
+    fx.cleanup().await;
+}
+
+/// Review consumer-replay F2: with `on_poison = "dead-letter"`, an aggregate
+/// parked by the active instance stays parked when the standby, whose own
+/// store never saw the poison event, takes the slot over (before, its next
+/// event went to the main topic past the poison one). `parked` and `release`
+/// work on the standby while it runs, and a released aggregate's next event
+/// goes to its topic, after its earlier ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_aggregate_stays_parked_when_the_standby_takes_over() {
+    common::init_tracing();
+    let fx = Fixture::new("haparked").await;
+    let dlq = format!("{}.dlq", fx.topic_prefix);
+    let main_topic = format!("{}.order", fx.topic_prefix);
+    let env = [
+        ("OUTBOX_CDC__OUTBOX__ON_POISON", "dead-letter"),
+        ("OUTBOX_CDC__OUTBOX__DEAD_LETTER_TOPIC", dlq.as_str()),
+        ("OUTBOX_CDC__OUTBOX__MAX_RECORD_BYTES", "2000"),
+    ];
+    let dir_a = tempfile::tempdir().expect("dir for instance A");
+    let dir_b = tempfile::tempdir().expect("dir for instance B");
+    let (port_a, port_b) = (free_port(), free_port());
+    let config_a = instance_config(&fx, dir_a.path(), port_a);
+    let config_b = instance_config(&fx, dir_b.path(), port_b);
+    let wait_streaming = async |port: u16, config: &Path| {
+        let deadline = Instant::now() + TIMEOUT;
+        while !streaming(port).await {
+            assert!(
+                Instant::now() < deadline,
+                "instance not streaming:\n{}",
+                log_of(config)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let small = |n: usize| format!(r#"{{"n": {n}}}"#);
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-cdc"))
+            .arg(args[0])
+            .arg("--config")
+            .arg(&config_b)
+            .args(&args[1..])
+            .envs(env.iter().copied())
+            .output()
+            .expect("run outbox-cdc");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "outbox-cdc {args:?}: {}\n{text}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+
+    let mut a = spawn_binary_with(&config_a, &env);
+    wait_streaming(port_a, &config_a).await;
+    let first = fx.write_tx(&[("order", "a1", small(1))], true).await;
+    let huge = format!(r#"{{"blob": "{}"}}"#, "x".repeat(5000));
+    let poison = fx.write_tx(&[("order", "a1", huge)], true).await;
+    let other = fx.write_tx(&[("order", "a2", small(2))], true).await;
+    let records = consume(&fx.topic_prefix, 3, TIMEOUT, Duration::from_secs(1));
+    let topic_of = |records: &[Record], id: &str| -> Vec<String> {
+        records
+            .iter()
+            .filter(|r| r.header("event_id") == id)
+            .map(|r| r.topic.clone())
+            .collect()
+    };
+    assert_eq!(topic_of(&records, &poison[0]), vec![dlq.clone()]);
+    assert_eq!(topic_of(&records, &other[0]), vec![main_topic.clone()]);
+    let exit = a.terminate(Duration::from_secs(60));
+    assert!(exit.success(), "A stops gracefully: {exit}");
+
+    // B has its own store, which never saw the poison event.
+    let mut b = spawn_binary_with(&config_b, &env);
+    wait_streaming(port_b, &config_b).await;
+    let after = fx.write_tx(&[("order", "a1", small(3))], true).await;
+    let records = consume(&fx.topic_prefix, 4, TIMEOUT, Duration::from_secs(2));
+    assert_eq!(
+        topic_of(&records, &after[0]),
+        vec![dlq.clone()],
+        "after the takeover, a1 is still parked: its event follows the poison one to the dead-letter topic\n{}",
+        log_of(&config_b)
+    );
+    let listed = cli(&["parked"]);
+    assert!(
+        listed.lines().any(|l| l.starts_with("order\ta1\t")),
+        "`parked` on B, while B runs, lists a1: {listed:?}"
+    );
+
+    let released = cli(&["release", "order", "a1"]);
+    assert!(released.contains("released order/a1"), "{released}");
+    eventually("B takes up the release", TIMEOUT, || async {
+        log_of(&config_b).contains("aggregate released")
+    })
+    .await;
+    let last = fx.write_tx(&[("order", "a1", small(4))], true).await;
+    let records = consume(&fx.topic_prefix, 5, TIMEOUT, Duration::from_secs(2));
+    let order_on = |topic: &str| -> Vec<String> {
+        let mut on: Vec<&Record> = records
+            .iter()
+            .filter(|r| r.topic == topic && r.key == "a1")
+            .collect();
+        on.sort_by_key(|r| (r.partition, r.offset));
+        let mut ids: Vec<String> = Vec::new();
+        for r in on {
+            let id = r.header("event_id").to_owned();
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        ids
+    };
+    assert_eq!(
+        order_on(&main_topic),
+        vec![first[0].clone(), last[0].clone()],
+        "a1 on its topic: the event before the poison one, then the one after the release"
+    );
+    assert_eq!(
+        order_on(&dlq),
+        vec![poison[0].clone(), after[0].clone()],
+        "a1 on the dead-letter topic: the poison event, then the one B parked"
+    );
+    let exit = b.terminate(Duration::from_secs(60));
+    assert!(exit.success(), "B stops gracefully: {exit}");
     fx.cleanup().await;
 }

@@ -604,6 +604,16 @@ async fn a_parked_aggregate_keeps_its_rows_until_released() {
         "the parked aggregate's rows stay, the others go: {left:?}; {report}"
     );
     {
+        // As `outbox-cdc release` does: the shared table's row and this store's copy.
+        let table = outbox_cdc::parking::ParkedTable::of(&config)
+            .expect("parking settings")
+            .expect("dead-letter parking is shared");
+        assert!(
+            table
+                .release("order", "a1")
+                .await
+                .expect("release in the table")
+        );
         let store = OffsetStore::open(&fx.offsets_path()).expect("store");
         assert!(store.release("order", "a1").expect("release"));
     }

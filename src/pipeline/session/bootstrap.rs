@@ -14,6 +14,7 @@ use crate::checkpoint::{
 use crate::config::{Config, Streaming};
 use crate::metrics::Metrics;
 use crate::outbox::OutboxMapper;
+use crate::parking::ParkedTable;
 use crate::pg::control::{self, SlotInfo, SlotLock};
 use crate::pg::{
     Lsn, PgConnectConfig, PgError, PgTimestamp, ReplicationConnection, ReplicationStream,
@@ -71,6 +72,8 @@ struct Run<'a> {
     options: &'a RunOptions,
     store: &'a Arc<OffsetStore>,
     metrics: &'a Metrics,
+    /// The parked aggregates shared with the other instances (dead-letter).
+    parking: Option<&'a Arc<ParkedTable>>,
 }
 
 /// Everything before the first replication message (DESIGN.md §5a, §5), as
@@ -87,12 +90,18 @@ pub(super) async fn bootstrap<D: Delivery>(
     let target = ProofTarget::of(config)?;
     let mut conn = Connections::<D>::open(config, metrics).await?;
     let server = ServerFacts::prove(config, store, &conn, target, options.break_repair).await?;
+    // Parks made by another instance, before a lost slot's repair reads them.
+    let parking = ParkedTable::of(config)?.map(Arc::new);
+    if let Some(table) = &parking {
+        table.share_into(store).await?;
+    }
     let (slot_info, paged_through) = take_slot(store, &mut conn).await?;
     let run = Run {
         config,
         options,
         store,
         metrics,
+        parking: parking.as_ref(),
     };
     let decision = StartDecision {
         paged_through,
@@ -555,6 +564,7 @@ async fn start_streaming<D>(
         config,
         store,
         metrics,
+        parking,
         ..
     } = run;
     let Connections {
@@ -589,6 +599,11 @@ async fn start_streaming<D>(
         .start_logical_with(&slot, start, publication, options)
         .await?;
     let reported = first_report(config, &stream, start, durable);
+    // The slot is ours now, so nobody else parks: the last parks another
+    // instance made before it let go are read before the first event.
+    if let Some(table) = parking {
+        table.share_into(store).await?;
+    }
     // The slot is active and ours now: peers see it busy.
     control::unlock_slot(&client, &slot, SlotLock::Starting).await?;
     if repair_locked {
