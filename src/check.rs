@@ -16,6 +16,7 @@ use crate::config::Config;
 use crate::coverage::{self, CheckItem, CoverageProblem};
 use crate::outbox::settings::TableName;
 use crate::outbox::{ColumnRole, MappedColumn};
+use crate::parking::{ParkedTable, TableAccess};
 use crate::pg::{PgConnectConfig, QualifiedTable, quote_ident};
 use crate::sink;
 
@@ -56,6 +57,7 @@ pub enum Item {
     Publication,
     PublicationTables,
     PublicationPublishes,
+    ParkedTable,
     Heartbeat,
     Kafka,
 }
@@ -78,6 +80,7 @@ impl Item {
             Item::Publication => "publication",
             Item::PublicationTables => "publication tables",
             Item::PublicationPublishes => "publication publishes",
+            Item::ParkedTable => "parked table",
             Item::Heartbeat => "heartbeat",
             Item::Kafka => "kafka",
         }
@@ -357,10 +360,48 @@ async fn check_postgres(config: &Config) -> Vec<CheckResult> {
         }
     }
     results.extend(publication(&client, config, &facts, proof.as_ref().ok()).await);
+    if let Ok(Some(table)) = ParkedTable::of(config) {
+        results.push(match table.probe().await {
+            Ok(access) => judge_parked_table(&table.name(), access),
+            Err(e) => fail(
+                Item::ParkedTable,
+                e.to_string(),
+                "make the primary reachable with postgres.url (or postgres.primary_url)",
+            ),
+        });
+    }
     if let Some(interval) = config.monitor.heartbeat_interval() {
         results.push(heartbeat(&client, &config.monitor.heartbeat_prefix, interval).await);
     }
     results
+}
+
+/// With `on_poison = "dead-letter"` the connector parks in the shared table
+/// (crate::parking): it must be able to read, insert and delete there, or
+/// create it.
+fn judge_parked_table(name: &str, access: TableAccess) -> CheckResult {
+    let grant = format!("GRANT SELECT, INSERT, DELETE ON {name} TO <the role in postgres.url>");
+    match access {
+        TableAccess { usable: true, .. } => pass(Item::ParkedTable, format!("{name} is usable")),
+        TableAccess { exists: true, .. } => fail(
+            Item::ParkedTable,
+            format!("{name} exists but this role may not read, insert and delete there"),
+            grant,
+        ),
+        TableAccess {
+            creatable: true, ..
+        } => pass(
+            Item::ParkedTable,
+            format!("{name} does not exist yet; the connector creates it at start"),
+        ),
+        TableAccess { .. } => fail(
+            Item::ParkedTable,
+            format!("{name} does not exist and this role may not create it"),
+            format!(
+                "apply migrations/005_parked.sql as the owner (then {grant}), or set outbox.parked_table"
+            ),
+        ),
+    }
 }
 
 async fn wal_level(client: &Client) -> CheckResult {
@@ -1285,6 +1326,33 @@ mod tests {
             Outcome::Fail { problem, fix } => (problem.clone(), fix.clone()),
             other => panic!("{:?} should fail, got {other:?}", result.item),
         }
+    }
+
+    #[test]
+    fn the_parked_table_must_be_usable_or_creatable() {
+        let at = |exists, usable, creatable| {
+            judge_parked_table(
+                "public.outbox_cdc_parked",
+                TableAccess {
+                    exists,
+                    usable,
+                    creatable,
+                },
+            )
+        };
+        assert!(matches!(at(true, true, false).outcome, Outcome::Pass(_)));
+        assert!(matches!(at(false, false, true).outcome, Outcome::Pass(_)));
+        let (problem, fix) = problem_and_fix(&at(true, false, true));
+        assert!(
+            problem.contains("may not read, insert and delete"),
+            "{problem}"
+        );
+        assert!(
+            fix.starts_with("GRANT SELECT, INSERT, DELETE ON public.outbox_cdc_parked"),
+            "{fix}"
+        );
+        let (_, fix) = problem_and_fix(&at(false, false, false));
+        assert!(fix.contains("migrations/005_parked.sql"), "{fix}");
     }
 
     /// wal_level needs a restart to change, so a live server cannot show

@@ -233,6 +233,28 @@ impl ParkedTable {
         Ok(())
     }
 
+    /// What the role may do with the table, for `outbox-cdc check`: whether
+    /// it exists, whether the role may read, insert and delete there, and
+    /// (when it does not exist) whether it may create it. Changes nothing.
+    pub async fn probe(&self) -> Result<TableAccess, StoreError> {
+        let quoted = self.table.quoted();
+        let schema = self.table.schema.clone();
+        self.with_client("check", async |c| {
+            let row = c
+                .query_one(
+                    "SELECT to_regclass($1) IS NOT NULL,                             coalesce(has_table_privilege(to_regclass($1), 'SELECT')                                  AND has_table_privilege(to_regclass($1), 'INSERT')                                  AND has_table_privilege(to_regclass($1), 'DELETE'), false),                             coalesce((SELECT has_schema_privilege(n.oid, 'CREATE')                                         FROM pg_namespace n WHERE n.nspname = $2), false)",
+                    &[&quoted, &schema],
+                )
+                .await?;
+            Ok(TableAccess {
+                exists: row.get(0),
+                usable: row.get(1),
+                creatable: row.get(2),
+            })
+        })
+        .await
+    }
+
     /// Every aggregate parked for this slot.
     pub async fn list(&self) -> Result<Vec<ParkedAggregate>, StoreError> {
         let sql = format!(
@@ -372,6 +394,16 @@ impl ParkedTable {
                   "aggregate released (gone from the shared table): its next events go to their topic");
         }
     }
+}
+
+/// What [`ParkedTable::probe`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableAccess {
+    pub exists: bool,
+    /// SELECT, INSERT and DELETE on it.
+    pub usable: bool,
+    /// CREATE on its schema.
+    pub creatable: bool,
 }
 
 impl ParkMirror for ParkedTable {

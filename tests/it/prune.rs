@@ -603,20 +603,31 @@ async fn a_parked_aggregate_keeps_its_rows_until_released() {
         left.contains(&("a1".to_owned(), 2)) && !left.iter().any(|(a, _)| a == "a2"),
         "the parked aggregate's rows stay, the others go: {left:?}; {report}"
     );
+    // Review consumer-replay F2: an HA peer's store that never saw the poison
+    // event (here: this store with its copy released) still keeps the rows
+    // while the shared table parks the aggregate.
     {
-        // As `outbox-cdc release` does: the shared table's row and this store's copy.
-        let table = outbox_cdc::parking::ParkedTable::of(&config)
-            .expect("parking settings")
-            .expect("dead-letter parking is shared");
-        assert!(
-            table
-                .release("order", "a1")
-                .await
-                .expect("release in the table")
-        );
         let store = OffsetStore::open(&fx.offsets_path()).expect("store");
         assert!(store.release("order", "a1").expect("release"));
     }
+    let report = pipeline::prune_stored(&config, &Metrics::default())
+        .await
+        .expect("prune");
+    let left = rows_by_aggregate(&fx).await;
+    assert!(
+        left.contains(&("a1".to_owned(), 2)),
+        "parked in the shared table only: its rows stay: {left:?}; {report}"
+    );
+    // As `outbox-cdc release` does: the shared table's row goes.
+    let table = outbox_cdc::parking::ParkedTable::of(&config)
+        .expect("parking settings")
+        .expect("dead-letter parking is shared");
+    assert!(
+        table
+            .release("order", "a1")
+            .await
+            .expect("release in the table")
+    );
     let report = pipeline::prune_stored(&config, &Metrics::default())
         .await
         .expect("prune");
