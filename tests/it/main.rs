@@ -19,7 +19,6 @@ mod compose_file;
 mod coverage_break;
 mod dead_letter;
 mod debezium_shape;
-mod disk_full;
 mod docs_commands;
 mod env_servers;
 mod exactly_once;
