@@ -27,38 +27,97 @@ pub fn fingerprint(event_id: &str) -> u64 {
     h ^ (h >> 33)
 }
 
-/// Events sent and not yet in the store, in commit order.
+/// Fingerprints per chunk: 64 KiB. A transaction of a million events is
+/// held in chunks of this size, never in one buffer that doubles and copies
+/// (which held it two to three times over while it grew, issue 50).
+const CHUNK: usize = 8192;
+
+/// Events sent and not yet in the store, in commit order: the transactions
+/// (commit position, events) and their fingerprints, chunked.
 #[derive(Debug, Default)]
 pub struct Ledger {
-    pending: VecDeque<(Lsn, u64)>,
+    transactions: VecDeque<(Lsn, usize)>,
+    chunks: VecDeque<Vec<u64>>,
+    len: usize,
+}
+
+/// The fingerprints of acknowledged transactions, on their way to a page.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Page {
+    /// The commit position of the last transaction.
+    pub through: Lsn,
+    chunks: Vec<Vec<u64>>,
+}
+
+impl Page {
+    /// The fingerprints, a chunk at a time.
+    pub fn chunks(&self) -> impl Iterator<Item = &[u64]> {
+        self.chunks.iter().map(Vec::as_slice)
+    }
+
+    pub fn len(&self) -> usize {
+        self.chunks.iter().map(Vec::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl Ledger {
     /// An event of the transaction whose commit record starts at `commit` was sent.
     pub fn record(&mut self, commit: Lsn, event_id: &str) {
-        self.pending.push_back((commit, fingerprint(event_id)));
+        match self.transactions.back_mut() {
+            Some((last, n)) if *last == commit => *n += 1,
+            _ => self.transactions.push_back((commit, 1)),
+        }
+        match self.chunks.back_mut() {
+            Some(chunk) if chunk.len() < CHUNK => chunk.push(fingerprint(event_id)),
+            _ => {
+                let mut chunk = Vec::with_capacity(CHUNK);
+                chunk.push(fingerprint(event_id));
+                self.chunks.push_back(chunk);
+            }
+        }
+        self.len += 1;
     }
 
     /// Takes the fingerprints of the transactions acknowledged at `acked`
     /// (their commit records start before it: an acknowledged position is a
     /// transaction's end or a point between transactions), with the commit
     /// position of the last; `None` when there are none.
-    pub fn take_acknowledged(&mut self, acked: Lsn) -> Option<(Lsn, Vec<u64>)> {
-        let n = self.pending.partition_point(|(commit, _)| *commit < acked);
-        if n == 0 {
-            return None;
+    pub fn take_acknowledged(&mut self, acked: Lsn) -> Option<Page> {
+        let (mut through, mut events) = (None, 0);
+        while let Some(&(commit, n)) = self.transactions.front().filter(|(c, _)| *c < acked) {
+            through = Some(commit);
+            events += n;
+            self.transactions.pop_front();
         }
-        let through = self.pending[n - 1].0;
-        let taken = self.pending.drain(..n).map(|(_, f)| f).collect();
-        Some((through, taken))
+        let through = through?;
+        self.len -= events;
+        let mut chunks = Vec::new();
+        while events > 0 {
+            let front = self
+                .chunks
+                .front_mut()
+                .expect("the chunks hold every event");
+            if front.len() <= events {
+                events -= front.len();
+                chunks.push(self.chunks.pop_front().expect("a front chunk"));
+            } else {
+                chunks.push(front.drain(..events).collect());
+                events = 0;
+            }
+        }
+        Some(Page { through, chunks })
     }
 
     pub fn len(&self) -> usize {
-        self.pending.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.pending.is_empty()
+        self.len == 0
     }
 }
 
@@ -85,14 +144,54 @@ mod tests {
         l.record(Lsn::new(10), "b");
         l.record(Lsn::new(30), "c");
         assert_eq!(l.take_acknowledged(Lsn::new(10)), None);
-        let (through, taken) = l.take_acknowledged(Lsn::new(20)).unwrap();
-        assert_eq!(through, Lsn::new(10));
-        assert_eq!(taken, [fingerprint("a"), fingerprint("b")]);
+        let page = l.take_acknowledged(Lsn::new(20)).unwrap();
+        assert_eq!(page.through, Lsn::new(10));
+        assert_eq!(flat(&page), [fingerprint("a"), fingerprint("b")]);
         assert_eq!(l.len(), 1);
         assert_eq!(
-            l.take_acknowledged(Lsn::new(31)).unwrap().1,
+            flat(&l.take_acknowledged(Lsn::new(31)).unwrap()),
             [fingerprint("c")]
         );
         assert!(l.is_empty());
+    }
+
+    fn flat(page: &Page) -> Vec<u64> {
+        page.chunks().flatten().copied().collect()
+    }
+
+    #[test]
+    fn a_large_transaction_is_held_in_fixed_chunks_and_split_where_acknowledged() {
+        let mut l = Ledger::default();
+        let ids: Vec<String> = (0..3 * CHUNK + 5).map(|i| format!("e{i}")).collect();
+        // One large transaction, then a small one sharing its last chunk.
+        for id in &ids[..2 * CHUNK + 3] {
+            l.record(Lsn::new(100), id);
+        }
+        for id in &ids[2 * CHUNK + 3..] {
+            l.record(Lsn::new(200), id);
+        }
+        assert_eq!(l.len(), ids.len());
+        // No chunk ever grew past its size: nothing is copied as it grows.
+        assert!(
+            l.chunks.iter().all(|c| c.capacity() == CHUNK),
+            "{:?}",
+            l.chunks.iter().map(Vec::capacity).collect::<Vec<_>>()
+        );
+        let page = l.take_acknowledged(Lsn::new(150)).unwrap();
+        assert_eq!(page.through, Lsn::new(100));
+        assert_eq!(page.len(), 2 * CHUNK + 3);
+        let want: Vec<u64> = ids[..2 * CHUNK + 3]
+            .iter()
+            .map(|i| fingerprint(i))
+            .collect();
+        assert_eq!(flat(&page), want);
+        assert_eq!(l.len(), CHUNK + 2);
+        let rest = l.take_acknowledged(Lsn::new(201)).unwrap();
+        let want: Vec<u64> = ids[2 * CHUNK + 3..]
+            .iter()
+            .map(|i| fingerprint(i))
+            .collect();
+        assert_eq!((rest.through, flat(&rest)), (Lsn::new(200), want));
+        assert!(l.is_empty() && l.chunks.is_empty() && l.transactions.is_empty());
     }
 }

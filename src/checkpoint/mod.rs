@@ -23,7 +23,7 @@ mod tracker;
 
 pub use crate::pg::DurableLsn;
 pub(crate) use acked_time::DurableCommitTime;
-pub use ledger::{Ledger, fingerprint};
+pub use ledger::{Ledger, Page, fingerprint};
 pub(crate) use shared_store::SharedStore;
 pub use store::{
     CoverageBreak, CoverageRecord, Flushed, OffsetStore, ParkMirror, ParkedAggregate, ParkedAt,

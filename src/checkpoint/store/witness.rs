@@ -80,9 +80,9 @@ impl OffsetStore {
         &self,
         slot: &str,
         through: Lsn,
-        fingerprints: &[u64],
+        chunks: &[&[u64]],
     ) -> Result<(), StoreError> {
-        if fingerprints.is_empty() {
+        if chunks.iter().all(|c| c.is_empty()) {
             return Ok(());
         }
         // Two pages may end at the same position (a restart replays it).
@@ -92,11 +92,6 @@ impl OffsetStore {
             key: pages_key(slot),
             source,
         })?;
-        let mut value = Vec::with_capacity(1 + fingerprints.len() * 8);
-        value.push(PAGE_VERSION);
-        for f in fingerprints {
-            value.extend_from_slice(&f.to_le_bytes());
-        }
         let dir = self.pages_dir(slot);
         let name = format!("{:016x}-{unique:016x}", through.as_u64());
         let fail = |op: &'static str, path: &Path| {
@@ -107,11 +102,20 @@ impl OffsetStore {
             .map_err(fail("creating the witness pages' directory", &dir))?;
         let partial = dir.join(format!("{name}.partial"));
         let page = dir.join(format!("{name}{PAGE_SUFFIX}"));
-        let mut file =
-            std::fs::File::create(&partial).map_err(fail("writing a witness page", &partial))?;
-        file.write_all(&value)
-            .and_then(|()| file.sync_all())
-            .map_err(fail("writing a witness page", &partial))?;
+        // Written a chunk at a time: a page of a million fingerprints is not
+        // copied into one buffer first (issue 50).
+        let write = || -> std::io::Result<()> {
+            let mut file = std::fs::File::create(&partial)?;
+            file.write_all(&[PAGE_VERSION])?;
+            let mut bytes = Vec::new();
+            for chunk in chunks {
+                bytes.clear();
+                bytes.extend(chunk.iter().flat_map(|f| f.to_le_bytes()));
+                file.write_all(&bytes)?;
+            }
+            file.sync_all()
+        };
+        write().map_err(fail("writing a witness page", &partial))?;
         // Renamed whole, and the directory synced: a crash leaves the page
         // or nothing (a `.partial` file is never read, and goes at the next
         // clear).
@@ -174,19 +178,7 @@ impl OffsetStore {
         let bytes: u64 = files.iter().map(|(_, _, len)| len).sum();
         let mut all = Vec::with_capacity(usize::try_from(bytes / 8).unwrap_or(0));
         for (path, _, _) in &files {
-            let raw = match std::fs::read(path) {
-                Ok(raw) => raw,
-                // Expired by a round since the listing (it checks nothing then).
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(source) => {
-                    return Err(StoreError::PageFile {
-                        path: path.clone(),
-                        op: "reading a witness page",
-                        source,
-                    });
-                }
-            };
-            all.extend(self.page_body(slot, &raw)?);
+            self.read_page_file(slot, path, &mut all)?;
         }
         for entry in self.witness.scan_prefix(prefix(slot, PAGE_TAG)) {
             let (_, value) = entry.map_err(|source| StoreError::Read {
@@ -200,7 +192,66 @@ impl OffsetStore {
         Ok(all)
     }
 
-    /// The fingerprints of one page (a file, or a value of an older store).
+    /// Appends the fingerprints of one page file to `all`, read a block at a
+    /// time (not the whole file first: issue 50). A file expired by a round
+    /// since the listing adds nothing.
+    fn read_page_file(
+        &self,
+        slot: &str,
+        path: &Path,
+        all: &mut Vec<u64>,
+    ) -> Result<(), StoreError> {
+        use std::io::Read;
+        let fail = |source| StoreError::PageFile {
+            path: path.to_owned(),
+            op: "reading a witness page",
+            source,
+        };
+        let mut file = match std::fs::File::open(path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(source) => return Err(fail(source)),
+        };
+        let len = file.metadata().map_err(fail)?.len();
+        let mut version = [0u8; 1];
+        let versioned = len > 0 && file.read_exact(&mut version).is_ok();
+        if !versioned || version[0] != PAGE_VERSION || (len - 1) % 8 != 0 {
+            return Err(self.corrupt(
+                WITNESS_TREE,
+                pages_key(slot),
+                format!(
+                    "the page {} of {len} bytes is not version {PAGE_VERSION} fingerprints",
+                    path.display()
+                ),
+            ));
+        }
+        let mut block = vec![0u8; 64 * 1024];
+        let mut filled = 0;
+        loop {
+            let n = file.read(&mut block[filled..]).map_err(fail)?;
+            filled += n;
+            let whole = filled - filled % 8;
+            all.extend(
+                block[..whole]
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
+            );
+            block.copy_within(whole..filled, 0);
+            filled -= whole;
+            if n == 0 {
+                break;
+            }
+        }
+        if filled != 0 {
+            return Err(fail(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the page ended inside a fingerprint",
+            )));
+        }
+        Ok(())
+    }
+
+    /// The fingerprints of one page (a value of an older store).
     fn page_body<'a>(
         &self,
         slot: &str,
@@ -461,12 +512,18 @@ mod tests {
     fn pages_are_read_sorted_and_expire_by_position_per_slot() {
         let (_dir, store) = fresh();
         store
-            .save_witness_page("s", Lsn::new(100), &[5, 1])
+            .save_witness_page("s", Lsn::new(100), &[&[5], &[1]])
             .unwrap();
-        store.save_witness_page("s", Lsn::new(200), &[3]).unwrap();
-        store.save_witness_page("s", Lsn::new(200), &[9]).unwrap();
-        store.save_witness_page("s2", Lsn::new(50), &[7]).unwrap();
-        store.save_witness_page("s", Lsn::new(300), &[]).unwrap();
+        store
+            .save_witness_page("s", Lsn::new(200), &[&[3]])
+            .unwrap();
+        store
+            .save_witness_page("s", Lsn::new(200), &[&[9]])
+            .unwrap();
+        store
+            .save_witness_page("s2", Lsn::new(50), &[&[7]])
+            .unwrap();
+        store.save_witness_page("s", Lsn::new(300), &[&[]]).unwrap();
         assert_eq!(store.witness_fingerprints("s").unwrap(), [1, 3, 5, 9]);
         assert_eq!(store.expire_witness_pages("s", Lsn::new(199)).unwrap(), 2);
         assert_eq!(store.witness_fingerprints("s").unwrap(), [3, 9]);
@@ -486,7 +543,7 @@ mod tests {
         {
             let store = OffsetStore::open(dir.path()).unwrap();
             assert_eq!(store.witness_position("s").unwrap(), None);
-            store.save_witness_page("s", Lsn::new(1), &[1]).unwrap();
+            store.save_witness_page("s", Lsn::new(1), &[&[1]]).unwrap();
             store.save_witness_position("s", &position).unwrap();
         }
         let store = OffsetStore::open(dir.path()).unwrap();
@@ -501,7 +558,7 @@ mod tests {
     fn pages_are_files_beside_sled_and_a_partial_one_is_never_read() {
         let (dir, store) = fresh();
         store
-            .save_witness_page("s", Lsn::new(0x10), &[4, 2])
+            .save_witness_page("s", Lsn::new(0x10), &[&[4, 2]])
             .unwrap();
         // Not a sled value: sled keeps every value in memory.
         assert_eq!(store.witness.scan_prefix(prefix("s", PAGE_TAG)).count(), 0);
@@ -528,7 +585,9 @@ mod tests {
         let mut value = vec![PAGE_VERSION];
         value.extend_from_slice(&8u64.to_le_bytes());
         store.witness.insert(key, value).unwrap();
-        store.save_witness_page("s", Lsn::new(300), &[6]).unwrap();
+        store
+            .save_witness_page("s", Lsn::new(300), &[&[6]])
+            .unwrap();
         assert_eq!(store.witness_fingerprints("s").unwrap(), [6, 8]);
         assert_eq!(store.expire_witness_pages("s", Lsn::new(100)).unwrap(), 1);
         assert_eq!(store.witness_fingerprints("s").unwrap(), [6]);
@@ -542,6 +601,22 @@ mod tests {
         std::fs::write(pages.join("0000000000000001-2.page"), b"\x01abc").unwrap();
         let err = store.witness_fingerprints("s").unwrap_err().to_string();
         assert!(err.contains("witness pages of slot \"s\""), "{err}");
+    }
+
+    #[test]
+    fn a_page_larger_than_a_read_block_comes_back_whole_from_its_chunks() {
+        let (_dir, store) = fresh();
+        // 3 chunks, 20,003 fingerprints: 160,024 bytes, read back 64 KiB at
+        // a time (a short read that ends inside a fingerprint keeps its part
+        // for the next).
+        let all: Vec<u64> = (0..20_003u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        let chunks: Vec<&[u64]> = all.chunks(8192).collect();
+        store.save_witness_page("s", Lsn::new(7), &chunks).unwrap();
+        let mut want = all.clone();
+        want.sort_unstable();
+        assert_eq!(store.witness_fingerprints("s").unwrap(), want);
     }
 
     #[test]

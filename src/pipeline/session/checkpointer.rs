@@ -256,8 +256,9 @@ impl<'a> Checkpointer<'a> {
         self.persisting = Some(tokio::task::spawn_blocking(move || {
             store.save_sequences(&numbers)?;
             // Before the offset: the pages on disk cover what it covers.
-            if let Some((through, fingerprints)) = page {
-                store.save_witness_page(&slot, through, &fingerprints)?;
+            if let Some(page) = page {
+                let chunks: Vec<&[u64]> = page.chunks().collect();
+                store.save_witness_page(&slot, page.through, &chunks)?;
             }
             if let Some(acked) = paged {
                 store.save_witness_paged_through(&slot, acked)?;
@@ -333,9 +334,10 @@ impl<'a> Checkpointer<'a> {
             let paged = self.ledger.is_some() && !self.pages_behind;
             let durable = tokio::task::block_in_place(|| {
                 self.store.save_sequences(&numbers)?;
-                if let Some((through, fingerprints)) = page {
+                if let Some(page) = page {
+                    let chunks: Vec<&[u64]> = page.chunks().collect();
                     self.store
-                        .save_witness_page(&self.slot, through, &fingerprints)?;
+                        .save_witness_page(&self.slot, page.through, &chunks)?;
                 }
                 if paged {
                     self.store.save_witness_paged_through(&self.slot, acked)?;
