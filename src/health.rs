@@ -187,6 +187,22 @@ fn judge(i: &Inputs, s: &HealthSettings) -> Readiness {
                 ),
             )
         }
+        (
+            false,
+            Some(NotStreaming {
+                disk_full: true,
+                error,
+                ..
+            }),
+        ) => (
+            false,
+            Some(cause::DISK_FULL),
+            format!(
+                "not streaming: the offset store's disk is full ({error}). Nothing after the \
+                 durable position is acknowledged; free space on offsets.path and the connector \
+                 goes on by itself"
+            ),
+        ),
         (false, Some(NotStreaming { error, .. })) => (
             false,
             Some(cause::SESSION_ERROR),
@@ -472,12 +488,34 @@ mod tests {
         i.connected = false;
         i.not_streaming = Some(NotStreaming {
             holder: Some(Some(4242)),
+            disk_full: false,
             error: "x".into(),
         });
         let r = judge(&i, &HealthSettings::default());
         assert!(!r.ready);
         let m = &r.reason(STREAMING).unwrap().message;
         assert!(m.starts_with("standby:") && m.contains("PID 4242"), "{m}");
+        assert_eq!(red(&i), [STREAMING]);
+    }
+
+    #[test]
+    fn a_full_offsets_disk_is_its_own_cause() {
+        let mut i = healthy();
+        i.connected = false;
+        i.not_streaming = Some(NotStreaming {
+            holder: None,
+            disk_full: true,
+            error: "offset store /x: flush failed: No space left on device".into(),
+        });
+        let r = judge(&i, &HealthSettings::default());
+        assert!(!r.ready);
+        let reason = r.reason(STREAMING).unwrap();
+        assert_eq!(reason.cause.as_deref(), Some(cause::DISK_FULL));
+        assert!(
+            reason.message.contains("free space on offsets.path"),
+            "{}",
+            reason.message
+        );
         assert_eq!(red(&i), [STREAMING]);
     }
 

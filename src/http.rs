@@ -493,7 +493,7 @@ mod tests {
             message: "postgres://outbox@db.internal:5432/app: event 7f3c9a refused".into(),
         });
         m.health
-            .session_ended(ended.slot_holder(), ended.to_string());
+            .session_ended(ended.slot_holder(), ended.disk_full(), ended.to_string());
         m.health.kafka_unreachable(
             "kafka-1.internal:9093/1: SASL authentication failed for relay".into(),
         );

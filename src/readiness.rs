@@ -31,6 +31,8 @@ pub mod cause {
     pub const SLOT_IN_USE: &str = "slot_in_use";
     /// streaming: the last session ended with an error; it reconnects.
     pub const SESSION_ERROR: &str = "session_error";
+    /// streaming: the offset store's disk is full; it retries by itself.
+    pub const DISK_FULL: &str = "disk_full";
     /// streaming: the first session is starting.
     pub const STARTING: &str = "starting";
     /// kafka_reachable: no recent answer to a metadata request.
@@ -65,6 +67,8 @@ pub(crate) struct UnlistedGaps {
 pub(crate) struct NotStreaming {
     /// The PID holding the slot, when that is why (the HA standby's wait).
     pub(crate) holder: Option<Option<i32>>,
+    /// The offset store's disk is full.
+    pub(crate) disk_full: bool,
     pub(crate) error: String,
 }
 
@@ -142,8 +146,17 @@ impl HealthState {
     /// A session ended with `error` (the stream is down until the next one);
     /// `holder`: the PID holding the slot, when that is why (`Some(None)`:
     /// held, by a process the server did not name).
-    pub(crate) fn session_ended(&self, holder: Option<Option<i32>>, error: String) {
-        *lock(&self.not_streaming) = Some(NotStreaming { holder, error });
+    pub(crate) fn session_ended(
+        &self,
+        holder: Option<Option<i32>>,
+        disk_full: bool,
+        error: String,
+    ) {
+        *lock(&self.not_streaming) = Some(NotStreaming {
+            holder,
+            disk_full,
+            error,
+        });
     }
 
     /// Kafka answered a metadata request.

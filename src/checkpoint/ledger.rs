@@ -112,6 +112,20 @@ impl Ledger {
         Some(Page { through, chunks })
     }
 
+    /// Puts back the page of a persist that failed, before everything
+    /// recorded since: the next persist writes it before its offset.
+    pub fn restore(&mut self, page: Page) {
+        let n = page.len();
+        if n == 0 {
+            return;
+        }
+        self.transactions.push_front((page.through, n));
+        for chunk in page.chunks.into_iter().rev() {
+            self.chunks.push_front(chunk);
+        }
+        self.len += n;
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -193,5 +207,23 @@ mod tests {
             .collect();
         assert_eq!((rest.through, flat(&rest)), (Lsn::new(200), want));
         assert!(l.is_empty() && l.chunks.is_empty() && l.transactions.is_empty());
+    }
+
+    #[test]
+    fn a_page_given_back_is_taken_again_first() {
+        let mut l = Ledger::default();
+        l.record(Lsn::new(10), "a");
+        l.record(Lsn::new(20), "b");
+        let page = l.take_acknowledged(Lsn::new(21)).unwrap();
+        l.record(Lsn::new(30), "c");
+        l.restore(page);
+        assert_eq!(l.len(), 3);
+        let again = l.take_acknowledged(Lsn::new(31)).unwrap();
+        assert_eq!(again.through, Lsn::new(30));
+        assert_eq!(
+            flat(&again),
+            [fingerprint("a"), fingerprint("b"), fingerprint("c")]
+        );
+        assert!(l.is_empty());
     }
 }

@@ -271,14 +271,34 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    /// Only a lock held by another instance may go away by itself (an HA peer
-    /// exiting): `Retry`; disk and data errors need a person: `Stop`.
+    /// What may go away by itself is `Retry`: a lock held by another instance
+    /// (an HA peer exiting), a shared table's server coming back, a full disk
+    /// (space freed; nothing past what is durable was acknowledged). Other
+    /// disk and data errors need a person: `Stop`.
     pub fn disposition(&self) -> Disposition {
         match self {
             StoreError::Locked { .. } => Disposition::Retry,
             StoreError::SharedParking { retry: true, .. } => Disposition::Retry,
+            e if e.is_disk_full() => Disposition::Retry,
             _ => Disposition::Stop,
         }
+    }
+
+    /// Whether a write failed for want of space: ENOSPC, or EDQUOT (a quota).
+    pub fn is_disk_full(&self) -> bool {
+        let io = match self {
+            StoreError::Open { source, .. }
+            | StoreError::Write { source, .. }
+            | StoreError::Read { source, .. }
+            | StoreError::Flush { source, .. } => match source {
+                sled::Error::Io(e) => Some(e),
+                _ => None,
+            },
+            StoreError::PageFile { source, .. } => Some(source),
+            _ => None,
+        };
+        io.and_then(std::io::Error::raw_os_error)
+            .is_some_and(|code| code == libc::ENOSPC || code == libc::EDQUOT)
     }
 }
 
@@ -1296,6 +1316,32 @@ mod tests {
         }
         assert_eq!(err.disposition(), Disposition::Stop);
         assert!(err.to_string().contains("not-a-dir"), "{err}");
+    }
+
+    #[test]
+    fn a_full_disk_is_retried_and_other_write_errors_stop() {
+        let full = StoreError::Flush {
+            path: "/x".into(),
+            op: "persist",
+            key: "slot".into(),
+            source: sled::Error::Io(std::io::Error::from_raw_os_error(libc::ENOSPC)),
+        };
+        assert!(full.is_disk_full());
+        assert_eq!(full.disposition(), Disposition::Retry);
+        let quota = StoreError::PageFile {
+            path: "/x".into(),
+            op: "write",
+            source: std::io::Error::from_raw_os_error(libc::EDQUOT),
+        };
+        assert_eq!(quota.disposition(), Disposition::Retry);
+        let broken = StoreError::Flush {
+            path: "/x".into(),
+            op: "persist",
+            key: "slot".into(),
+            source: sled::Error::Io(std::io::Error::from_raw_os_error(libc::EIO)),
+        };
+        assert!(!broken.is_disk_full());
+        assert_eq!(broken.disposition(), Disposition::Stop);
     }
 
     #[test]

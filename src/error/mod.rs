@@ -224,6 +224,12 @@ impl PipelineError {
         }
     }
 
+    /// Whether the offset store's disk is full: readiness names it, and the
+    /// store is opened again for the next session.
+    pub fn disk_full(&self) -> bool {
+        matches!(self, PipelineError::Store(e) if e.is_disk_full())
+    }
+
     /// Whether a new session (after a backoff) may cure this: the one place
     /// that decides for the reconnect loop. Never `RecordRefused`: the poison
     /// policy has had its say before an error ends a session, so a refusal

@@ -74,7 +74,18 @@ pub async fn run(
             Ok(()) => return Ok(()),
             Err(e) => e,
         };
-        metrics.health.session_ended(e.slot_holder(), e.to_string());
+        metrics
+            .health
+            .session_ended(e.slot_holder(), e.disk_full(), e.to_string());
+        if e.disk_full() {
+            // sled is not asked to go on after a failed write: the next
+            // attempt opens the store again, as after a crash.
+            store = None;
+            let path = &config.offsets.path;
+            warn!(path = %path.display(), free_bytes = ?free_bytes(path),
+                  "offsets.path: the disk is full; nothing after the durable position is acknowledged, \
+                   and the connector goes on by itself once space is freed");
+        }
         match e.disposition() {
             Disposition::Retry => {
                 if started.elapsed() > Duration::from_secs(60) {
@@ -103,6 +114,24 @@ pub async fn run(
 /// Opens the sled store named by `offsets.path`.
 pub fn open_store(config: &Config) -> Result<OffsetStore, PipelineError> {
     Ok(OffsetStore::open(&config.offsets.path)?)
+}
+
+/// Bytes an unprivileged writer may still use on the filesystem of `path`
+/// (or of its nearest existing parent).
+fn free_bytes(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let existing = path.ancestors().find(|p| p.exists())?;
+    let c_path = std::ffi::CString::new(existing.as_os_str().as_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: c_path is a valid NUL-terminated string and stat a writable
+    // statvfs; it is read only when the call succeeded.
+    let done = unsafe { libc::statvfs(c_path.as_ptr(), stat.as_mut_ptr()) };
+    if done != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled `stat`.
+    let stat = unsafe { stat.assume_init() };
+    Some(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
 /// Full jitter: uniformly between half the backoff and the backoff.

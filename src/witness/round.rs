@@ -138,7 +138,7 @@ pub async fn run_reconciler(
                 continue;
             }
         };
-        match witness.round(c, &store, &mut shutdown).await {
+        match witness.round(c, store, &mut shutdown).await {
             Ok(()) => {
                 if failing {
                     info!("live witness: rounds succeed again");
@@ -171,7 +171,7 @@ impl Witness {
     async fn round(
         &mut self,
         client: &Client,
-        store: &Arc<OffsetStore>,
+        store: Arc<OffsetStore>,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), RoundError> {
         let slot = self.config.postgres.slot.clone();
@@ -214,9 +214,16 @@ impl Witness {
             self.metrics.reconcile_round(0, Duration::ZERO);
             return Ok(());
         };
+        // Not held while waiting: the pipeline reopens the store after a
+        // full disk, and cannot while a handle is open here (sled's file
+        // lock), so the acknowledgement waited for would never come.
+        drop(store);
         if !self.wait_for_acknowledgement(mark.after, shutdown).await {
             return Ok(());
         }
+        let Some(store) = self.metrics.offset_store.get() else {
+            return Ok(());
+        };
         let mut lo = position.checked_below_xid;
         let hi = mark.xmin;
         if hi <= lo {
@@ -249,7 +256,7 @@ impl Witness {
             .await?;
         drop(delivered);
         if !missing.is_empty() {
-            self.republish(client, store, &system_id, look_from, (lo, hi), &missing)
+            self.republish(client, &store, &system_id, look_from, (lo, hi), &missing)
                 .await?;
         }
         let next = WitnessPosition {

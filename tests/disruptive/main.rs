@@ -3,7 +3,8 @@
 //! health_ready),
 //! PostgreSQL restarted (server_shutdown, and the `*_commit_ts` tests, whose
 //! setting needs a restart), or a server-wide setting changed (fenced_primary,
-//! pg_auth_tls, slot_invalidated). Each test holds `common::alone` for its
+//! pg_auth_tls, slot_invalidated), or a filesystem mounted and filled under
+//! the connector's store (disk_full). Each test holds `common::alone` for its
 //! whole run, so they run one at a time; cargo runs this binary apart from
 //! tests/it, whose tests share the servers in parallel.
 //!
@@ -12,6 +13,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod disk_full;
 mod exactly_once;
 mod fenced_primary;
 mod gap_repair_commit_ts;

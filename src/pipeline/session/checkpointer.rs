@@ -16,11 +16,28 @@ use tokio::task::JoinHandle;
 use crate::checkpoint::{AckTracker, DurableLsn, OffsetStore, StoreError};
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::pg::{FeedbackHandle, Lsn};
+use crate::pg::{FeedbackHandle, Lsn, PgTimestamp};
 
-use crate::checkpoint::Ledger;
+use crate::checkpoint::{Ledger, Page};
 use crate::error::PipelineError;
 use crate::pipeline::sequences::SequenceWatch;
+
+/// A sequence audit record on its way to the store: key, number, position.
+type SequenceEntry = (Box<[u8]>, i64, Lsn);
+
+/// What a persist took from the session to write, given back when the write
+/// failed: the next persist writes it before its offset. An offset stored
+/// past fingerprints or numbers that were dropped would make the live
+/// witness take delivered rows for missing (and publish them again) and the
+/// sequence audit see gaps that are not there.
+struct Taken {
+    numbers: Vec<SequenceEntry>,
+    page: Option<Page>,
+}
+
+/// A persist on its thread: what it made durable, or why not with what it
+/// took (boxed: the error side is large).
+type PersistResult = Result<Persisted, Box<(StoreError, Taken)>>;
 
 /// What one persist made durable.
 pub(super) struct Persisted {
@@ -55,7 +72,9 @@ pub(super) struct Checkpointer<'a> {
     dirty_since: Option<Instant>,
     /// A persist running on a blocking thread (one at a time); its result is
     /// the only way a new flush position reaches the feedback handle.
-    persisting: Option<JoinHandle<Result<Persisted, StoreError>>>,
+    persisting: Option<JoinHandle<PersistResult>>,
+    /// The numbers of a persist that failed, saved first by the next.
+    given_back: Vec<SequenceEntry>,
     /// When the numbers were last taken for the store (`audit.save_interval_ms`).
     sequences_taken_at: Instant,
     /// The events sent, for the live witness (`None` with `[reconcile]` off):
@@ -130,6 +149,7 @@ impl<'a> Checkpointer<'a> {
             replaying,
             dirty_since: replaying.then(Instant::now),
             persisting: None,
+            given_back: Vec::new(),
             sequences_taken_at: Instant::now(),
             ledger: config.reconcile.enabled.then(Ledger::default),
             paged_through,
@@ -209,7 +229,33 @@ impl<'a> Checkpointer<'a> {
         };
         let done = running.await;
         self.persisting = None;
-        Ok(done.map_err(|e| self.persist_failed(e))??)
+        match done {
+            Err(e) => Err(self.persist_failed(e)),
+            Ok(Ok(persisted)) => Ok(persisted),
+            Ok(Err(failed)) => {
+                let (e, taken) = *failed;
+                self.give_back(taken);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// See [`Taken`].
+    fn give_back(&mut self, taken: Taken) {
+        if let (Some(ledger), Some(page)) = (self.ledger.as_mut(), taken.page) {
+            ledger.restore(page);
+        }
+        self.given_back = taken.numbers;
+        self.pages_due = true;
+    }
+
+    /// The numbers a persist saves: any given back first (older), then the
+    /// ones recorded since.
+    fn take_numbers(&mut self, sequences: &mut SequenceWatch) -> Vec<SequenceEntry> {
+        self.sequences_taken_at = Instant::now();
+        let mut numbers = std::mem::take(&mut self.given_back);
+        numbers.extend(sequences.take_unsaved());
+        numbers
     }
 
     /// Starts persisting the acked LSN on a blocking thread (sled flushes to
@@ -240,8 +286,7 @@ impl<'a> Checkpointer<'a> {
         let system_id = self.system_id.clone();
         let commit_time = tracker.acked_commit_time();
         let numbers = if save_due {
-            self.sequences_taken_at = Instant::now();
-            sequences.take_unsaved()
+            self.take_numbers(sequences)
         } else {
             Vec::new()
         };
@@ -254,22 +299,18 @@ impl<'a> Checkpointer<'a> {
         let paged = (self.ledger.is_some() && pages_complete).then_some(acked);
         self.pages_due = false;
         self.persisting = Some(tokio::task::spawn_blocking(move || {
-            store.save_sequences(&numbers)?;
-            // Before the offset: the pages on disk cover what it covers.
-            if let Some(page) = page {
-                let chunks: Vec<&[u64]> = page.chunks().collect();
-                store.save_witness_page(&slot, page.through, &chunks)?;
+            let taken = Taken { numbers, page };
+            match write_persist(&store, &slot, &taken, paged, acked, &system_id, commit_time) {
+                Ok(durable) => {
+                    durable_commit_time.set(commit_time);
+                    Ok(Persisted {
+                        durable,
+                        reportable: save_due,
+                        pages_complete,
+                    })
+                }
+                Err(e) => Err(Box::new((e, taken))),
             }
-            if let Some(acked) = paged {
-                store.save_witness_paged_through(&slot, acked)?;
-            }
-            let durable = store.persist_acked(&slot, acked, &system_id, commit_time)?;
-            durable_commit_time.set(commit_time);
-            Ok(Persisted {
-                durable,
-                reportable: save_due,
-                pages_complete,
-            })
         }));
     }
 
@@ -325,26 +366,31 @@ impl<'a> Checkpointer<'a> {
             acked > self.durable.lsn() || self.reported < self.durable.lsn() || self.pages_due;
         if behind && !crate::failpoint::sabotaged("never-persist") {
             let commit_time = tracker.acked_commit_time();
-            let numbers = sequences.take_unsaved();
-            self.sequences_taken_at = Instant::now();
+            let numbers = self.take_numbers(sequences);
             let page = self
                 .ledger
                 .as_mut()
                 .and_then(|l| l.take_acknowledged(acked));
-            let paged = self.ledger.is_some() && !self.pages_behind;
-            let durable = tokio::task::block_in_place(|| {
-                self.store.save_sequences(&numbers)?;
-                if let Some(page) = page {
-                    let chunks: Vec<&[u64]> = page.chunks().collect();
-                    self.store
-                        .save_witness_page(&self.slot, page.through, &chunks)?;
+            let paged = (self.ledger.is_some() && !self.pages_behind).then_some(acked);
+            let taken = Taken { numbers, page };
+            let written = tokio::task::block_in_place(|| {
+                write_persist(
+                    self.store,
+                    &self.slot,
+                    &taken,
+                    paged,
+                    acked,
+                    &self.system_id,
+                    commit_time,
+                )
+            });
+            let durable = match written {
+                Ok(durable) => durable,
+                Err(e) => {
+                    self.give_back(taken);
+                    return Err(e.into());
                 }
-                if paged {
-                    self.store.save_witness_paged_through(&self.slot, acked)?;
-                }
-                self.store
-                    .persist_acked(&self.slot, acked, &self.system_id, commit_time)
-            })?;
+            };
             self.metrics.durable_commit_time.set(commit_time);
             let reportable = !self.replaying;
             let pages_complete = !self.pages_behind;
@@ -360,4 +406,28 @@ impl<'a> Checkpointer<'a> {
         }
         Ok(())
     }
+}
+
+/// One persist's writes, in the order that keeps the store consistent after
+/// a crash at any point: the sequence numbers, the witness page (before the
+/// offset: the pages on disk cover what it covers), the pages' extent, then
+/// the offset.
+fn write_persist(
+    store: &OffsetStore,
+    slot: &str,
+    taken: &Taken,
+    paged: Option<Lsn>,
+    acked: Lsn,
+    system_id: &str,
+    commit_time: Option<PgTimestamp>,
+) -> Result<DurableLsn, StoreError> {
+    store.save_sequences(&taken.numbers)?;
+    if let Some(page) = &taken.page {
+        let chunks: Vec<&[u64]> = page.chunks().collect();
+        store.save_witness_page(slot, page.through, &chunks)?;
+    }
+    if let Some(acked) = paged {
+        store.save_witness_paged_through(slot, acked)?;
+    }
+    store.persist_acked(slot, acked, system_id, commit_time)
 }

@@ -648,6 +648,41 @@ async fn sent_events_are_stored_for_the_witness_with_the_offset_that_covers_them
     assert_eq!(h.store.witness_fingerprints(SLOT).unwrap(), expected);
 }
 
+/// A persist whose witness page could not be written (a full disk) gives
+/// the page's fingerprints back: the persist of the acknowledged prefix
+/// after the failure stores them before its offset. Before, they were
+/// dropped while that persist stored the offset and the pages' extent past
+/// them, and the witness published the delivered rows again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_persist_gives_its_fingerprints_back_to_the_next() {
+    let mut h = Harness::with_outbox(config(&[]), MemoryDelivery::new()).await;
+    let end = h.transaction(2).await.unwrap();
+    let ids = h.session.delivery.sent.clone();
+    h.session.delivery.ack(2);
+    h.take_reports().unwrap();
+    // The pages' directory cannot be made: a file stands in its place.
+    let pages = h.store.path().join("witness-pages");
+    std::fs::write(&pages, b"not a directory").unwrap();
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    h.session.on_tick().await.unwrap();
+    assert!(h.session.checkpoint.is_persisting());
+    let Err(failure) = h.session.checkpoint.persisted().await else {
+        panic!("the persist succeeded without its pages' directory");
+    };
+    assert!(matches!(failure, PipelineError::Store(_)), "{failure}");
+    assert!(h.store.load(SLOT).unwrap().unwrap().lsn < end);
+    // Room again before the session ends.
+    std::fs::remove_file(&pages).unwrap();
+    h.session.keep_acknowledged(failure).await;
+    assert_eq!(h.stored(), end);
+    let mut expected: Vec<u64> = ids
+        .iter()
+        .map(|id| crate::checkpoint::fingerprint(id))
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(h.store.witness_fingerprints(SLOT).unwrap(), expected);
+}
+
 /// Where a session starts whose server sends again, from `slot_position`,
 /// what came before the stored offset [`START`] (reported at once: the
 /// sequence audit is off), the witness's pages stored through `paged_through`.
