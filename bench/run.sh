@@ -117,7 +117,9 @@
 #                             from its own slot: "name[:KEY=VALUE,...]" separated by
 #                             spaces, KEY = an OUTBOX_CDC__* override, BIN (another
 #                             binary) or CONFIG (another config file, e.g. the example
-#                             config of an older commit for its binary), e.g. "default linger50:OUTBOX_CDC__KAFKA__LINGER_MS=50";
+#                             config of an older commit for its binary) or WITNESS=off
+#                             (a build from before the live witness: its drain does not
+#                             wait for checks), e.g. "default linger50:OUTBOX_CDC__KAFKA__LINGER_MS=50";
 #                             the first is the headline (drain.*, steady); the others
 #                             go to drain.variants and steady_variants; `;` in a VALUE
 #                             stands for `,` (a list: OUTBOX_CDC__OUTBOX__HEADERS=event_id;event_type)
@@ -346,6 +348,7 @@ drop_slot() {
 kafka_pid() { cat "${OUTBOX_CDC_ENV_DIR:-target/env}/kafka.pid" 2>/dev/null || echo 0; }
 
 conn_env=()
+conn_witness=1
 conn_bin=$BIN
 conn_config=config/example.toml
 perf_pid=0
@@ -418,6 +421,7 @@ use_variant() {
   conn_env=()
   conn_bin=$BIN
   conn_config=config/example.toml
+  conn_witness=1
   if [[ $v == *:* ]]; then
     IFS=, read -r -a kvs <<<"${v#*:}"
     for kv in "${kvs[@]}"; do
@@ -425,8 +429,9 @@ use_variant() {
       case $kv in
         BIN=*) conn_bin=${kv#BIN=} ;;
         CONFIG=*) conn_config=${kv#CONFIG=} ;;
+        WITNESS=off) conn_witness=0 ;;  # a build from before the live witness
         OUTBOX_CDC__*=*) conn_env+=("$kv") ;;
-        *) die "variant $v: $kv is neither BIN=..., CONFIG=... nor OUTBOX_CDC__...=..." ;;
+        *) die "variant $v: $kv is neither BIN=..., CONFIG=..., WITNESS=off nor OUTBOX_CDC__...=..." ;;
       esac
     done
   fi
@@ -609,6 +614,7 @@ drain_connector() {
   # drained row (drain.*.witness_checked_rows, connector_cpu_s_checked).
   local checked=$EVENTS hold=0
   [[ " ${conn_env[*]} " == *" OUTBOX_CDC__RECONCILE__ENABLED=false "* ]] && checked=0
+  (( conn_witness == 0 )) && checked=0
   # A variant without the witness runs on until the first variant's witness
   # had checked every row, and its CPU then (connector_cpu_s_held) is the one
   # to set against connector_cpu_s_checked: both over the same time.
